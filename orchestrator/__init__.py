@@ -1,0 +1,1 @@
+"""The orchestrator: the variable catalogue, sweep expansion, the job store and reports."""

@@ -1,0 +1,19 @@
+"""The one error family library code raises; only bench.py turns it into a message and an exit code."""
+
+
+class BenchError(Exception):
+    """A failure the user can act on; the message says what and where. Exit code 1."""
+
+    exit_code = 1
+
+
+class BadInput(BenchError):
+    """Bad user input (a sweep file, an option, a value): exit code 2, nothing written."""
+
+    exit_code = 2
+
+
+class Busy(BenchError):
+    """Another worker already holds this machine (or these CPUs)."""
+
+    exit_code = 1
