@@ -1,0 +1,237 @@
+"""The variable catalogue: every variable's name, type, allowed values, default, where it is applied,
+and the cross-variable constraints. Names are the SQL column names of `jobs` (schema.sql).
+
+A config is a dict with one value per catalogue variable. `resolve()` turns the user's partial config
+into a full, concrete one: defaults filled, derived values ("auto") computed, so that two spellings of
+the same run hash to the same job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from orchestrator.errors import BadInput
+
+# Where a variable takes effect; the worker checks each place can honour it.
+KNOB = "knob"  # system state the worker sets before the child starts (sysfs, affinity)
+ENV = "env"  # the child's environment (threads, allocator, ISA caps)
+FRAMEWORK = "framework"  # inside the child, framework switches (compile, attention kernels)
+MODEL = "model"  # the architecture
+TRAINING = "training"  # the training loop and data
+
+AUTO = "auto"
+DEFAULT = "default"
+ALL = "all"
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    type: type  # int, float, str or bool
+    default: object
+    applied: str
+    doc: str
+    choices: tuple = ()  # allowed values for str variables
+    min: float | None = None
+    max: float | None = None
+    words: tuple = ()  # words a numeric variable also accepts ("auto", "default", "all")
+
+    @property
+    def sql_type(self) -> str:
+        return {int: "INTEGER", float: "REAL", str: "TEXT", bool: "BOOLEAN"}[self.type]
+
+    def parse(self, value, where: str = ""):
+        """Check and coerce one value (from TOML or a `K=V` string); raise BadInput naming it."""
+        at = f" in {where}" if where else ""
+        if isinstance(value, str) and value in self.words:
+            return value
+        try:
+            parsed = _coerce(self.type, value)
+        except (TypeError, ValueError):
+            allowed = self.describe_allowed()
+            raise BadInput(f"{self.name}={value!r}{at}: expected {allowed}") from None
+        if self.choices and parsed not in self.choices:
+            raise BadInput(f"{self.name}={value!r}{at}: expected one of {', '.join(map(str, self.choices))}")
+        if self.min is not None and parsed < self.min:
+            raise BadInput(f"{self.name}={value!r}{at}: must be >= {self.min:g}")
+        if self.max is not None and parsed > self.max:
+            raise BadInput(f"{self.name}={value!r}{at}: must be <= {self.max:g}")
+        return parsed
+
+    def describe_allowed(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(map(str, self.choices))
+        kind = {int: "an integer", float: "a number", bool: "on/off (true/false)", str: "text"}[self.type]
+        if self.words:
+            kind += " or " + " / ".join(self.words)
+        return kind
+
+
+def _coerce(kind: type, value):
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "on", "yes"):
+            return True
+        if text in ("0", "false", "off", "no"):
+            return False
+        raise ValueError(value)
+    if kind is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(value)
+        return int(str(value).strip()) if isinstance(value, str) else int(value)
+    if kind is float:
+        if isinstance(value, bool):
+            raise ValueError(value)
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(value)
+    return value
+
+
+def _v(name, type_, default, applied, doc, **kw) -> Variable:
+    return Variable(name, type_, default, applied, doc, **kw)
+
+
+DATASET_HUB = "ThomasTheMaker/Arc-Corpus-sample"
+DATASET_BUILTIN = "builtin"
+
+# The order here is the order of the columns in `jobs` and of reports.
+CATALOGUE: tuple[Variable, ...] = (
+    # -- system, applied by the worker before the child starts
+    _v("cores", int, ALL, KNOB, "CPUs in the child's affinity set (physical cores first); 'all' = every CPU "
+       "the worker may use, resolved at enqueue", min=1, max=4096, words=(ALL,)),
+    _v("freq_mhz", int, DEFAULT, KNOB, "scaling_min = scaling_max frequency of the job's CPUs",
+       min=100, max=10000, words=(DEFAULT,)),
+    _v("governor", str, DEFAULT, KNOB, "cpufreq governor of the job's CPUs",
+       choices=(DEFAULT, "performance", "powersave", "schedutil", "ondemand", "conservative", "userspace")),
+    _v("turbo", str, DEFAULT, KNOB, "turbo/boost", choices=(DEFAULT, "on", "off")),
+    _v("pin_threads", bool, False, ENV, "OpenMP threads bound to the affinity set (places=cores, close)"),
+    _v("numa", str, DEFAULT, KNOB, "NUMA memory policy through numactl", choices=(DEFAULT, "local", "interleave")),
+    _v("allocator", str, DEFAULT, ENV, "malloc replacement by LD_PRELOAD of a known system library",
+       choices=(DEFAULT, "jemalloc", "tcmalloc")),
+    # -- process environment and framework
+    _v("omp_threads", int, AUTO, ENV, "OMP_NUM_THREADS / MKL_NUM_THREADS; auto = cores", min=1, max=4096, words=(AUTO,)),
+    _v("intra_threads", int, AUTO, ENV, "torch.set_num_threads; auto = omp_threads", min=1, max=4096, words=(AUTO,)),
+    _v("inter_threads", int, AUTO, ENV, "torch.set_num_interop_threads; auto = cores", min=1, max=4096, words=(AUTO,)),
+    _v("isa", str, DEFAULT, ENV, "cap on the instruction set ATen and oneDNN dispatch to; default = no cap",
+       choices=(DEFAULT, "baseline", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")),
+    _v("onednn", bool, True, FRAMEWORK, "torch.backends.mkldnn enabled"),
+    _v("framework", str, "torch", FRAMEWORK, "training framework", choices=("torch", "jax", "numpy")),
+    _v("compile", str, "eager", FRAMEWORK, "torch.compile backend", choices=("eager", "inductor")),
+    _v("fusion", bool, True, FRAMEWORK, "inductor fusion (only with compile=inductor)"),
+    _v("compile_cache", str, "warm", FRAMEWORK, "inductor cache: cold = fresh dir per run, warm = shared, "
+       "pre-warmed (only with compile=inductor)", choices=("cold", "warm")),
+    _v("attn_backend", str, "sdpa", FRAMEWORK, "attention kernel", choices=("manual", "sdpa", "sdpa_math")),
+    # -- model
+    _v("n_layers", int, 2, MODEL, "transformer blocks", min=1, max=256),
+    _v("d_model", int, 128, MODEL, "residual width", min=8, max=16384),
+    _v("n_heads", int, 4, MODEL, "query heads", min=1, max=256),
+    _v("head_dim", int, AUTO, MODEL, "width of one head; auto = d_model / n_heads", min=4, max=1024, words=(AUTO,)),
+    _v("kv_heads", int, AUTO, MODEL, "key/value heads (GQA/MQA); auto = n_heads", min=1, max=256, words=(AUTO,)),
+    _v("mlp_ratio", float, 4.0, MODEL, "MLP hidden width / d_model", min=0.25, max=16),
+    _v("dropout", float, 0.0, MODEL, "dropout probability", min=0.0, max=0.9),
+    _v("activation", str, "gelu", MODEL, "MLP activation", choices=("gelu", "relu", "silu", "swiglu")),
+    _v("attention", str, "full", MODEL, "full causal; local = block-diagonal windows; sliding = previous "
+       "`window` tokens", choices=("full", "local", "sliding")),
+    _v("window", int, 64, MODEL, "window of local/sliding attention", min=1, max=1 << 20),
+    _v("vocab_size", int, 4096, MODEL, "BPE vocabulary trained on the corpus", min=256, max=65536),
+    # -- training
+    _v("seq_len", int, 128, TRAINING, "tokens per sample", min=8, max=1 << 16),
+    _v("batch_size", int, 8, TRAINING, "samples per micro-batch", min=1, max=65536),
+    _v("grad_accum", int, 1, TRAINING, "micro-batches per optimizer step", min=1, max=1024),
+    _v("precision", str, "fp32", TRAINING, "number format of weights and activations",
+       choices=("fp32", "bf16", "mixed", "q8", "q4", "bitnet")),
+    _v("optimizer", str, "adamw", TRAINING, "optimizer", choices=("adamw", "sgd")),
+    _v("task", str, "pretrain", TRAINING, "pretrain from scratch, or finetune a saved model",
+       choices=("pretrain", "finetune")),
+    _v("steps", int, 20, TRAINING, "timed optimizer steps", min=1, max=1_000_000),
+    _v("warmup_steps", int, 3, TRAINING, "untimed steps before timing (lets the loop settle)", min=0, max=100_000),
+    _v("seed", int, 0, TRAINING, "seed of torch, data order and init", min=0, max=2**31 - 1),
+    _v("dataset", str, DATASET_HUB, TRAINING, "training text", choices=(DATASET_HUB, DATASET_BUILTIN)),
+    _v("repeat", int, 0, TRAINING, "repeat index; set by the sweep's `repeats`", min=0, max=10_000),
+)
+
+BY_NAME: dict[str, Variable] = {v.name: v for v in CATALOGUE}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+
+# What a sweep or --set may not choose itself.
+SET_BY_SWEEP = ("repeat",)
+
+
+def lookup(name: str, where: str = "") -> Variable:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        at = f" in {where}" if where else ""
+        close = [n for n in NAMES if n.startswith(name[:3])] if name else []
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise BadInput(f"unknown variable {name!r}{at}{hint}") from None
+
+
+def parse_value(name: str, value, where: str = ""):
+    return lookup(name, where).parse(value, where)
+
+
+def resolve(partial: dict, cpu_count: int) -> tuple[dict, list[str]]:
+    """A full concrete config and the constraints it violates (empty: it can be a job).
+
+    Values must already be parsed. Defaults are filled and auto/all resolved against `cpu_count` CPUs;
+    `freq_mhz`, `governor` and `turbo` keep the word "default" (leave the machine as it is), every
+    other variable gets a concrete value, so two spellings of one run hash alike.
+    """
+    c = {v.name: partial.get(v.name, v.default) for v in CATALOGUE}
+    if c["cores"] == ALL:
+        c["cores"] = cpu_count
+    if c["omp_threads"] == AUTO:
+        c["omp_threads"] = c["cores"]
+    if c["intra_threads"] == AUTO:
+        c["intra_threads"] = c["omp_threads"]
+    if c["inter_threads"] == AUTO:
+        c["inter_threads"] = c["cores"]
+    why = []
+    if c["head_dim"] == AUTO:
+        if c["d_model"] % c["n_heads"]:
+            why.append("d_model not divisible by n_heads")
+        c["head_dim"] = max(1, c["d_model"] // c["n_heads"])
+    if c["kv_heads"] == AUTO:
+        c["kv_heads"] = c["n_heads"]
+    return c, why + violations(c, cpu_count)
+
+
+def violations(config: dict, cpu_count: int) -> list[str]:
+    """Why a resolved config cannot be a job; each reason is a short stable text that is counted."""
+    why = []
+    if config["kv_heads"] > config["n_heads"]:
+        why.append("kv_heads greater than n_heads")
+    elif config["n_heads"] % config["kv_heads"]:
+        why.append("kv_heads does not divide n_heads")
+    if config["cores"] > cpu_count:
+        why.append(f"cores greater than this machine's {cpu_count} CPUs")
+    if config["compile"] == "eager" and not config["fusion"]:
+        why.append("fusion=off needs compile=inductor")
+    if config["compile"] == "eager" and config["compile_cache"] == "cold":
+        why.append("compile_cache=cold needs compile=inductor")
+    if config["attention"] != "full" and config["window"] >= config["seq_len"]:
+        why.append("window >= seq_len makes local/sliding attention full")
+    if config["activation"] == "swiglu" and int(config["mlp_ratio"] * config["d_model"] * 2 / 3) < 1:
+        why.append("mlp_ratio too small for swiglu")
+    return why
+
+
+def config_hash(config: dict) -> str:
+    """Identity of a job: sha256 of the canonical JSON of the full config (repeat included)."""
+    canonical = json.dumps({k: config[k] for k in NAMES}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def column_value(name: str, value):
+    """The value stored in the typed `jobs` column: the words default/auto become NULL."""
+    var = BY_NAME[name]
+    if isinstance(value, str) and value in var.words:
+        return None
+    return value
+
