@@ -114,6 +114,11 @@ UPDATE runs SET status = CASE WHEN attempts >= :max_attempts THEN 'failed' ELSE 
     worker_pid = NULL, child_pid = NULL
 WHERE run_id = :run_id AND status = 'running' AND heartbeat = :heartbeat
 """
+# A worker stopped by the user gives its run back without spending an attempt.
+RELEASE_RUN = """
+UPDATE runs SET status = 'queued', attempts = attempts - 1, worker_pid = NULL, child_pid = NULL, reason = :reason
+WHERE run_id = :run_id AND status = 'running' AND worker_pid = :pid
+"""
 RETRY_RUNS = """
 UPDATE runs SET status = 'queued', reason = NULL, finished = NULL, attempts = 0
 WHERE machine_id = :machine_id AND status IN ({statuses})
@@ -323,6 +328,10 @@ class Store:
                                    {"run_id": run_id, "pid": pid, "status": status, "reason": reason, **fields}).rowcount
         if changed != 1:
             raise BenchError(f"run {run_id} was taken back from this worker before it finished (heartbeat too old?)")
+
+    def release(self, run_id: int, *, pid: int, reason: str) -> None:
+        with self.transaction(write=True) as conn:
+            conn.execute(text(RELEASE_RUN), {"run_id": run_id, "pid": pid, "reason": reason})
 
     def take_back_stale(self, machine_id: int, *, host: str, grace_s: float, max_attempts: int, is_alive) -> list[int]:
         """Put back in the queue the running runs whose worker is gone: its pid is dead on this host,

@@ -1,0 +1,357 @@
+#!/usr/bin/env python3
+"""cpubench: how does the time to train a language model on CPUs change with each variable?
+
+The command line. Each command is options, a docstring (its --help) and one call into the library;
+this is the only module that prints with rich, exits, or turns a BenchError into an exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from orchestrator.errors import BenchError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help=__doc__.split("\n")[0])
+out = Console()
+err = Console(stderr=True)
+
+DbOption = Annotated[str, typer.Option("--db", envvar="BENCH_DB", help="results database: a file path or an SQLAlchemy URL")]
+JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout and nothing else there")]
+
+
+def fail(error: BenchError) -> None:
+    err.print(f"[bold red]error:[/] {error}", highlight=False)
+    raise typer.Exit(error.exit_code)
+
+
+def guarded(fn):
+    """Run a command body: BenchError -> red message + its exit code; Ctrl-C -> exit 130."""
+    try:
+        return fn()
+    except BenchError as error:
+        fail(error)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]: settings restored, the unfinished run is back in the queue")
+        raise typer.Exit(130) from None
+
+
+def open_store(db: str):
+    from orchestrator.store import Store
+
+    return Store(db)
+
+
+def this_machine():
+    """Expansion's view of the machine: CPUs this process may use, frequency limits if any."""
+    from orchestrator.sweep import Machine
+
+    return Machine(cpu_count=len(os.sched_getaffinity(0)), freq_limits_mhz=_freq_limits())
+
+
+def _freq_limits():
+    from worker.loop import default_state_dir
+    from worker.probe import probe
+
+    facts = probe(default_state_dir(), quick=os.environ.get("BENCH_PROBE_QUICK") == "1")
+    low, high = facts.get("freq_min_mhz"), facts.get("freq_max_mhz")
+    return (int(low), int(high)) if low and high else None
+
+
+def print_plan_result(plan, result, *, dry_run: bool) -> None:
+    verb = "would add" if dry_run else "added"
+    err.print(f"sweep [bold]{plan.name}[/] ({plan.mode}, {plan.source}): {verb} [green]{result.new}[/] new jobs, "
+              f"{result.present} already present, {sum(plan.rejected.values())} rejected", highlight=False)
+    for reason, n in plan.rejected.most_common():
+        err.print(f"  rejected {n}: {reason}", highlight=False)
+    for note in plan.notes:
+        err.print(f"  [yellow]note[/]: {note}", highlight=False)
+
+
+@app.command()
+def enqueue(
+    sweep_file: Annotated[Optional[Path], typer.Argument(help="a sweep TOML file")] = None,
+    preset: Annotated[Optional[str], typer.Option(help="a preset from orchestrator/presets/")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="K=V: a base value (repeatable)")] = [],
+    axis: Annotated[list[str], typer.Option(help="K=V1,V2: a varied variable (repeatable)")] = [],
+    repeats: Annotated[Optional[int], typer.Option(help="repeats of every combination")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="count, write nothing")] = False,
+    db: DbOption = "results.db",
+) -> None:
+    """Expand a sweep into jobs. Idempotent: re-enqueueing adds only new combinations."""
+    from orchestrator.sweep import load
+
+    def body():
+        plan = load(sweep_file, preset=preset, sets=set_, axes=axis, repeats=repeats, machine=this_machine())
+        result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text,
+                                        jobs=plan.jobs, dry_run=dry_run)
+        print_plan_result(plan, result, dry_run=dry_run)
+
+    guarded(body)
+
+
+def work_with_progress(db: str, options) -> dict:
+    """Run a worker with a rich progress bar (on stderr) and an ETA learned from finished runs."""
+    from orchestrator.eta import estimate_remaining_s
+    from worker.loop import Worker
+
+    store = open_store(db)
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[tally]}"), TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"))
+    with Progress(*columns, console=err, transient=False) as progress:
+        task = progress.add_task("jobs", total=None, tally="", eta="?")
+
+        def show(event):
+            if event.counts:
+                c = event.counts
+                finished = c["done"] + c["failed"] + c["skipped"]
+                eta = estimate_remaining_s(store, worker.machine_id) if worker.machine_id else None
+                progress.update(task, total=c["total"], completed=finished,
+                                tally=f"done {c['done']} failed {c['failed']} skipped {c['skipped']}",
+                                eta=_duration(eta))
+            if event.kind == "claimed":
+                progress.update(task, description=f"run {event.claim.run_id}")
+            elif event.kind == "finished" and event.outcome.status != "done":
+                colour = "red" if event.outcome.status == "failed" else "yellow"
+                first = (event.outcome.reason or "").splitlines()[0] if event.outcome.reason else ""
+                progress.console.print(f"[{colour}]{event.outcome.status}[/] run {event.claim.run_id}: {first}",
+                                       highlight=False)
+            elif event.kind in ("restored", "requeued", "note"):
+                progress.console.print(f"[yellow]{event.kind}[/]: {event.text}", highlight=False)
+
+        worker = Worker(store, options, on_event=show)
+        return worker.run()
+
+
+def _duration(seconds) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _cpu_list(text: Optional[str]) -> Optional[list[int]]:
+    if text is None:
+        return None
+    cpus = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            cpus.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise BenchError(f"--cpus {text!r}: expected a list like 0-3,8") from None
+    return sorted(cpus)
+
+
+def _worker_options(cpus, max_jobs, wait, timeout):
+    from orchestrator.errors import BadInput
+    from worker.loop import WorkerOptions
+
+    try:
+        pool = _cpu_list(cpus)
+    except BenchError as error:
+        raise BadInput(str(error)) from None
+    return WorkerOptions(cpus=pool, max_jobs=max_jobs, wait=wait, timeout_s=timeout,
+                         heartbeat_s=float(os.environ.get("BENCH_HEARTBEAT_S", "5")),
+                         max_attempts=int(os.environ.get("BENCH_MAX_ATTEMPTS", "3")))
+
+
+@app.command()
+def work(
+    max_jobs: Annotated[Optional[int], typer.Option(help="stop after this many jobs")] = None,
+    cpus: Annotated[Optional[str], typer.Option(help="the CPUs this worker may use, e.g. 0-3,8")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="wait for busy CPUs and poll for new jobs")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds one job may take")] = 900.0,
+    db: DbOption = "results.db",
+) -> None:
+    """Claim and run this machine's queued jobs, one at a time, until none is left."""
+    def body():
+        counts = work_with_progress(db, _worker_options(cpus, max_jobs, wait, timeout))
+        err.print(f"queued {counts['queued']}, done {counts['done']}, failed {counts['failed']}, "
+                  f"skipped {counts['skipped']}")
+
+    guarded(body)
+
+
+def _machine_id(store) -> int:
+    from worker.loop import default_state_dir
+    from worker.probe import probe
+
+    return store.register_machine(probe(default_state_dir(), quick=os.environ.get("BENCH_PROBE_QUICK") == "1"))
+
+
+@app.command()
+def status(
+    as_json: JsonOption = False,
+    all_machines: Annotated[bool, typer.Option("--all-machines", help="count every machine's runs")] = False,
+    db: DbOption = "results.db",
+) -> None:
+    """Queued / running / done / failed / skipped per sweep, for this machine."""
+    def body():
+        store = open_store(db)
+        machine_id = None if all_machines else _machine_id(store)
+        counts = store.counts(machine_id)
+        if as_json:
+            print(json.dumps(counts))
+            return
+        table = Table(title="cpubench status" + (" (all machines)" if all_machines else " (this machine)"))
+        for column in ("sweep", "total", "queued", "running", "done", "failed", "skipped"):
+            table.add_column(column, justify="left" if column == "sweep" else "right")
+        for name, c in sorted(store.counts_by_sweep(machine_id).items()):
+            table.add_row(name, *(str(c[k]) for k in ("total", "queued", "running", "done", "failed", "skipped")))
+        table.add_row("[bold]all jobs", *(f"[bold]{counts[k]}" for k in ("total", "queued", "running", "done", "failed", "skipped")))
+        out.print(table)
+        if machine_id is not None:
+            from orchestrator.eta import estimate_remaining_s
+
+            eta = estimate_remaining_s(store, machine_id)
+            if counts["queued"] and eta is not None:
+                out.print(f"ETA for the queued jobs here: {_duration(eta)} (learned from finished runs)")
+
+    guarded(body)
+
+
+def report_and_print(db: str, out_dir: Path) -> None:
+    from orchestrator.report import write_report
+
+    store = open_store(db)
+    rep = write_report(store, out_dir)
+    table = Table(title="largest effects on median step time")
+    for column in ("variable", "effect", "estimate", "95% CI", "runs"):
+        table.add_column(column)
+    for e in rep.top_effects[:10]:
+        table.add_row(*e.row())
+    out.print(table)
+    out.print(f"wrote {rep.csv_path}, {rep.summary_path} and {len(rep.plot_paths)} plots in {out_dir / 'plots'}")
+
+
+@app.command()
+def report(
+    out_dir: Annotated[Path, typer.Option("--out", help="where to write CSV, markdown and plots")] = Path("result"),
+    db: DbOption = "results.db",
+) -> None:
+    """Write result/: results.csv, summary.md, plots/*.png, fitted effects (also to the effects table)."""
+    guarded(lambda: report_and_print(db, out_dir))
+
+
+@app.command()
+def run(
+    preset: Annotated[str, typer.Option(help="the sweep preset to run")] = "quick",
+    out_dir: Annotated[Path, typer.Option("--out", help="where the report goes")] = Path("result"),
+    timeout: Annotated[float, typer.Option(help="seconds one job may take")] = 900.0,
+    db: DbOption = "results.db",
+) -> None:
+    """The main job: enqueue a preset, work until it is done, write the report."""
+    from orchestrator.sweep import load
+
+    def body():
+        plan = load(None, preset=preset, machine=this_machine())
+        result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text, jobs=plan.jobs)
+        print_plan_result(plan, result, dry_run=False)
+        work_with_progress(db, _worker_options(None, None, False, timeout))
+        report_and_print(db, out_dir)
+
+    guarded(body)
+
+
+@app.command()
+def once(
+    settings: Annotated[list[str], typer.Argument(help="K=V settings; the catalogue's defaults fill the rest")] = [],
+    as_json: JsonOption = False,
+    timeout: Annotated[float, typer.Option(help="seconds the run may take")] = 900.0,
+) -> None:
+    """Measure one configuration in a child process, outside the queue, and print its metrics."""
+    from worker.loop import measure_once
+
+    def body():
+        result = measure_once(settings, _worker_options(None, None, False, timeout))
+        if as_json:
+            print(json.dumps(result, default=str))
+            return
+        table = Table(title=f"once: {result['status']}")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for key, value in result.items():
+            if key != "applied" and value is not None:
+                table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+        out.print(table)
+        out.print("applied:", json.dumps(result["applied"], default=str))
+        if result["status"] == "failed":
+            raise typer.Exit(1)
+
+    guarded(body)
+
+
+@app.command()
+def machine(
+    as_json: JsonOption = False,
+    remeasure: Annotated[bool, typer.Option("--remeasure", help="measure bandwidth and GEMM peaks again")] = False,
+) -> None:
+    """The machine's facts, its measured limits, and which knobs can be applied here (and why not)."""
+    from worker.loop import default_state_dir
+    from worker.probe import probe
+
+    def body():
+        facts = probe(default_state_dir(), remeasure=remeasure, quick=os.environ.get("BENCH_PROBE_QUICK") == "1")
+        if as_json:
+            print(json.dumps(facts, default=str, sort_keys=True))
+            return
+        table = Table(title="this machine", show_header=False)
+        table.add_column("fact")
+        table.add_column("value")
+        for key, value in facts.items():
+            if key not in ("knobs",) and not isinstance(value, (dict, list)):
+                table.add_row(key, str(value))
+        out.print(table)
+        knobs = Table(title="knobs")
+        knobs.add_column("knob")
+        knobs.add_column("here")
+        for name, why in (facts.get("knobs") or {}).items():
+            knobs.add_row(name, "[green]available[/]" if why is None else f"[yellow]unavailable[/]: {why}")
+        out.print(knobs)
+
+    guarded(body)
+
+
+@app.command()
+def retry(
+    failed: Annotated[bool, typer.Option("--failed", help="requeue failed runs")] = False,
+    skipped: Annotated[bool, typer.Option("--skipped", help="requeue skipped runs")] = False,
+    db: DbOption = "results.db",
+) -> None:
+    """Put this machine's failed and/or skipped runs back in the queue (both when neither is given)."""
+    def body():
+        store = open_store(db)
+        both = not failed and not skipped
+        n = store.retry(_machine_id(store), failed=failed or both, skipped=skipped or both)
+        err.print(f"requeued {n} run(s)")
+
+    guarded(body)
+
+
+@app.command()
+def restore() -> None:
+    """Restore system settings (frequency, governor, turbo) left behind by a killed worker."""
+    from worker.loop import default_state_dir, restore_left_behind
+
+    def body():
+        lines = restore_left_behind(default_state_dir(), "/")
+        for line in lines:
+            err.print(f"restored {line}", highlight=False)
+        if not lines:
+            err.print("nothing to restore")
+
+    guarded(body)
+
+
+if __name__ == "__main__":
+    sys.exit(app())

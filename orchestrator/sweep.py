@@ -1,0 +1,236 @@
+"""Sweep files (TOML) -> the list of job configs. Pure: no I/O besides reading the file.
+
+A sweep has a [sweep] table (name, mode grid|ofat|random, repeats, seed, samples), a [base] table
+(values every job shares; the catalogue's defaults fill the rest) and an [axes] table (the varied
+values). Each combination is resolved and checked against the catalogue's constraints; violations
+are counted by reason, never enqueued. Every repeat is its own job; the run order is a seeded
+shuffle with all of repeat 0 first, so a half-finished sweep already covers every combination.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import random
+import tomllib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator import variables as V
+from orchestrator.errors import BadInput
+
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+MODES = ("grid", "ofat", "random")
+SWEEP_KEYS = {"name": str, "mode": str, "repeats": int, "seed": int, "samples": int, "description": str}
+TABLES = ("sweep", "base", "axes")
+
+
+@dataclass
+class Machine:
+    """What expansion needs to know of the machine: CPU count, and frequency limits if any."""
+
+    cpu_count: int
+    freq_limits_mhz: tuple[int, int] | None = None
+
+
+@dataclass
+class SweepPlan:
+    name: str
+    source: str
+    text: str  # what was expanded: the file text plus the command-line overrides
+    mode: str
+    jobs: list[dict]  # each: config, config_hash, run_order
+    rejected: Counter = field(default_factory=Counter)  # reason -> combinations
+    notes: list[str] = field(default_factory=list)
+    varied: list[str] = field(default_factory=list)
+
+
+def preset_path(name: str) -> Path:
+    path = PRESETS_DIR / f"{name}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.toml")))
+        raise BadInput(f"unknown preset {name!r}: known presets are {known}")
+    return path
+
+
+def read_sweep_file(path: Path) -> tuple[dict, str]:
+    """The parsed TOML and its text; a missing file or bad TOML is BadInput naming the file."""
+    try:
+        raw = path.read_text()
+    except FileNotFoundError:
+        raise BadInput(f"sweep file not found: {path}") from None
+    except OSError as err:
+        raise BadInput(f"cannot read sweep file {path}: {err.strerror}") from None
+    try:
+        return tomllib.loads(raw), raw
+    except tomllib.TOMLDecodeError as err:
+        raise BadInput(f"{path}: not valid TOML: {err}") from None
+
+
+def parse_assignment(item: str, option: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise BadInput(f"{option} {item!r}: expected K=V")
+    return key.strip(), value.strip()
+
+
+def load(path: Path | None = None, *, preset: str | None = None, sets: list[str] = (), axes: list[str] = (),
+         repeats: int | None = None, machine: Machine) -> SweepPlan:
+    """Read a sweep file or preset, apply --set / --axis / --repeats overrides, expand it."""
+    if path is not None and preset is not None:
+        raise BadInput("give a sweep file or --preset, not both")
+    if preset is not None:
+        path = preset_path(preset)
+    if path is not None:
+        doc, raw = read_sweep_file(path)
+        where = str(path) if preset is None else f"preset {preset} ({path})"
+        source = str(path) if preset is None else f"preset:{preset}"
+    else:
+        doc, raw, where, source = {}, "", "the command line", "command line"
+    overrides = {"set": list(sets), "axis": list(axes), "repeats": repeats}
+    doc = _with_overrides(doc, sets, axes, repeats)
+    text = raw if not any((sets, axes, repeats)) else f"{raw}\n# overrides: {json.dumps(overrides)}\n"
+    return expand(doc, where=where, source=source, text=text, machine=machine)
+
+
+def _with_overrides(doc: dict, sets, axes, repeats) -> dict:
+    doc = {k: (dict(v) if isinstance(v, dict) else v) for k, v in doc.items()}
+    base = doc.setdefault("base", {})
+    if not isinstance(base, dict):
+        return doc  # expand() reports it
+    for item in sets:
+        key, value = parse_assignment(item, "--set")
+        base[key] = value
+    axes_table = doc.setdefault("axes", {})
+    for item in axes:
+        key, value = parse_assignment(item, "--axis")
+        values = [v.strip() for v in value.split(",") if v.strip()]
+        if not values:
+            raise BadInput(f"--axis {item!r}: no values")
+        if isinstance(axes_table, dict):
+            axes_table[key] = values
+    if repeats is not None:
+        doc.setdefault("sweep", {})["repeats"] = repeats
+    return doc
+
+
+def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine) -> SweepPlan:
+    """A parsed sweep -> its plan. Raises BadInput naming the key and `where` for malformed input."""
+    for key in doc:
+        if key not in TABLES:
+            raise BadInput(f"unknown table [{key}] in {where}: expected {', '.join(TABLES)}")
+        if not isinstance(doc[key], dict):
+            raise BadInput(f"{key} in {where}: expected a table [{key}]")
+    head = doc.get("sweep", {})
+    for key, value in head.items():
+        kind = SWEEP_KEYS.get(key)
+        if kind is None:
+            raise BadInput(f"unknown key sweep.{key} in {where}: expected {', '.join(SWEEP_KEYS)}")
+        if kind is int and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = head[key] = int(value)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise BadInput(f"sweep.{key}={value!r} in {where}: expected {kind.__name__}")
+    name = head.get("name", "command-line" if source == "command line" else Path(source).stem)
+    mode = head.get("mode", "grid")
+    if mode not in MODES:
+        raise BadInput(f"sweep.mode={mode!r} in {where}: expected one of {', '.join(MODES)}")
+    repeats, seed = head.get("repeats", 1), head.get("seed", 0)
+    if repeats < 1:
+        raise BadInput(f"sweep.repeats={repeats} in {where}: must be >= 1")
+    samples = head.get("samples")
+    if mode == "random" and (samples is None or samples < 1):
+        raise BadInput(f"sweep.samples in {where}: mode=random needs samples >= 1")
+
+    base = {}
+    for key, value in doc.get("base", {}).items():
+        _check_settable(key, f"base.{key}", where)
+        base[key] = V.parse_value(key, value, f"base.{key} of {where}")
+    notes: list[str] = []
+    axes: dict[str, list] = {}
+    for key, values in doc.get("axes", {}).items():
+        _check_settable(key, f"axes.{key}", where)
+        axes_values = _axis_values(key, values, where, machine, notes)
+        if axes_values:
+            axes[key] = axes_values
+
+    combos = _combinations(mode, base, axes, seed, samples)
+    plan = SweepPlan(name=name, source=source, text=text, mode=mode, jobs=[], notes=notes,
+                     varied=[k for k, vs in axes.items() if len(vs) > 1])
+    seen = set()
+    for combo in combos:
+        config, why = V.resolve(combo, machine.cpu_count)
+        if why:
+            plan.rejected[why[0]] += repeats
+            continue
+        identity = V.config_hash(config)
+        if identity in seen:
+            continue  # two spellings of one run (an OFAT value equal to the base, say)
+        seen.add(identity)
+        for r in range(repeats):
+            job = dict(config, repeat=r)
+            plan.jobs.append({"config": job, "config_hash": V.config_hash(job),
+                              "run_order": run_order(seed, r, identity)})
+    plan.jobs.sort(key=lambda j: j["run_order"])
+    return plan
+
+
+def _check_settable(key: str, label: str, where: str) -> None:
+    V.lookup(key, f"{label} of {where}")
+    if key in V.SET_BY_SWEEP:
+        raise BadInput(f"{label} in {where}: '{key}' is set by sweep.repeats, not by hand")
+
+
+def _axis_values(key: str, values, where: str, machine: Machine, notes: list[str]) -> list:
+    label = f"axes.{key} of {where}"
+    if isinstance(values, str) and values.startswith("auto"):
+        return _auto_axis(key, values, label, machine, notes)
+    if not isinstance(values, list):
+        raise BadInput(f"{label}: expected a list of values (or \"auto\"), got {values!r}")
+    if not values:
+        raise BadInput(f"{label}: empty axis")
+    parsed = [V.parse_value(key, v, label) for v in values]
+    return list(dict.fromkeys(parsed))  # duplicates add nothing
+
+
+def _auto_axis(key: str, spec: str, label: str, machine: Machine, notes: list[str]) -> list:
+    """Machine-derived ranges: cores = "auto" (1, 2, 4, ... all), freq_mhz = "auto:STEP"."""
+    if key in ("cores", "omp_threads", "intra_threads") and spec == "auto":
+        n = machine.cpu_count
+        return sorted({*(1 << i for i in range(n.bit_length()) if 1 << i <= n), n})
+    if key == "freq_mhz":
+        _, _, step_text = spec.partition(":")
+        try:
+            step = int(step_text)
+        except ValueError:
+            raise BadInput(f"{label}: expected \"auto:STEP\" with STEP in MHz, got {spec!r}") from None
+        if step < 1:
+            raise BadInput(f"{label}: STEP must be >= 1 MHz")
+        if machine.freq_limits_mhz is None:
+            notes.append(f"freq_mhz = {spec!r}: this machine reports no frequency limits (no cpufreq); axis dropped")
+            return []
+        low, high = machine.freq_limits_mhz
+        values = list(range(low, high + 1, step))
+        return values if values[-1] == high else [*values, high]
+    raise BadInput(f"{label}: {spec!r} is not a machine-derived range for {key} "
+                   f"(cores = \"auto\", freq_mhz = \"auto:STEP\")")
+
+
+def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, samples: int | None) -> list[dict]:
+    if mode == "grid":
+        keys = list(axes)
+        return [{**base, **dict(zip(keys, values))} for values in itertools.product(*axes.values())]
+    if mode == "ofat":
+        combos = [dict(base)]
+        for key, values in axes.items():
+            combos.extend({**base, key: v} for v in values)
+        return combos
+    rng = random.Random(seed)
+    return [{**base, **{k: rng.choice(vs) for k, vs in axes.items()}} for _ in range(samples)]
+
+
+def run_order(seed: int, repeat: int, identity: str) -> int:
+    """Repeat in the high bits, a seeded hash below: all of repeat 0 first, each repeat shuffled anew."""
+    digest = hashlib.sha256(f"{seed}:{repeat}:{identity}".encode()).hexdigest()
+    return (repeat << 48) | int(digest[:12], 16)

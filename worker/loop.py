@@ -1,0 +1,274 @@
+"""The worker: probe and register the machine, restore what a killed worker left, then claim ->
+check -> apply knobs -> spawn the child -> record, one job at a time, until nothing is queued.
+
+One worker per CPU: each worker locks the CPUs of its pool, so a second worker on the same CPUs
+waits or stops with a clear message, while workers on disjoint CPUs (`work --cpus`) may share a
+machine. Knobs are restored after every job, on error and on SIGTERM; a kill -9 leaves a journal
+that the next worker (or `bench.py restore`) restores.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from orchestrator.errors import BadInput, BenchError, Busy
+from orchestrator.store import Claim, Store
+from worker import knobs, probe, sensors
+from worker.child import Outcome, child_env, run_child
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_state_dir() -> Path:
+    """Machine-wide worker state (locks, knob journals, probe cache, inductor cache)."""
+    return Path(os.environ.get("BENCH_STATE_DIR", "/var/tmp/cpubench"))
+
+
+@dataclass
+class WorkerOptions:
+    cpus: list[int] | None = None  # the pool; None = every CPU this process may use
+    max_jobs: int | None = None
+    wait: bool = False  # poll for new jobs instead of stopping when none is queued
+    poll_s: float = 5.0
+    timeout_s: float = 900.0  # per job
+    heartbeat_s: float = 5.0
+    max_attempts: int = 3
+    state_dir: Path = field(default_factory=default_state_dir)
+    sysfs_root: str = "/"
+    data_dir: Path = PROJECT_ROOT / "data"
+    output_dir: Path = PROJECT_ROOT / "output"
+    probe_quick: bool = field(default_factory=lambda: os.environ.get("BENCH_PROBE_QUICK") == "1")
+
+    @property
+    def grace_s(self) -> float:
+        return 2 * self.heartbeat_s  # stale after two missed heartbeats
+
+
+@dataclass
+class Event:
+    kind: str  # start | claimed | finished | idle | restored | requeued | note
+    claim: Claim | None = None
+    outcome: Outcome | None = None
+    counts: dict | None = None
+    text: str = ""
+
+
+class Stopped(Exception):
+    """SIGTERM (or SIGINT) asked the worker to stop."""
+
+
+def allowed_cpus(requested: list[int] | None) -> list[int]:
+    mine = sorted(os.sched_getaffinity(0))
+    if requested is None:
+        return mine
+    outside = sorted(set(requested) - set(mine))
+    if outside:
+        raise BadInput(f"--cpus: CPU(s) {outside} are not available to this process (allowed: {mine})")
+    return sorted(set(requested))
+
+
+@contextmanager
+def cpu_locks(state_dir: Path, cpus: list[int], *, wait: bool):
+    """Hold one lock file per CPU for the worker's life; another worker on any of them is refused."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        for cpu in cpus:
+            handle = stack.enter_context(open(state_dir / f"cpu{cpu}.lock", "a+"))
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "another worker"
+                raise Busy(f"CPU {cpu} is in use by {holder}: one worker per CPU keeps timings honest; "
+                           f"use --wait to queue behind it, or --cpus to give this worker other CPUs") from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"worker pid {os.getpid()}")
+            handle.flush()
+        yield
+
+
+def restore_left_behind(state_dir: Path, sysfs_root: str) -> list[str]:
+    """Restore the knob journals of workers that are gone (killed with -9)."""
+    restored = []
+    for journal in sorted(state_dir.glob("journal-*.json")):
+        pid = int(journal.stem.split("-", 1)[1])
+        if pid != os.getpid() and psutil.pid_exists(pid):
+            continue
+        restored.extend(knobs.restore_journal(journal, sysfs_root=sysfs_root))
+    return restored
+
+
+def _raise_stopped(signum, _frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
+class Worker:
+    def __init__(self, store: Store | None, options: WorkerOptions, on_event: Callable[[Event], None] = lambda e: None):
+        self.store = store
+        self.opts = options
+        self.emit = on_event
+        self.pid = os.getpid()
+        self.host = socket.gethostname()
+        self.pool = allowed_cpus(options.cpus)
+        self.journal = options.state_dir / f"journal-{self.pid}.json"
+        self.facts: dict = {}
+        self.machine_id: int | None = None
+        self._datasets: dict[str, str] = {}
+
+    def start(self) -> int:
+        """Probe, register and restore; the machine id."""
+        self.facts = probe.probe(self.opts.state_dir, quick=self.opts.probe_quick, sysfs_root=self.opts.sysfs_root)
+        self.machine_id = self.store.register_machine(self.facts)
+        for line in restore_left_behind(self.opts.state_dir, self.opts.sysfs_root):
+            self.emit(Event("restored", text=line))
+        return self.machine_id
+
+    def run(self) -> dict:
+        """Claim and run jobs until none is queued (or max_jobs); the counts at the end."""
+        previous = signal.signal(signal.SIGTERM, _raise_stopped)
+        try:
+            with cpu_locks(self.opts.state_dir, self.pool, wait=self.opts.wait):
+                self.start()
+                self.emit(Event("start", counts=self.store.counts(self.machine_id)))
+                done = 0
+                while self.opts.max_jobs is None or done < self.opts.max_jobs:
+                    self._take_back_stale()
+                    claim = self.store.claim(self.machine_id, pid=self.pid, host=self.host, max_cores=len(self.pool))
+                    if claim is None:
+                        if not self.opts.wait:
+                            break
+                        self.emit(Event("idle", counts=self.store.counts(self.machine_id)))
+                        time.sleep(self.opts.poll_s)
+                        continue
+                    self.emit(Event("claimed", claim=claim))
+                    outcome = self._run_claim(claim)
+                    done += 1
+                    self.emit(Event("finished", claim=claim, outcome=outcome, counts=self.store.counts(self.machine_id)))
+                return self.store.counts(self.machine_id)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _take_back_stale(self) -> None:
+        taken = self.store.take_back_stale(self.machine_id, host=self.host, grace_s=self.opts.grace_s,
+                                           max_attempts=self.opts.max_attempts, is_alive=_alive_other)
+        if taken:
+            self.emit(Event("requeued", text=f"took back {len(taken)} run(s) of dead workers: {taken}"))
+
+    def _run_claim(self, claim: Claim) -> Outcome:
+        try:
+            outcome = self.measure(claim.config, run_id=claim.run_id, on_heartbeat=lambda pid: self.store.heartbeat(claim.run_id, pid))
+        except (Stopped, KeyboardInterrupt):
+            self.store.release(claim.run_id, pid=self.pid, reason="worker stopped before the run finished")
+            raise
+        fields = {**outcome.metrics, **outcome.facts, "applied": outcome.applied}
+        self.store.finish(claim.run_id, pid=self.pid, status=outcome.status, reason=outcome.reason, fields=fields)
+        return outcome
+
+    def measure(self, config: dict, *, run_id: int | None, on_heartbeat: Callable[[int], None] = lambda pid: None) -> Outcome:
+        """Check, apply, spawn, restore: one configuration measured in a fresh child."""
+        why = knobs.unavailable(config, self.facts, self.pool, sysfs_root=self.opts.sysfs_root)
+        if why:
+            return Outcome("skipped", why)
+        data_dir = self.opts.data_dir
+        self._prepare_data(config["dataset"])
+        output_dir = self.opts.output_dir / (f"run-{run_id}" if run_id is not None else f"once-{time.strftime('%Y%m%d-%H%M%S')}-{self.pid}")
+        job = {
+            "config": config,
+            "run_id": run_id,
+            "output_dir": str(output_dir),
+            "output_root": str(self.opts.output_dir),
+            "data_dir": str(data_dir),
+            "peak_gflops": _peaks(self.facts, len(self.pool), config["cores"]),
+            "compile_cache_dir": str(self.opts.state_dir / "inductor-cache"),
+        }
+        with knobs.applied(config, self.facts, self.pool, journal_path=self.journal, sysfs_root=self.opts.sysfs_root) as spec:
+            sampler = sensors.RunSampler(spec.cpus, sysfs_root=self.opts.sysfs_root)
+            load_before = os.getloadavg()[0]
+            sampler.start()
+            try:
+                outcome = run_child(job, argv_prefix=spec.argv_prefix, env=child_env(spec.env, PROJECT_ROOT, data_dir),
+                                    cpus=spec.cpus, cwd=PROJECT_ROOT, timeout_s=self.opts.timeout_s,
+                                    heartbeat_s=self.opts.heartbeat_s, on_heartbeat=on_heartbeat)
+            finally:
+                sampled = sampler.stop()
+        notes = sampled.pop("notes", {})
+        if outcome.status == "done":
+            outcome.metrics.update({k: v for k, v in sampled.items() if k in ("freq_mhz_avg", "energy_j", "temp_c_max")})
+        outcome.facts["load_before"] = load_before
+        outcome.applied = {**spec.applied, **outcome.applied, "sensor_notes": notes}
+        return outcome
+
+    def _prepare_data(self, dataset: str) -> None:
+        if dataset not in self._datasets:
+            from worker import data  # imports `datasets` (slow): only when a job needs it
+
+            _, used = data.prepare(self.opts.data_dir, dataset)
+            self._datasets[dataset] = used
+            if used != dataset:
+                self.emit(Event("note", text=f"dataset {dataset} could not be loaded; training on the built-in corpus "
+                                             f"(recorded per run as dataset_used={used})"))
+
+
+def _alive_other(pid: int) -> bool:
+    """A run's worker pid still alive on this host (our own pid means a previous life of this pid)."""
+    if pid == os.getpid():
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _peaks(facts: dict, pool_size: int, cores: int) -> dict | None:
+    """The GEMM peak a run of `cores` CPUs can reach: all-core peak scaled down, or the 1-core one."""
+    out = {}
+    for precision in ("fp32", "bf16"):
+        one, every = facts.get(f"gemm_gflops_{precision}_1c"), facts.get(f"gemm_gflops_{precision}_all")
+        if cores == 1 and one:
+            out[precision] = one
+        elif every:
+            logical = facts.get("logical_cores") or pool_size
+            out[precision] = every * min(cores, logical) / logical
+    return out or None
+
+
+
+def measure_once(settings: list[str], options: WorkerOptions) -> dict:
+    """`bench.py once K=V ...`: one configuration measured in a child, outside the queue.
+    The result has every metric by its column name (None where not measured), status, reason,
+    and applied (the settings read back)."""
+    from orchestrator import variables
+    from orchestrator.store import METRICS
+    from orchestrator.sweep import parse_assignment
+
+    partial = {}
+    for item in settings:
+        key, value = parse_assignment(item, "setting")
+        if key in variables.SET_BY_SWEEP:
+            raise BadInput(f"setting {key!r}: set by sweeps, not by hand")
+        partial[key] = variables.parse_value(key, value, "the command line")
+    worker = Worker(None, options)
+    config, why = variables.resolve(partial, len(worker.pool))
+    if why:
+        raise BadInput(f"this configuration cannot run: {'; '.join(why)}")
+    with cpu_locks(options.state_dir, worker.pool, wait=options.wait):
+        worker.facts = probe.probe(options.state_dir, quick=options.probe_quick, sysfs_root=options.sysfs_root)
+        restore_left_behind(options.state_dir, options.sysfs_root)
+        outcome = worker.measure(config, run_id=None)
+    result = {"status": outcome.status, "reason": outcome.reason}
+    result.update({m: outcome.metrics.get(m) for m in METRICS})
+    result.update({k: v for k, v in outcome.facts.items() if k != "child_pid"})
+    result["applied"] = outcome.applied
+    result["config"] = config
+    return result
