@@ -44,7 +44,7 @@ STATUSES = ("queued", "running", "done", "failed", "skipped")
 
 NOW = {
     "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
-    "postgresql": "extract(epoch from clock_timestamp())",
+    "postgresql": "CAST(extract(epoch from clock_timestamp()) AS DOUBLE PRECISION)",
 }
 
 SELECT_NOW = "SELECT {now}"

@@ -76,11 +76,11 @@ def _preexec(cpus: list[int], user: tuple[int, int] | None, parent_pid: int) -> 
     return setup
 
 
-def run_child(job: dict, *, argv_prefix: list[str], env: dict[str, str], cpus: list[int], cwd: Path,
+def run_child(job: dict, *, module: str = "worker.train", argv_prefix: list[str], env: dict[str, str], cpus: list[int], cwd: Path,
               timeout_s: float, heartbeat_s: float, on_heartbeat: Callable[[int], None]) -> Outcome:
     """Run one child to completion (or timeout) and return what happened; never raises for the
     child's own failures. `on_heartbeat(child_pid)` is called every heartbeat_s while it runs."""
-    argv = [*argv_prefix, sys.executable, "-m", "worker.train"]
+    argv = [*argv_prefix, sys.executable, "-m", module]
     started = time.perf_counter()
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=cwd, env=env, close_fds=True,

@@ -45,8 +45,10 @@ class WorkerOptions:
     max_attempts: int = 3
     state_dir: Path = field(default_factory=default_state_dir)
     sysfs_root: str = "/"
-    data_dir: Path = PROJECT_ROOT / "data"
-    output_dir: Path = PROJECT_ROOT / "output"
+    data_dir: Path = field(default_factory=lambda: Path(os.environ.get("BENCH_DATA_DIR", PROJECT_ROOT / "data")))
+    output_dir: Path = field(default_factory=lambda: Path(os.environ.get("BENCH_OUTPUT_DIR", PROJECT_ROOT / "output")))
+    # Tests swap in a child that crashes or hangs on purpose (tests/stub_child.py).
+    child_module: str = field(default_factory=lambda: os.environ.get("BENCH_CHILD_MODULE", "worker.train"))
     probe_quick: bool = field(default_factory=lambda: os.environ.get("BENCH_PROBE_QUICK") == "1")
 
     @property
@@ -197,7 +199,7 @@ class Worker:
             load_before = os.getloadavg()[0]
             sampler.start()
             try:
-                outcome = run_child(job, argv_prefix=spec.argv_prefix, env=child_env(spec.env, PROJECT_ROOT, data_dir),
+                outcome = run_child(job, module=self.opts.child_module, argv_prefix=spec.argv_prefix, env=child_env(spec.env, PROJECT_ROOT, data_dir),
                                     cpus=spec.cpus, cwd=PROJECT_ROOT, timeout_s=self.opts.timeout_s,
                                     heartbeat_s=self.opts.heartbeat_s, on_heartbeat=on_heartbeat)
             finally:

@@ -1,0 +1,38 @@
+"""A stand-in training child for the queue's tests: it follows the child protocol (job JSON on
+stdin, one JSON line on stdout), sleeps steps * 50 ms, and misbehaves on purpose, chosen by the
+job's `seed`:
+0 = a quick honest result, 1 = segfault, 2 = os._exit(3), 3 = hang, 4 = raise, 5 = print garbage.
+It skips torch entirely so the queue's tests stay fast; the real child has its own tests."""
+
+import ctypes
+import json
+import os
+import sys
+import time
+
+job = json.loads(sys.stdin.read())
+config = job["config"]
+mode = config["seed"]
+time.sleep(config["steps"] * 0.05)
+if mode == 1:
+    ctypes.string_at(0)
+elif mode == 2:
+    os._exit(3)
+elif mode == 3:
+    time.sleep(3600)
+elif mode == 4:
+    raise RuntimeError("stub child raised on purpose")
+elif mode == 5:
+    print("not json")
+    sys.exit(0)
+# One file per completed child run: the tests count executions per job.
+markers = os.path.join(job["output_root"], "markers")
+os.makedirs(markers, exist_ok=True)
+with open(os.path.join(markers, f"run-{job['run_id']}-{os.getpid()}"), "w") as f:
+    f.write(json.dumps(config))
+print(json.dumps({
+    "status": "done", "reason": None,
+    "metrics": {"step_ms_median": 1.0 + config["d_model"] / 100, "steps_seen": config["steps"]},
+    "applied": {"affinity": sorted(os.sched_getaffinity(0))},
+    "dataset_used": "stub", "output_path": None,
+}))

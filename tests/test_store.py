@@ -1,0 +1,141 @@
+"""The store on real SQLite files and on a real PostgreSQL server."""
+
+import sqlite3
+import threading
+
+import pytest
+
+from orchestrator.store import Store
+from orchestrator.sweep import Machine, load
+from orchestrator.variables import NAMES
+
+FACTS = {"fingerprint": "test-machine", "hostname": "here", "logical_cores": 2, "knobs": {"freq_mhz": "no cpufreq"}}
+
+
+def plan(tmp_path, n=6, repeats=1):
+    path = tmp_path / "s.toml"
+    values = ", ".join(str(32 + 8 * i) for i in range(n))
+    path.write_text(f"[sweep]\nname = \"s\"\nrepeats = {repeats}\n[axes]\nd_model = [{values}]\n")
+    return load(path, machine=Machine(cpu_count=2))
+
+
+def enqueue(store, p):
+    return store.enqueue(name=p.name, source=p.source, sweep_text=p.text, jobs=p.jobs)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request, db, tmp_path):
+    if request.param == "sqlite":
+        return Store(db)
+    return Store(request.getfixturevalue("pg_db"))
+
+
+def test_jobs_columns_follow_the_catalogue(db):
+    Store(db)
+    columns = [r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(jobs)")]
+    assert columns[columns.index("cores"):] == list(NAMES)
+
+
+def test_sqlite_runs_in_wal_mode(db):
+    Store(db)
+    assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_enqueue_twice_adds_nothing_the_second_time(store, tmp_path):
+    p = plan(tmp_path, repeats=2)
+    first, second = enqueue(store, p), enqueue(store, p)
+    assert (first.new, first.present) == (12, 0)
+    assert (second.new, second.present) == (0, 12)
+    assert store.counts(None)["total"] == 12
+
+
+def test_claims_follow_run_order_and_finish_records_metrics(store, tmp_path):
+    p = plan(tmp_path)
+    enqueue(store, p)
+    machine = store.register_machine(FACTS)
+    first = store.claim(machine, pid=1, host="here", max_cores=2)
+    assert first.config["d_model"] == p.jobs[0]["config"]["d_model"]
+    store.finish(first.run_id, pid=1, status="done", fields={"step_ms_median": 3.5, "applied": {"affinity": [0]}})
+    with store.transaction() as conn:
+        row = conn.exec_driver_sql("SELECT status, step_ms_median, applied FROM v_results").one()
+    assert row[0] == "done" and row[1] == 3.5 and "affinity" in row[2]
+
+
+def test_finish_of_a_run_taken_away_raises(store, tmp_path):
+    enqueue(store, plan(tmp_path))
+    machine = store.register_machine(FACTS)
+    claim = store.claim(machine, pid=10, host="here", max_cores=2)
+    store.take_back_stale(machine, host="here", grace_s=1e9, max_attempts=3, is_alive=lambda pid: False)
+    with pytest.raises(Exception, match="taken back"):
+        store.finish(claim.run_id, pid=10, status="done")
+
+
+def test_dead_worker_runs_are_requeued_then_failed_after_max_attempts(store, tmp_path):
+    enqueue(store, plan(tmp_path, n=1))
+    machine = store.register_machine(FACTS)
+    for attempt in (1, 2, 3):
+        claim = store.claim(machine, pid=100 + attempt, host="here", max_cores=2)
+        assert claim is not None and claim.attempts == attempt
+        store.take_back_stale(machine, host="here", grace_s=1e9, max_attempts=3, is_alive=lambda pid: False)
+    assert store.claim(machine, pid=200, host="here", max_cores=2) is None
+    counts = store.counts(machine)
+    assert counts["failed"] == 1 and counts["running"] == 0
+    with store.transaction() as conn:
+        assert "gave up after 3 attempts" in conn.exec_driver_sql("SELECT reason FROM runs").scalar_one()
+
+
+def test_a_live_worker_on_this_host_keeps_its_run(store, tmp_path):
+    enqueue(store, plan(tmp_path, n=1))
+    machine = store.register_machine(FACTS)
+    store.claim(machine, pid=5, host="here", max_cores=2)
+    assert store.take_back_stale(machine, host="here", grace_s=1e9, max_attempts=3, is_alive=lambda pid: True) == []
+
+
+def test_a_silent_worker_on_another_host_loses_its_run_after_the_grace_period(store, tmp_path):
+    enqueue(store, plan(tmp_path, n=1))
+    machine = store.register_machine(FACTS)
+    store.claim(machine, pid=5, host="elsewhere", max_cores=2)
+    assert store.take_back_stale(machine, host="here", grace_s=60, max_attempts=3, is_alive=lambda pid: True) == []
+    assert len(store.take_back_stale(machine, host="here", grace_s=-1, max_attempts=3, is_alive=lambda pid: True)) == 1
+
+
+def test_jobs_wider_than_the_worker_pool_wait(store, tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[axes]\ncores = [2]\n")
+    p = load(path, machine=Machine(cpu_count=2))
+    enqueue(store, p)
+    machine = store.register_machine(FACTS)
+    assert store.claim(machine, pid=1, host="here", max_cores=1) is None
+    assert store.claim(machine, pid=1, host="here", max_cores=2) is not None
+
+
+def test_concurrent_claims_never_hand_out_a_job_twice(store, tmp_path):
+    enqueue(store, plan(tmp_path, n=40))
+    machine = store.register_machine(FACTS)
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def claimer(pid):
+        while (claim := store.claim(machine, pid=pid, host="here", max_cores=2)) is not None:
+            with lock:
+                got.append(claim.job_id)
+
+    threads = [threading.Thread(target=claimer, args=(pid,)) for pid in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == sorted(set(got)) and len(got) == 40
+
+
+def test_retry_puts_failed_and_skipped_runs_back(store, tmp_path):
+    enqueue(store, plan(tmp_path, n=2))
+    machine = store.register_machine(FACTS)
+    a = store.claim(machine, pid=1, host="here", max_cores=2)
+    store.finish(a.run_id, pid=1, status="failed", reason="boom")
+    b = store.claim(machine, pid=1, host="here", max_cores=2)
+    store.finish(b.run_id, pid=1, status="skipped", reason="no cpufreq")
+    assert store.retry(machine, failed=True, skipped=False) == 1
+    assert store.counts(machine)["queued"] == 1
+    assert store.retry(machine, failed=False, skipped=True) == 1
+    assert store.counts(machine)["queued"] == 2

@@ -1,0 +1,60 @@
+import pytest
+
+from orchestrator import variables as V
+from orchestrator.errors import BadInput
+
+
+def test_every_variable_of_the_design_is_in_the_catalogue():
+    design = """cores freq_mhz governor turbo pin_threads numa allocator omp_threads intra_threads
+    inter_threads isa onednn framework compile fusion compile_cache attn_backend n_layers d_model
+    n_heads head_dim kv_heads mlp_ratio dropout activation attention window vocab_size seq_len
+    batch_size grad_accum precision optimizer task steps warmup_steps seed dataset repeat""".split()
+    assert set(design) == set(V.NAMES)
+
+
+def test_defaults_are_valid_values_of_their_own_variable():
+    for var in V.CATALOGUE:
+        assert var.parse(var.default) == var.default
+
+
+@pytest.mark.parametrize("name, value", [("precision", "fp8"), ("n_layers", "two"), ("n_layers", 0),
+                                         ("dropout", 1.5), ("pin_threads", "maybe"), ("d_model", 3.5)])
+def test_invalid_values_are_rejected_naming_the_variable(name, value):
+    with pytest.raises(BadInput, match=name):
+        V.parse_value(name, value, "x.toml")
+
+
+def test_unknown_variable_is_rejected_with_a_hint():
+    with pytest.raises(BadInput, match="unknown variable 'd_modle'.*d_model"):
+        V.lookup("d_modle")
+
+
+def test_auto_values_resolve_against_the_machine_and_other_variables():
+    config, why = V.resolve({"cores": "all", "d_model": 96, "n_heads": 3}, cpu_count=6)
+    assert why == []
+    assert config["cores"] == config["omp_threads"] == config["intra_threads"] == config["inter_threads"] == 6
+    assert config["head_dim"] == 32 and config["kv_heads"] == 3
+
+
+def test_two_spellings_of_one_run_hash_alike():
+    a, _ = V.resolve({"head_dim": "auto"}, 2)
+    b, _ = V.resolve({"head_dim": 32, "cores": 2}, 2)
+    assert V.config_hash(a) == V.config_hash(b)
+
+
+@pytest.mark.parametrize("partial, reason", [
+    ({"d_model": 100, "n_heads": 3}, "d_model not divisible by n_heads"),
+    ({"n_heads": 4, "kv_heads": 3}, "kv_heads does not divide n_heads"),
+    ({"n_heads": 4, "kv_heads": 8}, "kv_heads greater than n_heads"),
+    ({"cores": 64}, "cores greater than"),
+    ({"fusion": False}, "fusion=off needs compile=inductor"),
+    ({"attention": "sliding", "window": 128, "seq_len": 128}, "window >= seq_len"),
+])
+def test_constraint_violations_are_named(partial, reason):
+    _, why = V.resolve(partial, cpu_count=2)
+    assert any(reason in w for w in why)
+
+
+def test_explicit_head_dim_lifts_the_divisibility_constraint():
+    config, why = V.resolve({"d_model": 100, "n_heads": 3, "head_dim": 32}, 2)
+    assert why == [] and config["head_dim"] == 32
