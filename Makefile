@@ -1,0 +1,27 @@
+# The two quick-start commands: `make run` and `make test`. Both create venv/ on first use.
+PYTHON ?= python3
+VENV := venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test report dev clean-results
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+run: $(VENV)/.installed  ## the quick sweep on this machine, then result/
+	$(PY) bench.py run --preset quick
+
+test: $(VENV)/.installed  ## the test suite
+	$(PY) -m pytest -q
+
+report: $(VENV)/.installed  ## result/ again from results.db
+	$(PY) bench.py report
+
+dev: $(VENV)/.installed  ## extra packages for benchmarks/ (transformers for the GPT-2 peer)
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+
+clean-results:  ## forget every run (keeps data/ caches)
+	rm -f results.db results.db-wal results.db-shm
+	rm -rf result/* output/run-* output/once-*
