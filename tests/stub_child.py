@@ -10,29 +10,35 @@ import os
 import sys
 import time
 
-job = json.loads(sys.stdin.read())
-config = job["config"]
-mode = config["seed"]
-time.sleep(config["steps"] * 0.05)
-if mode == 1:
-    ctypes.string_at(0)
-elif mode == 2:
-    os._exit(3)
-elif mode == 3:
-    time.sleep(3600)
-elif mode == 4:
-    raise RuntimeError("stub child raised on purpose")
-elif mode == 5:
-    print("not json")
-    sys.exit(0)
-# One file per completed child run: the tests count executions per job.
-markers = os.path.join(job["output_root"], "markers")
-os.makedirs(markers, exist_ok=True)
-with open(os.path.join(markers, f"run-{job['run_id']}-{os.getpid()}"), "w") as f:
-    f.write(json.dumps(config))
-print(json.dumps({
-    "status": "done", "reason": None,
-    "metrics": {"step_ms_median": 1.0 + config["d_model"] / 100, "steps_seen": config["steps"]},
-    "applied": {"affinity": sorted(os.sched_getaffinity(0))},
-    "dataset_used": "stub", "output_path": None,
-}))
+
+def main():
+    job = json.loads(sys.stdin.read())
+    config = job["config"]
+    mode = config["seed"]
+    time.sleep(config["steps"] * 0.05)
+    if mode == 1:
+        ctypes.string_at(0)
+    elif mode == 2:
+        os._exit(3)
+    elif mode == 3:
+        time.sleep(3600)
+    elif mode == 4:
+        raise RuntimeError("stub child raised on purpose")
+    elif mode == 5:
+        print("not json")
+        sys.exit(0)
+    # One file per completed child run: the tests count executions per job.
+    markers = os.path.join(job["output_root"], "markers")
+    os.makedirs(markers, exist_ok=True)
+    with open(os.path.join(markers, f"run-{job['run_id']}-{os.getpid()}"), "w") as f:
+        f.write(json.dumps(config))
+    print(json.dumps({
+        "status": "done", "reason": None,
+        "metrics": {"step_ms_median": 1.0 + config["d_model"] / 100, "steps_seen": config["steps"]},
+        "applied": {"affinity": sorted(os.sched_getaffinity(0))},
+        "dataset_used": "stub", "output_path": None,
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -12,9 +12,11 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,7 +78,7 @@ def _preexec(cpus: list[int], user: tuple[int, int] | None, parent_pid: int) -> 
     return setup
 
 
-def run_child(job: dict, *, module: str = "worker.train", argv_prefix: list[str], env: dict[str, str], cpus: list[int], cwd: Path,
+def run_exec(job: dict, *, module: str = "worker.train", argv_prefix: list[str], env: dict[str, str], cpus: list[int], cwd: Path,
               timeout_s: float, heartbeat_s: float, on_heartbeat: Callable[[int], None]) -> Outcome:
     """Run one child to completion (or timeout) and return what happened; never raises for the
     child's own failures. `on_heartbeat(child_pid)` is called every heartbeat_s while it runs."""
@@ -107,8 +109,10 @@ def run_child(job: dict, *, module: str = "worker.train", argv_prefix: list[str]
         proc.wait()
         raise
     wall_s = time.perf_counter() - started
-    return _outcome(proc.returncode, out, err, wall_s=wall_s, timed_out=timed_out, timeout_s=timeout_s,
-                    child_pid=proc.pid)
+    outcome = _outcome(proc.returncode, out, err, wall_s=wall_s, timed_out=timed_out, timeout_s=timeout_s,
+                       child_pid=proc.pid)
+    outcome.applied["spawn"] = "exec"
+    return outcome
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -147,3 +151,120 @@ def _outcome(rc: int, out: bytes, err: bytes, *, wall_s: float, timed_out: bool,
     facts = {k: result.get(k) for k in ("dataset_used", "output_path", "torch_version", "python_version", "build_info")}
     facts["child_pid"] = child_pid
     return Outcome(status, result.get("reason"), metrics, facts, result.get("applied") or {}, stderr_tail=tail)
+
+
+class ForkServer:
+    """The worker's side of worker/forkserver.py: one server per distinct process-start settings,
+    restarted when a job needs other settings, closed with the worker."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.key: tuple | None = None
+        self._buffer = b""
+        self._stderr = None
+
+    def close(self) -> None:
+        if self.proc is not None:
+            _kill_group(self.proc)
+            self.proc.wait()
+            self.proc = None
+            self._stderr.close()
+
+    def _start(self, key: tuple, module: str, argv_prefix: list[str], env: dict, cpus: list[int], cwd: Path) -> None:
+        self.close()
+        self._buffer = b""
+        self._stderr = tempfile.TemporaryFile()
+        argv = [*argv_prefix, sys.executable, "-m", "worker.forkserver", module]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                     cwd=cwd, env={**env, "BENCH_FORKSERVER_PARENT": str(os.getpid())},
+                                     close_fds=True, preexec_fn=_preexec(cpus, drop_to_invoking_user(), os.getpid()))
+        self.key = key
+        ready = self._read_line(timeout_s=300)
+        if ready is None or "ready" not in ready:
+            tail = self._stderr_tail()
+            self.close()
+            raise ChildStartError(f"fork server did not start\n{tail}".strip())
+
+    def _stderr_tail(self) -> str:
+        self._stderr.seek(0)
+        return _tail(self._stderr.read())
+
+    def _read_line(self, timeout_s: float) -> dict | None:
+        """The server's next reply, or None on timeout; raises ChildStartError if the server died."""
+        deadline = time.perf_counter() + timeout_s
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            left = deadline - time.perf_counter()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise ChildStartError(f"fork server died\n{self._stderr_tail()}".strip())
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def run(self, job: dict, *, module: str, argv_prefix: list[str], env: dict[str, str], cpus: list[int],
+            cwd: Path, timeout_s: float, heartbeat_s: float, on_heartbeat: Callable[[int], None]) -> Outcome:
+        key = (module, tuple(sorted(env.items())), tuple(argv_prefix), tuple(cpus), str(cwd))
+        try:
+            if self.proc is None or self.proc.poll() is not None or key != self.key:
+                self._start(key, module, argv_prefix, env, cpus, cwd)
+        except ChildStartError as error:
+            return Outcome("failed", str(error), {}, {})
+        with tempfile.TemporaryDirectory(prefix="cpubench-child-") as tmp:
+            paths = {name: Path(tmp) / name for name in ("stdin", "stdout", "stderr")}
+            paths["stdin"].write_text(json.dumps(job))
+            for name in ("stdout", "stderr"):
+                paths[name].touch()
+            if drop_to_invoking_user() is not None:
+                os.chmod(tmp, 0o777)
+                for path in paths.values():
+                    os.chmod(path, 0o666)
+            request = {name: str(path) for name, path in paths.items()}
+            request.update(cpus=cpus, user=None)  # the server already runs as the invoking user
+            started = time.perf_counter()
+            timed_out = False
+            pid = None
+            try:
+                self.proc.stdin.write((json.dumps(request) + "\n").encode())
+                self.proc.stdin.flush()
+                pid = self._read_line(timeout_s=60)["pid"]
+                on_heartbeat(pid)
+                while True:
+                    left = timeout_s - (time.perf_counter() - started)
+                    reply = self._read_line(timeout_s=max(0.01, min(heartbeat_s, left)))
+                    if reply is not None:
+                        break
+                    if time.perf_counter() - started >= timeout_s:
+                        timed_out = True
+                        _kill_pgid(pid)
+                        reply = self._read_line(timeout_s=60)
+                        break
+                    on_heartbeat(pid)
+            except ChildStartError as error:
+                self.close()
+                return Outcome("failed", str(error), {"wall_s": time.perf_counter() - started}, {"child_pid": pid})
+            except BaseException:
+                if pid is not None:
+                    _kill_pgid(pid)
+                self.close()
+                raise
+            wall_s = time.perf_counter() - started
+            outcome = _outcome(reply["returncode"], paths["stdout"].read_bytes(), paths["stderr"].read_bytes(),
+                               wall_s=wall_s, timed_out=timed_out, timeout_s=timeout_s, child_pid=pid)
+        outcome.applied["spawn"] = "fork server"
+        return outcome
+
+
+class ChildStartError(Exception):
+    """The fork server could not start or died: the job fails with this message."""
+
+
+def _kill_pgid(pid: int) -> None:
+    """Kill a forked child and whatever it started (its own process group, once it made one)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -24,7 +24,7 @@ import psutil
 from orchestrator.errors import BadInput, BenchError, Busy
 from orchestrator.store import Claim, Store
 from worker import knobs, probe, sensors
-from worker.child import Outcome, child_env, run_child
+from worker.child import ForkServer, Outcome, child_env, run_exec
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,6 +47,9 @@ class WorkerOptions:
     sysfs_root: str = "/"
     data_dir: Path = field(default_factory=lambda: Path(os.environ.get("BENCH_DATA_DIR", PROJECT_ROOT / "data")))
     output_dir: Path = field(default_factory=lambda: Path(os.environ.get("BENCH_OUTPUT_DIR", PROJECT_ROOT / "output")))
+    # "fork": children forked from a server that has imported torch once (no ~2 s import per job);
+    # "exec": a fresh interpreter per job. Both give the child the job's exact start settings.
+    spawn: str = field(default_factory=lambda: os.environ.get("BENCH_SPAWN", "fork"))
     # Tests swap in a child that crashes or hangs on purpose (tests/stub_child.py).
     child_module: str = field(default_factory=lambda: os.environ.get("BENCH_CHILD_MODULE", "worker.train"))
     probe_quick: bool = field(default_factory=lambda: os.environ.get("BENCH_PROBE_QUICK") == "1")
@@ -127,6 +130,13 @@ class Worker:
         self.facts: dict = {}
         self.machine_id: int | None = None
         self._datasets: dict[str, str] = {}
+        if options.spawn not in ("fork", "exec"):
+            raise BadInput(f"BENCH_SPAWN={options.spawn!r}: expected fork or exec")
+        self.forkserver = ForkServer() if options.spawn == "fork" else None
+
+    def close(self) -> None:
+        if self.forkserver is not None:
+            self.forkserver.close()
 
     def start(self) -> int:
         """Probe, register and restore; the machine id."""
@@ -159,6 +169,7 @@ class Worker:
                     self.emit(Event("finished", claim=claim, outcome=outcome, counts=self.store.counts(self.machine_id)))
                 return self.store.counts(self.machine_id)
         finally:
+            self.close()
             signal.signal(signal.SIGTERM, previous)
 
     def _take_back_stale(self) -> None:
@@ -199,9 +210,11 @@ class Worker:
             load_before = os.getloadavg()[0]
             sampler.start()
             try:
-                outcome = run_child(job, module=self.opts.child_module, argv_prefix=spec.argv_prefix, env=child_env(spec.env, PROJECT_ROOT, data_dir),
-                                    cpus=spec.cpus, cwd=PROJECT_ROOT, timeout_s=self.opts.timeout_s,
-                                    heartbeat_s=self.opts.heartbeat_s, on_heartbeat=on_heartbeat)
+                spawn = self.forkserver.run if self.forkserver is not None else run_exec
+                outcome = spawn(job, module=self.opts.child_module, argv_prefix=spec.argv_prefix,
+                                env=child_env(spec.env, PROJECT_ROOT, data_dir), cpus=spec.cpus, cwd=PROJECT_ROOT,
+                                timeout_s=self.opts.timeout_s, heartbeat_s=self.opts.heartbeat_s,
+                                on_heartbeat=on_heartbeat)
             finally:
                 sampled = sampler.stop()
         notes = sampled.pop("notes", {})
@@ -260,14 +273,17 @@ def measure_once(settings: list[str], options: WorkerOptions) -> dict:
         if key in variables.SET_BY_SWEEP:
             raise BadInput(f"setting {key!r}: set by sweeps, not by hand")
         partial[key] = variables.parse_value(key, value, "the command line")
-    worker = Worker(None, options)
+    worker = Worker(None, replace(options, spawn="exec"))  # one job: a fork server would only add a start
     config, why = variables.resolve(partial, len(worker.pool))
     if why:
         raise BadInput(f"this configuration cannot run: {'; '.join(why)}")
     with cpu_locks(options.state_dir, worker.pool, wait=options.wait):
         worker.facts = probe.probe(options.state_dir, quick=options.probe_quick, sysfs_root=options.sysfs_root)
         restore_left_behind(options.state_dir, options.sysfs_root)
-        outcome = worker.measure(config, run_id=None)
+        try:
+            outcome = worker.measure(config, run_id=None)
+        finally:
+            worker.close()
     result = {"status": outcome.status, "reason": outcome.reason}
     result.update({m: outcome.metrics.get(m) for m in METRICS})
     result.update({k: v for k, v in outcome.facts.items() if k != "child_pid"})

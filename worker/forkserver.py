@@ -1,0 +1,95 @@
+"""A fork server for training children: a process that has already imported torch and the child's
+modules, and forks one fresh child per job. It removes the ~2 s interpreter and torch import from
+every job, which dominates tiny jobs.
+
+Only jobs whose process-start settings are identical share a server: the whole child environment
+(threads, LD_PRELOAD, ISA caps, OpenMP binding are read when libraries load), the numactl prefix
+and the CPU set. Any difference starts a new server, so a forked child runs under exactly the
+settings a freshly executed one would. The server never trains itself: each child starts from the
+same just-imported state, sets its affinity and privileges, and runs the child module as __main__.
+
+Protocol on the server's stdin/stdout, one JSON object a line:
+  -> {"stdin": path, "stdout": path, "stderr": path, "cpus": [...], "user": [uid, gid] | null}
+  <- {"pid": N}                      once the child is forked
+  <- {"pid": N, "returncode": rc}    when it ended (rc < 0: killed by that signal)
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import runpy
+import signal
+import sys
+import traceback
+
+PR_SET_PDEATHSIG = 1
+
+
+def _set_parent_death_signal(parent_pid: int) -> None:
+    import ctypes
+
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _child(module: str, request: dict, server_pid: int) -> None:
+    """In the forked child: become a fresh process for one job, then run the module as __main__."""
+    code = 1
+    try:
+        os.setpgrp()
+        if request["cpus"]:
+            os.sched_setaffinity(0, request["cpus"])
+        if request.get("user"):
+            uid, gid = request["user"]
+            os.setgid(gid)
+            os.setuid(uid)
+        _set_parent_death_signal(server_pid)
+        for fd, (path, flags) in enumerate(((request["stdin"], os.O_RDONLY),
+                                            (request["stdout"], os.O_WRONLY | os.O_TRUNC),
+                                            (request["stderr"], os.O_WRONLY | os.O_TRUNC))):
+            opened = os.open(path, flags)
+            os.dup2(opened, fd)
+            os.close(opened)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False)
+        sys.argv = [module]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(module: str) -> None:
+    """Import the child's modules once, then fork a child per request until stdin closes."""
+    worker_pid = int(os.environ.pop("BENCH_FORKSERVER_PARENT"))
+    _set_parent_death_signal(worker_pid)
+    importlib.import_module(module)  # its imports (torch...) stay cached for every child
+    control_in, control_out = sys.stdin, sys.stdout
+    print(json.dumps({"ready": os.getpid()}), file=control_out, flush=True)
+    for line in control_in:
+        request = json.loads(line)
+        control_out.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(module, request, os.getppid())
+        print(json.dumps({"pid": pid}), file=control_out, flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)}), file=control_out,
+              flush=True)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
