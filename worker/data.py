@@ -1,0 +1,348 @@
+"""Training text, its BPE tokenizer, the token ids and the batches, all cached under data/.
+
+`prepare()` runs once per worker in the parent: it fetches the dataset through the `datasets`
+library (or falls back to a built-in corpus this module generates) and writes it as plain text.
+The child only calls `load_tokens()`, which reads that text file and never imports `datasets`
+(pyarrow alone costs seconds of setup). Every file is written tmp + rename: two workers may race.
+
+Layout under data_dir:
+    <slug>/corpus.txt          one row of text per line (newlines inside a row become spaces)
+    <slug>/source.json         where the text came from, rows, characters, when
+    <slug>/unreachable.json    the remembered "hub unreachable -> builtin" decision of the last prepare()
+    <slug>/bpe-<vocab>.json    the tokenizer trained on corpus.txt
+    <slug>/bpe-<vocab>.npy     corpus.txt tokenized (uint16/uint32)
+    hf/                        the `datasets` library's own cache
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import random
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+
+from orchestrator.errors import BenchError
+from orchestrator.variables import DATASET_BUILTIN, DATASET_HUB
+
+HUB_TIMEOUT_S = 5  # an unreachable hub must cost seconds, not the minutes of default retries
+BUILTIN_ROWS = 1000  # the hub dataset's size, so both corpora give comparable runs
+
+
+# -- files -------------------------------------------------------------------------------------
+
+
+def slug(dataset: str) -> str:
+    return dataset.replace("/", "__")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _write_corpus(folder: Path, rows: list[str], source: dict) -> Path:
+    lines = [" ".join(r.split()) for r in rows]
+    lines = [line for line in lines if line]
+    corpus = folder / "corpus.txt"
+    _write_atomic(corpus, ("\n".join(lines) + "\n").encode())
+    source = {**source, "rows": len(lines), "chars": sum(map(len, lines)), "written": time.time()}
+    _write_atomic(folder / "source.json", json.dumps(source, indent=1).encode())
+    return corpus
+
+
+def _warn(message: str) -> None:
+    print(f"\n!!! cpubench data: {message}\n", file=sys.stderr, flush=True)
+
+
+# -- the built-in corpus -----------------------------------------------------------------------
+
+_SUBJECTS = [
+    "the sun", "a plant", "the moon", "water", "a magnet", "the heart", "a seed", "the wind", "ice",
+    "a rock", "the earth", "a battery", "light", "sound", "a cell", "the river", "a volcano",
+    "the ocean", "a bird", "a fish", "the forest", "a glacier", "the lungs", "a bee", "copper wire",
+    "a cloud", "the soil", "a star", "an insect", "the brain", "a mirror", "a lever", "a frog",
+]
+_VERBS = [
+    "absorbs", "reflects", "produces", "needs", "changes", "moves", "stores", "releases", "carries",
+    "heats", "cools", "protects", "feeds on", "depends on", "breaks down", "pulls", "pushes",
+    "measures", "forms", "supports",
+]
+_OBJECTS = [
+    "energy", "heat", "oxygen", "carbon dioxide", "sunlight", "nutrients", "electric current",
+    "pressure", "small particles", "salt", "minerals", "seeds", "waves", "food", "blood", "rain",
+    "layers of sediment", "magnetic fields", "moisture", "tiny crystals",
+]
+_ADVERBS = ["slowly", "quickly", "every day", "during the night", "in the spring", "over many years",
+            "when it is warm", "when the air is cold", "in most cases", "at high altitude"]
+_REASONS = [
+    "because it helps the organism survive", "which is why scientists study it closely",
+    "so the temperature stays nearly constant", "and this changes the local environment",
+    "which makes the process easy to observe", "because energy is never created or destroyed",
+    "so the system reaches a balance", "which students can test with a simple experiment",
+]
+_QUESTIONS = [
+    "Which of the following best explains why {s} {v} {o}?",
+    "What would happen if {s} no longer {v} {o}?",
+    "A student observes that {s} {v} {o} {a}. What is the most likely cause?",
+    "How does {s} use {o}?",
+]
+_FACTS = [
+    "{S} {v} {o} {a}, {r}.",
+    "In a simple model, {s} {v} {o} {r}.",
+    "Scientists found that {s} {v} more {o} {a}.",
+    "{S} {v} {o}; without it, {s2} would not get enough {o2}.",
+    "When {s} {v} {o}, {s2} {v2} {o2} as well.",
+    "Most of the {o} that {s} {v} comes from {s2}.",
+    "An experiment showed that {s} {v} {o} {a}, {r}.",
+]
+
+
+_SYLLABLES = ["ka", "lor", "mi", "ven", "tas", "ro", "quel", "dan", "phi", "ser", "bo", "tri", "gal", "nu",
+              "mes", "cor", "ith", "pla", "zen", "ux", "dre", "ol", "fen", "sa", "wy", "thar", "ei", "mon"]
+_KINDS = [("mineral", "ite"), ("beetle", "id"), ("fern", "ia"), ("river", ""), ("moth", "a"), ("island", ""),
+          ("bacterium", "us"), ("alloy", "ium"), ("lake", ""), ("comet", "")]
+_CLAIMS = [
+    "The {t} is a kind of {k} first described in {y}.",
+    "A sample of {t} weighs about {n} grams and {v} {o}.",
+    "Near the {t2}, the {t} {v} {o} {a}.",
+    "Researchers measured {n} units of {o} in the {t}.",
+    "Unlike the {t2}, the {t} {v} {o} {r}.",
+]
+
+
+def _names(rng: random.Random, count: int) -> list[tuple[str, str]]:
+    """Invented proper names (kelvorite, Sadanmes river...): thousands of word types, so a BPE of a
+    few thousand tokens has subwords to learn, as it would on real text."""
+    names = []
+    for _ in range(count):
+        kind, suffix = rng.choice(_KINDS)
+        stem = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 4)))
+        names.append((stem + suffix, kind))
+    return names
+
+
+def builtin_rows(n_rows: int = BUILTIN_ROWS, seed: int = 0) -> list[str]:
+    """About a thousand varied English-like rows about science: deterministic, no download.
+
+    Structure repeats (shared templates and vocabulary) so a small model's loss falls within a few
+    steps, while random choices keep rows distinct so the model cannot just memorize one line.
+    """
+    rng = random.Random(seed)
+
+    names = _names(rng, 3000)
+
+    def fill(template: str) -> str:
+        (t, k), (t2, _) = rng.sample(names, 2)
+        s, s2 = rng.sample(_SUBJECTS, 2)
+        o, o2 = rng.sample(_OBJECTS, 2)
+        v, v2 = rng.sample(_VERBS, 2)
+        text = template.format(t=t, k=k, t2=t2, y=rng.randint(1650, 2020),
+                               n=round(rng.uniform(0.1, 500), rng.randint(0, 2)), s=s, S=s[0].upper() + s[1:], s2=s2, v=v, v2=v2, o=o, o2=o2,
+                               a=rng.choice(_ADVERBS), r=rng.choice(_REASONS))
+        return text[0].upper() + text[1:]
+
+    rows = []
+    for _ in range(n_rows):
+        parts = [fill(rng.choice(_FACTS if rng.random() < 0.6 else _CLAIMS)) for _ in range(rng.randint(3, 8))]
+        if rng.random() < 0.3:
+            parts.append(fill(rng.choice(_QUESTIONS)))
+        rows.append(" ".join(parts))
+    return rows
+
+
+def _write_builtin(data_dir: Path) -> Path:
+    folder = data_dir / slug(DATASET_BUILTIN)
+    if not (folder / "corpus.txt").exists():
+        _write_corpus(folder, builtin_rows(), {"dataset": DATASET_BUILTIN, "from": "worker.data.builtin_rows(seed=0)"})
+    return folder / "corpus.txt"
+
+
+# -- the hub dataset ---------------------------------------------------------------------------
+
+
+def _hub_reachable() -> str | None:
+    """None when the hub's host accepts a TCP connection, else why not (one quick try)."""
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=HUB_TIMEOUT_S).close()
+        return None
+    except OSError as e:
+        return f"{url.hostname}:{port}: {e}"
+
+
+@contextlib.contextmanager
+def _patched(obj, **values):
+    """Set module constants the hub libraries read at import time; restore them after."""
+    saved = {k: getattr(obj, k) for k in values if hasattr(obj, k)}
+    for k, v in values.items():
+        setattr(obj, k, v)
+    try:
+        yield
+    finally:
+        for k in values:
+            if k in saved:
+                setattr(obj, k, saved[k])
+            else:
+                delattr(obj, k)
+
+
+def _load_hub_rows(dataset: str, cache_dir: Path, offline: bool) -> list[str]:
+    """The dataset's text rows through the `datasets` library (its cache only, when offline).
+
+    The library retries an unreachable hub five times with backoff (~25 s) and reads its timeouts
+    at import; so the timeouts are patched low, and when a quick TCP probe already failed the
+    loader runs offline: it still finds a copy in its own cache, and fails in milliseconds if none.
+    """
+    import datasets
+    import huggingface_hub.constants as hub_constants
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(hub_constants, HF_HUB_ETAG_TIMEOUT=HUB_TIMEOUT_S,
+                                     HF_HUB_DOWNLOAD_TIMEOUT=HUB_TIMEOUT_S))
+        if offline:
+            stack.enter_context(_patched(hub_constants, HF_HUB_OFFLINE=True))
+            stack.enter_context(_patched(datasets.config, HF_HUB_OFFLINE=True))
+        table = datasets.load_dataset(dataset, split="train", cache_dir=str(cache_dir))
+    column = "text" if "text" in table.column_names else table.column_names[0]
+    return [str(t) for t in table[column] if t]
+
+
+def prepare(data_dir: str | os.PathLike, dataset: str) -> tuple[Path, str]:
+    """Make sure the corpus of `dataset` is on disk: (corpus file, dataset really used).
+
+    Call once per worker, in the parent. For the hub dataset, a corpus written by an earlier call is
+    reused; otherwise the hub is tried once (seconds when unreachable) and on failure the built-in
+    corpus is used, loudly, and the decision is remembered in unreachable.json so runs do not retry.
+    """
+    data_dir = Path(data_dir)
+    if dataset == DATASET_BUILTIN:
+        return _write_builtin(data_dir), DATASET_BUILTIN
+    if dataset != DATASET_HUB:
+        raise BenchError(f"dataset={dataset!r}: expected {DATASET_HUB} or {DATASET_BUILTIN}")
+    folder = data_dir / slug(dataset)
+    if (folder / "corpus.txt").exists():
+        return folder / "corpus.txt", dataset
+    why_not = _hub_reachable()
+    try:
+        rows = _load_hub_rows(dataset, data_dir / "hf", offline=why_not is not None)
+        if not rows:
+            raise BenchError(f"{dataset}: no text rows")
+    except Exception as e:  # any loader failure means: train on the built-in corpus, and say so
+        reason = f"{type(e).__name__}: {e}" + (f" (probe: {why_not})" if why_not else "")
+        _warn(f"could not load {dataset} ({reason}); training on the BUILT-IN corpus instead. "
+              f"Every run records dataset_used='{DATASET_BUILTIN}'.")
+        _write_atomic(folder / "unreachable.json",
+                      json.dumps({"dataset": dataset, "reason": reason, "when": time.time()}).encode())
+        return _write_builtin(data_dir), DATASET_BUILTIN
+    with contextlib.suppress(FileNotFoundError):
+        (folder / "unreachable.json").unlink()
+    return _write_corpus(folder, rows, {"dataset": dataset, "from": "datasets.load_dataset", "split": "train"}), dataset
+
+
+def locate(data_dir: str | os.PathLike, dataset: str) -> tuple[Path, str]:
+    """In the child: the corpus prepare() left, honouring its remembered fallback; no network.
+
+    Calls prepare() only when nothing was prepared (e.g. `bench.py once` on a fresh checkout).
+    """
+    data_dir = Path(data_dir)
+    if dataset == DATASET_HUB:
+        folder = data_dir / slug(dataset)
+        if (folder / "corpus.txt").exists():
+            return folder / "corpus.txt", dataset
+        if (folder / "unreachable.json").exists():
+            _warn(f"{dataset} was unreachable at prepare(); training on the BUILT-IN corpus.")
+            return _write_builtin(data_dir), DATASET_BUILTIN
+    elif (data_dir / slug(dataset) / "corpus.txt").exists():
+        return data_dir / slug(dataset) / "corpus.txt", dataset
+    return prepare(data_dir, dataset)
+
+
+# -- tokenizer and ids -------------------------------------------------------------------------
+
+
+def tokenizer_path(corpus: Path, vocab_size: int) -> Path:
+    return corpus.parent / f"bpe-{vocab_size}.json"
+
+
+def train_tokenizer(corpus: Path, vocab_size: int):
+    """A byte-level BPE trained on the corpus, cached per (dataset, vocab_size) beside it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    path = tokenizer_path(corpus, vocab_size)
+    if path.exists():
+        return Tokenizer.from_file(str(path))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train([str(corpus)], trainer)
+    _write_atomic(path, tok.to_str().encode())
+    return tok
+
+
+def load_tokens(corpus: Path, vocab_size: int) -> np.ndarray:
+    """The whole corpus as one stream of token ids (rows joined by newlines), cached as .npy.
+
+    A small corpus may give a BPE vocabulary smaller than vocab_size; ids then stay below it and the
+    model's embedding still has vocab_size rows (the model's shape is the variable, not the text's).
+    """
+    npy = corpus.parent / f"bpe-{vocab_size}.npy"
+    if npy.exists():
+        return np.load(npy)
+    tok = train_tokenizer(corpus, vocab_size)
+    ids = tok.encode(corpus.read_text()).ids
+    assert max(ids) < vocab_size, "the tokenizer produced an id beyond vocab_size"
+    arr = np.asarray(ids, dtype=np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+    buf = io.BytesIO()  # np.save into memory, so the .npy is written atomically like the rest
+    np.save(buf, arr)
+    _write_atomic(npy, buf.getvalue())
+    return arr
+
+
+# -- batches -----------------------------------------------------------------------------------
+
+
+class Batches:
+    """Random windows of seq_len + 1 tokens: inputs and next-token targets, deterministic from seed.
+
+    The windows are drawn with a torch.Generator of their own, so the data order depends on the seed
+    alone, not on how many random numbers the model's init or dropout consumed.
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int):
+        import torch
+
+        if len(tokens) < seq_len + 2:
+            raise BenchError(f"the corpus has {len(tokens)} tokens, fewer than seq_len + 2 = {seq_len + 2}")
+        self.tokens = torch.from_numpy(tokens.astype(np.int64))
+        self.seq_len, self.batch_size = seq_len, batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def next(self):
+        import torch
+
+        T = self.seq_len
+        starts = torch.randint(0, len(self.tokens) - T - 1, (self.batch_size,), generator=self.generator)
+        offsets = starts[:, None] + torch.arange(T + 1)  # (B, T+1)
+        window = self.tokens[offsets]  # (B, T+1)
+        return window[:, :-1], window[:, 1:]  # inputs, targets: (B, T) each

@@ -1,0 +1,243 @@
+"""A nanoGPT-like decoder: the architecture variables of the catalogue, and its FLOP count.
+
+Reads bottom-up: the attention mask, attention, MLP, block, and the whole model last.
+No prints, no file access: the training child (worker/train.py) owns those.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from worker.quant import QUANT_MODES, QuantLinear
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 4096  # a small BPE on ~1k rows of text does not need more
+    seq_len: int = 128  # learned positions: the longest sequence the model can see
+    n_layers: int = 2  # the catalogue's default: small enough for a 2-core machine
+    d_model: int = 128  # residual width
+    n_heads: int = 4  # query heads
+    head_dim: int = 32  # n_heads * head_dim is the attention width; it may differ from d_model
+    kv_heads: int = 4  # < n_heads: grouped-query (1: multi-query); K/V projections really shrink
+    mlp_ratio: float = 4.0  # GPT-2's MLP hidden width / d_model
+    dropout: float = 0.0  # off by default: benchmarks compare kernels, not regularisation
+    activation: str = "gelu"  # gelu | relu | silu | swiglu
+    attention: str = "full"  # full causal | local (block-diagonal windows) | sliding (last `window`)
+    window: int = 64  # tokens a local block / sliding window spans (ignored for full)
+    attn_backend: str = "sdpa"  # manual (matmul + softmax) | sdpa (torch picks) | sdpa_math
+    precision: str = "fp32"  # only q8/q4/bitnet change the modules; bf16/mixed are the trainer's
+
+    def __post_init__(self):
+        assert self.n_heads % self.kv_heads == 0, "kv_heads must divide n_heads"
+        assert self.activation in ("gelu", "relu", "silu", "swiglu"), self.activation
+        assert self.attention in ("full", "local", "sliding"), self.attention
+        assert self.attn_backend in ("manual", "sdpa", "sdpa_math"), self.attn_backend
+
+    @classmethod
+    def from_config(cls, config: dict) -> ModelConfig:
+        """The model's part of a resolved catalogue config."""
+        return cls(**{f.name: config[f.name] for f in fields(cls)})
+
+    @property
+    def mlp_hidden(self) -> int:
+        """MLP hidden width. swiglu has three matrices instead of two, so its hidden width is 2/3 of
+        mlp_ratio * d_model: the parameter count stays that of the two-matrix MLP (LLaMA's rule)."""
+        if self.activation == "swiglu":
+            return int(2 / 3 * self.mlp_ratio * self.d_model)
+        return int(self.mlp_ratio * self.d_model)
+
+
+def attention_mask(kind: str, seq_len: int, window: int) -> torch.Tensor:
+    """(T, T) bool, True where query i may attend to key j. Never the future (j <= i); local: only
+    inside i's block of `window` tokens; sliding: only the last `window` tokens, i itself included."""
+    i = torch.arange(seq_len)[:, None]
+    j = torch.arange(seq_len)[None, :]
+    mask = j <= i
+    if kind == "local":
+        mask &= (i // window) == (j // window)
+    elif kind == "sliding":
+        mask &= (i - j) < window
+    return mask
+
+
+def attended_positions(kind: str, seq_len: int, window: int) -> int:
+    """How many (query, key) pairs the mask allows, summed over the sequence."""
+    return int(attention_mask(kind, seq_len, window).sum())
+
+
+def make_linear(cfg: ModelConfig, n_in: int, n_out: int) -> nn.Linear:
+    if cfg.precision in QUANT_MODES:
+        return QuantLinear(n_in, n_out, bias=False, mode=cfg.precision)
+    return nn.Linear(n_in, n_out, bias=False)  # no biases: as in LLaMA/PaLM, fewer copies, same loss
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.q_width = cfg.n_heads * cfg.head_dim
+        self.kv_width = cfg.kv_heads * cfg.head_dim
+        # one fused projection for Q, K and V: one GEMM instead of three
+        self.qkv = make_linear(cfg, cfg.d_model, self.q_width + 2 * self.kv_width)
+        self.proj = make_linear(cfg, self.q_width, cfg.d_model)
+        self.proj.residual = True  # init scaled by depth (GPT-2)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        if cfg.attention != "full" or cfg.attn_backend == "manual":
+            self.register_buffer("mask", attention_mask(cfg.attention, cfg.seq_len, cfg.window), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        cfg = self.cfg
+        q, k, v = self.qkv(x).split([self.q_width, self.kv_width, self.kv_width], dim=2)
+        q = q.view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
+        k = k.view(B, T, cfg.kv_heads, cfg.head_dim).transpose(1, 2)  # (B, kv_heads, T, head_dim)
+        v = v.view(B, T, cfg.kv_heads, cfg.head_dim).transpose(1, 2)  # (B, kv_heads, T, head_dim)
+        p = cfg.dropout if self.training else 0.0
+        if cfg.attn_backend == "manual":
+            y = self._manual(q, k, v, p)
+        else:
+            is_causal = cfg.attention == "full"
+            mask = None if is_causal else self.mask[:T, :T]
+            gqa = cfg.kv_heads != cfg.n_heads
+            if cfg.attn_backend == "sdpa_math":
+                with sdpa_kernel(SDPBackend.MATH):
+                    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                                       is_causal=is_causal, enable_gqa=gqa)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                                   is_causal=is_causal, enable_gqa=gqa)
+        y = y.transpose(1, 2).reshape(B, T, self.q_width)  # (B, T, n_heads * head_dim)
+        return self.resid_dropout(self.proj(y))  # (B, T, d_model)
+
+    def _manual(self, q, k, v, p: float) -> torch.Tensor:
+        """Attention written out: the reference the fused kernels are checked against."""
+        T = q.size(2)
+        rep = self.cfg.n_heads // self.cfg.kv_heads
+        if rep > 1:  # each K/V head serves `rep` query heads
+            k = k.repeat_interleave(rep, dim=1)  # (B, n_heads, T, head_dim)
+            v = v.repeat_interleave(rep, dim=1)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, n_heads, T, T)
+        att = att.masked_fill(~self.mask[:T, :T], float("-inf")).softmax(dim=-1)
+        att = F.dropout(att, p, training=p > 0)
+        return att @ v  # (B, n_heads, T, head_dim)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.activation = cfg.activation
+        hidden = cfg.mlp_hidden
+        # swiglu: gate and up projections fused into one GEMM, split after
+        self.fc = make_linear(cfg, cfg.d_model, 2 * hidden if cfg.activation == "swiglu" else hidden)
+        self.proj = make_linear(cfg, hidden, cfg.d_model)
+        self.proj.residual = True
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)  # (B, T, hidden) or (B, T, 2 * hidden) for swiglu
+        if self.activation == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up  # (B, T, hidden)
+        elif self.activation == "gelu":
+            h = F.gelu(h, approximate="tanh")  # GPT-2's gelu
+        elif self.activation == "relu":
+            h = F.relu(h)
+        else:
+            h = F.silu(h)
+        return self.dropout(self.proj(h))  # (B, T, d_model)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model, bias=False)
+        self.attn = Attention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model, bias=False)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        x = x + self.mlp(self.ln2(x))
+        return x
+
+
+class GPT(nn.Module):
+    """Token + learned position embeddings, n_layers blocks, a head tied to the token embedding.
+
+    The embeddings and the head stay full precision under q8/q4/bitnet, as in BitNet: only the
+    blocks' Linear layers are quantized.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model, bias=False)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head.weight = self.wte.weight  # tied: fewer parameters, and better on small data
+        self.apply(self._init)
+
+    def _init(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if getattr(module, "residual", False) else 0.02
+            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        B, T = idx.shape
+        assert T <= self.cfg.seq_len, f"sequence of {T} tokens > seq_len {self.cfg.seq_len}"
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, d_model)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))  # (B, T, vocab_size)
+        if targets is None:
+            return logits
+        # the loss in fp32 also under bf16: a bf16 log-softmax over thousands of classes is too coarse
+        loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
+        return logits, loss
+
+
+def count_params(model: nn.Module) -> int:
+    """All trainable parameters, the tied head counted once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def matmul_params(model: GPT) -> int:
+    """Weights that take part in a matmul: every Linear of the blocks, plus the head (vocab x d).
+    Embedding lookups, positions and LayerNorm gains are not GEMMs."""
+    n = sum(m.weight.numel() for m in model.blocks.modules() if isinstance(m, nn.Linear))
+    return n + model.head.weight.numel()
+
+
+def flops_per_step(model: GPT, batch_size: int, grad_accum: int) -> int:
+    """Training FLOPs of one optimizer step (forward + backward), counted like PaLM / nanoGPT:
+
+        tokens        = batch_size * grad_accum * seq_len
+        flops_per_step = 6 * N_matmul * tokens
+                       + 12 * n_layers * n_heads * head_dim * A * batch_size * grad_accum
+
+    N_matmul = matmul_params(): 2 FLOPs per weight per token forward, 4 backward. Attention scores
+    (QK^T) and the weighted sum (AV) are each 2 * head_dim FLOPs per query head per attended
+    (query, key) pair forward, x3 with backward: 12 * n_heads * head_dim per pair. A =
+    attended_positions(): only pairs the mask allows count (T(T+1)/2 for full causal, fewer for
+    local/sliding windows), so this counts useful work, not the masked half a kernel may compute.
+    GQA shrinks the K/V projections (fewer matmul weights) but not the score/sum work: that follows
+    the query heads. Elementwise work (softmax, norms, activations, optimizer) is not counted.
+    """
+    cfg = model.cfg
+    tokens = batch_size * grad_accum * cfg.seq_len
+    pairs = attended_positions(cfg.attention, cfg.seq_len, cfg.window)
+    attention = 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * pairs * batch_size * grad_accum
+    return 6 * matmul_params(model) * tokens + attention

@@ -1,0 +1,415 @@
+"""The training child: `python -m worker.train` reads one JSON request on stdin, trains, and prints
+exactly one JSON result line on stdout (everything else goes to stderr).
+
+Request: {"config", "run_id", "output_dir", "output_root", "data_dir", "peak_gflops", "compile_cache_dir"}.
+Result:  {"status", "reason", "metrics", "applied", "dataset_used", "output_path", "torch_version",
+          "python_version", "build_info"}. On an exception: traceback on stderr, non-zero exit, no result.
+
+Measurement (see measure() and the metric names of `runs` in schema.sql):
+    setup_s       module start (before imports) to the first step: imports, data, tokenizer, model,
+                  optimizer; minus the untimed extra work recorded apart in `applied`
+                  (base_pretrain_s of a finetune without a saved model, prewarm_s of a warm cache)
+    first_step_s  the first step alone, compilation included: the first warmup step, or with
+                  warmup_steps=0 the first timed step (then it is also among the timed steps)
+    warmup_steps  untimed (let the loop settle: allocator, caches, oneDNN primitives)
+    steps         each optimizer step timed on its own with perf_counter_ns: grad_accum micro-batches
+                  (forward, backward), optimizer step, zero_grad; batches are drawn before the clock
+    loss_first    the very first step's loss (before any update); loss_last: mean of the last
+                  LOSS_LAST_STEPS timed steps
+"""
+
+from __future__ import annotations
+
+import time
+
+_T0 = time.perf_counter()  # setup_s starts here: before every import
+
+import contextlib  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import resource  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+LR = {"adamw": 1e-3, "sgd": 0.05}  # high for tiny models: loss must visibly fall in a few steps
+FINETUNE_LR_FACTOR = 0.1  # finetuning starts from trained weights: a 10x lower learning rate
+BASE_PRETRAIN_STEPS = 30  # untimed pretraining when finetune finds no saved model to start from
+LOSS_LAST_STEPS = 3  # loss_last averages this many final steps: one step's loss is noisy
+PEAK_KEY = {"fp32": "fp32", "q8": "fp32", "q4": "fp32", "bitnet": "fp32", "bf16": "bf16", "mixed": "bf16"}
+# the variables that shape the weights; with the tokenizer's text they decide whether a saved model fits
+ARCH_KEYS = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_ratio", "activation",
+             "attention", "window", "vocab_size", "seq_len")
+# inductor switches that turn fusion off (torch 2.13): no node joins another's kernel (max size 1),
+# no pointwise epilogue folded into a GEMM/reduction, no pattern rewrites, no horizontal fusion
+NO_FUSION = {"max_fusion_size": 1, "epilogue_fusion": False, "pattern_matcher": False,
+             "aggressive_fusion": False, "cpp.max_horizontal_fusion_size": 0}
+
+
+class Skip(Exception):
+    """A value this child cannot honour: the run is recorded as skipped with this reason."""
+
+
+# -- the protocol ------------------------------------------------------------------------------
+
+
+def _claim_stdout():
+    """Keep the real stdout for the result; point fd 1 (Python and C prints alike) at stderr."""
+    result_fd = os.dup(1)
+    os.dup2(2, 1)
+    return os.fdopen(result_fd, "w")
+
+
+def main() -> None:
+    out = _claim_stdout()
+    request = json.loads(sys.stdin.read())
+    result = run(request)
+    out.write(json.dumps(result) + "\n")
+    out.flush()
+
+
+def skipped(reason: str, applied: dict | None = None, torch_version: str | None = None) -> dict:
+    return {"status": "skipped", "reason": reason, "metrics": {}, "applied": applied or {},
+            "dataset_used": None, "output_path": None, "torch_version": torch_version,
+            "python_version": platform.python_version(), "build_info": None}
+
+
+def run(request: dict) -> dict:
+    """Train one configuration as the request says; the result dict (printed by main())."""
+    config = request["config"]
+    if config["framework"] != "torch":  # before importing torch: a skip must be fast
+        return skipped(f"not implemented: framework={config['framework']}")
+    cache_dir = _compile_cache_dir(config, request)  # before torch: inductor reads it from the env
+    try:
+        return _train(request, cache_dir)
+    except Skip as why:
+        import torch
+
+        from worker.readback import read_back
+
+        return skipped(str(why), read_back(), torch.__version__)
+    finally:
+        if cache_dir and config["compile_cache"] == "cold":
+            shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def _compile_cache_dir(config: dict, request: dict) -> str | None:
+    """cold: a fresh empty inductor cache for this run; warm: the shared one (pre-warmed in _train)."""
+    if config["compile"] != "inductor":
+        return None
+    if config["compile_cache"] == "cold":
+        path = tempfile.mkdtemp(prefix="cpubench-inductor-")
+    else:
+        path = request.get("compile_cache_dir") or str(Path(tempfile.gettempdir()) / "cpubench-inductor")
+        os.makedirs(path, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path  # this process's own environment only
+    return path
+
+
+# -- training ----------------------------------------------------------------------------------
+
+
+def arch_hash(config: dict, dataset_used: str) -> str:
+    """Identity of a model's shape and vocabulary; a finetune starts only from a model with the same."""
+    key = {k: config[k] for k in ARCH_KEYS} | {"dataset_used": dataset_used}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def find_saved_model(output_root: str | None, wanted_hash: str) -> Path | None:
+    """The newest model folder under output_root whose config.json has this architecture hash."""
+    if not output_root or not Path(output_root).is_dir():
+        return None
+    found = []
+    for cfg_file in Path(output_root).glob("*/config.json"):
+        with contextlib.suppress(OSError, ValueError):
+            saved = json.loads(cfg_file.read_text())
+            if saved.get("arch_hash") == wanted_hash and (cfg_file.parent / "model.pt").exists():
+                found.append((cfg_file.stat().st_mtime, cfg_file.parent))
+    return max(found)[1] if found else None
+
+
+def make_optimizer(model, config: dict, lr: float):
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if config["optimizer"] == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, foreach=True)
+    # no weight decay on gains (nanoGPT); fused: one kernel over all tensors instead of a loop
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=True)
+
+
+def make_step(model, optimizer, precision: str):
+    """One optimizer step over a list of (inputs, targets) micro-batches; returns the mean loss."""
+    import torch
+
+    autocast = precision == "mixed"
+
+    def step(micro_batches):
+        total = 0.0
+        for x, y in micro_batches:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                _, loss = model(x, y)
+            (loss / len(micro_batches)).backward()
+            total += loss.detach()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return total / len(micro_batches)
+
+    return step
+
+
+def _set_inductor_config(fusion: bool) -> dict:
+    """Apply the fusion switch; return the inductor settings now in force (read back)."""
+    import torch._inductor.config as inductor_config
+
+    applied = {}
+    for name, value in NO_FUSION.items():
+        owner, _, attr = name.rpartition(".")
+        target = getattr(inductor_config, owner) if owner else inductor_config
+        if not fusion:
+            setattr(target, attr, value)
+        applied[name] = getattr(target, attr)
+    return applied
+
+
+def _check_inductor_possible() -> None:
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as e:
+        raise Skip(f"not implemented: compile=inductor (no working C++ compiler: {e})") from None
+
+
+def _prewarm(model, config: dict, batches, cache_dir: str, step_args) -> float | None:
+    """compile_cache=warm: compile this config once, untimed, if the shared cache has not seen it.
+
+    A marker file per (config minus system knobs, torch version) under the cache dir records that a
+    run compiled it; without one, a copy of the model is compiled and run forward + backward (no
+    optimizer step: the real model's weights stay untouched), then dynamo is reset, so the timed run
+    compiles again and finds every graph in inductor's on-disk FX graph cache.
+    """
+    import copy
+
+    import torch
+
+    skip_keys = {"cores", "freq_mhz", "governor", "turbo", "pin_threads", "numa", "allocator", "omp_threads",
+                 "intra_threads", "inter_threads", "steps", "warmup_steps", "seed", "repeat", "task",
+                 "optimizer", "grad_accum"}
+    key = {k: v for k, v in config.items() if k not in skip_keys} | {"torch": torch.__version__}
+    marker = Path(cache_dir) / "cpubench-warmed" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode())
+                                                    .hexdigest()[:16] + ".json")
+    if marker.exists():
+        return None
+    t = time.perf_counter()
+    twin = torch.compile(copy.deepcopy(model))
+    x, y = step_args
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config["precision"] == "mixed"):
+        _, loss = twin(x, y)
+    loss.backward()
+    del twin
+    torch._dynamo.reset()
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(key))
+    return time.perf_counter() - t
+
+
+def _train(request: dict, cache_dir: str | None) -> dict:
+    config = request["config"]
+    import numpy as np
+    import torch
+
+    from worker import data
+    from worker.model import GPT, ModelConfig, count_params, flops_per_step
+    from worker.readback import apply_in_child, read_back
+
+    apply_in_child(config)
+    applied: dict = {"precision": config["precision"], "compile": config["compile"]}
+    excluded_s = 0.0  # untimed extra work inside the setup window, reported apart
+
+    corpus, dataset_used = data.locate(request["data_dir"], config["dataset"])
+    tokens = data.load_tokens(corpus, config["vocab_size"])
+    applied["corpus_tokens"] = int(len(tokens))
+    if len(tokens) < config["seq_len"] + 2:
+        raise Skip(f"not implemented: seq_len={config['seq_len']} (the corpus has only {len(tokens)} tokens)")
+
+    torch.manual_seed(config["seed"])
+    cfg = ModelConfig.from_config(config)
+    model = GPT(cfg)
+    batches = data.Batches(tokens, config["seq_len"], config["batch_size"], config["seed"])
+    lr = LR[config["optimizer"]]
+
+    if config["task"] == "finetune":
+        saved = find_saved_model(request.get("output_root"), arch_hash(config, dataset_used))
+        if saved is not None:
+            state = torch.load(saved / "model.pt", map_location="cpu", weights_only=True)
+            model.load_state_dict({k: v.float() for k, v in state.items()})
+            applied["finetune_from"] = str(saved)
+        else:  # nothing to start from: a short untimed fp32 pretrain on other batches of the same text
+            t = time.perf_counter()
+            base_batches = data.Batches(tokens, config["seq_len"], config["batch_size"], config["seed"] + 1)
+            base_step = make_step(model, make_optimizer(model, config, lr), "fp32")
+            model.train()
+            for _ in range(BASE_PRETRAIN_STEPS):
+                base_step([base_batches.next()])
+            applied["finetune_from"] = f"fresh base pretrain ({BASE_PRETRAIN_STEPS} untimed steps)"
+            applied["base_pretrain_s"] = time.perf_counter() - t
+            excluded_s += applied["base_pretrain_s"]
+        lr *= FINETUNE_LR_FACTOR
+    applied["lr"] = lr
+
+    if config["precision"] == "bf16":
+        model = model.to(torch.bfloat16)
+    applied["param_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    applied["autocast"] = "cpu bf16" if config["precision"] == "mixed" else None
+    optimizer = make_optimizer(model, config, lr)
+    applied["optimizer"] = f"{type(optimizer).__name__}(lr={lr}, " + (
+        "fused)" if optimizer.defaults.get("fused") else "foreach)")
+    applied["sdpa_kernel"] = _sdpa_kernel_used(cfg, config)
+    model.train()
+
+    trained = model  # what is called; `model` stays the plain module whose state is saved
+    if config["compile"] == "inductor":
+        _check_inductor_possible()
+        applied["inductor"] = _set_inductor_config(bool(config["fusion"]))
+        applied["compile_mode"] = "torch.compile(model, backend='inductor', mode=None)"
+        applied["compile_cache_dir"] = cache_dir
+        if config["compile_cache"] == "warm":
+            prewarm_s = _prewarm(model, config, batches, cache_dir, data.Batches(
+                tokens, config["seq_len"], config["batch_size"], config["seed"] + 2).next())
+            applied["cache_prewarmed_now"] = prewarm_s is not None
+            if prewarm_s is not None:
+                applied["prewarm_s"] = prewarm_s
+                excluded_s += prewarm_s
+        trained = torch.compile(model)
+
+    step = make_step(trained, optimizer, config["precision"])
+    metrics = measure(step, batches, config, applied)
+    metrics["setup_s"] = metrics.pop("_first_step_start") - _T0 - excluded_s
+    metrics["params"] = count_params(model)
+    metrics["flops_per_step"] = flops_per_step(model, config["batch_size"], config["grad_accum"])
+    median_s = metrics["step_ms_median"] / 1e3
+    metrics["gflops"] = metrics["flops_per_step"] / median_s / 1e9
+    peak = (request.get("peak_gflops") or {}).get(PEAK_KEY[config["precision"]])
+    metrics["mfu"] = metrics["gflops"] / peak if peak else None
+    if not all(np.isfinite(v) for v in (metrics["loss_first"], metrics["loss_last"])):
+        raise RuntimeError(f"loss is not finite: first {metrics['loss_first']}, last {metrics['loss_last']}")
+
+    output_path = save_model(model, config, request, dataset_used)
+    applied |= read_back()
+    return {"status": "done", "reason": None, "metrics": metrics, "applied": applied,
+            "dataset_used": dataset_used, "output_path": output_path, "torch_version": torch.__version__,
+            "python_version": platform.python_version(), "build_info": build_info()}
+
+
+def measure(step, batches, config: dict, applied: dict) -> dict:
+    """Warm up, then time each step on its own; the step-time, throughput, loss and rusage metrics."""
+    import torch
+
+    accum = config["grad_accum"]
+    losses = []
+    first = {}  # the very first step, warmup or (with warmup_steps=0) the first timed one
+
+    def one_step():
+        micro = [batches.next() for _ in range(accum)]  # drawn before the clock starts
+        if not first:
+            first["start"] = time.perf_counter()
+        t = time.perf_counter_ns()
+        try:
+            loss = step(micro)
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            if config["compile"] == "inductor" and "s" not in first:
+                raise Skip(f"not implemented: compile=inductor (inductor failed here: {str(e)[:300]})") from e
+            raise
+        elapsed_ns = time.perf_counter_ns() - t
+        first.setdefault("s", elapsed_ns / 1e9)
+        losses.append(loss)
+        return elapsed_ns
+
+    for _ in range(config["warmup_steps"]):
+        one_step()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    times_ns = [one_step() for _ in range(config["steps"])]
+    after = resource.getrusage(resource.RUSAGE_SELF)
+
+    ms = [t / 1e6 for t in times_ns]
+    median = statistics.median(ms)
+    qs = statistics.quantiles(ms, n=10, method="inclusive") if len(ms) > 1 else [ms[0]] * 9
+    tokens = config["batch_size"] * accum * config["seq_len"]
+    values = [float(v) for v in losses]
+    return {
+        "_first_step_start": first["start"],
+        "first_step_s": first["s"],
+        "step_ms_median": median, "step_ms_p10": qs[0], "step_ms_p90": qs[-1],
+        "step_ms_mean": statistics.fmean(ms), "step_ms_std": statistics.stdev(ms) if len(ms) > 1 else 0.0,
+        "train_s": sum(ms) / 1e3,
+        "tokens_per_s": tokens / (median / 1e3), "samples_per_s": config["batch_size"] * accum / (median / 1e3),
+        "loss_first": values[0], "loss_last": statistics.fmean(values[-LOSS_LAST_STEPS:]),
+        "peak_rss_mb": after.ru_maxrss / 1024,  # KiB on Linux
+        "cpu_user_s": after.ru_utime - before.ru_utime, "cpu_sys_s": after.ru_stime - before.ru_stime,
+        "ctx_switches": after.ru_nivcsw - before.ru_nivcsw,
+    }
+
+
+def _sdpa_kernel_used(cfg, config: dict) -> str:
+    """The attention kernel: 'manual', or the SDPA backend torch picks for these shapes and dtype."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    if cfg.attn_backend == "manual":
+        return "manual"
+    if cfg.attn_backend == "sdpa_math":
+        return "MATH (forced)"
+    dtype = torch.bfloat16 if config["precision"] in ("bf16", "mixed") else torch.float32
+    B, T = config["batch_size"], config["seq_len"]
+    q = torch.empty(B, cfg.n_heads, T, cfg.head_dim, dtype=dtype)
+    kv = torch.empty(B, cfg.kv_heads, T, cfg.head_dim, dtype=dtype)
+    full = cfg.attention == "full"
+    mask = None if full else torch.ones(T, T, dtype=torch.bool)
+    choice = torch._fused_sdp_choice(q, kv, kv, mask, cfg.dropout, full, scale=None,
+                                     enable_gqa=cfg.kv_heads != cfg.n_heads)
+    return SDPBackend(choice).name
+
+
+def save_model(model, config: dict, request: dict, dataset_used: str) -> str | None:
+    """state_dict (model.pt) and config.json (run id, architecture hash, config) under output_dir."""
+    import torch
+
+    out = request.get("output_dir")
+    if not out:
+        return None
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), out / "model.pt.tmp")
+    os.replace(out / "model.pt.tmp", out / "model.pt")
+    meta = {"run_id": request.get("run_id"), "arch_hash": arch_hash(config, dataset_used),
+            "dataset_used": dataset_used, "config": config}
+    (out / "config.json.tmp").write_text(json.dumps(meta, indent=1))
+    os.replace(out / "config.json.tmp", out / "config.json")
+    return str(out)
+
+
+def build_info() -> dict:
+    import torch
+
+    shown = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", shown)
+    onednn = re.search(r"MKL-DNN (v[\d.]+)", shown) or re.search(r"oneDNN (v[\d.]+)", shown)
+    openmp = re.search(r"OpenMP (\d+)", shown)
+    backend = re.search(r"ATen parallel backend: (.*)", torch.__config__.parallel_info())
+    return {"blas": blas.group(1) if blas else None,
+            "onednn": onednn.group(1) if onednn else None,
+            "openmp": f"{backend.group(1).strip() if backend else '?'} {openmp.group(1) if openmp else ''}".strip(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+if __name__ == "__main__":
+    main()
