@@ -23,7 +23,7 @@ from orchestrator.errors import BenchError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help=__doc__.split("\n")[0])
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 DbOption = Annotated[str, typer.Option("--db", envvar="BENCH_DB", help="results database: a file path or an SQLAlchemy URL")]
 JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout and nothing else there")]
@@ -55,7 +55,7 @@ def this_machine():
     """Expansion's view of the machine: CPUs this process may use, frequency limits if any."""
     from orchestrator.sweep import Machine
 
-    return Machine(cpu_count=len(os.sched_getaffinity(0)), freq_limits_mhz=_freq_limits())
+    return Machine(cpu_count=len(os.sched_getaffinity(0)), freq_limits=_freq_limits)
 
 
 def _freq_limits():

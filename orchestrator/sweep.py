@@ -15,6 +15,7 @@ import json
 import random
 import tomllib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,10 +30,17 @@ TABLES = ("sweep", "base", "axes")
 
 @dataclass
 class Machine:
-    """What expansion needs to know of the machine: CPU count, and frequency limits if any."""
+    """What expansion needs to know of the machine: CPU count, and frequency limits if any.
+    The limits may be given as a function, called only when a sweep asks for "auto:" frequencies."""
 
     cpu_count: int
-    freq_limits_mhz: tuple[int, int] | None = None
+    freq_limits: tuple[int, int] | None | Callable[[], tuple[int, int] | None] = None
+
+    @property
+    def freq_limits_mhz(self) -> tuple[int, int] | None:
+        if callable(self.freq_limits):
+            self.freq_limits = self.freq_limits()
+        return self.freq_limits
 
 
 @dataclass

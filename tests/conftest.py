@@ -17,10 +17,22 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session")
+def probe_cache(tmp_path_factory) -> Path:
+    """One quick probe for the session: its cache files seed every test's state dir, so each test
+    does not pay the probe's measurement child (a torch import) again."""
+    from worker.probe import probe
+
+    state = tmp_path_factory.mktemp("probe")
+    probe(state, quick=True)
+    return state
+
+
 @pytest.fixture(autouse=True)
-def isolated_state(tmp_path, monkeypatch):
+def isolated_state(tmp_path, monkeypatch, probe_cache):
     """Each test gets its own locks, journals, probe cache and output dir; the probe runs quick."""
     state = tmp_path / "state"
+    shutil.copytree(probe_cache, state)
     monkeypatch.setenv("BENCH_STATE_DIR", str(state))
     monkeypatch.setenv("BENCH_PROBE_QUICK", "1")
     monkeypatch.setenv("BENCH_OUTPUT_DIR", str(tmp_path / "output"))

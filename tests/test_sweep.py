@@ -5,7 +5,7 @@ import pytest
 from orchestrator.errors import BadInput
 from orchestrator.sweep import Machine, load, preset_path
 
-MACHINE = Machine(cpu_count=2, freq_limits_mhz=(800, 2000))
+MACHINE = Machine(cpu_count=2, freq_limits=(800, 2000))
 
 
 def write(tmp_path, text, name="s.toml"):
@@ -84,7 +84,7 @@ def test_set_and_axis_override_the_file(tmp_path):
 
 def test_machine_derived_axes(tmp_path):
     path = write(tmp_path, "[axes]\nfreq_mhz = \"auto:400\"\ncores = \"auto\"\n")
-    plan = load(path, machine=Machine(cpu_count=6, freq_limits_mhz=(800, 2000)))
+    plan = load(path, machine=Machine(cpu_count=6, freq_limits=(800, 2000)))
     assert sorted({j["config"]["freq_mhz"] for j in plan.jobs}) == [800, 1200, 1600, 2000]
     assert sorted({j["config"]["cores"] for j in plan.jobs}) == [1, 2, 4, 6]
 

@@ -136,7 +136,7 @@ def test_heartbeat_moves_while_the_child_runs(db):
     bench("enqueue", "--db", db, "--set", "steps=60", "--set", "dataset=builtin", check=True)
     worker = start_worker(db, env={"BENCH_HEARTBEAT_S": "0.2"})
     try:
-        assert wait_until(lambda: rows(db, "SELECT COUNT(*) FROM runs WHERE status = 'running'")[0][0] == 1)
+        assert wait_until(lambda: rows(db, "SELECT COUNT(*) FROM runs WHERE child_pid IS NOT NULL")[0][0] == 1)
         first = rows(db, "SELECT heartbeat, child_pid FROM runs")[0]
         assert wait_until(lambda: rows(db, "SELECT heartbeat FROM runs")[0][0] > first[0], timeout=5)
         assert first[1] is not None and psutil.pid_exists(first[1])

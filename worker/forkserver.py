@@ -76,7 +76,10 @@ def serve(module: str) -> None:
     """Import the child's modules once, then fork a child per request until stdin closes."""
     worker_pid = int(os.environ.pop("BENCH_FORKSERVER_PARENT"))
     _set_parent_death_signal(worker_pid)
-    importlib.import_module(module)  # its imports (torch...) stay cached for every child
+    # The module and the heavy modules it names in PRELOAD (it may import them lazily) stay cached
+    # for every child.
+    for name in (module, *getattr(importlib.import_module(module), "PRELOAD", ())):
+        importlib.import_module(name)
     control_in, control_out = sys.stdin, sys.stdout
     print(json.dumps({"ready": os.getpid()}), file=control_out, flush=True)
     for line in control_in:
