@@ -73,11 +73,13 @@ def plot_variable(series: list[VariableEffect], names: dict[int, str], path: Pat
         xs = [float(lv.value) if size else cats.index(lv.label) for lv in ve.levels]
         for ax, metric in ((ax_t, "step_ms"), (ax_s, "tokens_per_s")):
             # Repeats as points, spread a little sideways on categorical axes so they do not hide.
-            for j, (x, lv) in enumerate(zip(xs, ve.levels)):
+            px, py = [], []
+            for x, lv in zip(xs, ve.levels):
                 ys = getattr(lv, metric)
-                spread = [x] * len(ys) if size else [x + 0.06 * (k - (len(ys) - 1) / 2) for k in range(len(ys))]
-                ax.scatter(spread, ys, s=18, color=colour, alpha=0.45, linewidths=0,
-                           label="dots: each run (repeats)" if i == 0 and j == 0 else None)
+                px += [x] * len(ys) if size else [x + 0.06 * (k - (len(ys) - 1) / 2) for k in range(len(ys))]
+                py += ys
+            ax.scatter(px, py, s=18, color=colour, alpha=0.45, linewidths=0,
+                       label="dots: each run (repeats)" if i == 0 else None)
             med = [lv.median_step_ms if metric == "step_ms" else lv.median_tokens_per_s for lv in ve.levels]
             pts = [(x, m) for x, m in zip(xs, med) if m is not None]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=colour, lw=1.8, ms=5,
@@ -92,7 +94,7 @@ def plot_variable(series: list[VariableEffect], names: dict[int, str], path: Pat
             ci = f" (95% CI {e.ci_low:.2f} to {e.ci_high:.2f})" if e.ci_low is not None else ""
             ax_t.plot(grid, [y0 * (g / x0) ** e.estimate for g in grid], "--", lw=1.2, zorder=5,
                       color=colour if several else "black",
-                      label=f"fit: step time ~ {name}^{e.estimate:.2f}{ci}" + (f", {who.split(' (')[0]}" if several else ""))
+                      label=f"fit: step time ~ {name}^{e.estimate:.2f}{ci}, {e.n_runs} runs" + (f", {who.split(' (')[0]}" if several else ""))
         if not size and not several:
             # The ratio to the baseline above each value: the table's number, on the picture.
             ratios = {r.value: r.estimate for r in ve.ratios}

@@ -219,8 +219,9 @@ def _summary(rows, done, varied, analyses, together, grids, names, facts, counts
                   "compare." if done else "No run has finished yet: run `python bench.py work` first.", ""]
     moved = sorted({n for m in together for n in together[m]}, key=NAMES.index)
     if moved:
-        lines += ["Varied, but never alone (they moved together with another variable, so their effect cannot be "
-                  "separated): " + ", ".join(f"`{n}`" for n in moved) + ".", ""]
+        lines += ["Varied, but no two finished runs differ in it alone, so its own effect cannot be separated "
+                  "(usually it is derived from another variable and moved with it, e.g. threads with cores): "
+                  + ", ".join(f"`{n}`" for n in moved) + ".", ""]
 
     lines += _runs_lines(counts, failures)
     lines += _variable_lines(analyses, names, plot_paths, out_dir, several)

@@ -29,13 +29,13 @@ def configs(base: dict, axes: dict[str, list], repeats: int = 3, *, grid: bool =
     else:
         for name, values in axes.items():
             partials += [{**base, name: v} for v in values if v != base.get(name)]
-    out = []
+    out = {}
     for p in partials:
         for rep in range(repeats):
             config, why = resolve({**p, "repeat": rep}, CPUS)
             assert not why, why
-            out.append(config)
-    return out
+            out[config_hash(config)] = config  # the base spelled twice is one job
+    return list(out.values())
 
 
 def enqueue(store: Store, configs_: list[dict], sweep: str = "test-sweep") -> None:
