@@ -75,6 +75,13 @@ class Effect:
             return f"step time ~ {self.variable}^{self.estimate:.2f}{ci}"
         return f"{self.variable}={self.value}: {self.estimate:.2f}x the step time of {self.baseline}{ci}"
 
+    def row(self) -> tuple[str, str, str, str, str]:
+        """variable, effect, estimate, 95% CI, runs: as text, for a table (bench.py's rich table)."""
+        ci = f"{self.ci_low:.2f} to {self.ci_high:.2f}" if self.ci_low is not None else "-"
+        if self.kind == "elasticity":
+            return (self.variable, f"step time ~ {self.variable}^e", f"e = {self.estimate:.2f}", ci, str(self.n_runs))
+        return (self.variable, f"{self.value} vs {self.baseline}", f"{self.estimate:.2f}x", ci, str(self.n_runs))
+
 
 @dataclass
 class Level:

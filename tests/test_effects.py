@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator import effects as fx
 from orchestrator.store import Store
-from reportdb import configs, enqueue, machine_facts, metrics, run_all
+from tests.reportdb import configs, enqueue, machine_facts, metrics, run_all
 from sqlalchemy import text
 
 
@@ -113,3 +113,10 @@ def test_t_quantiles_fall_towards_the_normal_one():
     assert fx.t975(1) == pytest.approx(12.706)
     assert fx.t975(25) == pytest.approx(2.064)  # the tabulated dof below: conservative
     assert fx.t975(10_000) == pytest.approx(1.96)
+
+
+def test_effects_read_as_table_rows():
+    e = fx.Effect(1, "d_model", "elasticity", None, None, 1.7, 1.6, 1.8, 12)
+    r = fx.Effect(1, "precision", "ratio", "bf16", "fp32", 2.0, None, None, 2)
+    assert e.row() == ("d_model", "step time ~ d_model^e", "e = 1.70", "1.60 to 1.80", "12")
+    assert r.row() == ("precision", "bf16 vs fp32", "2.00x", "-", "2")

@@ -4,7 +4,7 @@ import pytest
 
 from orchestrator.eta import estimate_remaining_s, work
 from orchestrator.store import Store
-from reportdb import configs, enqueue, machine_facts, metrics, run_all
+from tests.reportdb import configs, enqueue, machine_facts, metrics, run_all
 
 OVERHEAD_S = 3.0
 S_PER_FLOP = 2e-11

@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from orchestrator.report import Report, write_report
 from orchestrator.store import Store
-from reportdb import configs, enqueue, machine_facts, metrics, run_all
+from tests.reportdb import configs, enqueue, machine_facts, metrics, run_all
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -161,3 +161,25 @@ def test_an_empty_database_gives_a_report_that_says_nothing_finished(store, tmp_
     assert report.plot_paths == [] and report.top_effects == [] and report.machines == 0
     assert "No run has finished yet" in report.summary_path.read_text()
     assert report.csv_path.read_text().startswith("run_id,status")
+
+
+def test_report_effects_and_eta_work_on_postgresql(request, tmp_path):
+    from orchestrator.eta import estimate_remaining_s
+
+    try:
+        url = request.getfixturevalue("pg_db")  # the shared fixture: a fresh database on a throwaway server
+    except pytest.FixtureLookupError:
+        pytest.skip("no PostgreSQL fixture in this checkout (tests/conftest.py)")
+    store = Store(url)
+    a = sweep_db(store, "alpha")
+    sweep_db(store, "beta", seed=1, speed=1.5)
+
+    write_report(store, tmp_path / "first")
+    report = write_report(store, tmp_path / "result")
+
+    assert report.machines == 2 and "## Machines compared" in report.summary_path.read_text()
+    assert report.top_effects[0].estimate == pytest.approx(1.7, rel=0.05)
+    with store.transaction() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM effects")).scalar_one() == 8
+    enqueue(store, configs({"d_model": 512}, {}, repeats=2), sweep="more")
+    assert estimate_remaining_s(store, a) > 0
