@@ -192,3 +192,32 @@ JOIN jobs j ON j.job_id = r.job_id
 JOIN sweeps s ON s.sweep_id = j.sweep_id
 JOIN machines m ON m.machine_id = r.machine_id
 WHERE r.status <> 'queued';
+
+-- Fitted effects of each variable on step time (step_ms_median), written by `bench.py report`
+-- (orchestrator/effects.py). Decisions:
+-- * Each report replaces the rows of the machines it covers: the table holds the latest fit only,
+--   and a report run twice never duplicates rows.
+-- * kind 'elasticity' (numeric, size-like variables): the slope of log(step time) on log(variable),
+--   least squares within groups of done runs that differ only in this variable (and the variables
+--   derived from it, e.g. head_dim from d_model); value is NULL. 1.0 = time proportional to it.
+-- * kind 'ratio' (every variable, one row per value that is not the baseline): geometric-mean step
+--   time at variable = value over that at variable = baseline, in the runs that differ from the
+--   baseline configuration only in this variable. Below 1 = faster than the baseline.
+-- * ci_low / ci_high: 95% t-interval (on the log scale, noise pooled across the values); NULL when
+--   there are too few repeats to estimate the noise.
+-- * Values are stored as text as the report prints them (on/off for booleans, "default" for NULL).
+CREATE TABLE IF NOT EXISTS effects (
+    effect_id   INTEGER PRIMARY KEY AUTOINCREMENT,
+    machine_id  INTEGER NOT NULL REFERENCES machines (machine_id),
+    variable    TEXT NOT NULL,
+    kind        TEXT NOT NULL CHECK (kind IN ('elasticity', 'ratio')),
+    value       TEXT,                       -- the value compared (ratio); NULL for elasticity
+    baseline    TEXT,                       -- the value it is compared with (ratio); NULL for elasticity
+    estimate    REAL NOT NULL,
+    ci_low      REAL,
+    ci_high     REAL,
+    n_runs      INTEGER NOT NULL,           -- done runs the estimate rests on
+    created     REAL NOT NULL
+);
+
+CREATE INDEX IF NOT EXISTS effects_by_machine ON effects (machine_id, variable);

@@ -1,0 +1,75 @@
+"""How long the queued jobs of a machine will take, learned from its finished runs.
+
+Model: wall_s = overhead_s + s_per_work * work, where work is the training arithmetic of a job
+(about 6 * params * tokens per optimizer step, plus attention's seq_len^2 term, times the steps run,
+warm-up included) and params are estimated from the config (12 * n_layers * d_model^2 + vocab *
+d_model), so a queued job needs no measurement. Both coefficients are fitted by least squares on
+the machine's done runs and kept non-negative. The progress bar calls this every few seconds: one
+query, and the fit is cached until the number of done runs changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sqlalchemy import text
+
+from orchestrator.store import Store
+
+_SHAPE = "j.n_layers, j.d_model, j.mlp_ratio, j.vocab_size, j.seq_len, j.batch_size, j.grad_accum, j.steps, j.warmup_steps"
+# Done runs with their wall time, and the jobs still queued for this machine (no run row, or a row
+# taken back as 'queued'), in one statement.
+SELECT_SIZES = f"""
+SELECT 'done' AS kind, r.wall_s, {_SHAPE}
+FROM runs r JOIN jobs j ON j.job_id = r.job_id
+WHERE r.machine_id = :machine_id AND r.status = 'done' AND r.wall_s IS NOT NULL
+UNION ALL
+SELECT 'queued' AS kind, NULL, {_SHAPE}
+FROM jobs j LEFT JOIN runs r ON r.job_id = j.job_id AND r.machine_id = :machine_id
+WHERE r.run_id IS NULL OR r.status = 'queued'
+"""
+
+_fits: dict[tuple[str, int], tuple[int, float, float]] = {}  # (db, machine) -> (done runs, overhead_s, s_per_work)
+
+
+def params_estimate(n_layers: int, d_model: int, vocab_size: int, mlp_ratio: float = 4.0) -> float:
+    """Parameters of a GPT-style model: attention (4 d^2) and MLP (2 * ratio * d^2) per block, plus embeddings."""
+    return n_layers * (4 + 2 * mlp_ratio) * d_model**2 + vocab_size * d_model
+
+
+def work(n_layers, d_model, mlp_ratio, vocab_size, seq_len, batch_size, grad_accum, steps, warmup_steps) -> float:
+    """Training FLOPs of a whole run, roughly: forward + backward = 6 flops per parameter per token,
+    plus attention scores (12 * n_layers * seq_len * d_model per token)."""
+    tokens_per_step = seq_len * batch_size * grad_accum
+    per_token = 6 * params_estimate(n_layers, d_model, vocab_size, mlp_ratio) + 12 * n_layers * seq_len * d_model
+    return per_token * tokens_per_step * (steps + warmup_steps)
+
+
+def fit(walls: np.ndarray, works: np.ndarray) -> tuple[float, float]:
+    """overhead_s, s_per_work >= 0 minimising the squared error of wall_s."""
+    if len(walls) >= 2 and np.ptp(works) > 0:
+        a, b = np.linalg.lstsq(np.column_stack([np.ones_like(works), works]), walls, rcond=None)[0]
+        if a >= 0 and b >= 0:
+            return float(a), float(b)
+        if b < 0:  # bigger jobs were not slower: the sizes are too close to tell, use the mean
+            return float(walls.mean()), 0.0
+    # One size only (or a negative overhead): time proportional to work.
+    return 0.0, float(walls.sum() / works.sum())
+
+
+def estimate_remaining_s(store: Store, machine_id: int) -> float | None:
+    """Seconds the queued jobs of this machine should take; None while no run of it is done."""
+    with store.transaction() as conn:
+        rows = conn.execute(text(SELECT_SIZES), {"machine_id": machine_id}).all()
+    done = [(r[1], work(*r[2:])) for r in rows if r[0] == "done"]
+    queued = np.array([work(*r[2:]) for r in rows if r[0] == "queued"], dtype=float)
+    if not done:
+        return None
+    key = (store.url, machine_id)
+    cached = _fits.get(key)
+    if cached is not None and cached[0] == len(done):
+        overhead_s, s_per_work = cached[1:]
+    else:
+        walls, works = np.array(done, dtype=float).T
+        overhead_s, s_per_work = fit(walls, works)
+        _fits[key] = (len(done), overhead_s, s_per_work)
+    return float(len(queued) * overhead_s + s_per_work * queued.sum())

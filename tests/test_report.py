@@ -1,0 +1,185 @@
+"""write_report on real SQLite files: the CSV, the markdown a newcomer reads, the PNGs, the effects table."""
+
+import csv
+import math
+import random
+
+import pytest
+from sqlalchemy import text
+
+from orchestrator.report import Report, write_report
+from orchestrator.store import Store
+from tests.reportdb import configs, enqueue, machine_facts, metrics, run_all
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def law(c: dict) -> float:
+    """A made-up machine: step time grows as d_model^1.7, bf16 doubles it."""
+    return 0.01 * c["d_model"] ** 1.7 * (2.0 if c["precision"] == "bf16" else 1.0)
+
+
+def sweep_db(store: Store, name: str = "alpha", *, seed: int = 0, speed: float = 1.0) -> int:
+    """An OFAT sweep over d_model and precision, with a skipped allocator and one failed run."""
+    m = store.register_machine(machine_facts(name, f"CPU {name}"))
+    enqueue(store, configs({"d_model": 128, "precision": "fp32"},
+                           {"d_model": [64, 128, 256], "precision": ["fp32", "bf16"], "allocator": ["default", "tcmalloc"]},
+                           repeats=3))
+    rng = random.Random(seed)
+
+    def outcome(c):
+        if c["allocator"] == "tcmalloc":
+            return "skipped", "allocator: libtcmalloc.so.4 not found", {}
+        if c["d_model"] == 256 and c["repeat"] == 2:
+            return "failed", "Traceback (most recent call last):\n  File \"x\"\nMemoryError: out of memory", {}
+        return "done", None, metrics(law(c) * speed * math.exp(rng.gauss(0, 0.02)), c)
+    run_all(store, m, outcome)
+    return m
+
+
+@pytest.fixture
+def store(tmp_path):
+    return Store(str(tmp_path / "results.db"))
+
+
+@pytest.fixture
+def report(store, tmp_path) -> Report:
+    sweep_db(store)
+    return write_report(store, tmp_path / "result")
+
+
+def test_csv_has_one_row_per_claimed_run_with_the_columns_of_v_results(store, report):
+    with store.transaction() as conn:
+        res = conn.execute(text("SELECT * FROM v_results"))
+        columns, n_runs = list(res.keys()), len(res.all())
+    with report.csv_path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == columns
+    assert len(rows) - 1 == n_runs == 15  # 5 configs x 3 repeats; queued ones never appear
+
+
+def test_summary_explains_itself_and_names_every_varied_variable(report):
+    md = report.summary_path.read_text()
+    first_paragraph = md.split("\n\n")[1]
+    assert "median step time" in first_paragraph and "relative to the baseline" in first_paragraph
+    for name in ("d_model", "precision"):
+        assert f"### {name}" in md
+        assert f"![{name}](plots/{name}.png)" in md
+    assert "step time ~ d_model^" in md
+    assert "95% CI" in md and "t-interval" in md
+
+
+def test_failed_and_skipped_runs_are_counted_with_their_reasons(report):
+    md = report.summary_path.read_text()
+    assert report.counts["done"] == 11 and report.counts["failed"] == 1 and report.counts["skipped"] == 3
+    assert ("skipped", "allocator: libtcmalloc.so.4 not found", 3) in report.failures
+    assert ("failed", "MemoryError: out of memory", 1) in report.failures  # a traceback's last line
+    assert "| skipped | allocator: libtcmalloc.so.4 not found | 3 |" in md
+    assert "| failed | MemoryError: out of memory | 1 |" in md
+
+
+def test_plots_are_png_images_matplotlib_can_read_back(report, tmp_path):
+    import matplotlib.image
+
+    names = {p.name for p in report.plot_paths}
+    assert names == {"d_model.png", "precision.png"}
+    for path in report.plot_paths:
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        assert path.stat().st_size > 20_000
+        height, width, _ = matplotlib.image.imread(path).shape
+        assert width > 800 and height > 300
+
+
+def test_top_effects_are_ranked_and_carry_the_fitted_numbers(report):
+    first, second = report.top_effects
+    assert (first.variable, first.kind) == ("d_model", "elasticity")
+    assert first.estimate == pytest.approx(1.7, rel=0.05)
+    assert (second.variable, second.kind, second.value) == ("precision", "ratio", "bf16")
+    assert second.estimate == pytest.approx(2.0, rel=0.05)
+    assert first.span > second.span
+    assert report.machines == 1
+
+
+def test_effects_table_is_replaced_not_duplicated_by_a_second_report(store, report, tmp_path):
+    query = text("SELECT variable, kind, value, baseline, estimate, n_runs FROM effects ORDER BY variable, value")
+    with store.transaction() as conn:
+        first = conn.execute(query).all()
+    write_report(store, tmp_path / "again")
+    with store.transaction() as conn:
+        second = conn.execute(query).all()
+    assert len(first) == len(second) == 4  # d_model: elasticity + 2 ratios; precision: 1 ratio
+    kinds = {(r.variable, r.kind, r.value) for r in second}
+    assert ("d_model", "elasticity", None) in kinds and ("precision", "ratio", "bf16") in kinds
+    bf16 = next(r for r in second if r.value == "bf16")
+    assert bf16.baseline == "fp32" and bf16.estimate == pytest.approx(2.0, rel=0.05) and bf16.n_runs == 6
+
+
+def test_two_machines_are_compared_side_by_side_on_the_jobs_they_share(store, tmp_path):
+    a = sweep_db(store, "alpha")
+    b = sweep_db(store, "beta", seed=1, speed=1.5)  # same jobs, enqueued again: nothing new, run on beta
+
+    report = write_report(store, tmp_path / "result")
+
+    md = report.summary_path.read_text()
+    assert report.machines == 2
+    assert "## Machines compared" in md
+    assert f"machine {b} (beta, CPU beta) takes 1.5" in md
+    assert f"| machine {a} (alpha, CPU alpha) | machine {b} (beta, CPU beta) |" in md.replace(" (ms)", "")
+    with store.transaction() as conn:
+        per_machine = dict(conn.execute(text("SELECT machine_id, COUNT(*) FROM effects GROUP BY machine_id")).all())
+    assert per_machine == {a: 4, b: 4}
+
+
+def test_report_for_one_machine_leaves_the_other_machines_effects_alone(store, tmp_path):
+    a = sweep_db(store, "alpha")
+    b = sweep_db(store, "beta", seed=1)
+    write_report(store, tmp_path / "all")
+
+    only_a = write_report(store, tmp_path / "a", machine_id=a)
+
+    assert only_a.machines == 1 and "## Machines compared" not in only_a.summary_path.read_text()
+    with store.transaction() as conn:
+        per_machine = dict(conn.execute(text("SELECT machine_id, COUNT(*) FROM effects GROUP BY machine_id")).all())
+    assert per_machine == {a: 4, b: 4}
+
+
+def test_a_two_variable_grid_gets_a_heat_map(store, tmp_path):
+    m = store.register_machine(machine_facts("alpha"))
+    enqueue(store, configs({}, {"n_layers": [1, 2], "seq_len": [64, 128]}, repeats=2, grid=True))
+    run_all(store, m, lambda c: ("done", None, metrics(c["n_layers"] * c["seq_len"] / 10, c)))
+
+    report = write_report(store, tmp_path / "result")
+
+    grid_png = [p for p in report.plot_paths if p.name.startswith("grid_")]
+    assert [p.name for p in grid_png] == ["grid_n_layers_x_seq_len.png"]
+    assert grid_png[0].read_bytes()[:8] == PNG_SIGNATURE
+    assert "## Two variables varied together" in report.summary_path.read_text()
+
+
+def test_an_empty_database_gives_a_report_that_says_nothing_finished(store, tmp_path):
+    report = write_report(store, tmp_path / "result")
+    assert report.plot_paths == [] and report.top_effects == [] and report.machines == 0
+    assert "No run has finished yet" in report.summary_path.read_text()
+    assert report.csv_path.read_text().startswith("run_id,status")
+
+
+def test_report_effects_and_eta_work_on_postgresql(request, tmp_path):
+    from orchestrator.eta import estimate_remaining_s
+
+    try:
+        url = request.getfixturevalue("pg_db")  # the shared fixture: a fresh database on a throwaway server
+    except pytest.FixtureLookupError:
+        pytest.skip("no PostgreSQL fixture in this checkout (tests/conftest.py)")
+    store = Store(url)
+    a = sweep_db(store, "alpha")
+    sweep_db(store, "beta", seed=1, speed=1.5)
+
+    write_report(store, tmp_path / "first")
+    report = write_report(store, tmp_path / "result")
+
+    assert report.machines == 2 and "## Machines compared" in report.summary_path.read_text()
+    assert report.top_effects[0].estimate == pytest.approx(1.7, rel=0.05)
+    with store.transaction() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM effects")).scalar_one() == 8
+    enqueue(store, configs({"d_model": 512}, {}, repeats=2), sweep="more")
+    assert estimate_remaining_s(store, a) > 0
