@@ -1,0 +1,52 @@
+"""End to end with the real training child: `once`, and a tiny sweep through `work` and `report`,
+with children forked from the fork server and freshly executed."""
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from orchestrator.store import METRICS
+from tests.conftest import bench
+
+TINY = ["n_layers=1", "d_model=32", "n_heads=2", "seq_len=32", "batch_size=4", "steps=4", "warmup_steps=1",
+        "vocab_size=512"]
+
+
+def test_once_prints_one_json_document_with_every_metric_and_the_settings_read_back():
+    proc = bench("once", *TINY, "cores=1", "--json", check=True)
+    result = json.loads(proc.stdout)  # exactly one document: anything else on stdout fails here
+    assert result["status"] == "done"
+    assert set(METRICS) <= set(result)
+    assert result["step_ms_median"] > 0 and result["wall_s"] >= result["train_s"] > 0
+    assert result["applied"]["affinity"] == [0]
+    assert result["applied"]["torch_threads"] == 1
+    assert result["dataset_used"] in ("ThomasTheMaker/Arc-Corpus-sample", "builtin")
+    assert result["energy_j"] is None and "energy_j" in result["applied"]["sensor_notes"]
+
+
+def test_once_of_a_framework_not_built_yet_is_skipped_with_the_reason():
+    result = json.loads(bench("once", *TINY, "framework=jax", "--json", check=True).stdout)
+    assert result["status"] == "skipped" and "not implemented" in result["reason"]
+
+
+@pytest.mark.parametrize("spawn", ["fork", "exec"])
+def test_a_tiny_sweep_runs_records_and_reports(db, tmp_path, spawn):
+    sets = [arg for item in TINY for arg in ("--set", item)]
+    bench("enqueue", "--db", db, *sets, "--axis", "d_model=32,48", "--axis", "isa=default,avx2", check=True)
+    bench("work", "--db", db, env={"BENCH_SPAWN": spawn}, check=True)
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT run_id, status, isa, step_ms_median, loss_first, output_path, applied, "
+                            "dataset_used FROM v_results").fetchall()
+    assert len(rows) == 4 and {r[1] for r in rows} == {"done"}
+    for run_id, _, isa, step_ms, loss, output_path, applied, dataset_used in rows:
+        applied = json.loads(applied)
+        assert applied["spawn"] == ("fork server" if spawn == "fork" else "exec")
+        assert step_ms > 0 and loss > 0 and dataset_used
+        assert Path(output_path).name == f"run-{run_id}" and Path(output_path).is_dir()
+        if isa == "avx2":
+            assert applied["cpu_capability"] == "AVX2"
+    report = bench("report", "--db", db, "--out", str(tmp_path / "result"), check=True)
+    assert "largest effects" in report.stdout
+    assert (tmp_path / "result" / "summary.md").read_text().count("d_model") >= 1
