@@ -110,7 +110,7 @@ def test_values_already_in_force_are_not_written(tree, tmp_path):
     config = job(cores=2, governor="performance", turbo="on")
     with knobs.applied(config, facts, [0, 1, 2, 3], journal_path=tmp_path / "j.json", sysfs_root=str(tree)) as spec:
         assert spec.applied["sysfs_written"] == []
-    assert sysfs.writes == []
+    assert list(sysfs.writes) == []
     assert {p: p.stat().st_mtime_ns for p in tree.rglob("*") if p.is_file()} == mtimes
 
 
@@ -191,10 +191,10 @@ def test_raising_the_floor_above_the_ceiling_writes_the_ceiling_first(tree, tmp_
     sysfs.writes.clear()
     with knobs.applied(job(cores=1, freq_mhz=3000), facts, [0, 1, 2, 3], journal_path=tmp_path / "j.json",
                        sysfs_root=str(tree)):
-        assert sysfs.writes == [sysfs.cpu_file(0, "scaling_max_freq"), sysfs.cpu_file(0, "scaling_min_freq")]
+        assert list(sysfs.writes) == [sysfs.cpu_file(0, "scaling_max_freq"), sysfs.cpu_file(0, "scaling_min_freq")]
         sysfs.writes.clear()
     # restoring lowers the ceiling below the floor in force, so the floor goes first
-    assert sysfs.writes == [sysfs.cpu_file(0, "scaling_min_freq"), sysfs.cpu_file(0, "scaling_max_freq")]
+    assert list(sysfs.writes) == [sysfs.cpu_file(0, "scaling_min_freq"), sysfs.cpu_file(0, "scaling_max_freq")]
     assert get(tree, sysfs.cpu_file(0, "scaling_max_freq")) == "1000000"
 
 
