@@ -271,8 +271,9 @@ class Isa:
     def available(self, target):
         if target == DEFAULT:
             return None
-        if platform.machine() not in ("x86_64", "AMD64") and self.job.facts.get("arch", "x86_64") != "x86_64":
-            return f"isa={target}: the ISA caps are defined for x86 only"
+        arch = self.job.facts.get("arch") or platform.machine()
+        if arch != "x86_64":
+            return f"isa={target}: the ISA caps are defined for x86-64 only (this is {arch})"
         flags = set((self.job.facts.get("isa_flags") or "").split())
         missing = [f for f in ISA_CAPS[target][0] if f not in flags]
         return f"isa={target}: this CPU lacks {' '.join(missing)}" if missing else None
@@ -725,6 +726,7 @@ def applied(config: dict, facts: dict, cpu_pool: list[int], *, journal_path: Pat
         spec.applied.update(env=dict(spec.env), argv_prefix=list(spec.argv_prefix), cpus=list(spec.cpus),
                             numa=config["numa"], isa=config["isa"], allocator=config["allocator"])
         spec.applied.setdefault("sysfs_written", [])
+        spec.applied.setdefault("sysfs", {})
         yield spec
 
 

@@ -260,7 +260,9 @@ def measure(quick: bool = False) -> dict:
     n_triad = 2**16 if quick else 2**25  # 128 MiB per array: well past any L3 we expect
     sizes = (64, 128) if quick else (512, 1024, 2048)
     reps = 2 if quick else 4
-    out = {"torch": _torch_build(torch), "measured_threads": cpus, "quick": quick}
+    # Other work on the machine lowers every figure; the load says how far to trust them.
+    out = {"torch": _torch_build(torch), "measured_threads": cpus, "quick": quick,
+           "load_avg_1m": round(os.getloadavg()[0], 2)}
     t0 = time.perf_counter()
     for label, threads in (("1", 1), ("all", cpus)):
         torch.set_num_threads(threads)
@@ -333,6 +335,7 @@ def probe(state_dir: Path, *, remeasure: bool = False, quick: bool = False, sysf
     facts["torch_version"] = facts["torch"].get("version") or torch_version
     facts["limits_measured_at"] = limits.get("measured_at")
     facts["limits_quick"] = quick
+    facts["limits_load_avg_1m"] = limits.get("load_avg_1m")
     facts["knobs"] = knobs.machine_knobs(facts, sysfs_root=sysfs_root)
     facts["probe_s"] = round(time.perf_counter() - t0, 3)
     return facts

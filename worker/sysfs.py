@@ -10,12 +10,14 @@ into a BenchError naming the file.
 from __future__ import annotations
 
 import os
+from collections import deque
 
 CPU = "/sys/devices/system/cpu"
 NODE = "/sys/devices/system/node"
 
-# Counts every write() through this module; tests read it to prove unchanged values are not written.
-writes: list[str] = []
+# The last writes through this module, in order; tests read it to prove unchanged values are not
+# written and pairs are written in the order the kernel accepts. Bounded: a worker runs for days.
+writes: deque[str] = deque(maxlen=256)
 
 
 def path(root: str, real_path: str) -> str:

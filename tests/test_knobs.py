@@ -1,0 +1,376 @@
+"""System knobs against a fake sysfs tree (the only way to test frequency control on a VM without
+cpufreq) and against real child processes (affinity, allocator, ISA cap read back by the child)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import BenchError
+from orchestrator.variables import resolve
+from worker import knobs, probe, sysfs
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def put(root: Path, real_path: str, text: str) -> None:
+    f = Path(sysfs.path(str(root), real_path))
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(text + "\n")
+
+
+def get(root: Path, real_path: str) -> str | None:
+    return sysfs.read(str(root), real_path)
+
+
+def make_tree(root: Path, *, cpus: int = 4, turbo: str | None = "intel", cpufreq: bool = True) -> Path:
+    """A 1-socket machine with cpus/2 physical cores and SMT siblings numbered after them (Intel's
+    numbering), cpufreq limits 800..3500 MHz, and one of the three turbo switches."""
+    cores = cpus // 2
+    put(root, f"{sysfs.CPU}/online", f"0-{cpus - 1}")
+    flags = "fpu sse4_1 sse4_2 avx fma avx2 avx512f avx512dq avx512bw avx512vl avx512_vnni"
+    put(root, "/proc/cpuinfo", "\n\n".join(
+        f"processor\t: {c}\nvendor_id\t: GenuineIntel\nmodel name\t: Fake CPU\ncpu MHz\t\t: 2100.000\n"
+        f"flags\t\t: {flags}" for c in range(cpus)))
+    put(root, "/proc/meminfo", "MemTotal:       16384000 kB")
+    put(root, "/proc/sys/kernel/random/boot_id", "fake-boot")
+    for c in range(cpus):
+        top = f"{sysfs.CPU}/cpu{c}/topology"
+        put(root, f"{top}/physical_package_id", "0")
+        put(root, f"{top}/core_id", str(c % cores))
+        put(root, f"{top}/thread_siblings_list", f"{c % cores},{c % cores + cores}")
+        if cpufreq:
+            for name, value in (("scaling_driver", "intel_pstate" if turbo == "intel" else "amd-pstate"),
+                                ("scaling_governor", "powersave"),
+                                ("scaling_available_governors", "performance powersave"),
+                                ("cpuinfo_min_freq", "800000"), ("cpuinfo_max_freq", "3500000"),
+                                ("scaling_min_freq", "800000"), ("scaling_max_freq", "3500000"),
+                                ("scaling_cur_freq", "2100000")):
+                put(root, sysfs.cpu_file(c, name), value)
+            if turbo == "per_cpu":
+                put(root, sysfs.cpu_file(c, "boost"), "1")
+    if turbo == "intel":
+        put(root, f"{sysfs.CPU}/intel_pstate/no_turbo", "0")
+    elif turbo == "global":
+        put(root, f"{sysfs.CPU}/cpufreq/boost", "1")
+    return root
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text().strip() for p in root.rglob("*") if p.is_file()}
+
+
+def job(**partial) -> dict:
+    config, why = resolve(partial, 4)
+    assert not why, why
+    return config
+
+
+@pytest.fixture
+def tree(tmp_path):
+    return make_tree(tmp_path / "root")
+
+
+def test_apply_then_restore_returns_every_original_value_exactly(tree, tmp_path):
+    facts = probe.static_facts(str(tree))
+    before = snapshot(tree)
+    journal = tmp_path / "journal.json"
+    config = job(cores=2, freq_mhz=2000, governor="performance", turbo="off")
+    assert knobs.unavailable(config, facts, [0, 1, 2, 3], sysfs_root=str(tree)) is None
+    with knobs.applied(config, facts, [0, 1, 2, 3], journal_path=journal, sysfs_root=str(tree)) as spec:
+        assert journal.exists()
+        assert spec.cpus == [0, 1]  # two physical cores, not a core and its sibling
+        assert get(tree, sysfs.cpu_file(0, "scaling_min_freq")) == "2000000"
+        assert get(tree, sysfs.cpu_file(1, "scaling_max_freq")) == "2000000"
+        assert get(tree, sysfs.cpu_file(2, "scaling_max_freq")) == "3500000"  # not a job CPU
+        assert get(tree, f"{sysfs.CPU}/intel_pstate/no_turbo") == "1"
+        assert spec.applied["freq_mhz"] == {"min_mhz": 2000, "max_mhz": 2000}
+        assert spec.applied["governor"] == "performance"
+        assert spec.applied["turbo"] == "off"
+    assert snapshot(tree) == before
+    assert not journal.exists()
+
+
+def test_values_already_in_force_are_not_written(tree, tmp_path):
+    for cpu in (0, 1):
+        put(tree, sysfs.cpu_file(cpu, "scaling_governor"), "performance")
+    facts = probe.static_facts(str(tree))
+    mtimes = {p: p.stat().st_mtime_ns for p in tree.rglob("*") if p.is_file()}
+    sysfs.writes.clear()
+    config = job(cores=2, governor="performance", turbo="on")
+    with knobs.applied(config, facts, [0, 1, 2, 3], journal_path=tmp_path / "j.json", sysfs_root=str(tree)) as spec:
+        assert spec.applied["sysfs_written"] == []
+    assert list(sysfs.writes) == []
+    assert {p: p.stat().st_mtime_ns for p in tree.rglob("*") if p.is_file()} == mtimes
+
+
+def test_a_failure_mid_apply_restores_what_was_already_applied(tree, tmp_path):
+    facts = probe.static_facts(str(tree))
+    # cpu1's governor file becomes something the kernel would refuse: a write to it fails after
+    # turbo and cpu0's governor were already changed.
+    broken = Path(sysfs.path(str(tree), sysfs.cpu_file(1, "scaling_governor")))
+    broken.unlink()
+    broken.mkdir()
+    before = snapshot(tree)
+    journal = tmp_path / "j.json"
+    config = job(cores=2, governor="performance", turbo="off")
+    with pytest.raises(BenchError, match="scaling_governor"):
+        with knobs.applied(config, facts, [0, 1, 2, 3], journal_path=journal, sysfs_root=str(tree)):
+            pytest.fail("the body must not run when applying failed")
+    assert snapshot(tree) == before
+    assert get(tree, f"{sysfs.CPU}/intel_pstate/no_turbo") == "0"
+    assert not journal.exists()
+
+
+def test_an_exception_in_the_body_still_restores(tree, tmp_path):
+    facts = probe.static_facts(str(tree))
+    before = snapshot(tree)
+    with pytest.raises(RuntimeError):
+        with knobs.applied(job(cores=1, freq_mhz=1200), facts, [0, 1, 2, 3], journal_path=tmp_path / "j.json",
+                           sysfs_root=str(tree)):
+            raise RuntimeError("child crashed")
+    assert snapshot(tree) == before
+
+
+def test_a_killed_worker_leaves_a_journal_that_restore_journal_undoes(tree, tmp_path):
+    facts = probe.static_facts(str(tree))
+    before = snapshot(tree)
+    journal = tmp_path / "journal.json"
+    script = textwrap.dedent(f"""
+        import json, sys, time
+        from pathlib import Path
+        from orchestrator.variables import resolve
+        from worker import knobs
+        config, _ = resolve({{"cores": 2, "freq_mhz": 1600, "governor": "performance", "turbo": "off"}}, 4)
+        facts = json.loads(sys.argv[1])
+        with knobs.applied(config, facts, [0, 1, 2, 3], journal_path=Path({str(journal)!r}),
+                           sysfs_root={str(tree)!r}):
+            print("applied", flush=True)
+            time.sleep(60)
+    """)
+    worker = subprocess.Popen([PY, "-c", script, json.dumps(facts)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "applied"
+        assert get(tree, sysfs.cpu_file(1, "scaling_max_freq")) == "1600000"
+        os.kill(worker.pid, signal.SIGKILL)
+        assert worker.wait(10) == -signal.SIGKILL
+    finally:
+        worker.kill()
+        worker.wait()
+    assert journal.exists() and snapshot(tree) != before
+    lines = knobs.restore_journal(journal, sysfs_root=str(tree))
+    assert any("scaling_max_freq: 1600000 -> 3500000" in line for line in lines)
+    assert any("no_turbo: 1 -> 0" in line for line in lines)
+    assert snapshot(tree) == before
+    assert not journal.exists()
+    assert knobs.restore_journal(journal, sysfs_root=str(tree)) == []
+
+
+def test_frequency_outside_the_machine_limits_is_unavailable(tree):
+    facts = probe.static_facts(str(tree))
+    for mhz in (500, 3600):
+        why = knobs.unavailable(job(cores=1, freq_mhz=mhz), facts, [0, 1, 2, 3], sysfs_root=str(tree))
+        assert why and "outside this machine's limits 800..3500 MHz" in why
+    assert knobs.unavailable(job(cores=1, freq_mhz=3500), facts, [0, 1, 2, 3], sysfs_root=str(tree)) is None
+
+
+def test_raising_the_floor_above_the_ceiling_writes_the_ceiling_first(tree, tmp_path):
+    for cpu in range(4):
+        put(tree, sysfs.cpu_file(cpu, "scaling_max_freq"), "1000000")
+    facts = probe.static_facts(str(tree))
+    sysfs.writes.clear()
+    with knobs.applied(job(cores=1, freq_mhz=3000), facts, [0, 1, 2, 3], journal_path=tmp_path / "j.json",
+                       sysfs_root=str(tree)):
+        assert list(sysfs.writes) == [sysfs.cpu_file(0, "scaling_max_freq"), sysfs.cpu_file(0, "scaling_min_freq")]
+        sysfs.writes.clear()
+    # restoring lowers the ceiling below the floor in force, so the floor goes first
+    assert list(sysfs.writes) == [sysfs.cpu_file(0, "scaling_min_freq"), sysfs.cpu_file(0, "scaling_max_freq")]
+    assert get(tree, sysfs.cpu_file(0, "scaling_max_freq")) == "1000000"
+
+
+def test_a_governor_the_driver_does_not_offer_is_unavailable(tree):
+    facts = probe.static_facts(str(tree))
+    why = knobs.unavailable(job(cores=1, governor="schedutil"), facts, [0, 1, 2, 3], sysfs_root=str(tree))
+    assert "governor=schedutil is not offered" in why and "performance powersave" in why
+
+
+@pytest.mark.parametrize("switch, files, off", [
+    ("intel", [f"{sysfs.CPU}/intel_pstate/no_turbo"], "1"),
+    ("per_cpu", [sysfs.cpu_file(0, "boost"), sysfs.cpu_file(1, "boost")], "0"),
+    ("global", [f"{sysfs.CPU}/cpufreq/boost"], "0"),
+])
+def test_turbo_off_uses_the_switch_the_driver_has(tmp_path, switch, files, off):
+    tree = make_tree(tmp_path / "root", turbo=switch)
+    facts = probe.static_facts(str(tree))
+    before = snapshot(tree)
+    with knobs.applied(job(cores=2, turbo="off"), facts, [0, 1, 2, 3], journal_path=tmp_path / "j.json",
+                       sysfs_root=str(tree)) as spec:
+        assert [get(tree, f) for f in files] == [off] * len(files)
+        assert spec.applied["turbo"] == "off"
+        if switch == "per_cpu":  # amd-pstate's per-policy boost: only the job's CPUs lose turbo
+            assert get(tree, sysfs.cpu_file(2, "boost")) == "1"
+    assert snapshot(tree) == before
+
+
+def test_a_frequency_job_without_cpufreq_is_unavailable_with_a_reason(tmp_path):
+    tree = make_tree(tmp_path / "root", cpufreq=False, turbo=None)
+    facts = probe.static_facts(str(tree))
+    for partial in ({"freq_mhz": 2000}, {"governor": "performance"}, {"turbo": "off"}):
+        why = knobs.unavailable(job(cores=1, **partial), facts, [0, 1, 2, 3], sysfs_root=str(tree))
+        assert why and "no cpufreq" in why
+
+
+@pytest.mark.skipif(os.path.exists(sysfs.cpu_file(0, "scaling_max_freq")), reason="this machine has cpufreq")
+def test_a_frequency_job_on_this_vm_is_unavailable_with_a_reason():
+    facts = probe.static_facts()
+    config, _ = resolve({"freq_mhz": 2000}, len(facts["cpus"]))
+    why = knobs.unavailable(config, facts, facts["cpus"])
+    assert why and "no cpufreq" in why
+
+
+def test_without_root_sysfs_knobs_say_they_need_root():
+    nobody = 65534
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)
+        tree = make_tree(Path(tmp) / "root")
+        script = textwrap.dedent(f"""
+            import os
+            from orchestrator.variables import resolve
+            from worker import knobs, probe
+            os.setgid({nobody}); os.setuid({nobody})  # after the imports: the stdlib may be root-only
+            facts = probe.static_facts({str(tree)!r})
+            config, _ = resolve({{"cores": 1, "governor": "performance"}}, 4)
+            print(knobs.unavailable(config, facts, [0, 1, 2, 3], sysfs_root={str(tree)!r}))
+        """)
+        if os.geteuid() != 0:
+            pytest.skip("needs root to drop to nobody")
+        done = subprocess.run([PY, "-c", script], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "governor: needs root"
+
+
+def test_cpus_are_physical_cores_first_then_siblings():
+    facts = {"core_cpus": [[0, 4], [1, 5], [2, 6], [3, 7]]}
+    assert knobs.choose_cpus(3, facts, list(range(8))) == [0, 1, 2]
+    assert knobs.choose_cpus(6, facts, list(range(8))) == [0, 1, 2, 3, 4, 5]
+    assert knobs.choose_cpus(3, facts, [1, 5, 2]) == [1, 2, 5]  # the pool narrows the choice
+
+
+def test_more_cores_than_the_pool_is_unavailable(tree):
+    facts = probe.static_facts(str(tree))
+    why = knobs.unavailable(job(cores=3), facts, [0, 1], sysfs_root=str(tree))
+    assert why.startswith("cores=3 but this worker may use 2 CPUs")
+
+
+def test_an_isa_this_cpu_lacks_is_unavailable_naming_the_flag(tree):
+    facts = probe.static_facts(str(tree))
+    why = knobs.unavailable(job(isa="amx"), facts, [0, 1, 2, 3], sysfs_root=str(tree))
+    assert why == "isa=amx: this CPU lacks amx_tile amx_bf16 amx_int8"
+
+
+# -- real child processes -------------------------------------------------------------------------
+
+READBACK = "from worker import readback; import json; print(json.dumps(readback.read_back()))"
+
+
+def run_child(spec: knobs.ChildSpec, code: str = READBACK) -> str:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **spec.env}
+    done = subprocess.run(spec.argv_prefix + [PY, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          preexec_fn=lambda: os.sched_setaffinity(0, spec.cpus), timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def child_readback(tmp_path, **partial) -> tuple[knobs.ChildSpec, dict]:
+    facts = probe.static_facts()
+    cpus = sorted(os.sched_getaffinity(0))
+    config, _ = resolve(partial, len(cpus))
+    assert knobs.unavailable(config, facts, cpus) is None
+    with knobs.applied(config, facts, cpus, journal_path=tmp_path / "j.json") as spec:
+        return spec, json.loads(run_child(spec))
+
+
+def test_one_core_gives_the_child_an_affinity_of_one_cpu(tmp_path):
+    spec, back = child_readback(tmp_path, cores=1, pin_threads=True)
+    assert back["affinity"] == spec.cpus and len(spec.cpus) == 1
+    assert back["omp_num_threads"] == "1"
+    assert (back["omp_proc_bind"], back["omp_places"]) == ("close", f"{{{spec.cpus[0]}}}")
+
+
+@pytest.mark.parametrize("allocator, library", [("jemalloc", "libjemalloc"), ("tcmalloc", "libtcmalloc")])
+def test_the_allocator_is_mapped_into_the_child(tmp_path, allocator, library):
+    if knobs.allocator_lib(allocator) is None:
+        pytest.skip(f"{allocator} is not installed (.ci/apt-packages.txt lists it)")
+    spec, back = child_readback(tmp_path, allocator=allocator)
+    assert os.path.basename(back["allocator_lib"]).startswith(library)
+    assert back["allocator_lib"] == os.path.realpath(spec.applied["allocator_lib"])  # maps shows the file
+
+
+def test_isa_avx2_caps_the_child_at_avx2(tmp_path):
+    if "avx2" not in probe.static_facts()["isa_flags"].split():
+        pytest.skip("this CPU has no AVX2")
+    spec, back = child_readback(tmp_path, isa="avx2")
+    assert back["cpu_capability"] == "AVX2"
+    assert back["onednn_max_cpu_isa"] == "AVX2"
+
+
+def test_numa_interleave_runs_the_child_under_numactl(tmp_path):
+    if knobs.Numa(None).available("interleave"):
+        pytest.skip("numactl is missing or not allowed here")
+    spec, back = child_readback(tmp_path, numa="interleave")
+    policy = run_child(spec, "print(open('/proc/self/numa_maps').readline().split()[1])")
+    assert spec.argv_prefix[1:] == ["--interleave=all"]
+    assert policy.startswith("interleave")
+
+
+MATMUL_WORK = textwrap.dedent("""
+    import time, torch
+    torch.manual_seed(0)
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    a @ b  # warm the thread pool and MKL's buffers
+    times = []
+    for rep in range(5):
+        t0 = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        times.append(time.perf_counter() - t0)
+    print(min(times))  # the least disturbed rep: other processes only ever add time
+""")
+
+
+def idle_fraction(seconds: float = 0.5) -> float:
+    """Share of all CPUs idle over a short window (/proc/stat), to tell a quiet machine."""
+    def idle_total():
+        fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)
+    idle0, total0 = idle_total()
+    time.sleep(seconds)
+    idle1, total1 = idle_total()
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_one_core_runs_a_fixed_matmul_workload_slower_than_two(tmp_path):
+    # Compares two runs, never a time target. Two threads on two CPUs lose to one whenever something
+    # else holds one of the CPUs (each OpenMP barrier waits for the descheduled thread), so the
+    # comparison is only meaningful on a quiet machine.
+    if idle_fraction() < 0.8:
+        pytest.skip("the machine is busy: a 1-vs-2-core comparison would measure the other load")
+    facts = probe.static_facts()
+    cpus = sorted(os.sched_getaffinity(0))
+    seconds = {}
+    for cores in (1, 2):
+        config, _ = resolve({"cores": cores, "pin_threads": True}, len(cpus))
+        with knobs.applied(config, facts, cpus, journal_path=tmp_path / "j.json") as spec:
+            seconds[cores] = float(run_child(spec, MATMUL_WORK))
+    assert seconds[1] > seconds[2], seconds

@@ -1,0 +1,104 @@
+"""The machine probe: static facts from a fake tree, the real machine's facts with quick
+measurements, caching per boot, re-measuring on demand, the fingerprint, the debug CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from worker import probe, sysfs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def machines_columns() -> list[str]:
+    """The facts columns of `machines` in schema.sql (the store fills the bookkeeping ones)."""
+    sql = (REPO / "schema.sql").read_text()
+    body = re.search(r"CREATE TABLE IF NOT EXISTS machines \((.*?)\n\);", sql, re.S).group(1)
+    names = [line.split()[0] for line in body.splitlines() if line.strip() and not line.strip().startswith("--")]
+    return [n for n in names if n not in ("machine_id", "facts", "first_seen", "last_seen")]
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="module")
+def facts(state_dir):
+    return probe.probe(state_dir, quick=True)
+
+
+def test_the_facts_have_every_machines_column(facts):
+    missing = [c for c in machines_columns() if c not in facts]
+    assert not missing
+    assert isinstance(facts["knobs"], dict) and facts["knobs"]["cores"] is None
+    assert facts["logical_cores"] >= facts["physical_cores"] >= 1
+    assert sorted(sum(facts["core_cpus"], [])) == facts["cpus"]
+
+
+def test_the_torch_build_is_recorded(facts):
+    assert facts["torch_version"].startswith("2.")
+    assert facts["torch"]["openmp"] in ("GNU libgomp", "Intel libiomp5", "LLVM libomp")
+    assert facts["torch"]["cpu_capability"]
+    assert facts["gemm_gflops_fp32_1c"] > 0 and facts["mem_bw_gbs_1t"] > 0
+
+
+def test_a_second_probe_is_served_from_the_cache_and_remeasure_measures_again(state_dir, facts):
+    first = facts
+    again = probe.probe(state_dir, quick=True)
+    assert again["limits_measured_at"] == first["limits_measured_at"]
+    assert again["fingerprint"] == first["fingerprint"]
+    assert again["probe_s"] < 1.0  # no subprocess, no torch: a cache read
+    fresh = probe.probe(state_dir, quick=True, remeasure=True)
+    assert fresh["limits_measured_at"] > first["limits_measured_at"]
+    assert fresh["fingerprint"] == first["fingerprint"]  # measurements never move the fingerprint
+
+
+def put(root: Path, real_path: str, text: str) -> None:
+    f = Path(sysfs.path(str(root), real_path))
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(text + "\n")
+
+
+def test_static_facts_read_topology_caches_and_cpufreq_from_the_tree(tmp_path):
+    root = tmp_path / "root"
+    put(root, f"{sysfs.CPU}/online", "0-3")
+    put(root, "/proc/cpuinfo", "\n\n".join(
+        f"processor\t: {c}\nvendor_id\t: AuthenticAMD\nmodel name\t: Fake EPYC\n"
+        "flags\t\t: fpu avx avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16 sha_ni" for c in range(4)))
+    put(root, "/proc/meminfo", "MemTotal:       32768000 kB")
+    for c in range(4):  # AMD numbering: siblings are adjacent
+        put(root, f"{sysfs.CPU}/cpu{c}/topology/physical_package_id", "0")
+        put(root, f"{sysfs.CPU}/cpu{c}/topology/core_id", str(c // 2))
+        put(root, sysfs.cpu_file(c, "scaling_driver"), "amd-pstate-epp")
+        put(root, sysfs.cpu_file(c, "cpuinfo_min_freq"), "400000")
+        put(root, sysfs.cpu_file(c, "cpuinfo_max_freq"), "5100000")
+    for index, (level, kind, size) in enumerate(((1, "Data", "48K"), (1, "Instruction", "32K"),
+                                                 (2, "Unified", "1024K"), (3, "Unified", "32M"))):
+        base = f"{sysfs.CPU}/cpu0/cache/index{index}"
+        put(root, f"{base}/level", str(level))
+        put(root, f"{base}/type", kind)
+        put(root, f"{base}/size", size)
+    put(root, f"{sysfs.NODE}/node0/cpulist", "0-1")
+    put(root, f"{sysfs.NODE}/node1/cpulist", "2-3")
+    facts = probe.static_facts(str(root))
+    assert (facts["physical_cores"], facts["logical_cores"], facts["smt"]) == (2, 4, True)
+    assert facts["core_cpus"] == [[0, 1], [2, 3]]
+    assert facts["numa_nodes"] == 2 and facts["numa_cpus"] == {"0": [0, 1], "1": [2, 3]}
+    assert facts["isa_flags"] == "avx fma avx2 avx512f avx512dq avx512bw avx512vl avx512_bf16"
+    assert (facts["l1d_kb"], facts["l2_kb"], facts["l3_kb"]) == (48, 1024, 32768)
+    assert (facts["freq_driver"], facts["freq_min_mhz"], facts["freq_max_mhz"]) == ("amd-pstate-epp", 400, 5100)
+    assert facts["vendor"] == "AuthenticAMD" and facts["mem_total_gb"] == 31.25
+
+
+def test_the_cli_prints_one_json_document(state_dir, facts):
+    done = subprocess.run([sys.executable, "-m", "worker.probe", "--json", "--quick", "--state-dir", str(state_dir)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["fingerprint"] == facts["fingerprint"]

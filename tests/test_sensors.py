@@ -1,0 +1,60 @@
+"""Run-time sensors against a fake sysfs tree (frequency, RAPL energy with wraparound, temperature)
+and on this machine (whatever it lacks is None with a reason)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from worker import sensors, sysfs
+
+
+def put(root: Path, real_path: str, text: str) -> None:
+    f = Path(sysfs.path(str(root), real_path))
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(text + "\n")
+
+
+def test_frequency_energy_and_temperature_are_read_from_sysfs(tmp_path):
+    root = tmp_path / "root"
+    put(root, sysfs.cpu_file(0, "scaling_cur_freq"), "2000000")
+    put(root, sysfs.cpu_file(1, "scaling_cur_freq"), "3000000")
+    put(root, sysfs.cpu_file(2, "scaling_cur_freq"), "800000")  # not a job CPU
+    rapl = "/sys/class/powercap/intel-rapl:0"
+    put(root, f"{rapl}/name", "package-0")
+    put(root, f"{rapl}/max_energy_range_uj", "1000000000")
+    put(root, f"{rapl}/energy_uj", "999000000")
+    put(root, "/sys/class/powercap/intel-rapl:0:0/energy_uj", "5")  # a sub-zone: inside the package
+    put(root, "/sys/class/thermal/thermal_zone0/type", "x86_pkg_temp")
+    put(root, "/sys/class/thermal/thermal_zone0/temp", "61500")
+    put(root, "/sys/class/thermal/thermal_zone1/type", "acpitz")
+    put(root, "/sys/class/thermal/thermal_zone1/temp", "90000")  # the board, not the CPU
+    sampler = sensors.RunSampler([0, 1], sysfs_root=str(root), interval_s=0.01)
+    sampler.start()
+    time.sleep(0.05)
+    put(root, f"{rapl}/energy_uj", "2500000")  # wrapped: 1 J to the top, then 2.5 J
+    out = sampler.stop()
+    assert out["freq_mhz_avg"] == 2500.0
+    assert out["energy_j"] == 3.5
+    assert out["temp_c_max"] == 61.5
+    assert out["notes"] == {}
+
+
+def test_a_machine_without_sensors_gives_none_with_reasons(tmp_path):
+    root = tmp_path / "root"
+    put(root, "/proc/cpuinfo", "processor\t: 0\ncpu MHz\t\t: 2400.000\n\nprocessor\t: 1\ncpu MHz\t\t: 2600.000")
+    sampler = sensors.RunSampler([0, 1], sysfs_root=str(root))
+    sampler.start()
+    out = sampler.stop()
+    assert out["freq_mhz_avg"] == 2500.0  # /proc/cpuinfo as the fallback
+    assert out["energy_j"] is None and "RAPL" in out["notes"]["energy_j"]
+    assert out["temp_c_max"] is None and "temperature" in out["notes"]["temp_c_max"]
+
+
+def test_on_this_machine_every_missing_metric_has_a_reason():
+    sampler = sensors.RunSampler([0])
+    sampler.start()
+    time.sleep(0.3)
+    out = sampler.stop()
+    for metric in ("freq_mhz_avg", "energy_j", "temp_c_max"):
+        assert (out[metric] is None) == (metric in out["notes"]), out
