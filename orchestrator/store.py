@@ -54,7 +54,7 @@ INSERT_SWEEP = """
 INSERT INTO sweeps (name, source, text, text_sha, created)
 VALUES (:name, :source, :text, :text_sha, {now})
 """
-SELECT_JOB_BY_HASH = "SELECT job_id FROM jobs WHERE config_hash = :config_hash"
+SELECT_JOBS_BY_HASH = "SELECT config_hash, job_id FROM jobs WHERE config_hash IN ({marks})"
 INSERT_JOB = """
 INSERT INTO jobs (config_hash, sweep_id, run_order, config, created, {columns})
 VALUES (:config_hash, :sweep_id, :run_order, :config, {now}, {params})
@@ -261,8 +261,9 @@ class Store:
         columns = ", ".join(_quoted(n) for n in NAMES)
         insert = self.sql(INSERT_JOB, columns=columns, params=", ".join(f":{n}" for n in NAMES))
         with self.transaction(write=not dry_run) as conn:
-            present_hashes = self._present_hashes(conn, [j["config_hash"] for j in jobs])
-            new = [j for j in jobs if j["config_hash"] not in present_hashes]
+            hashes = [j["config_hash"] for j in jobs]
+            present = self._job_ids_by_hash(conn, hashes)
+            new = [j for j in jobs if j["config_hash"] not in present]
             if dry_run:
                 return EnqueueResult(new=len(new), present=len(jobs) - len(new), sweep_id=None)
             sweep_id = conn.execute(text(SELECT_SWEEP), {"name": name, "text_sha": text_sha}).scalar_one_or_none()
@@ -272,28 +273,19 @@ class Store:
                 sweep_id = conn.execute(text(SELECT_SWEEP), {"name": name, "text_sha": text_sha}).scalar_one()
             if new:
                 conn.execute(insert, [_job_row(j, sweep_id) for j in new])
-            ids = self._job_ids(conn, [j["config_hash"] for j in jobs])
+            ids = self._job_ids_by_hash(conn, hashes).values()
             if ids:
                 conn.execute(text(INSERT_SWEEP_JOB), [{"sweep_id": sweep_id, "job_id": i} for i in ids])
         return EnqueueResult(new=len(new), present=len(jobs) - len(new), sweep_id=sweep_id)
 
-    def _present_hashes(self, conn: Connection, hashes: list[str]) -> set[str]:
-        found = set()
+    def _job_ids_by_hash(self, conn: Connection, hashes: list[str]) -> dict[str, int]:
+        """config_hash -> job_id of the jobs already planned, in chunks of SQL parameters."""
+        found = {}
         for chunk in _chunks(hashes, 500):
             marks = ", ".join(f":h{i}" for i in range(len(chunk)))
-            rows = conn.execute(text(f"SELECT config_hash FROM jobs WHERE config_hash IN ({marks})"),
-                                {f"h{i}": h for i, h in enumerate(chunk)})
-            found.update(r[0] for r in rows)
+            rows = conn.execute(text(SELECT_JOBS_BY_HASH.format(marks=marks)), {f"h{i}": h for i, h in enumerate(chunk)})
+            found.update((config_hash, job_id) for config_hash, job_id in rows)
         return found
-
-    def _job_ids(self, conn: Connection, hashes: list[str]) -> list[int]:
-        ids = []
-        for chunk in _chunks(hashes, 500):
-            marks = ", ".join(f":h{i}" for i in range(len(chunk)))
-            rows = conn.execute(text(f"SELECT job_id FROM jobs WHERE config_hash IN ({marks})"),
-                                {f"h{i}": h for i, h in enumerate(chunk)})
-            ids.extend(r[0] for r in rows)
-        return ids
 
     # -- the queue -------------------------------------------------------------------------
 
