@@ -154,3 +154,16 @@ def test_flops_count_only_attended_positions_and_gqa_only_shrinks_projections():
     attention_only = flops_per_step(full, 8, 1) - 6 * matmul_params(full) * 8 * 32
     assert attention_only == 12 * 1 * 4 * 8 * (32 * 33 // 2) * 8
     assert flops_per_step(full, 8, 2) == 2 * flops_per_step(full, 8, 1)
+
+
+def test_the_loss_and_its_gradient_equal_torch_cross_entropy():
+    from worker.model import CrossEntropy
+
+    logits = torch.randn(40, 64, requires_grad=True)
+    targets = torch.randint(0, 64, (40,))
+    ours = CrossEntropy.apply(logits, targets)
+    (ours_grad,) = torch.autograd.grad(ours, logits)
+    reference = torch.nn.functional.cross_entropy(logits, targets)
+    (reference_grad,) = torch.autograd.grad(reference, logits)
+    torch.testing.assert_close(ours, reference)
+    torch.testing.assert_close(ours_grad, reference_grad)
