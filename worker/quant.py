@@ -21,8 +21,11 @@ _EPS = 1e-8  # keeps an all-zero channel from dividing by zero
 
 
 def _ste(x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
-    """xq in the forward pass, identity gradient in the backward pass."""
-    return x + (xq - x).detach()
+    """xq in the forward pass, identity gradient in the backward pass.
+
+    Written xq + (x - x) rather than x + (xq - x): the forward value is then exactly xq (the
+    difference x - x.detach() is exactly zero), not xq plus rounding error off the grid."""
+    return xq.detach() + (x - x.detach())
 
 
 def fake_quant_symmetric(x: torch.Tensor, bits: int, dim: int | None) -> torch.Tensor:

@@ -192,7 +192,7 @@ def _check_inductor_possible() -> None:
         raise Skip(f"not implemented: compile=inductor (no working C++ compiler: {e})") from None
 
 
-def _prewarm(model, config: dict, batches, cache_dir: str, step_args) -> float | None:
+def _prewarm(model, config: dict, cache_dir: str, batch) -> float | None:
     """compile_cache=warm: compile this config once, untimed, if the shared cache has not seen it.
 
     A marker file per (config minus system knobs, torch version) under the cache dir records that a
@@ -214,7 +214,7 @@ def _prewarm(model, config: dict, batches, cache_dir: str, step_args) -> float |
         return None
     t = time.perf_counter()
     twin = torch.compile(copy.deepcopy(model))
-    x, y = step_args
+    x, y = batch
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config["precision"] == "mixed"):
         _, loss = twin(x, y)
     loss.backward()
@@ -286,8 +286,9 @@ def _train(request: dict, cache_dir: str | None) -> dict:
         applied["compile_mode"] = "torch.compile(model, backend='inductor', mode=None)"
         applied["compile_cache_dir"] = cache_dir
         if config["compile_cache"] == "warm":
-            prewarm_s = _prewarm(model, config, batches, cache_dir, data.Batches(
-                tokens, config["seq_len"], config["batch_size"], config["seed"] + 2).next())
+            # a batch of its own: the timed run's data order stays that of the seed
+            other_batch = data.Batches(tokens, config["seq_len"], config["batch_size"], config["seed"] + 2).next()
+            prewarm_s = _prewarm(model, config, cache_dir, other_batch)
             applied["cache_prewarmed_now"] = prewarm_s is not None
             if prewarm_s is not None:
                 applied["prewarm_s"] = prewarm_s

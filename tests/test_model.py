@@ -1,0 +1,169 @@
+"""The model honours every architecture variable; attention kernels agree; masks never leak."""
+
+import pytest
+import torch
+
+from worker.model import GPT, ModelConfig, attention_mask, count_params, flops_per_step, matmul_params
+from worker.quant import QuantLinear
+
+TINY = dict(vocab_size=64, seq_len=32, n_layers=1, d_model=32, n_heads=4, head_dim=8, kv_heads=4, window=8)
+
+
+def tiny(**overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(ModelConfig(**(TINY | overrides)))
+
+
+def tokens(batch=2, T=32, seed=1):
+    return torch.randint(0, 64, (batch, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_kv_heads_shrink_the_key_value_projection_and_the_parameter_count():
+    mha, gqa, mqa = tiny(kv_heads=4), tiny(kv_heads=2), tiny(kv_heads=1)
+    assert mha.blocks[0].attn.qkv.weight.shape == (4 * 8 + 2 * 4 * 8, 32)
+    assert gqa.blocks[0].attn.qkv.weight.shape == (4 * 8 + 2 * 2 * 8, 32)
+    assert mqa.blocks[0].attn.qkv.weight.shape == (4 * 8 + 2 * 1 * 8, 32)
+    assert count_params(mha) > count_params(gqa) > count_params(mqa)
+
+
+def test_head_dim_sets_the_attention_width_independently_of_d_model():
+    model = tiny(head_dim=16)  # 4 heads x 16 = 64 wide attention in a 32 wide model
+    assert model.blocks[0].attn.qkv.weight.shape == (3 * 64, 32)
+    assert model.blocks[0].attn.proj.weight.shape == (32, 64)
+    assert model(tokens()).shape == (2, 32, 64)
+
+
+@pytest.mark.parametrize("name, value", [("n_layers", 2), ("d_model", 48), ("mlp_ratio", 2.0),
+                                         ("vocab_size", 128), ("seq_len", 64), ("n_heads", 8)])
+def test_each_shape_variable_changes_the_parameter_count(name, value):
+    assert count_params(tiny(**{name: value})) != count_params(tiny())
+
+
+def test_activation_changes_the_mlp_and_its_output():
+    x = tokens()
+    outputs = {act: tiny(activation=act)(x) for act in ("gelu", "relu", "silu", "swiglu")}
+    names = list(outputs)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not torch.allclose(outputs[a], outputs[b]), (a, b)
+
+
+def test_swiglu_hidden_width_is_two_thirds_so_parameters_stay_comparable():
+    swiglu, gelu = tiny(activation="swiglu"), tiny(activation="gelu")
+    hidden = int(2 / 3 * 4.0 * 32)
+    assert swiglu.blocks[0].mlp.fc.weight.shape == (2 * hidden, 32)
+    assert swiglu.blocks[0].mlp.proj.weight.shape == (32, hidden)
+    ratio = count_params(swiglu.blocks[0].mlp) / count_params(gelu.blocks[0].mlp)
+    assert 0.95 < ratio < 1.05
+
+
+def test_masks_never_see_the_future_local_never_crosses_blocks_sliding_never_beyond_window():
+    T, w = 32, 8
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    for kind in ("full", "local", "sliding"):
+        assert not attention_mask(kind, T, w)[j > i].any(), kind
+    assert attention_mask("full", T, w)[j <= i].all()
+    local = attention_mask("local", T, w)
+    assert not local[(i // w) != (j // w)].any()
+    assert local[((i // w) == (j // w)) & (j <= i)].all()
+    sliding = attention_mask("sliding", T, w)
+    assert not sliding[(i - j) >= w].any()
+    assert sliding[((i - j) < w) & (j <= i)].all()
+    assert sliding.sum(1).max() == w  # each token sees itself and the w-1 before it
+
+
+@pytest.mark.parametrize("backend", ["manual", "sdpa", "sdpa_math"])
+@pytest.mark.parametrize("kind", ["full", "local", "sliding"])
+def test_a_changed_token_only_changes_the_outputs_allowed_to_see_it(kind, backend):
+    model = tiny(attention=kind, attn_backend=backend).eval()
+    x = tokens()
+    changed = x.clone()
+    changed[:, 12] = (changed[:, 12] + 1) % 64
+    moved = (model(x) - model(changed)).abs().amax(dim=(0, 2)) > 1e-6  # (T,) which positions changed
+    expected = attention_mask(kind, 32, 8)[:, 12]  # positions whose mask lets them see token 12
+    expected[12] = True
+    assert torch.equal(moved, expected)
+
+
+@pytest.mark.parametrize("kind", ["local", "sliding"])
+def test_windowed_attention_changes_the_output_against_full(kind):
+    x = tokens()
+    assert not torch.allclose(tiny(attention=kind)(x), tiny(attention="full")(x))
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("kind", ["full", "local", "sliding"])
+def test_attention_backends_agree_on_outputs_and_gradients(kind, kv_heads):
+    x, y = tokens(), tokens(seed=2)
+    results = {}
+    for backend in ("manual", "sdpa", "sdpa_math"):
+        model = tiny(attention=kind, kv_heads=kv_heads, attn_backend=backend)
+        logits, loss = model(x, y)
+        loss.backward()
+        results[backend] = (logits, model.blocks[0].attn.qkv.weight.grad)
+    for backend in ("sdpa", "sdpa_math"):
+        torch.testing.assert_close(results[backend][0], results["manual"][0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(results[backend][1], results["manual"][1], rtol=1e-3, atol=1e-5)
+
+
+def test_dropout_makes_two_training_calls_differ_and_eval_calls_equal():
+    x = tokens()
+    model = tiny(dropout=0.2).train()
+    assert not torch.allclose(model(x), model(x))
+    model.eval()
+    assert torch.equal(model(x), model(x))
+    no_dropout = tiny(dropout=0.0).train()
+    assert torch.equal(no_dropout(x), no_dropout(x))
+
+
+@pytest.mark.parametrize("mode, levels", [("q8", 256), ("q4", 16), ("bitnet", 3)])
+def test_quantized_weights_and_inputs_take_few_values_per_channel_or_tensor(mode, levels):
+    torch.manual_seed(0)
+    layer = QuantLinear(1024, 4, bias=False, mode=mode)
+    w = layer.quantized_weight().detach()  # what the matmul sees
+    rows = [w] if mode == "bitnet" else list(w)  # bitnet: one scale per tensor; q8/q4: per channel
+    assert all(len(torch.unique(r)) <= levels for r in rows)
+    assert all(len(torch.unique(r)) < len(torch.unique(raw)) for r, raw in zip(rows, layer.weight))
+    x = torch.randn(3, 1024)
+    xq = layer.quantized_input(x).detach()
+    groups = list(xq) if mode == "bitnet" else [xq]  # bitnet: per token; q8/q4: per tensor
+    act_levels = 16 if mode == "q4" else 256
+    assert all(len(torch.unique(g)) <= act_levels for g in groups)
+
+
+@pytest.mark.parametrize("mode", ["q8", "q4", "bitnet"])
+def test_gradients_flow_through_every_quantized_layer(mode):
+    model = tiny(precision=mode)
+    layers = [m for m in model.blocks.modules() if isinstance(m, QuantLinear)]
+    assert len(layers) == 4  # qkv, attention proj, mlp fc, mlp proj
+    _, loss = model(tokens(), tokens(seed=2))
+    loss.backward()
+    assert all(m.weight.grad is not None and m.weight.grad.abs().sum() > 0 for m in layers)
+
+
+def test_quantized_model_output_differs_from_the_float_one():
+    x = tokens()
+    assert not torch.allclose(tiny(precision="q4")(x), tiny(precision="fp32")(x))
+
+
+def test_flops_count_only_attended_positions_and_gqa_only_shrinks_projections():
+    full, local, sliding = tiny(), tiny(attention="local"), tiny(attention="sliding")
+    assert flops_per_step(full, 8, 1) > flops_per_step(sliding, 8, 1) > flops_per_step(local, 8, 1)
+    gqa = tiny(kv_heads=1)
+    assert matmul_params(gqa) < matmul_params(full)
+    attention_only = flops_per_step(full, 8, 1) - 6 * matmul_params(full) * 8 * 32
+    assert attention_only == 12 * 1 * 4 * 8 * (32 * 33 // 2) * 8
+    assert flops_per_step(full, 8, 2) == 2 * flops_per_step(full, 8, 1)
+
+
+def test_the_loss_and_its_gradient_equal_torch_cross_entropy():
+    from worker.model import CrossEntropy
+
+    logits = torch.randn(40, 64, requires_grad=True)
+    targets = torch.randint(0, 64, (40,))
+    ours = CrossEntropy.apply(logits, targets)
+    (ours_grad,) = torch.autograd.grad(ours, logits)
+    reference = torch.nn.functional.cross_entropy(logits, targets)
+    (reference_grad,) = torch.autograd.grad(reference, logits)
+    torch.testing.assert_close(ours, reference)
+    torch.testing.assert_close(ours_grad, reference_grad)

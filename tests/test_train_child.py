@@ -1,0 +1,248 @@
+"""The training child honours every training/framework variable and keeps its stdout protocol."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from orchestrator.variables import parse_value, resolve
+from worker import data, train
+from worker.model import GPT, ModelConfig
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(d_model=32, n_layers=1, n_heads=2, seq_len=32, batch_size=4, vocab_size=512, steps=4,
+            warmup_steps=1, dataset="builtin")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("data")  # one tokenizer for the whole file
+
+
+def request(data_dir, tmp_path, run_id=None, **overrides):
+    partial = {k: parse_value(k, v) for k, v in (TINY | overrides).items()}
+    config, why = resolve(partial, 2)
+    assert not why, why
+    out = tmp_path / "output"
+    return {"config": config, "run_id": run_id, "data_dir": str(data_dir), "output_root": str(out),
+            "output_dir": str(out / f"run-{run_id}") if run_id is not None else None,
+            "peak_gflops": None, "compile_cache_dir": str(tmp_path / "inductor")}
+
+
+def metrics(data_dir, tmp_path, **overrides):
+    result = train.run(request(data_dir, tmp_path, **overrides))
+    assert result["status"] == "done", result["reason"]
+    return result
+
+
+@pytest.mark.parametrize("framework", ["jax", "numpy"])
+def test_other_frameworks_are_skipped_as_not_implemented(data_dir, tmp_path, framework):
+    result = train.run(request(data_dir, tmp_path, framework=framework))
+    assert result["status"] == "skipped"
+    assert result["reason"] == f"not implemented: framework={framework}"
+
+
+def test_same_config_gives_the_same_first_loss_and_another_seed_does_not(data_dir, tmp_path):
+    a, b = metrics(data_dir, tmp_path)["metrics"], metrics(data_dir, tmp_path)["metrics"]
+    assert a["loss_first"] == b["loss_first"] and a["loss_last"] == b["loss_last"]
+    assert metrics(data_dir, tmp_path, seed=1)["metrics"]["loss_first"] != a["loss_first"]
+
+
+def test_optimizer_sgd_and_adamw_give_different_updates(data_dir, tmp_path):
+    adamw = metrics(data_dir, tmp_path, optimizer="adamw")
+    sgd = metrics(data_dir, tmp_path, optimizer="sgd")
+    assert adamw["metrics"]["loss_first"] == sgd["metrics"]["loss_first"]  # same start
+    assert adamw["metrics"]["loss_last"] != sgd["metrics"]["loss_last"]
+    assert sgd["applied"]["optimizer"].startswith("SGD") and adamw["applied"]["optimizer"].startswith("AdamW")
+
+
+def test_measure_runs_warmup_plus_timed_steps_with_grad_accum_micro_batches_each():
+    calls = []
+
+    def step(micro_batches):
+        calls.append(len(micro_batches))
+        return torch.tensor(1.0)
+
+    batches = data.Batches(torch.arange(500).numpy(), 8, 2, seed=0)
+    config = {"grad_accum": 2, "warmup_steps": 3, "steps": 5, "batch_size": 2, "seq_len": 8, "compile": "eager"}
+    m = train.measure(step, batches, config, {})
+    assert calls == [2] * 8
+    assert m["tokens_per_s"] == pytest.approx(2 * 2 * 8 / (m["step_ms_median"] / 1e3))
+    assert m["step_ms_p10"] <= m["step_ms_median"] <= m["step_ms_p90"]
+
+
+def test_grad_accum_averages_the_loss_over_more_micro_batches(data_dir, tmp_path):
+    one = metrics(data_dir, tmp_path, grad_accum=1)["metrics"]
+    two = metrics(data_dir, tmp_path, grad_accum=2)["metrics"]
+    assert two["loss_first"] != one["loss_first"]
+    assert two["flops_per_step"] == 2 * one["flops_per_step"]
+
+
+def test_make_step_runs_one_forward_per_micro_batch():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=64, seq_len=8, n_layers=1, d_model=16, n_heads=2, head_dim=8, kv_heads=2))
+    forwards = []
+    model.register_forward_hook(lambda *_: forwards.append(1))
+    step = train.make_step(model, torch.optim.SGD(model.parameters(), lr=0.1), "fp32")
+    micro = [(torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))) for _ in range(3)]
+    step(micro)
+    assert len(forwards) == 3
+    assert all(p.grad is None for p in model.parameters())  # zero_grad(set_to_none=True)
+
+
+def test_dropout_changes_the_training_losses(data_dir, tmp_path):
+    assert (metrics(data_dir, tmp_path, dropout=0.3)["metrics"]["loss_first"]
+            != metrics(data_dir, tmp_path)["metrics"]["loss_first"])
+
+
+def test_bf16_trains_bf16_weights_and_saves_them(data_dir, tmp_path):
+    result = metrics(data_dir, tmp_path, precision="bf16", run_id=5)
+    assert result["applied"]["param_dtype"] == "bfloat16"
+    state = torch.load(Path(result["output_path"]) / "model.pt", weights_only=True)
+    assert all(v.dtype == torch.bfloat16 for v in state.values())
+
+
+def test_mixed_precision_runs_matmuls_in_bf16_with_fp32_weights():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=64, seq_len=8, n_layers=1, d_model=16, n_heads=2, head_dim=8, kv_heads=2))
+    seen = []
+    model.blocks[0].mlp.fc.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    micro = [(torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8)))]
+    for precision in ("mixed", "fp32"):
+        train.make_step(model, torch.optim.SGD(model.parameters(), lr=0.1), precision)(micro)
+    assert seen == [torch.bfloat16, torch.float32]
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+@pytest.mark.parametrize("precision", ["mixed", "q8", "q4", "bitnet"])
+def test_each_precision_trains_to_a_different_loss(data_dir, tmp_path, precision):
+    fp32 = metrics(data_dir, tmp_path)["metrics"]["loss_last"]
+    other = metrics(data_dir, tmp_path, precision=precision)["metrics"]
+    assert math.isfinite(other["loss_last"]) and other["loss_last"] != fp32
+
+
+def test_attn_backend_and_attention_kind_are_recorded_and_change_the_run(data_dir, tmp_path):
+    manual = metrics(data_dir, tmp_path, attn_backend="manual", attention="sliding", window=8)
+    math_ = metrics(data_dir, tmp_path, attn_backend="sdpa_math")
+    assert manual["applied"]["sdpa_kernel"] == "manual"
+    assert math_["applied"]["sdpa_kernel"] == "MATH (forced)"
+    assert manual["metrics"]["loss_first"] != math_["metrics"]["loss_first"]  # sliding vs full
+
+
+def test_finetune_starts_from_the_saved_model_of_the_same_architecture(data_dir, tmp_path):
+    base = metrics(data_dir, tmp_path, steps=30, run_id=1)
+    saved = json.loads((Path(base["output_path"]) / "config.json").read_text())
+    assert saved["run_id"] == 1 and saved["arch_hash"] == train.arch_hash(base_config(data_dir, tmp_path), "builtin")
+    tuned = metrics(data_dir, tmp_path, task="finetune")
+    assert tuned["applied"]["finetune_from"] == base["output_path"]
+    assert tuned["applied"]["lr"] == pytest.approx(train.LR["adamw"] * train.FINETUNE_LR_FACTOR)
+    assert tuned["metrics"]["loss_first"] < base["metrics"]["loss_first"]
+    other_shape = metrics(data_dir, tmp_path, task="finetune", d_model=48, n_heads=2)
+    assert other_shape["applied"]["finetune_from"].startswith("fresh base pretrain")
+
+
+def base_config(data_dir, tmp_path):
+    return request(data_dir, tmp_path)["config"]
+
+
+def test_finetune_without_a_saved_model_pretrains_untimed_first(data_dir, tmp_path):
+    fresh = metrics(data_dir, tmp_path)
+    tuned = metrics(data_dir, tmp_path, task="finetune")
+    assert tuned["applied"]["finetune_from"].startswith("fresh base pretrain")
+    assert tuned["applied"]["base_pretrain_s"] > 0
+    assert tuned["metrics"]["loss_first"] < fresh["metrics"]["loss_first"]
+
+
+def three_consumers(x):
+    """Pointwise ops and a reduction sharing an input: inductor fuses their loops unless told not to."""
+    a = x.sin()
+    b = a.cos() * 2.0
+    return a, b.sum(dim=-1), (b + a).relu()
+
+
+def test_fusion_off_sets_the_inductor_switches_and_splits_kernels():
+    import torch._inductor.config as inductor_config
+    from torch._inductor import metrics as inductor_metrics
+
+    saved = {k: v for k, v in inductor_config.get_config_copy().items()}
+
+    def kernels(fusion: bool) -> int:
+        torch._dynamo.reset()
+        inductor_metrics.reset()
+        applied = train._set_inductor_config(fusion)
+        fn = torch.compile(three_consumers, backend="inductor")
+        fn(torch.randn(64, 64))
+        return applied, inductor_metrics.generated_kernel_count
+
+    try:
+        with inductor_config.patch(fx_graph_cache=False):
+            on, fused = kernels(True)
+            off, split = kernels(False)
+    finally:
+        inductor_config.load_config(saved)
+        torch._dynamo.reset()
+    assert off == train.NO_FUSION and on["max_fusion_size"] > 1
+    assert split > fused
+
+
+def test_compile_inductor_really_compiles_the_model_slow(data_dir, tmp_path, monkeypatch):
+    """The one slow test (~30-60 s on 2 cores): a cold inductor compile of a one-layer model."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused"))  # run() sets it; restore after
+    torch._dynamo.reset()
+    counters.clear()
+    result = metrics(data_dir, tmp_path, compile="inductor", compile_cache="cold", steps=2)
+    assert counters["stats"]["unique_graphs"] >= 1
+    assert counters["inductor"]  # inductor's own counters move only when it generated code
+    assert result["applied"]["compile"] == "inductor" and result["applied"]["inductor"]["max_fusion_size"] > 1
+    eager = metrics(data_dir, tmp_path, steps=2)["metrics"]
+    assert result["metrics"]["loss_first"] == pytest.approx(eager["loss_first"], rel=1e-4)
+    torch._dynamo.reset()
+
+
+def child(req: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "worker.train"], input=json.dumps(req), cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_child_process_prints_exactly_one_json_result_and_saves_the_model(data_dir, tmp_path):
+    req = request(data_dir, tmp_path, run_id=17, steps=10, warmup_steps=2, d_model=64)
+    req["peak_gflops"] = {"fp32": 100.0, "bf16": 50.0}
+    done = child(req)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    result = json.loads(lines[0])
+    assert result["status"] == "done" and result["reason"] is None and result["dataset_used"] == "builtin"
+    wanted = ["setup_s", "first_step_s", "step_ms_median", "step_ms_p10", "step_ms_p90", "step_ms_mean",
+              "step_ms_std", "train_s", "tokens_per_s", "samples_per_s", "loss_first", "loss_last",
+              "peak_rss_mb", "cpu_user_s", "cpu_sys_s", "ctx_switches", "params", "flops_per_step",
+              "gflops", "mfu"]
+    m = result["metrics"]
+    assert sorted(m) == sorted(wanted)
+    assert all(isinstance(m[k], (int, float)) and math.isfinite(m[k]) for k in wanted)
+    assert m["loss_last"] < m["loss_first"] - 0.3  # it learns within a dozen steps
+    assert m["mfu"] == pytest.approx(m["gflops"] / 100.0)
+    assert result["applied"]["affinity"] and result["build_info"]["blas"]
+    out = Path(result["output_path"])
+    assert out == tmp_path / "output" / "run-17"
+    assert (out / "model.pt").exists() and json.loads((out / "config.json").read_text())["run_id"] == 17
+
+
+def test_child_process_skips_jax_with_one_json_line(data_dir, tmp_path):
+    done = child(request(data_dir, tmp_path, framework="jax"))
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    assert json.loads(line)["status"] == "skipped"
+
+
+def test_child_process_fails_loudly_without_a_result_on_bad_input(data_dir, tmp_path):
+    req = request(data_dir, tmp_path)
+    del req["config"]["d_model"]
+    done = child(req)
+    assert done.returncode != 0 and done.stdout == "" and "Traceback" in done.stderr
