@@ -39,7 +39,9 @@ from pathlib import Path  # noqa: E402
 
 # What worker/forkserver.py imports once before forking children (this module imports them lazily,
 # so that a skip or `python -m worker.train` for a jax job stays fast).
-PRELOAD = ("numpy", "torch", "torch.nn.attention", "tokenizers", "worker.data", "worker.model", "worker.readback")
+# torch._dynamo: the optimizers import it on construction (about 2 s here).
+PRELOAD = ("numpy", "torch", "torch.nn.attention", "torch.optim", "torch._dynamo", "tokenizers", "worker.data",
+           "worker.model", "worker.readback")
 LR = {"adamw": 1e-3, "sgd": 0.05}  # high for tiny models: loss must visibly fall in a few steps
 FINETUNE_LR_FACTOR = 0.1  # finetuning starts from trained weights: a 10x lower learning rate
 BASE_PRETRAIN_STEPS = 30  # untimed pretraining when finetune finds no saved model to start from
