@@ -20,7 +20,7 @@ report: $(VENV)/.installed  ## result/ again from results.db
 	$(PY) bench.py report
 
 dev: $(VENV)/.installed  ## extra packages for benchmarks/ (transformers for the GPT-2 peer)
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-dev.txt
 
 clean-results:  ## forget every run (keeps data/ caches)
 	rm -f results.db results.db-wal results.db-shm
