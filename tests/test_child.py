@@ -1,0 +1,33 @@
+"""The spawning mechanics of worker/child.py on real processes."""
+
+import os
+import subprocess
+
+import pytest
+
+from worker.child import _preexec, child_env, drop_to_invoking_user
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
+def test_a_root_worker_runs_its_child_as_the_invoking_user(monkeypatch):
+    monkeypatch.setenv("SUDO_UID", "65534")
+    monkeypatch.setenv("SUDO_GID", "65534")
+    user = drop_to_invoking_user()
+    assert user == (65534, 65534)
+    out = subprocess.run(["/bin/sh", "-c", "id -u; id -g"], capture_output=True, text=True, check=True,
+                         preexec_fn=_preexec([0], user, os.getpid())).stdout.split()
+    assert out == ["65534", "65534"]
+
+
+def test_the_child_is_pinned_before_it_starts():
+    out = subprocess.run(["/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status"], capture_output=True,
+                         text=True, check=True, preexec_fn=_preexec([1], None, os.getpid())).stdout
+    assert out.split()[-1] == "1"
+
+
+def test_the_child_environment_is_a_whitelist(monkeypatch, tmp_path):
+    monkeypatch.setenv("SECRET_TOKEN", "x")
+    monkeypatch.setenv("OMP_NUM_THREADS", "64")  # the worker's own setting must not leak into a job
+    env = child_env({"OMP_NUM_THREADS": "2"}, tmp_path, tmp_path / "data")
+    assert "SECRET_TOKEN" not in env and env["OMP_NUM_THREADS"] == "2"
+    assert env["PATH"] == os.environ["PATH"]
