@@ -178,6 +178,8 @@ def work(
         counts = work_with_progress(db, _worker_options(cpus, max_jobs, wait, timeout))
         err.print(f"queued {counts['queued']}, done {counts['done']}, failed {counts['failed']}, "
                   f"skipped {counts['skipped']}")
+        if counts["queued"] and max_jobs is None:
+            err.print("[yellow]note[/]: the jobs still queued need more CPUs than this worker may use (--cpus)")
 
     guarded(body)
 
