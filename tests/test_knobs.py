@@ -18,15 +18,10 @@ import pytest
 from orchestrator.errors import BenchError
 from orchestrator.variables import resolve
 from worker import knobs, probe, sysfs
+from tests.fake_sysfs import put
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-
-
-def put(root: Path, real_path: str, text: str) -> None:
-    f = Path(sysfs.path(str(root), real_path))
-    f.parent.mkdir(parents=True, exist_ok=True)
-    f.write_text(text + "\n")
 
 
 def get(root: Path, real_path: str) -> str | None:

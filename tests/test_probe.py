@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from worker import probe, sysfs
+from tests.fake_sysfs import put
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,12 +59,6 @@ def test_a_second_probe_is_served_from_the_cache_and_remeasure_measures_again(st
     fresh = probe.probe(state_dir, quick=True, remeasure=True)
     assert fresh["limits_measured_at"] > first["limits_measured_at"]
     assert fresh["fingerprint"] == first["fingerprint"]  # measurements never move the fingerprint
-
-
-def put(root: Path, real_path: str, text: str) -> None:
-    f = Path(sysfs.path(str(root), real_path))
-    f.parent.mkdir(parents=True, exist_ok=True)
-    f.write_text(text + "\n")
 
 
 def test_static_facts_read_topology_caches_and_cpufreq_from_the_tree(tmp_path):

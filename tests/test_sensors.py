@@ -7,12 +7,7 @@ import time
 from pathlib import Path
 
 from worker import sensors, sysfs
-
-
-def put(root: Path, real_path: str, text: str) -> None:
-    f = Path(sysfs.path(str(root), real_path))
-    f.parent.mkdir(parents=True, exist_ok=True)
-    f.write_text(text + "\n")
+from tests.fake_sysfs import put
 
 
 def test_frequency_energy_and_temperature_are_read_from_sysfs(tmp_path):
