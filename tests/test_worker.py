@@ -66,6 +66,7 @@ def test_killed_worker_leaves_no_job_running_after_restart(db, tmp_path):
             assert wait_until(lambda: not stub_children(), timeout=5), "a child outlived its killed worker"
     final = start_worker(db, env=env)
     assert final.wait(timeout=120) == 0, final.stderr.read()
+    print(f"killed the worker {kills} times; every job done exactly once")
     assert kills >= 3
     runs = rows(db, "SELECT job_id, status FROM runs")
     assert len(runs) == 12 and {s for _, s in runs} == {"done"}
