@@ -17,3 +17,9 @@ class Busy(BenchError):
     """Another worker already holds this machine (or these CPUs)."""
 
     exit_code = 1
+
+
+class Stopped(BenchError):
+    """SIGTERM asked the worker to stop: settings restored, the unfinished run put back."""
+
+    exit_code = 143  # 128 + SIGTERM, as a shell reports a process ended by it

@@ -128,7 +128,8 @@ def test_sigterm_restores_and_puts_the_unfinished_run_back_in_the_queue(db):
     assert wait_until(lambda: rows(db, "SELECT COUNT(*) FROM runs WHERE status = 'running'")[0][0] == 1)
     assert wait_until(lambda: bool(stub_children()))
     worker.send_signal(signal.SIGTERM)
-    assert worker.wait(timeout=30) != 0
+    assert worker.wait(timeout=30) == 143
+    assert "stopped by SIGTERM" in worker.stderr.read()
     assert rows(db, "SELECT status, attempts FROM runs") == [("queued", 0)]
     assert wait_until(lambda: not stub_children(), timeout=5)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from orchestrator.errors import BadInput, BenchError, Busy
+from orchestrator.errors import BadInput, Busy, Stopped
 from orchestrator.store import Claim, Store
 from worker import knobs, probe, sensors
 from worker.child import ForkServer, Outcome, child_env, run_exec
@@ -68,10 +68,6 @@ class Event:
     text: str = ""
 
 
-class Stopped(Exception):
-    """SIGTERM (or SIGINT) asked the worker to stop."""
-
-
 def allowed_cpus(requested: list[int] | None) -> list[int]:
     mine = sorted(os.sched_getaffinity(0))
     if requested is None:
@@ -115,7 +111,7 @@ def restore_left_behind(state_dir: Path, sysfs_root: str) -> list[str]:
 
 
 def _raise_stopped(signum, _frame):
-    raise Stopped(signal.Signals(signum).name)
+    raise Stopped(f"stopped by {signal.Signals(signum).name}: settings restored, the unfinished run is back in the queue")
 
 
 class Worker:
