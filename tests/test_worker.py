@@ -154,3 +154,17 @@ def test_status_json_counts_this_machines_runs(db):
     bench("work", "--db", db, "--max-jobs", "2", env=STUB, check=True)
     after = json.loads(bench("status", "--db", db, "--json", check=True).stdout)
     assert after["done"] == 2 and after["queued"] == 1
+
+
+def test_two_workers_share_a_postgresql_queue_without_claiming_a_job_twice(pg_db, tmp_path):
+    import psycopg
+
+    bench("enqueue", "--db", pg_db, "--axis", "d_model=" + ",".join(str(32 + 8 * i) for i in range(10)),
+          "--set", "steps=6", "--set", "dataset=builtin", "--set", "cores=1", check=True)
+    a, b = start_worker(pg_db, "--cpus", "0"), start_worker(pg_db, "--cpus", "1")
+    assert a.wait(timeout=120) == 0, a.stderr.read()
+    assert b.wait(timeout=120) == 0, b.stderr.read()
+    with psycopg.connect(pg_db.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        runs = conn.execute("SELECT job_id, status, attempts FROM runs").fetchall()
+    assert len(runs) == 10 and {r[1] for r in runs} == {"done"} and {r[2] for r in runs} == {1}
+    assert len(list((tmp_path / "output" / "markers").iterdir())) == 10
