@@ -93,7 +93,7 @@ def enqueue(
     def body():
         plan = load(sweep_file, preset=preset, sets=set_, axes=axis, repeats=repeats, machine=this_machine())
         result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text,
-                                        jobs=plan.jobs, dry_run=dry_run)
+                                        jobs=plan.jobs, notes=plan.notes, dry_run=dry_run)
         print_plan_result(plan, result, dry_run=dry_run)
 
     guarded(body)
@@ -258,7 +258,8 @@ def run(
 
     def body():
         plan = load(None, preset=preset, machine=this_machine())
-        result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text, jobs=plan.jobs)
+        result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text, jobs=plan.jobs,
+                                        notes=plan.notes)
         print_plan_result(plan, result, dry_run=False)
         work_with_progress(db, _worker_options(None, None, False, timeout))
         report_and_print(db, out_dir)

@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS sweeps (
     source      TEXT NOT NULL,                -- file path, "preset:NAME" or "command line"
     text        TEXT NOT NULL,                -- the sweep as it was expanded (file text + overrides)
     text_sha    TEXT NOT NULL,
+    notes       TEXT,                         -- JSON list: what expansion left out on this machine, and why
     created     REAL NOT NULL,
     UNIQUE (name, text_sha)                   -- re-enqueueing the same sweep reuses its row
 );

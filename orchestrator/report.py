@@ -8,6 +8,7 @@ plots.py, and returns a Report that bench.py prints; it prints nothing itself.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 from collections import Counter, defaultdict
@@ -23,6 +24,7 @@ from orchestrator.store import Store
 from orchestrator.variables import BY_NAME, NAMES
 
 SELECT_RESULTS = "SELECT * FROM v_results {where} ORDER BY run_id"
+SELECT_SWEEP_NOTES = "SELECT name, notes FROM sweeps ORDER BY sweep_id"
 DELETE_EFFECTS = "DELETE FROM effects WHERE machine_id = :machine_id"
 INSERT_EFFECT = """
 INSERT INTO effects (machine_id, variable, kind, value, baseline, estimate, ci_low, ci_high, n_runs, created)
@@ -90,9 +92,12 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None) 
 
     counts = store.counts(machine_id)
     failures = _failures(rows)
+    with store.transaction() as conn:
+        sweep_notes = [(name, note) for name, notes in conn.execute(text(SELECT_SWEEP_NOTES))
+                       for note in json.loads(notes or "[]")]
     summary_path = out_dir / "summary.md"
     summary_path.write_text(_summary(rows, done, varied, analyses, together, grids, names, facts, counts,
-                                     failures, plot_paths, out_dir))
+                                     failures, sweep_notes, plot_paths, out_dir))
     return Report(csv_path=csv_path, summary_path=summary_path, plot_paths=plot_paths, top_effects=top,
                   counts=counts, failures=failures, machines=len({r["machine_id"] for r in rows}),
                   effects=all_effects)
@@ -198,7 +203,8 @@ def _effect_words(ve: VariableEffect) -> str:
     return f"{h.value} vs {h.baseline}: {_ratio(h)} the step time"
 
 
-def _summary(rows, done, varied, analyses, together, grids, names, facts, counts, failures, plot_paths, out_dir) -> str:
+def _summary(rows, done, varied, analyses, together, grids, names, facts, counts, failures, sweep_notes, plot_paths,
+             out_dir) -> str:
     several = sum(1 for m in analyses if analyses[m] or any(r["machine_id"] == m for r in done)) > 1
     sweeps = sorted({r["sweep"] for r in rows if r.get("sweep")})
     lines = ["# cpubench report", ""]
@@ -223,7 +229,7 @@ def _summary(rows, done, varied, analyses, together, grids, names, facts, counts
                   "(usually it is derived from another variable and moved with it, e.g. threads with cores): "
                   + ", ".join(f"`{n}`" for n in moved) + ".", ""]
 
-    lines += _runs_lines(counts, failures)
+    lines += _runs_lines(counts, failures, sweep_notes)
     lines += _variable_lines(analyses, names, plot_paths, out_dir, several)
     lines += _grid_lines(grids, names, out_dir, several)
     if several:
@@ -269,13 +275,16 @@ def _baseline_lines(done: list[dict], varied: list[str]) -> list[str]:
     return lines
 
 
-def _runs_lines(counts: dict, failures: list) -> list[str]:
+def _runs_lines(counts: dict, failures: list, sweep_notes: list[tuple[str, str]]) -> list[str]:
     lines = ["## Runs", ""]
     lines += _table(["status", "runs"], [[s, counts.get(s, 0)] for s in ("done", "failed", "skipped", "running", "queued")]
                     + [["total", counts.get("total", 0)]])
     if failures:
         lines += ["Runs that did not finish, by reason (their metrics are empty and no average uses them):", ""]
         lines += _table(["status", "reason", "runs"], [[s, why, n] for s, why, n in failures])
+    if sweep_notes:
+        lines += ["Left out when the sweeps were planned on this machine (no job was made for these):", ""]
+        lines += _table(["sweep", "note"], [[name, note] for name, note in sweep_notes])
     return lines
 
 

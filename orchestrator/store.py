@@ -51,8 +51,8 @@ SELECT_NOW = "SELECT {now}"
 
 SELECT_SWEEP = "SELECT sweep_id FROM sweeps WHERE name = :name AND text_sha = :text_sha"
 INSERT_SWEEP = """
-INSERT INTO sweeps (name, source, text, text_sha, created)
-VALUES (:name, :source, :text, :text_sha, {now})
+INSERT INTO sweeps (name, source, text, text_sha, notes, created)
+VALUES (:name, :source, :text, :text_sha, :notes, {now})
 """
 SELECT_JOBS_BY_HASH = "SELECT config_hash, job_id FROM jobs WHERE config_hash IN ({marks})"
 INSERT_JOB = """
@@ -255,8 +255,10 @@ class Store:
 
     # -- the plan --------------------------------------------------------------------------
 
-    def enqueue(self, *, name: str, source: str, sweep_text: str, jobs: list[dict], dry_run: bool = False) -> EnqueueResult:
-        """Add the jobs not planned yet. `jobs` items: config (full), config_hash, run_order."""
+    def enqueue(self, *, name: str, source: str, sweep_text: str, jobs: list[dict], notes: list[str] = (),
+                dry_run: bool = False) -> EnqueueResult:
+        """Add the jobs not planned yet. `jobs` items: config (full), config_hash, run_order. `notes`
+        (what expansion left out here, and why) are kept with the sweep for the report."""
         text_sha = _sha(sweep_text)
         columns = ", ".join(_quoted(n) for n in NAMES)
         insert = self.sql(INSERT_JOB, columns=columns, params=", ".join(f":{n}" for n in NAMES))
@@ -269,7 +271,7 @@ class Store:
             sweep_id = conn.execute(text(SELECT_SWEEP), {"name": name, "text_sha": text_sha}).scalar_one_or_none()
             if sweep_id is None:
                 conn.execute(self.sql(INSERT_SWEEP), {"name": name, "source": source, "text": sweep_text,
-                                                      "text_sha": text_sha})
+                                                      "text_sha": text_sha, "notes": json.dumps(list(notes))})
                 sweep_id = conn.execute(text(SELECT_SWEEP), {"name": name, "text_sha": text_sha}).scalar_one()
             if new:
                 conn.execute(insert, [_job_row(j, sweep_id) for j in new])

@@ -69,3 +69,16 @@ def test_once_rejects_an_impossible_configuration(tmp_path):
     proc = bench("once", "d_model=100", "n_heads=3", "--json")
     assert proc.returncode == 2 and "d_model not divisible by n_heads" in proc.stderr
     assert proc.stdout == ""
+
+
+def test_an_auto_range_this_machine_cannot_give_is_kept_as_a_note_for_the_report(db, tmp_path):
+    path = tmp_path / "f.toml"
+    path.write_text("[axes]\nfreq_mhz = \"auto:400\"\nd_model = [32, 64]\n")
+    proc = bench("enqueue", str(path), "--db", db, check=True)
+    if "no cpufreq" not in proc.stderr:
+        pytest.skip("this machine has cpufreq: the frequency axis was expanded")
+    with sqlite3.connect(db) as conn:
+        notes = conn.execute("SELECT notes FROM sweeps").fetchone()[0]
+    assert "no cpufreq" in notes
+    bench("report", "--db", db, "--out", str(tmp_path / "result"), check=True)
+    assert "no cpufreq" in (tmp_path / "result" / "summary.md").read_text()
