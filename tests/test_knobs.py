@@ -369,3 +369,15 @@ def test_one_core_runs_a_fixed_matmul_workload_slower_than_two(tmp_path):
         with knobs.applied(config, facts, cpus, journal_path=tmp_path / "j.json") as spec:
             seconds[cores] = float(run_child(spec, MATMUL_WORK))
     assert seconds[1] > seconds[2], seconds
+
+
+def test_a_setting_the_child_did_not_run_under_is_named(tmp_path):
+    config, _ = resolve({"cores": 1, "isa": "avx2", "allocator": "jemalloc"}, 2)
+    spec = knobs.ChildSpec(cpus=[0], env={"OMP_NUM_THREADS": "1"}, argv_prefix=[], applied={})
+    honest = {"affinity": [0], "torch_threads": 1, "interop_threads": 1, "mkldnn": True, "omp_num_threads": "1",
+              "omp_proc_bind": None, "omp_places": None, "cpu_capability": "AVX2",
+              "allocator_lib": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}
+    assert knobs.not_in_force(config, spec, honest) == []
+    wrong = knobs.not_in_force(config, spec, {**honest, "affinity": [0, 1], "cpu_capability": "AVX512",
+                                              "allocator_lib": None})
+    assert len(wrong) == 3 and any(w.startswith("cpu_capability='AVX512'") for w in wrong)

@@ -753,3 +753,28 @@ def restore_journal(journal_path: Path, *, sysfs_root: str = "/") -> list[str]:
 
 def _cpulist(cpus: list[int]) -> str:
     return ",".join(map(str, sorted(cpus)))
+
+
+# -- the child's read-back, checked -----------------------------------------------------------------
+
+def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
+    """The job's settings the child did NOT run under, from what it read back (worker/readback.py).
+    A run with any is recorded failed: its numbers would belong to other settings."""
+    expected = {
+        "affinity": sorted(spec.cpus),
+        "torch_threads": config["intra_threads"],
+        "interop_threads": config["inter_threads"],
+        "mkldnn": bool(config["onednn"]),
+        "omp_num_threads": spec.env.get("OMP_NUM_THREADS"),
+        "omp_proc_bind": spec.env.get("OMP_PROC_BIND"),
+        "omp_places": spec.env.get("OMP_PLACES"),
+    }
+    if config["isa"] != DEFAULT:
+        expected["cpu_capability"] = ISA_CAPS[config["isa"]][1].upper()
+    wrong = [f"{key}={child.get(key)!r} (asked {want!r})" for key, want in expected.items()
+             if key in child and child[key] != want]
+    lib = child.get("allocator_lib")
+    if config["allocator"] != DEFAULT and "allocator_lib" in child and (
+            lib is None or not os.path.basename(lib).startswith(f"lib{config['allocator']}")):
+        wrong.append(f"allocator_lib={lib!r} (asked {config['allocator']})")
+    return wrong

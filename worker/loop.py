@@ -214,6 +214,10 @@ class Worker:
             finally:
                 sampled = sampler.stop()
         notes = sampled.pop("notes", {})
+        wrong = knobs.not_in_force(config, spec, outcome.applied) if outcome.status == "done" else []
+        if wrong:
+            outcome.status = "failed"
+            outcome.reason = "the child did not run under the job's settings: " + "; ".join(wrong)
         if outcome.status == "done":
             outcome.metrics.update({k: v for k, v in sampled.items() if k in ("freq_mhz_avg", "energy_j", "temp_c_max")})
         outcome.facts["load_before"] = load_before

@@ -36,13 +36,26 @@ def loaded_allocator() -> str | None:
     return None
 
 
+def threads_affinity() -> list[int]:
+    """The CPUs any thread of this process may run on. With OpenMP binding each thread is pinned to
+    its own place, so the main thread alone shows only the first one."""
+    cpus: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            cpus |= os.sched_getaffinity(int(task))
+        except OSError:
+            pass  # the thread ended meanwhile
+    return sorted(cpus)
+
+
 def read_back() -> dict:
     """The settings in force in this process, by the names runs.applied uses."""
     import torch
 
     env = os.environ
     return {
-        "affinity": sorted(os.sched_getaffinity(0)),
+        "affinity": threads_affinity(),
+        "main_thread_affinity": sorted(os.sched_getaffinity(0)),
         "torch_threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
