@@ -285,7 +285,7 @@ def once(
         table.add_column("metric")
         table.add_column("value", justify="right")
         for key, value in result.items():
-            if key != "applied" and value is not None:
+            if key not in ("applied", "config", "build_info") and value is not None:
                 table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
         out.print(table)
         out.print("applied:", json.dumps(result["applied"], default=str))
