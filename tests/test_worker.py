@@ -75,12 +75,17 @@ def test_killed_worker_leaves_no_job_running_after_restart(db, tmp_path):
     assert len(markers) >= 12  # each job ran to the end at least once; a kill may make it run again
 
 
-def test_two_workers_on_disjoint_cpus_never_claim_the_same_job(db, tmp_path):
-    bench("enqueue", "--db", db, "--axis", "d_model=" + ",".join(str(32 + 8 * i) for i in range(16)),
-          "--set", "steps=8", "--set", "dataset=builtin", "--set", "cores=1", check=True)
+def run_two_workers(db: str, jobs: int, steps: int) -> None:
+    """Enqueue `jobs` one-core jobs and drain them with two workers at once, one per CPU."""
+    bench("enqueue", "--db", db, "--axis", "d_model=" + ",".join(str(32 + 8 * i) for i in range(jobs)),
+          "--set", f"steps={steps}", "--set", "dataset=builtin", "--set", "cores=1", check=True)
     a, b = start_worker(db, "--cpus", "0"), start_worker(db, "--cpus", "1")
     assert a.wait(timeout=120) == 0, a.stderr.read()
     assert b.wait(timeout=120) == 0, b.stderr.read()
+
+
+def test_two_workers_on_disjoint_cpus_never_claim_the_same_job(db, tmp_path):
+    run_two_workers(db, jobs=16, steps=8)
     runs = rows(db, "SELECT job_id, status, attempts, applied FROM runs")
     assert len(runs) == 16 and {r[1] for r in runs} == {"done"} and {r[2] for r in runs} == {1}
     markers = list((tmp_path / "output" / "markers").iterdir())
@@ -159,11 +164,7 @@ def test_status_json_counts_this_machines_runs(db):
 def test_two_workers_share_a_postgresql_queue_without_claiming_a_job_twice(pg_db, tmp_path):
     import psycopg
 
-    bench("enqueue", "--db", pg_db, "--axis", "d_model=" + ",".join(str(32 + 8 * i) for i in range(10)),
-          "--set", "steps=6", "--set", "dataset=builtin", "--set", "cores=1", check=True)
-    a, b = start_worker(pg_db, "--cpus", "0"), start_worker(pg_db, "--cpus", "1")
-    assert a.wait(timeout=120) == 0, a.stderr.read()
-    assert b.wait(timeout=120) == 0, b.stderr.read()
+    run_two_workers(pg_db, jobs=10, steps=6)
     with psycopg.connect(pg_db.replace("postgresql+psycopg://", "postgresql://")) as conn:
         runs = conn.execute("SELECT job_id, status, attempts FROM runs").fetchall()
     assert len(runs) == 10 and {r[1] for r in runs} == {"done"} and {r[2] for r in runs} == {1}
