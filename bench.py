@@ -58,11 +58,16 @@ def this_machine():
     return Machine(cpu_count=len(os.sched_getaffinity(0)), freq_limits=_freq_limits)
 
 
-def _freq_limits():
+def probe_here(remeasure: bool = False) -> dict:
+    """This machine's facts from the probe (cached per boot in the worker state dir)."""
     from worker.loop import default_state_dir
     from worker.probe import probe
 
-    facts = probe(default_state_dir(), quick=os.environ.get("BENCH_PROBE_QUICK") == "1")
+    return probe(default_state_dir(), remeasure=remeasure, quick=os.environ.get("BENCH_PROBE_QUICK") == "1")
+
+
+def _freq_limits():
+    facts = probe_here()
     low, high = facts.get("freq_min_mhz"), facts.get("freq_max_mhz")
     return (int(low), int(high)) if low and high else None
 
@@ -185,10 +190,7 @@ def work(
 
 
 def _machine_id(store) -> int:
-    from worker.loop import default_state_dir
-    from worker.probe import probe
-
-    return store.register_machine(probe(default_state_dir(), quick=os.environ.get("BENCH_PROBE_QUICK") == "1"))
+    return store.register_machine(probe_here())
 
 
 @app.command()
@@ -301,11 +303,8 @@ def machine(
     remeasure: Annotated[bool, typer.Option("--remeasure", help="measure bandwidth and GEMM peaks again")] = False,
 ) -> None:
     """The machine's facts, its measured limits, and which knobs can be applied here (and why not)."""
-    from worker.loop import default_state_dir
-    from worker.probe import probe
-
     def body():
-        facts = probe(default_state_dir(), remeasure=remeasure, quick=os.environ.get("BENCH_PROBE_QUICK") == "1")
+        facts = probe_here(remeasure=remeasure)
         if as_json:
             print(json.dumps(facts, default=str, sort_keys=True))
             return

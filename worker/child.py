@@ -62,20 +62,27 @@ def drop_to_invoking_user() -> tuple[int, int] | None:
     return int(os.environ["SUDO_UID"]), int(os.environ.get("SUDO_GID", os.environ["SUDO_UID"]))
 
 
-def _preexec(cpus: list[int], user: tuple[int, int] | None, parent_pid: int) -> Callable[[], None]:
-    def setup() -> None:
-        os.setpgrp()
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-        if user is not None:
-            os.setgid(user[1])
-            os.setuid(user[0])
-        # After setuid: a credential change clears the parent-death signal.
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the worker died before prctl took effect
-            os._exit(1)
+def set_parent_death_signal(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies; exit now if the parent is already gone."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
-    return setup
+
+def become_job_process(cpus: list[int], user: tuple[int, int] | None, parent_pid: int) -> None:
+    """In a freshly forked child: its own process group, pinned, the invoking user, and killed with
+    its parent. Shared by the exec path (preexec_fn) and the fork server's children."""
+    os.setpgrp()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    if user is not None:
+        os.setgid(user[1])
+        os.setuid(user[0])
+    set_parent_death_signal(parent_pid)  # after setuid: a credential change clears it
+
+
+def _preexec(cpus: list[int], user: tuple[int, int] | None, parent_pid: int) -> Callable[[], None]:
+    return lambda: become_job_process(cpus, user, parent_pid)
 
 
 def run_exec(job: dict, *, module: str = "worker.train", argv_prefix: list[str], env: dict[str, str], cpus: list[int], cwd: Path,
@@ -100,12 +107,12 @@ def run_exec(job: dict, *, module: str = "worker.train", argv_prefix: list[str],
                 payload = None
                 if time.perf_counter() - started >= timeout_s:
                     timed_out = True
-                    _kill_group(proc)
+                    _kill_pgid(proc.pid)
                     out, err = proc.communicate()
                     break
                 on_heartbeat(proc.pid)
     except BaseException:
-        _kill_group(proc)
+        _kill_pgid(proc.pid)
         proc.wait()
         raise
     wall_s = time.perf_counter() - started
@@ -113,13 +120,6 @@ def run_exec(job: dict, *, module: str = "worker.train", argv_prefix: list[str],
                        child_pid=proc.pid)
     outcome.applied["spawn"] = "exec"
     return outcome
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
 
 
 def _tail(err: bytes) -> str:
@@ -165,7 +165,7 @@ class ForkServer:
 
     def close(self) -> None:
         if self.proc is not None:
-            _kill_group(self.proc)
+            _kill_pgid(self.proc.pid)
             self.proc.wait()
             self.proc = None
             self._stderr.close()
@@ -262,7 +262,7 @@ class ChildStartError(Exception):
 
 
 def _kill_pgid(pid: int) -> None:
-    """Kill a forked child and whatever it started (its own process group, once it made one)."""
+    """Kill a child and whatever it started (its own process group, once it made one)."""
     for kill in (os.killpg, os.kill):
         try:
             kill(pid, signal.SIGKILL)

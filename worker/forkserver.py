@@ -20,33 +20,16 @@ import importlib
 import json
 import os
 import runpy
-import signal
 import sys
 import traceback
 
-PR_SET_PDEATHSIG = 1
-
-
-def _set_parent_death_signal(parent_pid: int) -> None:
-    import ctypes
-
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
+from worker.child import become_job_process, set_parent_death_signal
 
 def _child(module: str, request: dict, server_pid: int) -> None:
     """In the forked child: become a fresh process for one job, then run the module as __main__."""
     code = 1
     try:
-        os.setpgrp()
-        if request["cpus"]:
-            os.sched_setaffinity(0, request["cpus"])
-        if request.get("user"):
-            uid, gid = request["user"]
-            os.setgid(gid)
-            os.setuid(uid)
-        _set_parent_death_signal(server_pid)
+        become_job_process(request["cpus"], request.get("user"), server_pid)
         for fd, (path, flags) in enumerate(((request["stdin"], os.O_RDONLY),
                                             (request["stdout"], os.O_WRONLY | os.O_TRUNC),
                                             (request["stderr"], os.O_WRONLY | os.O_TRUNC))):
@@ -75,7 +58,7 @@ def _child(module: str, request: dict, server_pid: int) -> None:
 def serve(module: str) -> None:
     """Import the child's modules once, then fork a child per request until stdin closes."""
     worker_pid = int(os.environ.pop("BENCH_FORKSERVER_PARENT"))
-    _set_parent_death_signal(worker_pid)
+    set_parent_death_signal(worker_pid)
     # The module and the heavy modules it names in PRELOAD (it may import them lazily) stay cached
     # for every child.
     for name in (module, *getattr(importlib.import_module(module), "PRELOAD", ())):
