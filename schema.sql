@@ -13,6 +13,21 @@
 --   (tests/test_schema.py keeps them in step). The word "default" (leave the machine as it is)
 --   is stored as NULL in freq_mhz; every other variable column is concrete.
 -- * "window" is a keyword in PostgreSQL: quote it there ("window").
+-- * This file is the latest schema. A database records its version in schema_version; an older one
+--   is brought up to this file on open by orchestrator/migrations.py (numbered steps, applied once,
+--   in one transaction). New columns must be nullable or have a DEFAULT, so old rows stay valid; a
+--   new NOT NULL column without one needs a fill in migrations.py (tests/test_migrations.py says so).
+-- * Queues are per pool, not per machine: every machine has its own pool (it runs every job, so
+--   machines can be compared), and `work --pool NAME` lets identical nodes share a named pool where
+--   each job runs once. runs are unique per (job, pool); machine_id says which machine ran it.
+
+-- One row per version this database has been brought to; its version is the largest. Absent in
+-- databases written before versions existed (version 1).
+CREATE TABLE IF NOT EXISTS schema_version (
+    version     INTEGER PRIMARY KEY,
+    applied     REAL NOT NULL,                -- database clock
+    note        TEXT NOT NULL                 -- "created" or what the migration did
+);
 
 CREATE TABLE IF NOT EXISTS machines (
     machine_id        INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -116,10 +131,21 @@ CREATE TABLE IF NOT EXISTS sweep_jobs (
     PRIMARY KEY (sweep_id, job_id)
 );
 
+-- Who shares a queue: a machine's own pool (name NULL) or a named pool (machine_id NULL).
+CREATE TABLE IF NOT EXISTS pools (
+    pool_id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    name        TEXT UNIQUE,                  -- `work --pool NAME`; NULL for a machine's own pool
+    machine_id  INTEGER UNIQUE REFERENCES machines (machine_id),  -- whose own pool; NULL for a named pool
+    filled      REAL,                         -- when its queue rows were made (its first claim); NULL before
+    created     REAL NOT NULL,
+    CHECK ((name IS NULL) <> (machine_id IS NULL))
+);
+
 CREATE TABLE IF NOT EXISTS runs (
     run_id        INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id        INTEGER NOT NULL REFERENCES jobs (job_id),
-    machine_id    INTEGER NOT NULL REFERENCES machines (machine_id),
+    machine_id    INTEGER NOT NULL REFERENCES machines (machine_id),  -- the machine that ran it (last claimed it)
+    pool_id       INTEGER NOT NULL REFERENCES pools (pool_id),        -- the queue it was claimed from
     status        TEXT NOT NULL CHECK (status IN ('queued', 'running', 'done', 'failed', 'skipped')),
     attempts      INTEGER NOT NULL DEFAULT 0, -- claims so far; failed once it reaches the maximum
     worker_pid    INTEGER,
@@ -161,16 +187,34 @@ CREATE TABLE IF NOT EXISTS runs (
     flops_per_step REAL,
     gflops         REAL,                      -- achieved, from the median step
     mfu            REAL,                      -- gflops / measured GEMM peak of the run's precision
-    UNIQUE (job_id, machine_id)
+    UNIQUE (job_id, pool_id)
 );
 
 CREATE INDEX IF NOT EXISTS runs_by_machine_status ON runs (machine_id, status);
+CREATE INDEX IF NOT EXISTS runs_by_pool_status ON runs (pool_id, status);
+
+-- What a pool may claim next: one row per (pool, job) without a run in that pool, or whose run was
+-- taken back ('queued'). The claim reads the first row of one index in run order and deletes it, so
+-- it costs O(log n) however much of the plan is done (a scan of jobs left-joined to runs did not).
+-- A pool's rows are made at its first claim (pools.filled), and enqueue adds new jobs to every
+-- filled pool. run_order and cores are copied from jobs (which never change) so the index alone
+-- orders the claim and skips jobs wider than the worker's CPUs.
+CREATE TABLE IF NOT EXISTS queue (
+    pool_id     INTEGER NOT NULL REFERENCES pools (pool_id),
+    job_id      INTEGER NOT NULL REFERENCES jobs (job_id),
+    run_order   INTEGER NOT NULL,
+    cores       INTEGER NOT NULL,
+    PRIMARY KEY (pool_id, job_id)
+);
+
+CREATE INDEX IF NOT EXISTS queue_in_run_order ON queue (pool_id, run_order, job_id);
 
 -- One row per run: every variable, every metric, the machine facts. What users query.
 CREATE VIEW IF NOT EXISTS v_results AS
 SELECT
     r.run_id, r.status, r.attempts, r.reason, r.claimed, r.finished,
     s.name AS sweep,
+    r.pool_id, COALESCE(p.name, 'machine ' || r.machine_id) AS pool, r.worker_host,
     j.job_id, j.config_hash,
     j.cores, j.freq_mhz, j.governor, j.turbo, j.pin_threads, j.numa, j.allocator,
     j.omp_threads, j.intra_threads, j.inter_threads, j.isa, j.onednn, j.framework, j.compile,
@@ -192,6 +236,7 @@ FROM runs r
 JOIN jobs j ON j.job_id = r.job_id
 JOIN sweeps s ON s.sweep_id = j.sweep_id
 JOIN machines m ON m.machine_id = r.machine_id
+JOIN pools p ON p.pool_id = r.pool_id
 WHERE r.status <> 'queued';
 
 -- Fitted effects of each variable on step time (step_ms_median), written by `bench.py report`
