@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from orchestrator.errors import BenchError
+from orchestrator.sweep import DEFAULT_MAX_JOBS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help=__doc__.split("\n")[0])
@@ -90,15 +91,19 @@ def enqueue(
     axis: Annotated[list[str], typer.Option(help="K=V1,V2: a varied variable (repeatable)")] = [],
     repeats: Annotated[Optional[int], typer.Option(help="repeats of every combination")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="count, write nothing")] = False,
+    max_jobs: Annotated[int, typer.Option("--max-jobs", envvar="BENCH_MAX_JOBS", min=1,
+                                          help="refuse a sweep that plans more jobs than this")] = DEFAULT_MAX_JOBS,
     db: DbOption = "results.db",
 ) -> None:
-    """Expand a sweep into jobs. Idempotent: re-enqueueing adds only new combinations."""
+    """Expand a sweep into jobs. Idempotent: re-enqueueing adds only new combinations. A sweep is
+    counted before it is expanded: one above --max-jobs is refused at once with its count."""
     from orchestrator.sweep import load
 
     def body():
-        plan = load(sweep_file, preset=preset, sets=set_, axes=axis, repeats=repeats, machine=this_machine())
+        plan = load(sweep_file, preset=preset, sets=set_, axes=axis, repeats=repeats, machine=this_machine(),
+                    max_jobs=max_jobs)
         result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text,
-                                        jobs=plan.jobs, notes=plan.notes, dry_run=dry_run)
+                                        jobs=plan.iter_jobs(), notes=plan.notes, dry_run=dry_run)
         print_plan_result(plan, result, dry_run=dry_run)
 
     guarded(body)
@@ -248,6 +253,15 @@ def report(
     guarded(lambda: report_and_print(db, out_dir))
 
 
+def _env_max_jobs() -> int:
+    from orchestrator.errors import BadInput
+
+    value = os.environ.get("BENCH_MAX_JOBS", str(DEFAULT_MAX_JOBS))
+    if not value.isdigit() or int(value) < 1:
+        raise BadInput(f"BENCH_MAX_JOBS={value!r}: expected a whole number of jobs >= 1")
+    return int(value)
+
+
 @app.command()
 def run(
     preset: Annotated[str, typer.Option(help="the sweep preset to run")] = "quick",
@@ -259,9 +273,9 @@ def run(
     from orchestrator.sweep import load
 
     def body():
-        plan = load(None, preset=preset, machine=this_machine())
-        result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text, jobs=plan.jobs,
-                                        notes=plan.notes)
+        plan = load(None, preset=preset, machine=this_machine(), max_jobs=_env_max_jobs())
+        result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text,
+                                        jobs=plan.iter_jobs(), notes=plan.notes)
         print_plan_result(plan, result, dry_run=False)
         work_with_progress(db, _worker_options(None, None, False, timeout))
         report_and_print(db, out_dir)

@@ -222,10 +222,14 @@ def violations(config: dict, cpu_count: int) -> list[str]:
     return why
 
 
+def canonical_json(config: dict) -> str:
+    """The text a job's identity is taken of: every catalogue variable, sorted, compact."""
+    return json.dumps({k: config[k] for k in NAMES}, sort_keys=True, separators=(",", ":"))
+
+
 def config_hash(config: dict) -> str:
     """Identity of a job: sha256 of the canonical JSON of the full config (repeat included)."""
-    canonical = json.dumps({k: config[k] for k in NAMES}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
 
 
 def column_value(name: str, value):
