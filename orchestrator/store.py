@@ -90,17 +90,19 @@ SELECT_MACHINE = "SELECT machine_id FROM machines WHERE fingerprint = :fingerpri
 INSERT_MACHINE = """
 INSERT INTO machines (fingerprint, facts, first_seen, last_seen, {columns})
 VALUES (:fingerprint, :facts, {now}, {now}, {params})
+ON CONFLICT (fingerprint) DO NOTHING
 """
 UPDATE_MACHINE = "UPDATE machines SET facts = :facts, last_seen = {now}, {assignments} WHERE machine_id = :machine_id"
 
+# ON CONFLICT: two workers starting at once on PostgreSQL both see no row, and one insert must yield.
 INSERT_OWN_POOL = """
-INSERT INTO pools (machine_id, created) SELECT :machine_id, {now}
-WHERE NOT EXISTS (SELECT 1 FROM pools WHERE machine_id = :machine_id)
+INSERT INTO pools (machine_id, created) VALUES (:machine_id, {now})
+ON CONFLICT (machine_id) DO NOTHING
 """
 SELECT_OWN_POOL = "SELECT pool_id FROM pools WHERE machine_id = :machine_id"
 INSERT_NAMED_POOL = """
-INSERT INTO pools (name, created) SELECT :name, {now}
-WHERE NOT EXISTS (SELECT 1 FROM pools WHERE name = :name)
+INSERT INTO pools (name, created) VALUES (:name, {now})
+ON CONFLICT (name) DO NOTHING
 """
 SELECT_NAMED_POOL = "SELECT pool_id FROM pools WHERE name = :name"
 SELECT_POOLS = """
@@ -191,7 +193,9 @@ GROUP BY s.name
 COUNT_ALL_JOBS = "SELECT COUNT(*) FROM jobs"
 COUNT_ALL_RUNS = "SELECT status, COUNT(*) FROM runs {pool_filter} GROUP BY status"
 # Pools that took part: a queue made, or runs. A machine that only ran `status` is not one.
-COUNT_POOLS = "SELECT COUNT(*) FROM pools p WHERE p.filled IS NOT NULL OR EXISTS (SELECT 1 FROM runs r WHERE r.pool_id = p.pool_id)"
+ACTIVE = "p.filled IS NOT NULL OR EXISTS (SELECT 1 FROM runs r WHERE r.pool_id = p.pool_id)"
+COUNT_POOLS = f"SELECT COUNT(*) FROM pools p WHERE {ACTIVE}"
+SELECT_ACTIVE_POOLS = f"SELECT p.pool_id FROM pools p WHERE {ACTIVE}"
 
 
 @dataclass
@@ -255,7 +259,8 @@ class Store:
             raise BenchError(f"database {safe_url(db)!r}: only SQLite and PostgreSQL are supported, not {self.dialect}")
         self.now = NOW[self.dialect]
         self._mark = "?" if self.dialect == "sqlite" else "%s"
-        self._filled: set[int] = set()
+        self._filled: set[int] = set()  # pools whose queue exists (it never goes away)
+        self._own_pools: dict[int, int] = {}  # machine -> its own pool
         if self.dialect == "sqlite":
             self._sqlite_setup(busy_timeout_s)
         try:
@@ -325,14 +330,13 @@ class Store:
             conn.execute(self.sql(INSERT_OWN_POOL), {"machine_id": machine_id})
             return machine_id
 
-    def pool_id(self, machine_id: int, name: str | None = None, *, create: bool = True) -> int:
+    def pool_id(self, machine_id: int | None, name: str | None = None, *, create: bool = True) -> int:
         """The queue a worker of this machine claims from: the machine's own pool, or the named pool
         (made on first use when `create`). A named pool whose runs ran on other hardware (CPU model,
         logical CPUs) is refused: its timings would mix machines."""
+        if name is None:
+            return self._own_pool(machine_id)
         with self.transaction(write=create) as conn:
-            if name is None:
-                conn.execute(self.sql(INSERT_OWN_POOL), {"machine_id": machine_id})
-                return conn.execute(text(SELECT_OWN_POOL), {"machine_id": machine_id}).scalar_one()
             if create:
                 conn.execute(self.sql(INSERT_NAMED_POOL), {"name": name})
             pool_id = conn.execute(text(SELECT_NAMED_POOL), {"name": name}).scalar_one_or_none()
@@ -348,6 +352,22 @@ class Store:
                     raise BadInput(f"pool {name!r} ran on {there}; this machine is {mine[0]} ({mine[1]} CPUs): a "
                                    f"pool is for identical nodes: use another --pool, or none to compare machines")
             return pool_id
+
+    def _own_pool(self, machine_id: int) -> int:
+        if machine_id not in self._own_pools:
+            with self.transaction() as conn:
+                found = conn.execute(text(SELECT_OWN_POOL), {"machine_id": machine_id}).scalar_one_or_none()
+            if found is None:  # a machine registered before it had pools
+                with self.transaction(write=True) as conn:
+                    conn.execute(self.sql(INSERT_OWN_POOL), {"machine_id": machine_id})
+                    found = conn.execute(text(SELECT_OWN_POOL), {"machine_id": machine_id}).scalar_one()
+            self._own_pools[machine_id] = found
+        return self._own_pools[machine_id]
+
+    def active_pools(self) -> set[int]:
+        """Pools that took part: a queue made, or runs."""
+        with self.transaction() as conn:
+            return {row[0] for row in conn.execute(text(SELECT_ACTIVE_POOLS))}
 
     def pools(self) -> list[Pool]:
         with self.transaction() as conn:
