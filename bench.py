@@ -389,6 +389,29 @@ def retry(
 
 
 @app.command()
+def merge(
+    others: Annotated[list[str], typer.Argument(help="other results databases: files (any cpubench version) or URLs")],
+    db: DbOption = "results.db",
+) -> None:
+    """Import the machines, sweeps, jobs and finished runs of other results databases (machines that
+    ran offline). Idempotent; a run already here for the same job and machine or pool is kept."""
+    from orchestrator.merge import merge as merge_one
+
+    def body():
+        store = open_store(db)
+        for other in others:
+            r = merge_one(store, other)
+            err.print(f"merged [bold]{r.source}[/]: machines {r.machines[0]} new, {r.machines[1]} known; sweeps "
+                      f"{r.sweeps[0]} new, {r.sweeps[1]} known; jobs {r.jobs[0]} new, {r.jobs[1]} known; runs "
+                      f"[green]{r.runs[0]} imported[/], {r.runs[1]} already here, {r.replaced} replaced a queued run, "
+                      f"{r.unfinished} unfinished left out, {len(r.conflicts)} conflicting", highlight=False)
+            for conflict in r.conflicts:
+                err.print(f"  [yellow]conflict[/]: {conflict}", highlight=False)
+
+    guarded(body)
+
+
+@app.command()
 def restore() -> None:
     """Restore system settings (frequency, governor, turbo) left behind by a killed worker."""
     from worker.loop import default_state_dir, restore_left_behind
