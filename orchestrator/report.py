@@ -20,6 +20,7 @@ from sqlalchemy import text
 
 from orchestrator import effects as fx
 from orchestrator.effects import Effect, Grid, VariableEffect
+from orchestrator.pool_report import pool_lines
 from orchestrator.store import Store
 from orchestrator.variables import BY_NAME, NAMES
 
@@ -234,6 +235,7 @@ def _summary(rows, done, varied, analyses, together, grids, names, facts, counts
     lines += _grid_lines(grids, names, out_dir, several)
     if several:
         lines += _shared_lines(done, [n for n in varied if n not in moved], names)
+    lines += pool_lines(rows)  # queue's section (orchestrator/pool_report.py): named pools and their hosts
     lines += _machine_lines(facts, names)
     lines += _method_lines()
     return "\n".join(lines)

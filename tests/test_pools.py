@@ -172,3 +172,29 @@ def test_workers_started_with_pool_share_it_and_status_and_retry_know_it(db, tmp
     assert "requeued 10 run(s) of pool rack" in retried.stderr
     unknown = bench("status", "--db", db, "--pool", "shelf")
     assert unknown.returncode == 2 and "no pool named 'shelf'" in unknown.stderr
+
+
+def test_the_report_compares_pools_and_the_hosts_inside_a_pool(db, tmp_path):
+    from orchestrator.report import write_report
+    from tests.reportdb import configs, enqueue as enqueue_configs, metrics
+
+    store = Store(db)
+    enqueue_configs(store, configs({"d_model": 64, "n_layers": 1}, {"d_model": [64, 128]}, repeats=4))
+    a = store.register_machine(machine_facts("node-a"))
+    b = store.register_machine(machine_facts("node-b"))
+    rack = store.pool_id(a, "rack")
+    slow = {"node-a": 1.0, "node-b": 1.5}  # node-b is not as identical as it claims
+    for machine, host, pool in ((a, "node-a", rack), (b, "node-b", rack), (a, "node-a", rack), (b, "node-b", rack),
+                                (a, "node-a", None)):
+        limit = 2 if pool else None
+        for claim in iter(lambda: store.claim(machine, pid=1, host=host, max_cores=8, pool_id=pool), None):
+            step = claim.config["d_model"] / 64 * (slow[host] if pool else 2.0)
+            store.finish(claim.run_id, pid=1, status="done", fields=metrics(step, claim.config))
+            limit = limit - 1 if limit else limit
+            if limit == 0:
+                break
+    summary = write_report(store, tmp_path / "result").summary_path.read_text()
+    section = summary.split("## Pools and machines compared")[1].split("\n## ")[0]
+    assert "| rack | node-a, node-b | 8 |" in section
+    assert f"| machine {a} | node-a | 8 | 0 | 0 | reference |" in section
+    assert "node-b 1.50x" in section  # the pool's hosts compared on the configurations they share
