@@ -227,7 +227,8 @@ def status(
         counts = store.counts(pool_id=pool_id)
         per_pool = {}
         if pool_id is None:
-            per_pool = {p.label: store.counts(pool_id=p.pool_id) for p in store.pools() if p.pool_id in store.active_pools()}
+            active = store.active_pools()
+            per_pool = {p.label: store.counts(pool_id=p.pool_id) for p in store.pools() if p.pool_id in active}
         if as_json:
             doc = {**counts, **({"pool": pool} if pool else {}),
                    **({"pools": per_pool} if pool_id is None else {})}

@@ -177,8 +177,9 @@ def _with_additions(tmp_path, monkeypatch, additions: dict[str, str]) -> None:
     monkeypatch.setattr(migrations, "SCHEMA_PATH", path)
 
 
-def test_columns_tables_and_a_catalogue_variable_added_later_migrate_without_a_hand_written_step(
-        old_db, tmp_path, monkeypatch):
+def _a_later_release(tmp_path, monkeypatch) -> None:
+    """What other workstreams add in this release: metrics and machine columns (one NOT NULL with a
+    DEFAULT), an effects column, a new table, and a catalogue variable (a NOT NULL jobs column)."""
     _with_additions(tmp_path, monkeypatch, {
         "    params         INTEGER,\n": "    trainable_params INTEGER,\n    steal_s REAL,\n",
         "    kernel            TEXT,\n": "    noise_pct         REAL NOT NULL DEFAULT 0,\n",
@@ -195,6 +196,17 @@ def test_columns_tables_and_a_catalogue_variable_added_later_migrate_without_a_h
     monkeypatch.setattr(variables, "NAMES", tuple(v.name for v in catalogue))
     monkeypatch.setattr(store_module, "NAMES", variables.NAMES)
 
+
+def _enqueue_the_old_sweep_again(store):
+    plan = load(None, sets=["steps=3", "n_layers=1", "seq_len=32", "batch_size=2", "vocab_size=256",
+                            "warmup_steps=1", "dataset=builtin", "cores=1", "seed=7"],
+                axes=["d_model=32,64"], machine=Machine(cpu_count=2))
+    return store.enqueue(name=plan.name, source=plan.source, sweep_text=plan.text, jobs=plan.jobs)
+
+
+def test_columns_tables_and_a_catalogue_variable_added_later_migrate_without_a_hand_written_step(
+        old_db, tmp_path, monkeypatch):
+    _a_later_release(tmp_path, monkeypatch)
     fresh = str(tmp_path / "fresh.db")
     Store(fresh)
     store = Store(old_db)
@@ -208,10 +220,7 @@ def test_columns_tables_and_a_catalogue_variable_added_later_migrate_without_a_h
     for config, config_hash in sqlite_rows(old_db, "SELECT config, config_hash FROM jobs"):
         assert json.loads(config)["cc_flags"] == "default" and variables.config_hash(json.loads(config)) == config_hash
     # The old release's sweep, enqueued again with the new catalogue, finds its jobs.
-    plan = load(None, sets=["steps=3", "n_layers=1", "seq_len=32", "batch_size=2", "vocab_size=256",
-                            "warmup_steps=1", "dataset=builtin", "cores=1", "seed=7"],
-                axes=["d_model=32,64"], machine=Machine(cpu_count=2))
-    again = store.enqueue(name=plan.name, source=plan.source, sweep_text=plan.text, jobs=plan.jobs)
+    again = _enqueue_the_old_sweep_again(store)
     assert (again.new, again.present) == (0, 2)
 
 
@@ -278,11 +287,9 @@ def test_a_version_1_postgresql_database_migrates_keeps_its_runs_and_matches_a_f
     node_b = store.register_machine(machine_facts("node-b", "Other CPU"))
     claim = store.claim(node_b, pid=7, host="node-b", max_cores=8)
     assert claim.config["seed"] == 3 and claim.attempts == 2  # the run taken back in v1, claimed again
-    fresh = postgres_url.rsplit("/", 1)[0] + "/" + pg_db.rsplit("/", 1)[1] + "f"
-    import psycopg
+    from tests.pgserver import create_database
 
-    with psycopg.connect(postgres_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {fresh.rsplit('/', 1)[1]}")
+    fresh = create_database(postgres_url, pg_db.rsplit("/", 1)[1] + "f")
     Store(fresh)
     assert pg_schema(pg_db) == pg_schema(fresh)
 
@@ -308,3 +315,22 @@ def test_an_up_to_date_postgresql_database_runs_no_ddl_on_open(pg_db):
     finally:
         event.remove(Engine, "before_cursor_execute", record)
     assert seen and not [s for s in seen if re.match(r"\s*(CREATE|ALTER|DROP|INSERT|UPDATE|DELETE)", s, re.I)]
+
+
+def test_on_postgresql_too_what_a_later_release_adds_migrates_to_the_fresh_schema(pg_db, postgres_url, tmp_path,
+                                                                                  monkeypatch):
+    from tests.pgserver import create_database
+
+    make_v1_postgres(pg_db)
+    _a_later_release(tmp_path, monkeypatch)
+    store = Store(pg_db)
+    assert store.migrated == "migrated from version 1"
+    fresh = create_database(postgres_url, pg_db.rsplit("/", 1)[1] + "f")
+    Store(fresh)
+    assert pg_schema(pg_db) == pg_schema(fresh)
+    with store.transaction() as conn:
+        assert conn.exec_driver_sql("SELECT DISTINCT cc_flags FROM jobs").all() == [("default",)]
+        assert conn.exec_driver_sql("SELECT DISTINCT noise_pct FROM machines").all() == [(0,)]
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM runs").scalar_one() == 24
+    again = _enqueue_the_old_sweep_again(store)
+    assert (again.new, again.present) == (0, 2)

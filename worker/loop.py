@@ -62,7 +62,7 @@ class WorkerOptions:
 
 @dataclass
 class Event:
-    kind: str  # start | claimed | finished | idle | restored | requeued | note
+    kind: str  # start | claimed | finished | idle | stop | restored | requeued | note
     claim: Claim | None = None
     outcome: Outcome | None = None
     counts: dict | None = None
@@ -168,7 +168,9 @@ class Worker:
                     outcome = self._run_claim(claim)
                     done += 1
                     self.emit(Event("finished", claim=claim, outcome=outcome, counts=self._counts_now_and_then()))
-                return self.store.counts(pool_id=self.pool_id)
+                counts = self.store.counts(pool_id=self.pool_id)
+                self.emit(Event("stop", counts=counts))  # the progress bar ends on exact counts
+                return counts
         finally:
             self.close()
             signal.signal(signal.SIGTERM, previous)
