@@ -168,7 +168,6 @@ def test_the_limit_is_the_users_to_raise_or_lower(tmp_path):
 def test_a_hundred_thousand_jobs_are_planned_in_bounded_memory(db):
     """The plan streams: a dry run of 100k jobs stays near the interpreter's own size (the list
     the old planner built took 175 MB for these)."""
-    import resource
     import subprocess
     import sys
 
