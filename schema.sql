@@ -64,6 +64,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     sweep_id      INTEGER NOT NULL REFERENCES sweeps (sweep_id),  -- the sweep that first planned it
     run_order     INTEGER NOT NULL,           -- repeat * 2^48 + seeded hash: repeat 0 of all first
     config        TEXT NOT NULL,              -- JSON of the full config
+    -- JSON: the variables resolve() computed from others at enqueue, each with the word it was
+    -- left on ({"cores": "all", "omp_threads": "auto", ...}; variables.derived_words). The report
+    -- compares a variable with its followers at their derived values. NULL for jobs planned before
+    -- it was recorded: the report then recomputes the rules (variables.DERIVATIONS) from the config.
+    derived       TEXT,
     created       REAL NOT NULL,
     -- one typed column per variable, in catalogue order
     cores         INTEGER NOT NULL,
@@ -171,7 +176,7 @@ CREATE VIEW IF NOT EXISTS v_results AS
 SELECT
     r.run_id, r.status, r.attempts, r.reason, r.claimed, r.finished,
     s.name AS sweep,
-    j.job_id, j.config_hash,
+    j.job_id, j.config_hash, j.derived,
     j.cores, j.freq_mhz, j.governor, j.turbo, j.pin_threads, j.numa, j.allocator,
     j.omp_threads, j.intra_threads, j.inter_threads, j.isa, j.onednn, j.framework, j.compile,
     j.fusion, j.compile_cache, j.attn_backend, j.n_layers, j.d_model, j.n_heads, j.head_dim,

@@ -56,8 +56,8 @@ VALUES (:name, :source, :text, :text_sha, :notes, {now})
 """
 SELECT_JOBS_BY_HASH = "SELECT config_hash, job_id FROM jobs WHERE config_hash IN ({marks})"
 INSERT_JOB = """
-INSERT INTO jobs (config_hash, sweep_id, run_order, config, created, {columns})
-VALUES (:config_hash, :sweep_id, :run_order, :config, {now}, {params})
+INSERT INTO jobs (config_hash, sweep_id, run_order, config, derived, created, {columns})
+VALUES (:config_hash, :sweep_id, :run_order, :config, :derived, {now}, {params})
 ON CONFLICT (config_hash) DO NOTHING
 """
 INSERT_SWEEP_JOB = """
@@ -257,7 +257,8 @@ class Store:
 
     def enqueue(self, *, name: str, source: str, sweep_text: str, jobs: list[dict], notes: list[str] = (),
                 dry_run: bool = False) -> EnqueueResult:
-        """Add the jobs not planned yet. `jobs` items: config (full), config_hash, run_order. `notes`
+        """Add the jobs not planned yet. `jobs` items: config (full), config_hash, run_order, and
+        optionally derived (variable -> the word resolve() filled it from). `notes`
         (what expansion left out here, and why) are kept with the sweep for the report."""
         text_sha = _sha(sweep_text)
         columns = ", ".join(_quoted(n) for n in NAMES)
@@ -386,8 +387,10 @@ class Store:
 def _job_row(job: dict, sweep_id: int) -> dict:
     config = job["config"]
     row = {n: column_value(n, config[n]) for n in NAMES}
+    derived = job.get("derived")
     row.update(config_hash=job["config_hash"], sweep_id=sweep_id, run_order=job["run_order"],
-               config=json.dumps(config, sort_keys=True))
+               config=json.dumps(config, sort_keys=True),
+               derived=None if derived is None else json.dumps(derived, sort_keys=True))
     return row
 
 

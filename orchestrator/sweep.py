@@ -49,7 +49,7 @@ class SweepPlan:
     source: str
     text: str  # what was expanded: the file text plus the command-line overrides
     mode: str
-    jobs: list[dict]  # each: config, config_hash, run_order
+    jobs: list[dict]  # each: config, config_hash, run_order, derived (variable -> the word it was resolved from)
     rejected: Counter = field(default_factory=Counter)  # reason -> combinations
     notes: list[str] = field(default_factory=list)
     varied: list[str] = field(default_factory=list)
@@ -176,10 +176,11 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine) -
         if identity in seen:
             continue  # two spellings of one run (an OFAT value equal to the base, say)
         seen.add(identity)
+        derived = V.derived_words(combo)  # kept with the job: which values followed others
         for r in range(repeats):
             job = dict(config, repeat=r)
             plan.jobs.append({"config": job, "config_hash": V.config_hash(job),
-                              "run_order": run_order(seed, r, identity)})
+                              "run_order": run_order(seed, r, identity), "derived": derived})
     plan.jobs.sort(key=lambda j: j["run_order"])
     return plan
 
