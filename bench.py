@@ -264,12 +264,13 @@ def report_and_print(db: str, out_dir: Path) -> None:
 
     store = open_store(db)
     rep = write_report(store, out_dir)
-    table = Table(title="largest effects on median step time")
+    table = Table(title="largest effects on median step time, relative to their uncertainty (clearest first)")
     several = rep.machines > 1
-    for column in (("machine",) if several else ()) + ("variable", "effect", "estimate", "95% CI", "runs"):
+    for column in (("machine",) if several else ()) + ("variable", "effect", "estimate", "95% CI (family-wise)",
+                                                       "runs", "verdict"):
         table.add_column(column)
     for e in rep.top_effects[:10]:
-        table.add_row(*((str(e.machine_id),) if several else ()), *e.row())
+        table.add_row(*((str(e.machine_id),) if several else ()), *e.row(), e.verdict())
     out.print(table)
     out.print(f"wrote {rep.csv_path}, {rep.summary_path} and {len(rep.plot_paths)} plots in {out_dir / 'plots'}")
 

@@ -79,6 +79,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     sweep_id      INTEGER NOT NULL REFERENCES sweeps (sweep_id),  -- the sweep that first planned it
     run_order     INTEGER NOT NULL,           -- repeat * 2^48 + seeded hash: repeat 0 of all first
     config        TEXT NOT NULL,              -- JSON of the full config
+    -- JSON: the variables resolve() computed from others at enqueue, each with the word it was
+    -- left on ({"cores": "all", "omp_threads": "auto", ...}; variables.derived_words). The report
+    -- compares a variable with its followers at their derived values. NULL for jobs planned before
+    -- it was recorded: the report then recomputes the rules (variables.DERIVATIONS) from the config.
+    derived       TEXT,
     created       REAL NOT NULL,
     -- one typed column per variable, in catalogue order
     cores         INTEGER NOT NULL,
@@ -215,7 +220,7 @@ SELECT
     r.run_id, r.status, r.attempts, r.reason, r.claimed, r.finished,
     s.name AS sweep,
     r.pool_id, COALESCE(p.name, 'machine ' || r.machine_id) AS pool, r.worker_host,
-    j.job_id, j.config_hash,
+    j.job_id, j.config_hash, j.derived,
     j.cores, j.freq_mhz, j.governor, j.turbo, j.pin_threads, j.numa, j.allocator,
     j.omp_threads, j.intra_threads, j.inter_threads, j.isa, j.onednn, j.framework, j.compile,
     j.fusion, j.compile_cache, j.attn_backend, j.n_layers, j.d_model, j.n_heads, j.head_dim,
@@ -240,17 +245,21 @@ JOIN pools p ON p.pool_id = r.pool_id
 WHERE r.status <> 'queued';
 
 -- Fitted effects of each variable on step time (step_ms_median), written by `bench.py report`
--- (orchestrator/effects.py). Decisions:
+-- (orchestrator/effects.py, whose docstring has the method). Decisions:
 -- * Each report replaces the rows of the machines it covers: the table holds the latest fit only,
 --   and a report run twice never duplicates rows.
--- * kind 'elasticity' (numeric, size-like variables): the slope of log(step time) on log(variable),
---   least squares within groups of done runs that differ only in this variable (and the variables
---   derived from it, e.g. head_dim from d_model); value is NULL. 1.0 = time proportional to it.
+-- * Runs are grouped on what ran (dataset_used, read-back settings). A comparison holds the runs that
+--   differ in the variable alone, its followers (threads of cores, head_dim of d_model...) at their
+--   derived values (jobs.derived).
+-- * kind 'elasticity' (numeric, size-like variables): the least-squares slope of each value's mean
+--   log step time on log(variable), within groups; value is NULL. 1.0 = time proportional to it.
 -- * kind 'ratio' (every variable, one row per value that is not the baseline): geometric-mean step
---   time at variable = value over that at variable = baseline, in the runs that differ from the
---   baseline configuration only in this variable. Below 1 = faster than the baseline.
--- * ci_low / ci_high: 95% t-interval (on the log scale, noise pooled across the values); NULL when
---   there are too few repeats to estimate the noise.
+--   time at variable = value over that at variable = baseline. Below 1 = faster than the baseline.
+-- * Every run's log step time has its repeat pass's drift removed first; each value keeps its own
+--   variance (Welch, Satterthwaite dof): se is on the log scale for a ratio, of the exponent for an
+--   elasticity. ci_low / ci_high: this comparison's own 95% interval; ci_adj_low / ci_adj_high: the
+--   simultaneous one the report shows (Bonferroni over `family` tests). p_adjusted: Holm over every
+--   comparison of the report; significant = p_adjusted < 0.05. All NULL when a value ran once.
 -- * Values are stored as text as the report prints them (on/off for booleans, "default" for NULL).
 CREATE TABLE IF NOT EXISTS effects (
     effect_id   INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -260,10 +269,41 @@ CREATE TABLE IF NOT EXISTS effects (
     value       TEXT,                       -- the value compared (ratio); NULL for elasticity
     baseline    TEXT,                       -- the value it is compared with (ratio); NULL for elasticity
     estimate    REAL NOT NULL,
-    ci_low      REAL,
+    ci_low      REAL,                       -- 95%, this comparison alone
     ci_high     REAL,
     n_runs      INTEGER NOT NULL,           -- done runs the estimate rests on
-    created     REAL NOT NULL
+    created     REAL NOT NULL,
+    ci_adj_low  REAL,                       -- simultaneous 95% over the report's comparisons (shown)
+    ci_adj_high REAL,
+    se          REAL,                       -- standard error: of log(ratio), or of the exponent
+    dof         REAL,                       -- Satterthwaite degrees of freedom
+    p_value     REAL,                       -- two-sided, for no change (ratio 1, exponent 0)
+    p_adjusted  REAL,                       -- Holm, over every comparison of the report
+    significant BOOLEAN,                    -- p_adjusted < 0.05; NULL when not tested
+    family      INTEGER,                    -- comparisons adjusted for together
+    method      TEXT,                       -- how the interval was made, in words
+    min_runs    INTEGER,                    -- runs of the value with the fewest
+    n_passes    INTEGER,                    -- repeat passes the runs came from
+    half_width  REAL,                       -- relative half-width of the 95% interval (0.05 = +-5%;
+                                            -- elasticity: of the step-time factor of a doubling)
+    target_met  BOOLEAN,                    -- half_width within work --target-ci; NULL without a target
+    repeats_needed INTEGER                  -- not significant: about how many runs per value would
+                                            -- resolve an effect this size at the machine's noise
 );
 
 CREATE INDEX IF NOT EXISTS effects_by_machine ON effects (machine_id, variable);
+
+-- What `work --target-ci` decided, one row per decision: a repeat pass added for the comparisons
+-- whose 95% interval was wider than the target, or the end (every comparison met the target or
+-- reached the maximum). The report reads the target from here.
+CREATE TABLE IF NOT EXISTS adaptive_decisions (
+    decision_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    machine_id  INTEGER NOT NULL REFERENCES machines (machine_id),
+    decision    TEXT NOT NULL CHECK (decision IN ('added pass', 'targets met', 'maximum reached')),
+    repeat      INTEGER,                    -- the pass added (jobs.repeat of the new jobs)
+    jobs        INTEGER NOT NULL,           -- new jobs enqueued (0 for the end)
+    target_ci   REAL NOT NULL,              -- relative half-width asked for (0.05 = +-5%)
+    max_repeats INTEGER NOT NULL,
+    wide        TEXT NOT NULL,              -- JSON: the comparisons still wider than the target, with their half-widths
+    created     REAL NOT NULL
+);

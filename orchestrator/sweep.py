@@ -71,8 +71,8 @@ class SweepPlan:
     _jobs: list[dict] | None = None
 
     def iter_jobs(self) -> Iterator[dict]:
-        """The jobs one at a time, in expansion order: each a dict of config, config_hash, run_order
-        and config_json (the canonical JSON the hash is taken of). Counts rejections as it goes."""
+        """The jobs one at a time, in expansion order: each a dict of config, config_hash, run_order,
+        derived and config_json (the canonical JSON the hash is taken of). Counts rejections as it goes."""
         self.rejected.clear()
         seen = set()
         for combo in self.combinations():
@@ -82,6 +82,7 @@ class SweepPlan:
                 continue
             head, tail = V.canonical_json(dict(config, repeat=_REPEAT_MARK)).split(f'"repeat":{_REPEAT_MARK}')
             identity = None
+            derived = V.derived_words(combo)  # kept with the job: which values followed others
             for r in range(self.repeats):
                 canonical = f'{head}"repeat":{r}{tail}'
                 config_hash = hashlib.sha256(canonical.encode()).hexdigest()
@@ -92,7 +93,7 @@ class SweepPlan:
                         break  # two spellings of one run (an OFAT value equal to the base, say)
                     seen.add(key)
                 yield {"config": dict(config, repeat=r), "config_hash": config_hash, "config_json": canonical,
-                       "run_order": run_order(self.seed, r, identity)}
+                       "run_order": run_order(self.seed, r, identity), "derived": derived}
 
     @property
     def jobs(self) -> list[dict]:
