@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from worker.model import GPT, ModelConfig, attention_mask, count_params, flops_per_step, matmul_params
-from worker.quant import QuantLinear
+from worker.trainers.torch.model import GPT, ModelConfig, attention_mask, count_params, matmul_params
+from worker.trainers.torch.quant import QuantLinear
 
 TINY = dict(vocab_size=64, seq_len=32, n_layers=1, d_model=32, n_heads=4, head_dim=8, kv_heads=4, window=8)
 
@@ -146,18 +146,8 @@ def test_quantized_model_output_differs_from_the_float_one():
     assert not torch.allclose(tiny(precision="q4")(x), tiny(precision="fp32")(x))
 
 
-def test_flops_count_only_attended_positions_and_gqa_only_shrinks_projections():
-    full, local, sliding = tiny(), tiny(attention="local"), tiny(attention="sliding")
-    assert flops_per_step(full, 8, 1) > flops_per_step(sliding, 8, 1) > flops_per_step(local, 8, 1)
-    gqa = tiny(kv_heads=1)
-    assert matmul_params(gqa) < matmul_params(full)
-    attention_only = flops_per_step(full, 8, 1) - 6 * matmul_params(full) * 8 * 32
-    assert attention_only == 12 * 1 * 4 * 8 * (32 * 33 // 2) * 8
-    assert flops_per_step(full, 8, 2) == 2 * flops_per_step(full, 8, 1)
-
-
 def test_the_loss_and_its_gradient_equal_torch_cross_entropy():
-    from worker.model import CrossEntropy
+    from worker.trainers.torch.model import CrossEntropy
 
     logits = torch.randn(40, 64, requires_grad=True)
     targets = torch.randint(0, 64, (40,))

@@ -1,7 +1,9 @@
-"""A nanoGPT-like decoder: the architecture variables of the catalogue, and its FLOP count.
+"""A nanoGPT-like decoder in torch: the architecture variables of the catalogue.
 
 Reads bottom-up: the attention mask, attention, MLP, block, and the whole model last.
-No prints, no file access: the training child (worker/train.py) owns those.
+No prints, no file access: the training child (child.py) owns those. FLOPs and parameter counts
+come from the config alone (worker/trainers/harness.py), so every framework counts alike;
+count_params() and matmul_params() here count the module, and the tests keep the two equal.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from worker.quant import QUANT_MODES, QuantLinear
+from worker.trainers.harness import mlp_hidden
+from worker.trainers.torch.quant import QUANT_MODES, QuantLinear
 
 
 @dataclass(frozen=True)
@@ -47,11 +50,8 @@ class ModelConfig:
 
     @property
     def mlp_hidden(self) -> int:
-        """MLP hidden width. swiglu has three matrices instead of two, so its hidden width is 2/3 of
-        mlp_ratio * d_model: the parameter count stays that of the two-matrix MLP (LLaMA's rule)."""
-        if self.activation == "swiglu":
-            return int(2 / 3 * self.mlp_ratio * self.d_model)
-        return int(self.mlp_ratio * self.d_model)
+        """MLP hidden width (harness.mlp_hidden: swiglu keeps the two-matrix MLP's parameter count)."""
+        return mlp_hidden({"activation": self.activation, "mlp_ratio": self.mlp_ratio, "d_model": self.d_model})
 
 
 def attention_mask(kind: str, seq_len: int, window: int) -> torch.Tensor:
@@ -65,11 +65,6 @@ def attention_mask(kind: str, seq_len: int, window: int) -> torch.Tensor:
     elif kind == "sliding":
         mask &= (i - j) < window
     return mask
-
-
-def attended_positions(kind: str, seq_len: int, window: int) -> int:
-    """How many (query, key) pairs the mask allows, summed over the sequence."""
-    return int(attention_mask(kind, seq_len, window).sum())
 
 
 def make_linear(cfg: ModelConfig, n_in: int, n_out: int) -> nn.Linear:
@@ -243,25 +238,3 @@ def matmul_params(model: GPT) -> int:
     Embedding lookups, positions and LayerNorm gains are not GEMMs."""
     n = sum(m.weight.numel() for m in model.blocks.modules() if isinstance(m, nn.Linear))
     return n + model.head.weight.numel()
-
-
-def flops_per_step(model: GPT, batch_size: int, grad_accum: int) -> int:
-    """Training FLOPs of one optimizer step (forward + backward), counted like PaLM / nanoGPT:
-
-        tokens        = batch_size * grad_accum * seq_len
-        flops_per_step = 6 * N_matmul * tokens
-                       + 12 * n_layers * n_heads * head_dim * A * batch_size * grad_accum
-
-    N_matmul = matmul_params(): 2 FLOPs per weight per token forward, 4 backward. Attention scores
-    (QK^T) and the weighted sum (AV) are each 2 * head_dim FLOPs per query head per attended
-    (query, key) pair forward, x3 with backward: 12 * n_heads * head_dim per pair. A =
-    attended_positions(): only pairs the mask allows count (T(T+1)/2 for full causal, fewer for
-    local/sliding windows), so this counts useful work, not the masked half a kernel may compute.
-    GQA shrinks the K/V projections (fewer matmul weights) but not the score/sum work: that follows
-    the query heads. Elementwise work (softmax, norms, activations, optimizer) is not counted.
-    """
-    cfg = model.cfg
-    tokens = batch_size * grad_accum * cfg.seq_len
-    pairs = attended_positions(cfg.attention, cfg.seq_len, cfg.window)
-    attention = 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * pairs * batch_size * grad_accum
-    return 6 * matmul_params(model) * tokens + attention
