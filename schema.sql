@@ -155,6 +155,7 @@ CREATE TABLE IF NOT EXISTS runs (
     attempts      INTEGER NOT NULL DEFAULT 0, -- claims so far; failed once it reaches the maximum
     worker_pid    INTEGER,
     worker_host   TEXT,
+    worker_started REAL,                      -- the claiming worker's process start time: a reused pid is not it
     child_pid     INTEGER,
     claimed       REAL,
     heartbeat     REAL,
