@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS machines (
     gemm_gflops_fp32_all REAL,
     gemm_gflops_bf16_1c  REAL,
     gemm_gflops_bf16_all REAL,
+    noise_cv          REAL,                   -- measured run-to-run noise: CV of identical short runs' medians
     freq_driver       TEXT,                   -- intel_pstate, acpi-cpufreq, amd-pstate... or NULL
     freq_min_mhz      INTEGER,
     freq_max_mhz      INTEGER,

@@ -45,7 +45,7 @@ MACHINE_COLUMNS = (
     "hostname", "cpu_model", "vendor", "sockets", "physical_cores", "logical_cores", "numa_nodes",
     "smt", "isa_flags", "l1d_kb", "l2_kb", "l3_kb", "mem_total_gb", "mem_bw_gbs_1t", "mem_bw_gbs_all",
     "gemm_gflops_fp32_1c", "gemm_gflops_fp32_all", "gemm_gflops_bf16_1c", "gemm_gflops_bf16_all",
-    "freq_driver", "freq_min_mhz", "freq_max_mhz", "kernel", "torch_version", "knobs",
+    "noise_cv", "freq_driver", "freq_min_mhz", "freq_max_mhz", "kernel", "torch_version", "knobs",
 )
 STATUSES = ("queued", "running", "done", "failed", "skipped")
 
