@@ -11,7 +11,8 @@ import pytest
 from orchestrator import migrations
 from orchestrator.variables import parse_value, resolve
 from worker.trainers import harness
-from worker.trainers.torch.model import GPT, ModelConfig, attention_mask, count_params, matmul_params
+from worker.trainers.torch.model import (GPT, ModelConfig, add_lora, attention_mask, count_params, flops_per_step,
+                                        matmul_params, trainable_params)
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = dict(vocab_size=64, seq_len=32, n_layers=2, d_model=32, n_heads=4, head_dim=8, kv_heads=4, window=8)
@@ -41,25 +42,33 @@ CONFIGS = [
     {"attention": "sliding", "window": 8},
     {"attention": "sliding", "window": 64},  # window longer than the sequence
     {"mlp_ratio": 2.5, "activation": "relu", "n_layers": 3},
+    {"task": "finetune_lora", "lora_rank": 4},
+    {"task": "finetune_lora", "lora_rank": 2, "kv_heads": 2, "activation": "swiglu", "head_dim": 16},
 ]
+TASK = ("task", "lora_rank")  # not the model's: the trainer adds the adapters
 
 
 @pytest.mark.parametrize("overrides", CONFIGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "base")
 @pytest.mark.parametrize("batch_size,grad_accum", [(8, 1), (3, 4)])
 def test_analytic_counts_equal_the_torch_modules_counts(overrides, batch_size, grad_accum):
-    arch = asdict(ModelConfig(**(BASE | overrides)))  # the model's defaults fill the rest
+    arch = asdict(ModelConfig(**(BASE | {k: v for k, v in overrides.items() if k not in TASK})))
     model = GPT(ModelConfig(**arch))
-    config = arch | {"batch_size": batch_size, "grad_accum": grad_accum}
+    task = {"task": "pretrain", "lora_rank": 8} | {k: v for k, v in overrides.items() if k in TASK}
+    if task["task"] == "finetune_lora":
+        add_lora(model, task["lora_rank"])
+    config = arch | task | {"batch_size": batch_size, "grad_accum": grad_accum}
     counts = harness.param_counts(config)
     assert counts["params"] == count_params(model)
-    assert counts["trainable_params"] == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert counts["trainable_params"] == trainable_params(model)
     assert harness.matmul_params(config) == matmul_params(model)
     pairs = int(attention_mask(arch["attention"], arch["seq_len"], arch["window"]).sum())
     assert harness.attended_positions(arch["attention"], arch["seq_len"], arch["window"]) == pairs
-    tokens = batch_size * grad_accum * arch["seq_len"]
-    expected = (6 * matmul_params(model) * tokens
-                + 12 * arch["n_layers"] * arch["n_heads"] * arch["head_dim"] * pairs * batch_size * grad_accum)
-    assert harness.flops_per_step(config) == expected
+    assert harness.flops_per_step(config) == flops_per_step(model, batch_size, grad_accum)
+    if task["task"] == "pretrain":  # the module's count, written out
+        tokens = batch_size * grad_accum * arch["seq_len"]
+        assert flops_per_step(model, batch_size, grad_accum) == (
+            6 * matmul_params(model) * tokens
+            + 12 * arch["n_layers"] * arch["n_heads"] * arch["head_dim"] * pairs * batch_size * grad_accum)
 
 
 def test_flops_count_only_attended_positions_and_gqa_only_shrinks_projections():

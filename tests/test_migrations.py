@@ -68,7 +68,7 @@ def test_a_version_1_database_opens_keeps_every_run_reports_and_takes_new_work(o
     proc = bench("status", "--all-machines", "--json", "--db", old_db, check=True)
     counts = json.loads(proc.stdout)
     assert counts["done"] == 11 and counts["failed"] == 8 and counts["skipped"] == 3
-    assert sqlite_rows(old_db, "SELECT version FROM schema_version") == [(LATEST,)]
+    assert sqlite_rows(old_db, "SELECT MAX(version) FROM schema_version") == [(LATEST,)]
     # Every run kept, column for column (the new columns: pool_id, each machine's own pool; the
     # metrics added since, NULL in old rows).
     runs_after = sqlite_rows(old_db, f"SELECT {', '.join(old_columns)} FROM runs ORDER BY run_id")
@@ -150,7 +150,7 @@ def open_at_once(db: str, n: int = 4) -> list:
 def test_processes_opening_an_old_database_at_once_migrate_it_once(old_db):
     outcomes = open_at_once(old_db)
     assert outcomes == ["None", "None", "None", "migrated from version 1"]
-    assert sqlite_rows(old_db, "SELECT version FROM schema_version") == [(LATEST,)]
+    assert sqlite_rows(old_db, "SELECT MAX(version) FROM schema_version") == [(LATEST,)]
     assert sqlite_rows(old_db, "SELECT COUNT(*) FROM runs") == [(24,)]
 
 
@@ -300,7 +300,7 @@ def test_postgresql_clients_opening_an_old_database_at_once_migrate_it_once(pg_d
     assert open_at_once(pg_db) == ["None", "None", "None", "migrated from version 1"]
     store = Store(pg_db)
     with store.transaction() as conn:
-        assert conn.exec_driver_sql("SELECT version FROM schema_version").all() == [(LATEST,)]
+        assert conn.exec_driver_sql("SELECT MAX(version) FROM schema_version").all() == [(LATEST,)]
 
 
 def test_an_up_to_date_postgresql_database_runs_no_ddl_on_open(pg_db):
