@@ -4,6 +4,18 @@ and the cross-variable constraints. Names are the SQL column names of `jobs` (sc
 A config is a dict with one value per catalogue variable. `resolve()` turns the user's partial config
 into a full, concrete one: defaults filled, derived values ("auto") computed, so that two spellings of
 the same run hash to the same job.
+
+Per framework (FRAMEWORK_VALUES, TORCH_ONLY): a value that means nothing for the job's framework is
+a constraint violation at enqueue (a counted reason), never a duplicate job nor a silent skip.
+- `compile`: eager | inductor on torch, eager | xla on jax, eager on numpy; `precision`: every mode
+  on torch, fp32 | bf16 | mixed on jax, fp32 on numpy.
+- `attn_backend`, `onednn`, `fusion`, `compile_cache` mean something only for torch. On jax and numpy
+  resolve() sets them to the one value that describes what really runs there (elsewhere()): manual
+  attention (softmax(QK^T)V written out), no oneDNN, fusion only under XLA (compile=xla), and a cold
+  compile cache (nothing is cached between runs). Left unset, they take that value; set explicitly
+  to it, fine; set to anything else, a violation ("attn_backend=sdpa needs framework=torch"). So a
+  jax or numpy row in v_results never claims a torch-only setting, and the presets' OFAT
+  `framework` axis (base + framework=jax) still yields exactly one job per framework.
 """
 
 from __future__ import annotations
@@ -121,7 +133,8 @@ CATALOGUE: tuple[Variable, ...] = (
        choices=(DEFAULT, "baseline", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")),
     _v("onednn", bool, True, FRAMEWORK, "torch.backends.mkldnn enabled"),
     _v("framework", str, "torch", FRAMEWORK, "training framework", choices=("torch", "jax", "numpy")),
-    _v("compile", str, "eager", FRAMEWORK, "torch.compile backend", choices=("eager", "inductor")),
+    _v("compile", str, "eager", FRAMEWORK, "eager: op by op; inductor: torch.compile (torch); xla: jax.jit of the "
+       "whole train step (jax)", choices=("eager", "inductor", "xla")),
     _v("fusion", bool, True, FRAMEWORK, "inductor fusion (only with compile=inductor)"),
     _v("compile_cache", str, "warm", FRAMEWORK, "inductor cache: cold = fresh dir per run, warm = shared, "
        "pre-warmed (only with compile=inductor)", choices=("cold", "warm")),
@@ -199,6 +212,41 @@ DERIVATIONS: tuple[Derivation, ...] = (
 DERIVED_BY_NAME: dict[str, Derivation] = {d.name: d for d in DERIVATIONS}
 
 
+# What each framework can run; a value outside its tuple is a violation at enqueue.
+FRAMEWORK_VALUES: dict[str, dict[str, tuple]] = {
+    "torch": {"compile": ("eager", "inductor")},
+    "jax": {"compile": ("eager", "xla"), "precision": ("fp32", "bf16", "mixed")},
+    "numpy": {"compile": ("eager",), "precision": ("fp32",)},
+}
+TORCH_ONLY = ("attn_backend", "onednn", "fusion", "compile_cache")
+
+
+def elsewhere(config: dict) -> dict:
+    """The torch-only variables' values on jax and numpy: what really runs there. Attention is
+    written out (manual), oneDNN is torch's, XLA fuses under jit (compile=xla) and NumPy never does,
+    and no compile cache is carried between runs."""
+    return {"attn_backend": "manual", "onednn": False, "fusion": config["compile"] == "xla", "compile_cache": "cold"}
+
+
+def _framework_rules(c: dict, partial: dict) -> list[str]:
+    """Normalise the torch-only variables of a jax/numpy config in place; the reasons it cannot run."""
+    framework, why = c["framework"], []
+    for name, allowed in FRAMEWORK_VALUES[framework].items():
+        if c[name] not in allowed:
+            where = " or ".join(f for f, rules in FRAMEWORK_VALUES.items() if c[name] in rules.get(name, (c[name],)))
+            why.append(f"{name}={_word(c[name])} needs framework={where}")
+    if framework != "torch":
+        for name, value in elsewhere(c).items():
+            if name in partial and partial[name] != value:
+                why.append(f"{name}={_word(partial[name])} needs framework=torch")
+            c[name] = value
+    return why
+
+
+def _word(value) -> str:
+    return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+
+
 def derived_words(partial: dict) -> dict[str, str]:
     """The variables resolve() fills from a word for this partial config, e.g. {"cores": "all",
     "omp_threads": "auto"}: what `jobs.derived` records, so a report need not guess."""
@@ -227,6 +275,7 @@ def resolve(partial: dict, cpu_count: int) -> tuple[dict, list[str]]:
     for d in DERIVATIONS:
         if c[d.name] == AUTO:
             c[d.name] = d.rule(c)
+    why += _framework_rules(c, partial)
     return c, why + violations(c, cpu_count)
 
 
@@ -239,9 +288,9 @@ def violations(config: dict, cpu_count: int) -> list[str]:
         why.append("kv_heads does not divide n_heads")
     if config["cores"] > cpu_count:
         why.append(f"cores greater than this machine's {cpu_count} CPUs")
-    if config["compile"] == "eager" and not config["fusion"]:
+    if config["framework"] == "torch" and config["compile"] == "eager" and not config["fusion"]:
         why.append("fusion=off needs compile=inductor")
-    if config["compile"] == "eager" and config["compile_cache"] == "cold":
+    if config["framework"] == "torch" and config["compile"] == "eager" and config["compile_cache"] == "cold":
         why.append("compile_cache=cold needs compile=inductor")
     if config["task"] != "finetune_lora" and config["lora_rank"] != BY_NAME["lora_rank"].default:
         why.append("lora_rank needs task=finetune_lora")
