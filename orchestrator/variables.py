@@ -208,6 +208,11 @@ DERIVATIONS: tuple[Derivation, ...] = (
     Derivation("inter_threads", ("cores",), lambda c: c["cores"]),
     Derivation("head_dim", ("d_model", "n_heads"), lambda c: max(1, c["d_model"] // c["n_heads"])),
     Derivation("kv_heads", ("n_heads",), lambda c: c["n_heads"]),
+    # The torch-only variables follow the framework: on jax/numpy, what really runs there (elsewhere());
+    # on torch they are free, and "at the derived value" means at their default.
+    *(Derivation(name, ("framework", "compile") if name == "fusion" else ("framework",),
+                 lambda c, name=name: elsewhere(c)[name] if c["framework"] != "torch" else BY_NAME[name].default)
+      for name in ("attn_backend", "onednn", "fusion", "compile_cache")),
 )
 DERIVED_BY_NAME: dict[str, Derivation] = {d.name: d for d in DERIVATIONS}
 
