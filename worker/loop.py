@@ -335,23 +335,16 @@ def _peaks(facts: dict, pool_size: int, cores: int) -> dict | None:
 
 
 
-def measure_once(settings: list[str], options: WorkerOptions) -> dict:
-    """`bench.py once K=V ...`: one configuration measured in a child, outside the queue.
-    The result has every metric by its column name (None where not measured), status, reason,
-    and applied (the settings read back)."""
-    from orchestrator import variables
-    from orchestrator.sweep import parse_assignment
+def once_cpu_count(options: WorkerOptions) -> int:
+    """How many CPUs `bench.py once` may use: what its config's cores=all resolves against."""
+    return len(allowed_cpus(options.cpus))
 
-    partial = {}
-    for item in settings:
-        key, value = parse_assignment(item, "setting")
-        if key in variables.SET_BY_SWEEP:
-            raise BadInput(f"setting {key!r}: set by sweeps, not by hand")
-        partial[key] = variables.parse_value(key, value, "the command line")
+
+def measure_once(config: dict, options: WorkerOptions) -> dict:
+    """`bench.py once K=V ...`: one resolved configuration (the CLI resolves it through the catalogue,
+    against once_cpu_count()) measured in a child, outside the queue. The result has every metric by
+    its column name (None where not measured), status, reason, and applied (the settings read back)."""
     worker = Worker(None, replace(options, spawn="exec"))  # one job: a fork server would only add a start
-    config, why = variables.resolve(partial, len(worker.pool))
-    if why:
-        raise BadInput(f"this configuration cannot run: {'; '.join(why)}")
     with cpu_locks(options.state_dir, worker.pool, wait=options.wait):
         worker.facts = probe.probe(options.state_dir, quick=options.probe_quick, sysfs_root=options.sysfs_root)
         restore_left_behind(options.state_dir, options.sysfs_root)
