@@ -321,10 +321,23 @@ def once(
     timeout: Annotated[float, typer.Option(help="seconds the run may take")] = 900.0,
 ) -> None:
     """Measure one configuration in a child process, outside the queue, and print its metrics."""
-    from worker.loop import measure_once
+    from orchestrator import variables
+    from orchestrator.errors import BadInput
+    from orchestrator.sweep import parse_assignment
+    from worker.loop import measure_once, once_cpu_count
 
     def body():
-        result = measure_once(settings, _worker_options(None, None, False, timeout))
+        partial = {}
+        for item in settings:
+            key, value = parse_assignment(item, "setting")
+            if key in variables.SET_BY_SWEEP:
+                raise BadInput(f"setting {key!r}: set by sweeps, not by hand")
+            partial[key] = variables.parse_value(key, value, "the command line")
+        options = _worker_options(None, None, False, timeout)
+        config, why = variables.resolve(partial, once_cpu_count(options))
+        if why:
+            raise BadInput(f"this configuration cannot run: {'; '.join(why)}")
+        result = measure_once(config, options)
         if as_json:
             print(json.dumps(result, default=str))
             return

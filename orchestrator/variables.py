@@ -4,6 +4,18 @@ and the cross-variable constraints. Names are the SQL column names of `jobs` (sc
 A config is a dict with one value per catalogue variable. `resolve()` turns the user's partial config
 into a full, concrete one: defaults filled, derived values ("auto") computed, so that two spellings of
 the same run hash to the same job.
+
+Per framework (FRAMEWORK_VALUES, TORCH_ONLY): a value that means nothing for the job's framework is
+a constraint violation at enqueue (a counted reason), never a duplicate job nor a silent skip.
+- `compile`: eager | inductor on torch, eager | xla on jax, eager on numpy; `precision`: every mode
+  on torch, fp32 | bf16 | mixed on jax, fp32 on numpy.
+- `attn_backend`, `onednn`, `fusion`, `compile_cache` mean something only for torch. On jax and numpy
+  resolve() sets them to the one value that describes what really runs there (elsewhere()): manual
+  attention (softmax(QK^T)V written out), no oneDNN, fusion only under XLA (compile=xla), and a cold
+  compile cache (nothing is cached between runs). Left unset, they take that value; set explicitly
+  to it, fine; set to anything else, a violation ("attn_backend=sdpa needs framework=torch"). So a
+  jax or numpy row in v_results never claims a torch-only setting, and the presets' OFAT
+  `framework` axis (base + framework=jax) still yields exactly one job per framework.
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.errors import BadInput
+from worker.data import DATASET_BUILTIN, DATASET_HUB  # the names live with the data, for the children
 
 # Where a variable takes effect; the worker checks each place can honour it.
 KNOB = "knob"  # system state the worker sets before the child starts (sysfs, affinity)
@@ -98,9 +111,6 @@ def _v(name, type_, default, applied, doc, **kw) -> Variable:
     return Variable(name, type_, default, applied, doc, **kw)
 
 
-DATASET_HUB = "ThomasTheMaker/Arc-Corpus-sample"
-DATASET_BUILTIN = "builtin"
-
 # The order here is the order of the columns in `jobs` and of reports.
 CATALOGUE: tuple[Variable, ...] = (
     # -- system, applied by the worker before the child starts
@@ -123,7 +133,8 @@ CATALOGUE: tuple[Variable, ...] = (
        choices=(DEFAULT, "baseline", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")),
     _v("onednn", bool, True, FRAMEWORK, "torch.backends.mkldnn enabled"),
     _v("framework", str, "torch", FRAMEWORK, "training framework", choices=("torch", "jax", "numpy")),
-    _v("compile", str, "eager", FRAMEWORK, "torch.compile backend", choices=("eager", "inductor")),
+    _v("compile", str, "eager", FRAMEWORK, "eager: op by op; inductor: torch.compile (torch); xla: jax.jit of the "
+       "whole train step (jax)", choices=("eager", "inductor", "xla")),
     _v("fusion", bool, True, FRAMEWORK, "inductor fusion (only with compile=inductor)"),
     _v("compile_cache", str, "warm", FRAMEWORK, "inductor cache: cold = fresh dir per run, warm = shared, "
        "pre-warmed (only with compile=inductor)", choices=("cold", "warm")),
@@ -197,8 +208,48 @@ DERIVATIONS: tuple[Derivation, ...] = (
     Derivation("inter_threads", ("cores",), lambda c: c["cores"]),
     Derivation("head_dim", ("d_model", "n_heads"), lambda c: max(1, c["d_model"] // c["n_heads"])),
     Derivation("kv_heads", ("n_heads",), lambda c: c["n_heads"]),
+    # The torch-only variables follow the framework: on jax/numpy, what really runs there (elsewhere());
+    # on torch they are free, and "at the derived value" means at their default.
+    *(Derivation(name, ("framework", "compile") if name == "fusion" else ("framework",),
+                 lambda c, name=name: elsewhere(c)[name] if c["framework"] != "torch" else BY_NAME[name].default)
+      for name in ("attn_backend", "onednn", "fusion", "compile_cache")),
 )
 DERIVED_BY_NAME: dict[str, Derivation] = {d.name: d for d in DERIVATIONS}
+
+
+# What each framework can run; a value outside its tuple is a violation at enqueue.
+FRAMEWORK_VALUES: dict[str, dict[str, tuple]] = {
+    "torch": {"compile": ("eager", "inductor")},
+    "jax": {"compile": ("eager", "xla"), "precision": ("fp32", "bf16", "mixed")},
+    "numpy": {"compile": ("eager",), "precision": ("fp32",)},
+}
+TORCH_ONLY = ("attn_backend", "onednn", "fusion", "compile_cache")
+
+
+def elsewhere(config: dict) -> dict:
+    """The torch-only variables' values on jax and numpy: what really runs there. Attention is
+    written out (manual), oneDNN is torch's, XLA fuses under jit (compile=xla) and NumPy never does,
+    and no compile cache is carried between runs."""
+    return {"attn_backend": "manual", "onednn": False, "fusion": config["compile"] == "xla", "compile_cache": "cold"}
+
+
+def _framework_rules(c: dict, partial: dict) -> list[str]:
+    """Normalise the torch-only variables of a jax/numpy config in place; the reasons it cannot run."""
+    framework, why = c["framework"], []
+    for name, allowed in FRAMEWORK_VALUES[framework].items():
+        if c[name] not in allowed:
+            where = " or ".join(f for f, rules in FRAMEWORK_VALUES.items() if c[name] in rules.get(name, (c[name],)))
+            why.append(f"{name}={_word(c[name])} needs framework={where}")
+    if framework != "torch":
+        for name, value in elsewhere(c).items():
+            if name in partial and partial[name] != value:
+                why.append(f"{name}={_word(partial[name])} needs framework=torch")
+            c[name] = value
+    return why
+
+
+def _word(value) -> str:
+    return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
 
 
 def derived_words(partial: dict) -> dict[str, str]:
@@ -229,6 +280,7 @@ def resolve(partial: dict, cpu_count: int) -> tuple[dict, list[str]]:
     for d in DERIVATIONS:
         if c[d.name] == AUTO:
             c[d.name] = d.rule(c)
+    why += _framework_rules(c, partial)
     return c, why + violations(c, cpu_count)
 
 
@@ -241,9 +293,9 @@ def violations(config: dict, cpu_count: int) -> list[str]:
         why.append("kv_heads does not divide n_heads")
     if config["cores"] > cpu_count:
         why.append(f"cores greater than this machine's {cpu_count} CPUs")
-    if config["compile"] == "eager" and not config["fusion"]:
+    if config["framework"] == "torch" and config["compile"] == "eager" and not config["fusion"]:
         why.append("fusion=off needs compile=inductor")
-    if config["compile"] == "eager" and config["compile_cache"] == "cold":
+    if config["framework"] == "torch" and config["compile"] == "eager" and config["compile_cache"] == "cold":
         why.append("compile_cache=cold needs compile=inductor")
     if config["task"] != "finetune_lora" and config["lora_rank"] != BY_NAME["lora_rank"].default:
         why.append("lora_rank needs task=finetune_lora")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.store import METRICS
+from worker.trainers.harness import METRICS
 from tests.conftest import bench
 
 TINY = ["n_layers=1", "d_model=32", "n_heads=2", "seq_len=32", "batch_size=4", "steps=4", "warmup_steps=1",

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.errors import BenchError
 from orchestrator.variables import resolve
-from worker import knobs, probe, sysfs
+from worker import knobs, probe, startspec, sysfs
 from tests.fake_sysfs import put
 
 REPO = Path(__file__).resolve().parents[1]
@@ -275,7 +275,7 @@ def test_an_isa_this_cpu_lacks_is_unavailable_naming_the_flag(tree):
 
 # -- real child processes -------------------------------------------------------------------------
 
-READBACK = "from worker import readback; import json; print(json.dumps(readback.read_back()))"
+READBACK = "from worker.trainers.torch import readback; import json; print(json.dumps(readback.read_back()))"
 
 
 def run_child(spec: knobs.ChildSpec, code: str = READBACK) -> str:
@@ -320,7 +320,7 @@ def test_isa_avx2_caps_the_child_at_avx2(tmp_path):
 
 
 def test_numa_interleave_runs_the_child_under_numactl(tmp_path):
-    if knobs.Numa(None).available("interleave"):
+    if startspec.numa_unavailable("interleave"):
         pytest.skip("numactl is missing or not allowed here")
     spec, back = child_readback(tmp_path, numa="interleave")
     policy = run_child(spec, "print(open('/proc/self/numa_maps').readline().split()[1])")

@@ -64,3 +64,43 @@ def test_lora_rank_is_free_with_finetune_lora():
 def test_explicit_head_dim_lifts_the_divisibility_constraint():
     config, why = V.resolve({"d_model": 100, "n_heads": 3, "head_dim": 32}, 2)
     assert why == [] and config["head_dim"] == 32
+
+
+@pytest.mark.parametrize("partial, reason", [
+    ({"framework": "jax", "attn_backend": "sdpa"}, "attn_backend=sdpa needs framework=torch"),
+    ({"framework": "numpy", "onednn": True}, "onednn=on needs framework=torch"),
+    ({"framework": "jax", "compile": "xla", "fusion": False}, "fusion=off needs framework=torch"),
+    ({"framework": "numpy", "compile_cache": "warm"}, "compile_cache=warm needs framework=torch"),
+    ({"framework": "numpy", "compile": "inductor"}, "compile=inductor needs framework=torch"),
+    ({"framework": "torch", "compile": "xla"}, "compile=xla needs framework=jax"),
+    ({"framework": "jax", "precision": "q8"}, "precision=q8 needs framework=torch"),
+    ({"framework": "numpy", "precision": "bf16"}, "precision=bf16 needs framework=torch or jax"),
+])
+def test_a_value_that_means_nothing_for_the_framework_is_a_violation(partial, reason):
+    _, why = V.resolve(partial, 2)
+    assert why == [reason]
+
+
+@pytest.mark.parametrize("framework, compile_, expected", [
+    ("jax", "eager", {"attn_backend": "manual", "onednn": False, "fusion": False, "compile_cache": "cold"}),
+    ("jax", "xla", {"attn_backend": "manual", "onednn": False, "fusion": True, "compile_cache": "cold"}),
+    ("numpy", "eager", {"attn_backend": "manual", "onednn": False, "fusion": False, "compile_cache": "cold"}),
+])
+def test_torch_only_variables_say_what_really_runs_on_other_frameworks(framework, compile_, expected):
+    unset, why = V.resolve({"framework": framework, "compile": compile_}, 2)
+    assert not why
+    assert {k: unset[k] for k in expected} == expected
+    explicit, why = V.resolve({"framework": framework, "compile": compile_, **expected}, 2)  # said out loud: fine
+    assert not why and V.config_hash(explicit) == V.config_hash(unset)
+
+
+def test_the_quick_presets_framework_axis_gives_one_job_per_framework():
+    from orchestrator import sweep
+
+    plan = sweep.load(preset="quick", machine=sweep.Machine(cpu_count=2))
+    by_framework: dict[str, int] = {}
+    for job in plan.jobs:
+        if job["config"]["repeat"] == 0:
+            by_framework[job["config"]["framework"]] = by_framework.get(job["config"]["framework"], 0) + 1
+    assert by_framework["jax"] == by_framework["numpy"] == 1
+    assert not [reason for reason in plan.rejected if "framework=" in reason]

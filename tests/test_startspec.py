@@ -1,0 +1,46 @@
+"""The child's start spec per trainer and the read-back check per framework (no sysfs, no child)."""
+
+import pytest
+
+from orchestrator.variables import resolve
+from worker import knobs, startspec, verify
+
+FACTS = {"arch": "x86_64", "isa_flags": "sse4_1 avx2 fma avx512f avx512bw avx512vl avx512dq", "numa_nodes": 1,
+         "core_cpus": [[0], [1]], "torch": {"mkldnn_available": True}}
+
+
+def config(**partial):
+    c, why = resolve(partial, 2)
+    assert not why, why
+    return c
+
+
+def test_each_trainer_gets_its_own_environment():
+    torch_env = startspec.spec_for(config(pin_threads=True, isa="avx2", omp_threads=2), FACTS, [0, 1]).env
+    assert torch_env["OMP_NUM_THREADS"] == torch_env["MKL_NUM_THREADS"] == "2"
+    assert (torch_env["OMP_PROC_BIND"], torch_env["OMP_PLACES"]) == ("close", "{0},{1}")
+    assert (torch_env["ATEN_CPU_CAPABILITY"], torch_env["ONEDNN_MAX_CPU_ISA"]) == ("avx2", "AVX2")
+    jax_env = startspec.spec_for(config(framework="jax", cores=1), FACTS, [0]).env
+    assert jax_env["JAX_PLATFORMS"] == "cpu" and "MKL_NUM_THREADS" not in jax_env and "OMP_PROC_BIND" not in jax_env
+    numpy_env = startspec.spec_for(config(framework="numpy", cores=2, intra_threads=1), FACTS, [0, 1]).env
+    assert numpy_env["OPENBLAS_NUM_THREADS"] == "1" and "ATEN_CPU_CAPABILITY" not in numpy_env
+
+
+@pytest.mark.parametrize("framework", ["jax", "numpy"])
+def test_settings_only_torch_can_honour_are_unavailable_elsewhere_saying_so(framework):
+    why = knobs.unavailable(config(framework=framework, pin_threads=True, isa="avx2"), FACTS, [0, 1])
+    assert f"pin_threads=on: not implemented for framework={framework}" in why
+    assert f"isa=avx2: the ISA caps reach torch's ATen and oneDNN only; not implemented for framework={framework}" in why
+    assert knobs.unavailable(config(framework=framework), FACTS, [0, 1]) is None
+
+
+def test_the_read_back_is_judged_by_the_frameworks_own_settings():
+    numpy_config = config(framework="numpy", cores=2, intra_threads=1)
+    spec = startspec.spec_for(numpy_config, FACTS, [0, 1])
+    honest = {"affinity": [0, 1], "blas_threads": 1, "omp_num_threads": "2", "allocator_lib": None}
+    assert verify.not_in_force(numpy_config, spec, honest) == []
+    assert verify.not_in_force(numpy_config, spec, {**honest, "blas_threads": 2}) == ["blas_threads=2 (asked 1)"]
+    jax_config = config(framework="jax")
+    # torch's keys are not judged on a jax child (it has no torch_threads), its CPUs are
+    assert verify.not_in_force(jax_config, startspec.spec_for(jax_config, FACTS, [0, 1]),
+                               {"affinity": [0], "torch_threads": 99}) == ["affinity=[0] (asked [0, 1])"]
