@@ -1,0 +1,1 @@
+"""The training children: one trainer contract (harness.py) and one trainer per framework."""
