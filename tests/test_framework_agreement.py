@@ -278,3 +278,16 @@ def test_grad_accumulation_equals_one_big_batch_in_numpy_and_jax():
     a, b = jbig.numpy_params(), jsplit.numpy_params()
     assert all(np.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert all(np.allclose(a[k], big.params[k], atol=1e-5) for k in a)
+
+
+@pytest.mark.parametrize("module, banned", [("worker.trainers.jax.model", ("torch",)),
+                                            ("worker.trainers.numpy.step", ("torch", "jax"))])
+def test_a_trainer_never_imports_another_frameworks_runtime(module, banned):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = f"import sys, {module}; print(','.join(m for m in {banned!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.strip() == ""
