@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -122,3 +123,18 @@ def torch_state_dict(params: dict[str, np.ndarray]) -> dict:
     state = {name: torch.from_numpy(np.ascontiguousarray(a)).clone() for name, a in params.items()}
     state["head.weight"] = state["wte.weight"]
     return state
+
+
+def save_params(params: dict[str, np.ndarray], folder: Path) -> Path:
+    """The weights as model.npz under the torch state_dict names (written tmp + rename)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / "model.tmp.npz"
+    np.savez(tmp, **{k: np.asarray(v, np.float32) for k, v in params.items()})
+    target = folder / "model.npz"
+    tmp.replace(target)
+    return target
+
+
+def load_params(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as saved:
+        return {k: saved[k].astype(np.float32) for k in saved.files}
