@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -19,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from orchestrator.errors import BenchError
+from orchestrator.sweep import DEFAULT_MAX_JOBS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help=__doc__.split("\n")[0])
@@ -26,6 +28,8 @@ out = Console()
 err = Console(stderr=True, soft_wrap=True)
 
 DbOption = Annotated[str, typer.Option("--db", envvar="BENCH_DB", help="results database: a file path or an SQLAlchemy URL")]
+PoolOption = Annotated[Optional[str], typer.Option("--pool", help="a named pool shared by identical nodes "
+                                                   "(each job once per pool); default: this machine's own")]
 JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout and nothing else there")]
 
 
@@ -90,15 +94,19 @@ def enqueue(
     axis: Annotated[list[str], typer.Option(help="K=V1,V2: a varied variable (repeatable)")] = [],
     repeats: Annotated[Optional[int], typer.Option(help="repeats of every combination")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="count, write nothing")] = False,
+    max_jobs: Annotated[int, typer.Option("--max-jobs", envvar="BENCH_MAX_JOBS", min=1,
+                                          help="refuse a sweep that plans more jobs than this")] = DEFAULT_MAX_JOBS,
     db: DbOption = "results.db",
 ) -> None:
-    """Expand a sweep into jobs. Idempotent: re-enqueueing adds only new combinations."""
+    """Expand a sweep into jobs. Idempotent: re-enqueueing adds only new combinations. A sweep is
+    counted before it is expanded: one above --max-jobs is refused at once with its count."""
     from orchestrator.sweep import load
 
     def body():
-        plan = load(sweep_file, preset=preset, sets=set_, axes=axis, repeats=repeats, machine=this_machine())
+        plan = load(sweep_file, preset=preset, sets=set_, axes=axis, repeats=repeats, machine=this_machine(),
+                    max_jobs=max_jobs)
         result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text,
-                                        jobs=plan.jobs, notes=plan.notes, dry_run=dry_run)
+                                        jobs=plan.iter_jobs(), notes=plan.notes, dry_run=dry_run)
         print_plan_result(plan, result, dry_run=dry_run)
 
     guarded(body)
@@ -114,15 +122,18 @@ def work_with_progress(db: str, options) -> dict:
                TextColumn("{task.fields[tally]}"), TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"))
     with Progress(*columns, console=err, transient=False) as progress:
         task = progress.add_task("jobs", total=None, tally="", eta="?")
+        eta_at = [0.0]  # when the ETA was last fitted: every few seconds is enough for a person
 
         def show(event):
             if event.counts:
                 c = event.counts
                 finished = c["done"] + c["failed"] + c["skipped"]
-                eta = estimate_remaining_s(store, worker.machine_id) if worker.machine_id else None
                 progress.update(task, total=c["total"], completed=finished,
-                                tally=f"done {c['done']} failed {c['failed']} skipped {c['skipped']}",
-                                eta=_duration(eta))
+                                tally=f"done {c['done']} failed {c['failed']} skipped {c['skipped']}")
+                if worker.pool_id and time.monotonic() - eta_at[0] > 5:
+                    eta_at[0] = time.monotonic()
+                    progress.update(task, eta=_duration(estimate_remaining_s(store, worker.machine_id,
+                                                                             pool_id=worker.pool_id)))
             if event.kind == "claimed":
                 progress.update(task, description=f"run {event.claim.run_id}")
             elif event.kind == "finished" and event.outcome.status != "done":
@@ -157,7 +168,7 @@ def _cpu_list(text: Optional[str]) -> Optional[list[int]]:
     return sorted(cpus)
 
 
-def _worker_options(cpus, max_jobs, wait, timeout):
+def _worker_options(cpus, max_jobs, wait, timeout, pool_name=None):
     from orchestrator.errors import BadInput
     from worker.loop import WorkerOptions
 
@@ -165,7 +176,9 @@ def _worker_options(cpus, max_jobs, wait, timeout):
         pool = _cpu_list(cpus)
     except BenchError as error:
         raise BadInput(str(error)) from None
-    return WorkerOptions(cpus=pool, max_jobs=max_jobs, wait=wait, timeout_s=timeout,
+    if pool_name is not None and not pool_name.strip():
+        raise BadInput("--pool: give the pool a name")
+    return WorkerOptions(cpus=pool, max_jobs=max_jobs, wait=wait, timeout_s=timeout, pool_name=pool_name,
                          heartbeat_s=float(os.environ.get("BENCH_HEARTBEAT_S", "5")),
                          max_attempts=int(os.environ.get("BENCH_MAX_ATTEMPTS", "3")))
 
@@ -176,11 +189,13 @@ def work(
     cpus: Annotated[Optional[str], typer.Option(help="the CPUs this worker may use, e.g. 0-3,8")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="wait for busy CPUs and poll for new jobs")] = False,
     timeout: Annotated[float, typer.Option(help="seconds one job may take")] = 900.0,
+    pool: PoolOption = None,
     db: DbOption = "results.db",
 ) -> None:
-    """Claim and run this machine's queued jobs, one at a time, until none is left."""
+    """Claim and run queued jobs, one at a time, until none is left: this machine's own (every job,
+    to compare machines), or with --pool those of a pool of identical nodes (each job once)."""
     def body():
-        counts = work_with_progress(db, _worker_options(cpus, max_jobs, wait, timeout))
+        counts = work_with_progress(db, _worker_options(cpus, max_jobs, wait, timeout, pool))
         err.print(f"queued {counts['queued']}, done {counts['done']}, failed {counts['failed']}, "
                   f"skipped {counts['skipped']}")
         if counts["queued"] and max_jobs is None:
@@ -196,30 +211,50 @@ def _machine_id(store) -> int:
 @app.command()
 def status(
     as_json: JsonOption = False,
-    all_machines: Annotated[bool, typer.Option("--all-machines", help="count every machine's runs")] = False,
+    all_machines: Annotated[bool, typer.Option("--all-machines", help="count every machine's and pool's runs")] = False,
+    pool: PoolOption = None,
     db: DbOption = "results.db",
 ) -> None:
-    """Queued / running / done / failed / skipped per sweep, for this machine."""
+    """Queued / running / done / failed / skipped per sweep, for this machine (or a --pool, or all)."""
     def body():
         store = open_store(db)
-        machine_id = None if all_machines else _machine_id(store)
-        counts = store.counts(machine_id)
+        machine_id = pool_id = None
+        if pool is not None:
+            pool_id = store.pool_id(None, pool, create=False)
+        elif not all_machines:
+            machine_id = _machine_id(store)
+            pool_id = store.pool_id(machine_id)
+        counts = store.counts(pool_id=pool_id)
+        per_pool = {}
+        if pool_id is None:
+            active = store.active_pools()
+            per_pool = {p.label: store.counts(pool_id=p.pool_id) for p in store.pools() if p.pool_id in active}
         if as_json:
-            print(json.dumps(counts))
+            doc = {**counts, **({"pool": pool} if pool else {}),
+                   **({"pools": per_pool} if pool_id is None else {})}
+            print(json.dumps(doc))
             return
-        table = Table(title="cpubench status" + (" (all machines)" if all_machines else " (this machine)"))
+        scope = f"pool {pool}" if pool else "all machines and pools" if all_machines else "this machine"
+        table = Table(title=f"cpubench status ({scope})")
         for column in ("sweep", "total", "queued", "running", "done", "failed", "skipped"):
             table.add_column(column, justify="left" if column == "sweep" else "right")
-        for name, c in sorted(store.counts_by_sweep(machine_id).items()):
+        for name, c in sorted(store.counts_by_sweep(pool_id=pool_id).items()):
             table.add_row(name, *(str(c[k]) for k in ("total", "queued", "running", "done", "failed", "skipped")))
         table.add_row("[bold]all jobs", *(f"[bold]{counts[k]}" for k in ("total", "queued", "running", "done", "failed", "skipped")))
         out.print(table)
-        if machine_id is not None:
+        if per_pool:
+            pools = Table(title="by machine and pool")
+            for column in ("queue", "total", "queued", "running", "done", "failed", "skipped"):
+                pools.add_column(column, justify="left" if column == "queue" else "right")
+            for label, c in per_pool.items():
+                pools.add_row(label, *(str(c[k]) for k in ("total", "queued", "running", "done", "failed", "skipped")))
+            out.print(pools)
+        if pool_id is not None:
             from orchestrator.eta import estimate_remaining_s
 
-            eta = estimate_remaining_s(store, machine_id)
+            eta = estimate_remaining_s(store, machine_id, pool_id=pool_id)
             if counts["queued"] and eta is not None:
-                out.print(f"ETA for the queued jobs here: {_duration(eta)} (learned from finished runs)")
+                out.print(f"ETA for the queued jobs: {_duration(eta)} (learned from finished runs)")
 
     guarded(body)
 
@@ -229,12 +264,13 @@ def report_and_print(db: str, out_dir: Path) -> None:
 
     store = open_store(db)
     rep = write_report(store, out_dir)
-    table = Table(title="largest effects on median step time")
+    table = Table(title="largest effects on median step time, relative to their uncertainty (clearest first)")
     several = rep.machines > 1
-    for column in (("machine",) if several else ()) + ("variable", "effect", "estimate", "95% CI", "runs"):
+    for column in (("machine",) if several else ()) + ("variable", "effect", "estimate", "95% CI (family-wise)",
+                                                       "runs", "verdict"):
         table.add_column(column)
     for e in rep.top_effects[:10]:
-        table.add_row(*((str(e.machine_id),) if several else ()), *e.row())
+        table.add_row(*((str(e.machine_id),) if several else ()), *e.row(), e.verdict())
     out.print(table)
     out.print(f"wrote {rep.csv_path}, {rep.summary_path} and {len(rep.plot_paths)} plots in {out_dir / 'plots'}")
 
@@ -248,6 +284,15 @@ def report(
     guarded(lambda: report_and_print(db, out_dir))
 
 
+def _env_max_jobs() -> int:
+    from orchestrator.errors import BadInput
+
+    value = os.environ.get("BENCH_MAX_JOBS", str(DEFAULT_MAX_JOBS))
+    if not value.isdigit() or int(value) < 1:
+        raise BadInput(f"BENCH_MAX_JOBS={value!r}: expected a whole number of jobs >= 1")
+    return int(value)
+
+
 @app.command()
 def run(
     preset: Annotated[str, typer.Option(help="the sweep preset to run")] = "quick",
@@ -259,9 +304,9 @@ def run(
     from orchestrator.sweep import load
 
     def body():
-        plan = load(None, preset=preset, machine=this_machine())
-        result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text, jobs=plan.jobs,
-                                        notes=plan.notes)
+        plan = load(None, preset=preset, machine=this_machine(), max_jobs=_env_max_jobs())
+        result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text,
+                                        jobs=plan.iter_jobs(), notes=plan.notes)
         print_plan_result(plan, result, dry_run=False)
         work_with_progress(db, _worker_options(None, None, False, timeout))
         report_and_print(db, out_dir)
@@ -329,14 +374,41 @@ def machine(
 def retry(
     failed: Annotated[bool, typer.Option("--failed", help="requeue failed runs")] = False,
     skipped: Annotated[bool, typer.Option("--skipped", help="requeue skipped runs")] = False,
+    pool: PoolOption = None,
     db: DbOption = "results.db",
 ) -> None:
-    """Put this machine's failed and/or skipped runs back in the queue (both when neither is given)."""
+    """Put this machine's (or a --pool's) failed and/or skipped runs back in the queue (both when
+    neither is given)."""
     def body():
         store = open_store(db)
         both = not failed and not skipped
-        n = store.retry(_machine_id(store), failed=failed or both, skipped=skipped or both)
-        err.print(f"requeued {n} run(s)")
+        machine_id = _machine_id(store)
+        pool_id = store.pool_id(machine_id, pool, create=False) if pool is not None else None
+        n = store.retry(machine_id, failed=failed or both, skipped=skipped or both, pool_id=pool_id)
+        err.print(f"requeued {n} run(s)" + (f" of pool {pool}" if pool else ""))
+
+    guarded(body)
+
+
+@app.command()
+def merge(
+    others: Annotated[list[str], typer.Argument(help="other results databases: files (any cpubench version) or URLs")],
+    db: DbOption = "results.db",
+) -> None:
+    """Import the machines, sweeps, jobs and finished runs of other results databases (machines that
+    ran offline). Idempotent; a run already here for the same job and machine or pool is kept."""
+    from orchestrator.merge import merge as merge_one
+
+    def body():
+        store = open_store(db)
+        for other in others:
+            r = merge_one(store, other)
+            err.print(f"merged [bold]{r.source}[/]: machines {r.machines[0]} new, {r.machines[1]} known; sweeps "
+                      f"{r.sweeps[0]} new, {r.sweeps[1]} known; jobs {r.jobs[0]} new, {r.jobs[1]} known; runs "
+                      f"[green]{r.runs[0]} imported[/], {r.runs[1]} already here, {r.replaced} replaced a queued run, "
+                      f"{r.unfinished} unfinished left out, {len(r.conflicts)} conflicting", highlight=False)
+            for conflict in r.conflicts:
+                err.print(f"  [yellow]conflict[/]: {conflict}", highlight=False)
 
     guarded(body)
 

@@ -13,6 +13,21 @@
 --   (tests/test_schema.py keeps them in step). The word "default" (leave the machine as it is)
 --   is stored as NULL in freq_mhz; every other variable column is concrete.
 -- * "window" is a keyword in PostgreSQL: quote it there ("window").
+-- * This file is the latest schema. A database records its version in schema_version; an older one
+--   is brought up to this file on open by orchestrator/migrations.py (numbered steps, applied once,
+--   in one transaction). New columns must be nullable or have a DEFAULT, so old rows stay valid; a
+--   new NOT NULL column without one needs a fill in migrations.py (tests/test_migrations.py says so).
+-- * Queues are per pool, not per machine: every machine has its own pool (it runs every job, so
+--   machines can be compared), and `work --pool NAME` lets identical nodes share a named pool where
+--   each job runs once. runs are unique per (job, pool); machine_id says which machine ran it.
+
+-- One row per version this database has been brought to; its version is the largest. Absent in
+-- databases written before versions existed (version 1).
+CREATE TABLE IF NOT EXISTS schema_version (
+    version     INTEGER PRIMARY KEY,
+    applied     REAL NOT NULL,                -- database clock
+    note        TEXT NOT NULL                 -- "created" or what the migration did
+);
 
 CREATE TABLE IF NOT EXISTS machines (
     machine_id        INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -64,6 +79,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     sweep_id      INTEGER NOT NULL REFERENCES sweeps (sweep_id),  -- the sweep that first planned it
     run_order     INTEGER NOT NULL,           -- repeat * 2^48 + seeded hash: repeat 0 of all first
     config        TEXT NOT NULL,              -- JSON of the full config
+    -- JSON: the variables resolve() computed from others at enqueue, each with the word it was
+    -- left on ({"cores": "all", "omp_threads": "auto", ...}; variables.derived_words). The report
+    -- compares a variable with its followers at their derived values. NULL for jobs planned before
+    -- it was recorded: the report then recomputes the rules (variables.DERIVATIONS) from the config.
+    derived       TEXT,
     created       REAL NOT NULL,
     -- one typed column per variable, in catalogue order
     cores         INTEGER NOT NULL,
@@ -116,10 +136,21 @@ CREATE TABLE IF NOT EXISTS sweep_jobs (
     PRIMARY KEY (sweep_id, job_id)
 );
 
+-- Who shares a queue: a machine's own pool (name NULL) or a named pool (machine_id NULL).
+CREATE TABLE IF NOT EXISTS pools (
+    pool_id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    name        TEXT UNIQUE,                  -- `work --pool NAME`; NULL for a machine's own pool
+    machine_id  INTEGER UNIQUE REFERENCES machines (machine_id),  -- whose own pool; NULL for a named pool
+    filled      REAL,                         -- when its queue rows were made (its first claim); NULL before
+    created     REAL NOT NULL,
+    CHECK ((name IS NULL) <> (machine_id IS NULL))
+);
+
 CREATE TABLE IF NOT EXISTS runs (
     run_id        INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id        INTEGER NOT NULL REFERENCES jobs (job_id),
-    machine_id    INTEGER NOT NULL REFERENCES machines (machine_id),
+    machine_id    INTEGER NOT NULL REFERENCES machines (machine_id),  -- the machine that ran it (last claimed it)
+    pool_id       INTEGER NOT NULL REFERENCES pools (pool_id),        -- the queue it was claimed from
     status        TEXT NOT NULL CHECK (status IN ('queued', 'running', 'done', 'failed', 'skipped')),
     attempts      INTEGER NOT NULL DEFAULT 0, -- claims so far; failed once it reaches the maximum
     worker_pid    INTEGER,
@@ -161,17 +192,35 @@ CREATE TABLE IF NOT EXISTS runs (
     flops_per_step REAL,
     gflops         REAL,                      -- achieved, from the median step
     mfu            REAL,                      -- gflops / measured GEMM peak of the run's precision
-    UNIQUE (job_id, machine_id)
+    UNIQUE (job_id, pool_id)
 );
 
 CREATE INDEX IF NOT EXISTS runs_by_machine_status ON runs (machine_id, status);
+CREATE INDEX IF NOT EXISTS runs_by_pool_status ON runs (pool_id, status);
+
+-- What a pool may claim next: one row per (pool, job) without a run in that pool, or whose run was
+-- taken back ('queued'). The claim reads the first row of one index in run order and deletes it, so
+-- it costs O(log n) however much of the plan is done (a scan of jobs left-joined to runs did not).
+-- A pool's rows are made at its first claim (pools.filled), and enqueue adds new jobs to every
+-- filled pool. run_order and cores are copied from jobs (which never change) so the index alone
+-- orders the claim and skips jobs wider than the worker's CPUs.
+CREATE TABLE IF NOT EXISTS queue (
+    pool_id     INTEGER NOT NULL REFERENCES pools (pool_id),
+    job_id      INTEGER NOT NULL REFERENCES jobs (job_id),
+    run_order   INTEGER NOT NULL,
+    cores       INTEGER NOT NULL,
+    PRIMARY KEY (pool_id, job_id)
+);
+
+CREATE INDEX IF NOT EXISTS queue_in_run_order ON queue (pool_id, run_order, job_id);
 
 -- One row per run: every variable, every metric, the machine facts. What users query.
 CREATE VIEW IF NOT EXISTS v_results AS
 SELECT
     r.run_id, r.status, r.attempts, r.reason, r.claimed, r.finished,
     s.name AS sweep,
-    j.job_id, j.config_hash,
+    r.pool_id, COALESCE(p.name, 'machine ' || r.machine_id) AS pool, r.worker_host,
+    j.job_id, j.config_hash, j.derived,
     j.cores, j.freq_mhz, j.governor, j.turbo, j.pin_threads, j.numa, j.allocator,
     j.omp_threads, j.intra_threads, j.inter_threads, j.isa, j.onednn, j.framework, j.compile,
     j.fusion, j.compile_cache, j.attn_backend, j.n_layers, j.d_model, j.n_heads, j.head_dim,
@@ -192,20 +241,25 @@ FROM runs r
 JOIN jobs j ON j.job_id = r.job_id
 JOIN sweeps s ON s.sweep_id = j.sweep_id
 JOIN machines m ON m.machine_id = r.machine_id
+JOIN pools p ON p.pool_id = r.pool_id
 WHERE r.status <> 'queued';
 
 -- Fitted effects of each variable on step time (step_ms_median), written by `bench.py report`
--- (orchestrator/effects.py). Decisions:
+-- (orchestrator/effects.py, whose docstring has the method). Decisions:
 -- * Each report replaces the rows of the machines it covers: the table holds the latest fit only,
 --   and a report run twice never duplicates rows.
--- * kind 'elasticity' (numeric, size-like variables): the slope of log(step time) on log(variable),
---   least squares within groups of done runs that differ only in this variable (and the variables
---   derived from it, e.g. head_dim from d_model); value is NULL. 1.0 = time proportional to it.
+-- * Runs are grouped on what ran (dataset_used, read-back settings). A comparison holds the runs that
+--   differ in the variable alone, its followers (threads of cores, head_dim of d_model...) at their
+--   derived values (jobs.derived).
+-- * kind 'elasticity' (numeric, size-like variables): the least-squares slope of each value's mean
+--   log step time on log(variable), within groups; value is NULL. 1.0 = time proportional to it.
 -- * kind 'ratio' (every variable, one row per value that is not the baseline): geometric-mean step
---   time at variable = value over that at variable = baseline, in the runs that differ from the
---   baseline configuration only in this variable. Below 1 = faster than the baseline.
--- * ci_low / ci_high: 95% t-interval (on the log scale, noise pooled across the values); NULL when
---   there are too few repeats to estimate the noise.
+--   time at variable = value over that at variable = baseline. Below 1 = faster than the baseline.
+-- * Every run's log step time has its repeat pass's drift removed first; each value keeps its own
+--   variance (Welch, Satterthwaite dof): se is on the log scale for a ratio, of the exponent for an
+--   elasticity. ci_low / ci_high: this comparison's own 95% interval; ci_adj_low / ci_adj_high: the
+--   simultaneous one the report shows (Bonferroni over `family` tests). p_adjusted: Holm over every
+--   comparison of the report; significant = p_adjusted < 0.05. All NULL when a value ran once.
 -- * Values are stored as text as the report prints them (on/off for booleans, "default" for NULL).
 CREATE TABLE IF NOT EXISTS effects (
     effect_id   INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -215,10 +269,41 @@ CREATE TABLE IF NOT EXISTS effects (
     value       TEXT,                       -- the value compared (ratio); NULL for elasticity
     baseline    TEXT,                       -- the value it is compared with (ratio); NULL for elasticity
     estimate    REAL NOT NULL,
-    ci_low      REAL,
+    ci_low      REAL,                       -- 95%, this comparison alone
     ci_high     REAL,
     n_runs      INTEGER NOT NULL,           -- done runs the estimate rests on
-    created     REAL NOT NULL
+    created     REAL NOT NULL,
+    ci_adj_low  REAL,                       -- simultaneous 95% over the report's comparisons (shown)
+    ci_adj_high REAL,
+    se          REAL,                       -- standard error: of log(ratio), or of the exponent
+    dof         REAL,                       -- Satterthwaite degrees of freedom
+    p_value     REAL,                       -- two-sided, for no change (ratio 1, exponent 0)
+    p_adjusted  REAL,                       -- Holm, over every comparison of the report
+    significant BOOLEAN,                    -- p_adjusted < 0.05; NULL when not tested
+    family      INTEGER,                    -- comparisons adjusted for together
+    method      TEXT,                       -- how the interval was made, in words
+    min_runs    INTEGER,                    -- runs of the value with the fewest
+    n_passes    INTEGER,                    -- repeat passes the runs came from
+    half_width  REAL,                       -- relative half-width of the 95% interval (0.05 = +-5%;
+                                            -- elasticity: of the step-time factor of a doubling)
+    target_met  BOOLEAN,                    -- half_width within work --target-ci; NULL without a target
+    repeats_needed INTEGER                  -- not significant: about how many runs per value would
+                                            -- resolve an effect this size at the machine's noise
 );
 
 CREATE INDEX IF NOT EXISTS effects_by_machine ON effects (machine_id, variable);
+
+-- What `work --target-ci` decided, one row per decision: a repeat pass added for the comparisons
+-- whose 95% interval was wider than the target, or the end (every comparison met the target or
+-- reached the maximum). The report reads the target from here.
+CREATE TABLE IF NOT EXISTS adaptive_decisions (
+    decision_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    machine_id  INTEGER NOT NULL REFERENCES machines (machine_id),
+    decision    TEXT NOT NULL CHECK (decision IN ('added pass', 'targets met', 'maximum reached')),
+    repeat      INTEGER,                    -- the pass added (jobs.repeat of the new jobs)
+    jobs        INTEGER NOT NULL,           -- new jobs enqueued (0 for the end)
+    target_ci   REAL NOT NULL,              -- relative half-width asked for (0.05 = +-5%)
+    max_repeats INTEGER NOT NULL,
+    wide        TEXT NOT NULL,              -- JSON: the comparisons still wider than the target, with their half-widths
+    created     REAL NOT NULL
+);

@@ -4,8 +4,8 @@ Model: wall_s = overhead_s + s_per_work * work, where work is the training arith
 (about 6 * params * tokens per optimizer step, plus attention's seq_len^2 term, times the steps run,
 warm-up included) and params are estimated from the config (12 * n_layers * d_model^2 + vocab *
 d_model), so a queued job needs no measurement. Both coefficients are fitted by least squares on
-the machine's done runs and kept non-negative. The progress bar calls this every few seconds: one
-query, and the fit is cached until the number of done runs changes.
+the pool's latest done runs (a sample of DONE_SAMPLE) and kept non-negative. The progress bar calls
+this every few seconds; the fit is cached until a run is done.
 """
 
 from __future__ import annotations
@@ -16,19 +16,28 @@ from sqlalchemy import text
 from orchestrator.store import Store
 
 _SHAPE = "j.n_layers, j.d_model, j.mlp_ratio, j.vocab_size, j.seq_len, j.batch_size, j.grad_accum, j.steps, j.warmup_steps"
-# Done runs with their wall time, and the jobs still queued for this machine (no run row, or a row
-# taken back as 'queued'), in one statement.
-SELECT_SIZES = f"""
-SELECT 'done' AS kind, r.wall_s, {_SHAPE}
+# The pool's latest done runs with their wall time: the fit needs a sample, not the whole history
+# (a 100k-job sweep would read every run at every progress update).
+SELECT_DONE = f"""
+SELECT r.run_id, r.wall_s, {_SHAPE}
 FROM runs r JOIN jobs j ON j.job_id = r.job_id
-WHERE r.machine_id = :machine_id AND r.status = 'done' AND r.wall_s IS NOT NULL
-UNION ALL
-SELECT 'queued' AS kind, NULL, {_SHAPE}
-FROM jobs j LEFT JOIN runs r ON r.job_id = j.job_id AND r.machine_id = :machine_id
+WHERE r.pool_id = :pool_id AND r.status = 'done' AND r.wall_s IS NOT NULL
+ORDER BY r.run_id DESC LIMIT {{limit}}
+"""
+# The jobs still queued for the pool: its queue rows once it has claimed, else no run row yet or a
+# row taken back as 'queued'.
+SELECT_QUEUED = f"""
+SELECT {_SHAPE} FROM queue q JOIN jobs j ON j.job_id = q.job_id WHERE q.pool_id = :pool_id
+"""
+SELECT_QUEUED_UNFILLED = f"""
+SELECT {_SHAPE}
+FROM jobs j LEFT JOIN runs r ON r.job_id = j.job_id AND r.pool_id = :pool_id
 WHERE r.run_id IS NULL OR r.status = 'queued'
 """
+SELECT_FILLED = "SELECT filled FROM pools WHERE pool_id = :pool_id"
+DONE_SAMPLE = 2000
 
-_fits: dict[tuple[str, int], tuple[int, float, float]] = {}  # (db, machine) -> (done runs, overhead_s, s_per_work)
+_fits: dict[tuple[str, int], tuple[tuple, float, float]] = {}  # (db, pool) -> (done sample's key, overhead_s, s_per_work)
 
 
 def params_estimate(n_layers: int, d_model: int, vocab_size: int, mlp_ratio: float = 4.0) -> float:
@@ -56,20 +65,25 @@ def fit(walls: np.ndarray, works: np.ndarray) -> tuple[float, float]:
     return 0.0, float(walls.sum() / works.sum())
 
 
-def estimate_remaining_s(store: Store, machine_id: int) -> float | None:
-    """Seconds the queued jobs of this machine should take; None while no run of it is done."""
+def estimate_remaining_s(store: Store, machine_id: int, *, pool_id: int | None = None) -> float | None:
+    """Seconds the queued jobs of the pool (the machine's own unless given) should take; None while
+    no run of it is done."""
+    if pool_id is None:
+        pool_id = store.pool_id(machine_id)
     with store.transaction() as conn:
-        rows = conn.execute(text(SELECT_SIZES), {"machine_id": machine_id}).all()
-    done = [(r[1], work(*r[2:])) for r in rows if r[0] == "done"]
-    queued = np.array([work(*r[2:]) for r in rows if r[0] == "queued"], dtype=float)
-    if not done:
-        return None
-    key = (store.url, machine_id)
+        done_rows = conn.execute(text(SELECT_DONE.format(limit=DONE_SAMPLE)), {"pool_id": pool_id}).all()
+        if not done_rows:
+            return None
+        filled = conn.execute(text(SELECT_FILLED), {"pool_id": pool_id}).scalar_one()
+        queued_rows = conn.execute(text(SELECT_QUEUED if filled is not None else SELECT_QUEUED_UNFILLED),
+                                   {"pool_id": pool_id}).all()
+    queued = np.array([work(*r) for r in queued_rows], dtype=float)
+    key, sample = (store.url, pool_id), (len(done_rows), done_rows[0][0])
     cached = _fits.get(key)
-    if cached is not None and cached[0] == len(done):
+    if cached is not None and cached[0] == sample:
         overhead_s, s_per_work = cached[1:]
     else:
-        walls, works = np.array(done, dtype=float).T
+        walls, works = np.array([(r[1], work(*r[2:])) for r in done_rows], dtype=float).T
         overhead_s, s_per_work = fit(walls, works)
-        _fits[key] = (len(done), overhead_s, s_per_work)
+        _fits[key] = (sample, overhead_s, s_per_work)
     return float(len(queued) * overhead_s + s_per_work * queued.sum())

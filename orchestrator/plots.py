@@ -1,6 +1,7 @@
 """The report's pictures: one PNG per varied variable (step time and tokens/s against its values) and
 one heat map per pair of variables varied jointly. Each picture must read on its own: titles say what
-was varied and what was held fixed, axes carry units, the legend carries the fitted law.
+was varied and what was held fixed (and what followed it), axes carry units, the legend carries the
+fitted law with its family-wise interval. Dots are the runs as measured (pass drift left in).
 
 matplotlib is imported lazily (it costs ~0.5 s) and used through Figure objects on the Agg canvas,
 never pyplot, so no global state or display is touched.
@@ -91,7 +92,7 @@ def plot_variable(series: list[VariableEffect], names: dict[int, str], path: Pat
             x0, y0 = float(base.value), base.median_step_ms
             lo, hi = min(xs), max(xs)
             grid = [lo * (hi / lo) ** (k / 40) for k in range(41)]
-            ci = f" (95% CI {e.ci_low:.2f} to {e.ci_high:.2f})" if e.ci_low is not None else ""
+            ci = f" (family-wise 95% CI {e.ci_low:.2f} to {e.ci_high:.2f})" if e.ci_low is not None else ""
             ax_t.plot(grid, [y0 * (g / x0) ** e.estimate for g in grid], "--", lw=1.2, zorder=5,
                       color=colour if several else "black",
                       label=f"fit: step time ~ {name}^{e.estimate:.2f}{ci}, {e.n_runs} runs" + (f", {who.split(' (')[0]}" if several else ""))
@@ -124,8 +125,9 @@ def plot_variable(series: list[VariableEffect], names: dict[int, str], path: Pat
     for ax in (ax_t, ax_s):  # under the axes: a legend inside would hide points somewhere
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     where = names[first.machine_id] if not several else f"{len(series)} machines"
-    fig.suptitle(_wrap(f"Training speed against {name} ({BY_NAME[name].doc.split(';')[0]})", f"{where}; {_held(first.fixed)}",
-                       width=130), fontsize=11)
+    follow = f"; {', '.join(first.followers)} follow it (derived values)" if first.followers else ""
+    fig.suptitle(_wrap(f"Training speed against {name} ({BY_NAME[name].doc.split(';')[0]})",
+                       f"{where}; {_held(first.fixed)}{follow}", width=130), fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
     return path

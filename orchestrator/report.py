@@ -1,8 +1,11 @@
 """The report people read after a sweep: results.csv (every run), summary.md (how step time changes
-with each variable, ranked), plots/*.png, and the fitted effects written to the `effects` table.
+with each variable, clearest first), plots/*.png, and the fitted effects written to the `effects` table.
 
 `write_report()` reads v_results once, leaves the statistics to effects.py and the pictures to
 plots.py, and returns a Report that bench.py prints; it prints nothing itself.
+
+summary.md is a list of sections (SECTIONS): each is a function of the report's Context that returns
+markdown lines (none when it has nothing to say). A new section is one function and one entry.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import math
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,17 +23,21 @@ import numpy as np
 from sqlalchemy import text
 
 from orchestrator import effects as fx
-from orchestrator.effects import Effect, Grid, VariableEffect
+from orchestrator.effects import Analysis, Effect, Grid, VariableEffect
+from orchestrator.pool_report import pool_lines
 from orchestrator.store import Store
 from orchestrator.variables import BY_NAME, NAMES
 
 SELECT_RESULTS = "SELECT * FROM v_results {where} ORDER BY run_id"
+SELECT_MACHINES = "SELECT * FROM machines"
 SELECT_SWEEP_NOTES = "SELECT name, notes FROM sweeps ORDER BY sweep_id"
+SELECT_TARGETS = "SELECT machine_id, target_ci, max_repeats FROM adaptive_decisions ORDER BY decision_id"
 DELETE_EFFECTS = "DELETE FROM effects WHERE machine_id = :machine_id"
-INSERT_EFFECT = """
-INSERT INTO effects (machine_id, variable, kind, value, baseline, estimate, ci_low, ci_high, n_runs, created)
-VALUES (:machine_id, :variable, :kind, :value, :baseline, :estimate, :ci_low, :ci_high, :n_runs, {now})
-"""
+EFFECT_COLUMNS = ("machine_id", "variable", "kind", "value", "baseline", "estimate", "ci_low", "ci_high",
+                  "ci_adj_low", "ci_adj_high", "se", "dof", "p_value", "p_adjusted", "significant", "family",
+                  "method", "n_runs", "min_runs", "n_passes", "half_width", "target_met", "repeats_needed")
+INSERT_EFFECT = (f"INSERT INTO effects ({', '.join(EFFECT_COLUMNS)}, created) "
+                 f"VALUES ({', '.join(':' + c for c in EFFECT_COLUMNS)}, {{now}})")
 
 # Machine facts shown side by side, with the words a reader needs.
 FACTS = (
@@ -50,16 +58,48 @@ class Report:
     csv_path: Path
     summary_path: Path
     plot_paths: list[Path]
-    top_effects: list[Effect]  # one headline effect per (machine, variable), largest span first
+    top_effects: list[Effect]  # one headline effect per (machine, variable), clearest first
     counts: dict[str, int]  # status -> runs (queued included), as store.counts gives them
     failures: list[tuple[str, str, int]]  # (status, reason, runs) of failed and skipped runs, most first
     machines: int  # machines with runs in the report
     effects: list[Effect]  # every effect written to the effects table
+    analysis: Analysis | None = None
 
 
-def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None) -> Report:
+@dataclass
+class Context:
+    """What the sections of summary.md draw on."""
+
+    rows: list[dict]
+    done: list[dict]
+    analysis: Analysis
+    grids: dict[int, list[Grid]]
+    names: dict[int, str]  # machine id -> its name in the text
+    facts: dict[int, dict]
+    counts: dict
+    failures: list
+    sweep_notes: list[tuple[str, str]]
+    plot_paths: list[Path]
+    out_dir: Path
+    targets: dict[int, tuple[float, int]]  # machine -> (--target-ci, --max-repeats) of its adaptive passes
+
+    @property
+    def several(self) -> bool:
+        return sum(1 for m in self.analysis.machines.values() if m.runs) > 1
+
+    @property
+    def varied(self) -> list[str]:
+        return [n for n in NAMES if any(n in m.varied for m in self.analysis.machines.values())]
+
+    @property
+    def together(self) -> list[str]:
+        return sorted({n for m in self.analysis.machines.values() for n in m.together}, key=NAMES.index)
+
+
+def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, plots: bool = True) -> Report:
     """Write out_dir/results.csv, out_dir/summary.md and out_dir/plots/*.png for one machine (or all
-    machines when machine_id is None), and replace those machines' rows of the effects table."""
+    machines when machine_id is None), and replace those machines' rows of the effects table.
+    plots=False leaves the pictures out (the statistics tests run the report many times)."""
     out_dir = Path(out_dir)
     plots_dir = out_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
@@ -70,37 +110,36 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None) 
         result = conn.execute(text(SELECT_RESULTS.format(where=where)), {"machine_id": machine_id})
         columns = list(result.keys())
         rows = [dict(zip(columns, r)) for r in result.all()]
+        machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
+        targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
     csv_path = _write_csv(out_dir / "results.csv", columns, rows)
 
     machine_ids = sorted({r["machine_id"] for r in rows} | ({machine_id} if machine_id is not None else set()))
     facts = {m: next((r for r in rows if r["machine_id"] == m), {}) for m in machine_ids}
     names = {m: _machine_name(m, facts[m]) for m in machine_ids}
-    done = fx.done_runs(rows)
-    varied = fx.varied_variables(done)
+    # The probe's measured noise, where the machines table has it (machines.noise_cv).
+    probe_cv = {r["machine_id"]: float(r["noise_cv"]) for r in machine_rows if r.get("noise_cv") is not None}
+    analysis = fx.analyse(rows, machine_ids, probe_cv=probe_cv,
+                          target_ci={m: t for m, (t, _) in targets.items()} or None)
+    grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
 
-    analyses: dict[int, list[VariableEffect]] = {}
-    together: dict[int, list[str]] = {}
-    grids: dict[int, list[Grid]] = {}
-    for m in machine_ids:
-        analyses[m], together[m] = fx.analyse_machine(rows, m, varied)
-        grids[m] = fx.grids(rows, m, [ve.variable for ve in analyses[m]], together[m])
-
-    plot_paths = _plots(analyses, grids, names, plots_dir)
-    all_effects = [e for m in machine_ids for ve in analyses[m] for e in ([ve.elasticity] if ve.elasticity else []) + ve.ratios]
+    plot_paths = _plots(analysis, grids, names, plots_dir) if plots else []
+    all_effects = analysis.effects
     _write_effects(store, machine_ids, all_effects)
-    top = sorted((ve.headline for m in machine_ids for ve in analyses[m]), key=lambda e: -e.span)
+    top = [ve.headline for ve in analysis.ranked()]
 
     counts = store.counts(machine_id)
     failures = _failures(rows)
     with store.transaction() as conn:
         sweep_notes = [(name, note) for name, notes in conn.execute(text(SELECT_SWEEP_NOTES))
                        for note in json.loads(notes or "[]")]
+    ctx = Context(rows, fx.done_runs(rows), analysis, grids, names, facts, counts, failures, sweep_notes,
+                  plot_paths, out_dir, targets)
     summary_path = out_dir / "summary.md"
-    summary_path.write_text(_summary(rows, done, varied, analyses, together, grids, names, facts, counts,
-                                     failures, sweep_notes, plot_paths, out_dir))
+    summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
     return Report(csv_path=csv_path, summary_path=summary_path, plot_paths=plot_paths, top_effects=top,
                   counts=counts, failures=failures, machines=len({r["machine_id"] for r in rows}),
-                  effects=all_effects)
+                  effects=all_effects, analysis=analysis)
 
 
 # -- files --------------------------------------------------------------------------------------
@@ -113,18 +152,18 @@ def _write_csv(path: Path, columns: list[str], rows: list[dict]) -> Path:
     return path
 
 
-def _plots(analyses, grids, names, plots_dir: Path) -> list[Path]:
+def _plots(analysis: Analysis, grids, names, plots_dir: Path) -> list[Path]:
     from orchestrator import plots  # matplotlib only when there is something to draw
 
     by_variable: dict[str, list[VariableEffect]] = defaultdict(list)
-    for m, ves in analyses.items():
-        for ve in ves:
+    for m, ma in analysis.machines.items():
+        for ve in ma.variables:
             by_variable[ve.variable].append(ve)
     # Plot legends have room for the host only; the summary gives the CPU.
     short = {m: n.split(",")[0] + (")" if "," in n else "") for m, n in names.items()}
     paths = [plots.plot_variable(series, short, plots_dir / f"{name}.png")
              for name, series in sorted(by_variable.items(), key=lambda kv: NAMES.index(kv[0]))]
-    several = len(analyses) > 1
+    several = len(analysis.machines) > 1
     for m, gs in grids.items():
         for g in gs:
             suffix = f"_machine{m}" if several else ""
@@ -132,10 +171,20 @@ def _plots(analyses, grids, names, plots_dir: Path) -> list[Path]:
     return paths
 
 
+def effect_row(e: Effect) -> dict:
+    """One row of the effects table."""
+    lo, hi = e.ci95
+    alo, ahi = e.ci_adj
+    return {"machine_id": e.machine_id, "variable": e.variable, "kind": e.kind, "value": e.value,
+            "baseline": e.baseline, "estimate": e.estimate, "ci_low": lo, "ci_high": hi, "ci_adj_low": alo,
+            "ci_adj_high": ahi, "se": e.se, "dof": e.dof, "p_value": e.p_value, "p_adjusted": e.p_adjusted,
+            "significant": e.significant, "family": e.family, "method": e.method, "n_runs": e.n_runs,
+            "min_runs": e.min_runs, "n_passes": e.n_passes, "half_width": e.half_width,
+            "target_met": e.target_met, "repeats_needed": e.repeats_needed}
+
+
 def _write_effects(store: Store, machine_ids: list[int], effects: list[Effect]) -> None:
-    rows = [{"machine_id": e.machine_id, "variable": e.variable, "kind": e.kind, "value": e.value,
-             "baseline": e.baseline, "estimate": e.estimate, "ci_low": e.ci_low, "ci_high": e.ci_high,
-             "n_runs": e.n_runs} for e in effects]
+    rows = [effect_row(e) for e in effects]
     with store.transaction(write=True) as conn:
         for m in machine_ids:
             conn.execute(text(DELETE_EFFECTS), {"machine_id": m})
@@ -164,7 +213,7 @@ def _machine_name(machine_id: int, facts: dict) -> str:
     return f"machine {machine_id}" + (f" ({', '.join(parts)})" if parts else "")
 
 
-# -- summary.md ---------------------------------------------------------------------------------
+# -- words and tables ---------------------------------------------------------------------------
 
 def _ms(x: float | None) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -176,10 +225,26 @@ def _rate(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%" if x < 0.1 else f"{100 * x:.0f}%"
+
+
+def _p(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return "<0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
+
+
+def _ci(e: Effect, unit: str = "") -> str:
+    lo, hi = e.ci_adj
+    return "no interval: a value ran once" if lo is None else f"95% CI {lo:.2f}{unit} to {hi:.2f}{unit}"
+
+
 def _ratio(e: Effect | None) -> str:
     if e is None:
         return "1 (baseline)"
-    ci = f" [{e.ci_low:.2f}, {e.ci_high:.2f}]" if e.ci_low is not None else " (one run each: no CI)"
+    lo, hi = e.ci_adj
+    ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None else " (a value ran once: no CI)"
     return f"{e.estimate:.2f}x{ci}"
 
 
@@ -193,153 +258,269 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
     return out + [""]
 
 
-def _effect_words(ve: VariableEffect) -> str:
-    e = ve.elasticity
-    if e is not None:
-        ci = f" (95% CI {e.ci_low:.2f} to {e.ci_high:.2f})" if e.ci_low is not None else ""
-        doubling = 2 ** e.estimate
-        return f"step time ~ {ve.variable}^{e.estimate:.2f}{ci}: doubling it multiplies step time by {doubling:.2f}"
+def effect_words(ve: VariableEffect) -> str:
+    """The headline effect of a variable in one sentence, with its family-wise interval; plainly
+    "no detectable effect" when the adjusted test does not reject no change."""
     h = ve.headline
-    return f"{h.value} vs {h.baseline}: {_ratio(h)} the step time"
-
-
-def _summary(rows, done, varied, analyses, together, grids, names, facts, counts, failures, sweep_notes, plot_paths,
-             out_dir) -> str:
-    several = sum(1 for m in analyses if analyses[m] or any(r["machine_id"] == m for r in done)) > 1
-    sweeps = sorted({r["sweep"] for r in rows if r.get("sweep")})
-    lines = ["# cpubench report", ""]
-    lines += [_intro(len(done), len(rows), sweeps, names, varied, several), ""]
-    lines += _baseline_lines(done, varied)
-
-    lines += ["## At a glance: the variables ranked by effect", ""]
-    ranked = sorted(((m, ve) for m in analyses for ve in analyses[m]), key=lambda mv: -mv[1].span)
-    if ranked:
-        header = (["machine"] if several else []) + ["rank", "variable", "values tried", "slowest / fastest", "effect"]
-        body = [([names[m]] if several else []) + [i, f"`{ve.variable}`", ", ".join(lv.label for lv in ve.levels),
-                                                   f"{ve.span:.2f}x", _effect_words(ve)]
-                for i, (m, ve) in enumerate(ranked, 1)]
-        lines += ["*slowest / fastest*: how many times longer the slowest value's median step took than the "
-                  "fastest value's, the ranking key.", ""] + _table(header, body)
+    if h.kind == "elasticity":
+        what = f"step time ~ {ve.variable}^{h.estimate:.2f}"
+        size = f"doubling it multiplies step time by {2 ** h.estimate:.2f}"
     else:
-        lines += ["No variable took more than one value among the finished runs yet, so there is nothing to "
-                  "compare." if done else "No run has finished yet: run `python bench.py work` first.", ""]
-    moved = sorted({n for m in together for n in together[m]}, key=NAMES.index)
-    if moved:
-        lines += ["Varied, but no two finished runs differ in it alone, so its own effect cannot be separated "
-                  "(usually it is derived from another variable and moved with it, e.g. threads with cores): "
-                  + ", ".join(f"`{n}`" for n in moved) + ".", ""]
-
-    lines += _runs_lines(counts, failures, sweep_notes)
-    lines += _variable_lines(analyses, names, plot_paths, out_dir, several)
-    lines += _grid_lines(grids, names, out_dir, several)
-    if several:
-        lines += _shared_lines(done, [n for n in varied if n not in moved], names)
-    lines += _machine_lines(facts, names)
-    lines += _method_lines()
-    return "\n".join(lines)
+        what = f"{h.value} vs {h.baseline}: {h.estimate:.2f}x the step time"
+        size = ""
+    if h.significant:
+        return f"{what} ({_ci(h)})" + (f": {size}" if size else "")
+    words = f"no detectable effect: {what} ({_ci(h)})"
+    if h.repeats_needed:
+        words += (f"; an effect this small needs about {h.repeats_needed} runs per value to be seen at this noise"
+                  if h.repeats_needed <= fx.MAX_REPEATS_SAID else
+                  f"; even {fx.MAX_REPEATS_SAID} runs per value would not resolve an effect this small at this noise")
+    return words
 
 
-def _intro(n_done: int, n_rows: int, sweeps: list[str], names: dict, varied: list[str], several: bool) -> str:
-    where = f"{len(names)} machines" if several else (next(iter(names.values())) if names else "no machine yet")
+def _target_words(e: Effect, target: tuple[float, int] | None) -> str:
+    if target is None or e.target_met is None:
+        return ""
+    hw = e.half_width
+    got = f"+-{_pct(hw)}" if hw is not None else "no interval"
+    if e.target_met:
+        return f"met ({got}) with {e.min_runs} runs"
+    return f"not met ({got}) with {e.min_runs} runs" + (" (maximum)" if e.min_runs >= target[1] else "")
+
+
+# -- sections of summary.md ---------------------------------------------------------------------
+
+def title_section(ctx: Context) -> list[str]:
+    sweeps = sorted({r["sweep"] for r in ctx.rows if r.get("sweep")})
+    names = ctx.names
+    where = f"{len(names)} machines" if ctx.several else (next(iter(names.values())) if names else "no machine yet")
     sweep_words = f"sweep{'s' if len(sweeps) != 1 else ''} {', '.join(sweeps)}" if sweeps else "no sweep yet"
-    return (
-        f"This report covers {n_done} finished training runs (of {n_rows} claimed) from {sweep_words} on "
-        f"{where}. Each run trains a small transformer language model on the CPU for a fixed number of "
+    n_varied = len(ctx.varied)
+    return ["# cpubench report", "", (
+        f"This report covers {len(ctx.done)} finished training runs (of {len(ctx.rows)} claimed) from {sweep_words} "
+        f"on {where}. Each run trains a small transformer language model on the CPU for a fixed number of "
         "optimizer steps and times every step; the number compared throughout is the **median step time** "
         "(milliseconds per optimizer step: lower is faster), with the throughput it implies (**tokens/s**: "
-        f"higher is faster). The runs differ in {len(varied)} variable{'s' if len(varied) != 1 else ''}, "
+        f"higher is faster). The runs differ in {n_varied} variable{'s' if n_varied != 1 else ''}, "
         "usually one at a time around a *baseline* configuration (for each variable, the value most runs "
-        "share). For each variable, its table holds the runs that differ from the baseline only in that "
-        "variable: one row per value, its median step time and tokens/s, and its step time **relative to "
-        "the baseline** (0.50x = twice as fast, 2.00x = twice as slow) with a 95% confidence interval from "
-        "the repeated runs. For sizes (d_model, seq_len, cores...) a power law is fitted as well: "
-        "step time ~ size^e, where e = 1 means doubling the size doubles the time, e = 0 means no effect "
-        "and e = -1 means doubling it halves the time (perfect scaling with cores). Variables are ranked "
-        "by how much the step time moved over the values tried. Failed and skipped runs are counted below "
-        "but never enter an average."
-    )
+        "share). For each variable, its table holds the runs that differ from the baseline **in that variable "
+        "alone** (what follows it, like the thread counts that follow `cores`, moves with it as it would by "
+        "default): one row per value, its median step time and tokens/s, and its step time **relative to the "
+        "baseline** (0.50x = twice as fast, 2.00x = twice as slow) with a 95% confidence interval from the "
+        "repeated runs. For sizes (d_model, seq_len, cores...) a power law is fitted as well: step time ~ "
+        "size^e, where e = 1 means doubling the size doubles the time, e = 0 means no effect and e = -1 "
+        "means doubling it halves the time (perfect scaling with cores). Every interval in this report is "
+        "**family-wise**: all of them hold together with 95% confidence, so the many comparisons made here "
+        "do not produce effects by chance; an effect whose interval includes no change is reported as *no "
+        "detectable effect*. Variables are ranked by how clearly they change step time (their effect "
+        "relative to its uncertainty), not by the size of a noisy difference. Failed and skipped runs are "
+        "counted below but never enter an average."), ""]
 
 
-def _baseline_lines(done: list[dict], varied: list[str]) -> list[str]:
-    if not done:
+def baseline_section(ctx: Context) -> list[str]:
+    runs = [r for m in ctx.analysis.machines.values() for r in m.runs]
+    if not runs:
         return []
-    modal = fx.modal_config(done, list(NAMES))
+    varied = ctx.varied
+    modal = fx.modal_config(runs, list(fx.FACTORS))
     shape = ", ".join(f"{n}={fx.label(n, modal[n])}" for n in SHAPE if n not in varied)
     base = ", ".join(f"{n}={fx.label(n, modal[n])}" for n in varied)
     lines = [f"**Baseline**: {base or '(nothing varied)'}.", ""]
     if shape:
         lines += [f"**Shared by every run**: {shape}.", ""]
-    constant = [f"{n}={fx.label(n, modal[n])}" for n in NAMES if n not in varied and n != "repeat"]
-    lines += ["<details><summary>Every variable's value in the baseline</summary>", "",
-              ", ".join(constant), "", "</details>", ""]
+    constant = [f"{n}={fx.label(n, modal[n])}" for n in fx.FACTORS if n not in varied]
+    return lines + ["<details><summary>Every variable's value in the baseline</summary>", "",
+                    ", ".join(constant), "", "</details>", ""]
+
+
+def glance_section(ctx: Context) -> list[str]:
+    lines = ["## At a glance: the variables, clearest effect first", ""]
+    ranked = ctx.analysis.ranked()
+    if not ranked:
+        return lines + ["No variable took more than one value among the finished runs yet, so there is nothing to "
+                        "compare." if ctx.done else "No run has finished yet: run `python bench.py work` first.", ""]
+    several = ctx.several
+    adaptive = any(m in ctx.targets for m in ctx.analysis.machines)
+    header = ((["machine"] if several else []) + ["rank", "variable", "values tried", "effect (family-wise 95% CI)",
+                                                   "adjusted p", "runs per value"]
+              + (["target"] if adaptive else []))
+    body = []
+    for i, ve in enumerate(ranked, 1):
+        h = ve.headline
+        body.append(([ctx.names[ve.machine_id]] if several else [])
+                    + [i, f"`{ve.variable}`", ", ".join(lv.label for lv in ve.levels), effect_words(ve),
+                       _p(h.p_adjusted), _runs_per_value(ve)]
+                    + ([_target_words(h, ctx.targets.get(ve.machine_id))] if adaptive else []))
+    n = ctx.analysis.family
+    lines += [f"*adjusted p*: Holm-adjusted over all {n} comparisons in this report; below 0.05 is a clear effect "
+              "(family-wise error 5%). The intervals hold together: each is a 95% interval widened for the "
+              f"{n} comparisons (Bonferroni).", ""]
+    lines += _table(header, body)
     return lines
 
 
-def _runs_lines(counts: dict, failures: list, sweep_notes: list[tuple[str, str]]) -> list[str]:
+def _runs_per_value(ve: VariableEffect) -> str:
+    ns = sorted({lv.n for lv in ve.levels})
+    return str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+
+
+def notes_section(ctx: Context) -> list[str]:
+    lines = []
+    together = ctx.together
+    if together:
+        lines += ["Varied, but no two finished runs differ in it alone, so its own effect cannot be separated "
+                  "(it is derived from another variable and moved with it, e.g. threads with cores): "
+                  + ", ".join(f"`{n}`" for n in together) + ".", ""]
+    for m, ma in ctx.analysis.machines.items():
+        who = f" on {ctx.names[m]}" if ctx.several else ""
+        for note in ma.identical:
+            lines += [f"**Ran identically{who}**: {note}", ""]
+        for note in ma.regrouped:
+            lines += [f"**Counted under what ran{who}**: {note}.", ""]
+    return lines
+
+
+def noise_section(ctx: Context) -> list[str]:
+    machines = [(m, ma) for m, ma in ctx.analysis.machines.items() if ma.runs]
+    if not machines:
+        return []
+    lines = ["## How noisy the machine is", "",
+             "The same configuration run again does not take exactly the same time. *Run-to-run noise* is the "
+             "typical coefficient of variation of the median step time between repeat runs of one configuration "
+             "(a robust median over configurations, so a few noisy ones do not set it). Repeats are run in "
+             "passes (all of pass 0 before pass 1), so a slow drift of the machine moves a whole pass: it is "
+             "estimated from the configurations run in several passes and removed before any comparison.", ""]
+    body = []
+    for m, ma in machines:
+        nz = ma.noise
+        if nz.probe_cv is not None:
+            source = "measured by the machine probe (identical short runs)"
+            figure = _pct(nz.probe_cv) + (f" (the repeats here: {_pct(nz.cv)})" if nz.cv is not None else "")
+        elif nz.cv is not None:
+            source = f"estimated from the repeats in this report ({nz.configs} configurations run twice or more)"
+            figure = _pct(nz.cv)
+        else:
+            source, figure = "not known: no configuration ran twice and the probe measured none", "-"
+        rel = ma.drift.relative()
+        drift = ", ".join(f"pass {p}: {100 * (x - 1):+.0f}%" for p, x in rel.items() if p != min(rel)) if len(rel) > 1 else "-"
+        if rel and len(rel) > 1:
+            drift += f" vs pass {min(rel)}"
+        if ma.drift.not_estimated:
+            drift += f"; not estimated for pass {', '.join(map(str, ma.drift.not_estimated))} (too few shared configurations)"
+        spreads = [r.row["step_ms_p90"] / r.row["step_ms_p10"] for r in ma.runs
+                   if r.row.get("step_ms_p90") and r.row.get("step_ms_p10")]
+        within = f"{np.median(spreads):.2f}" if spreads else "-"
+        noisiest = ", ".join(f"{name} ({_pct(cv)})" for name, cv in nz.noisiest) or "-"
+        sigma = nz.sigma
+        mde = "-"
+        if sigma is not None:
+            runs = Counter(len(lv.runs) for ve in ma.variables for lv in ve.levels).most_common(1)
+            n = runs[0][0] if runs else 3
+            z = fx.t_quantile(1 - fx.ALPHA / (2 * max(1, ctx.analysis.family)), math.inf) + fx.t_quantile(fx.POWER, math.inf)
+            mde = f"{_pct(math.expm1(z * sigma * math.sqrt(2 / n)))} with {n} runs per value"
+        body.append(([ctx.names[m]] if ctx.several else []) + [figure, source, _pct(nz.cv_with_drift), drift, within,
+                                                              noisiest, mde])
+    header = (["machine"] if ctx.several else []) + [
+        "run-to-run noise (CV)", "source", "noise with the drift left in", "pass drift (step time vs the first pass)",
+        "within one run: p90 / p10 of step times (median over runs)", "noisiest configurations",
+        "smallest effect resolvable (family-wise, 80% power)"]
+    return lines + _table(header, body)
+
+
+def runs_section(ctx: Context) -> list[str]:
+    counts, failures = ctx.counts, ctx.failures
     lines = ["## Runs", ""]
     lines += _table(["status", "runs"], [[s, counts.get(s, 0)] for s in ("done", "failed", "skipped", "running", "queued")]
                     + [["total", counts.get("total", 0)]])
     if failures:
         lines += ["Runs that did not finish, by reason (their metrics are empty and no average uses them):", ""]
         lines += _table(["status", "reason", "runs"], [[s, why, n] for s, why, n in failures])
-    if sweep_notes:
+    if ctx.sweep_notes:
         lines += ["Left out when the sweeps were planned on this machine (no job was made for these):", ""]
-        lines += _table(["sweep", "note"], [[name, note] for name, note in sweep_notes])
+        lines += _table(["sweep", "note"], [[name, note] for name, note in ctx.sweep_notes])
     return lines
 
 
-def _variable_lines(analyses, names, plot_paths, out_dir: Path, several: bool) -> list[str]:
+def variables_section(ctx: Context) -> list[str]:
     by_variable: dict[str, list[VariableEffect]] = defaultdict(list)
-    for m in analyses:
-        for ve in analyses[m]:
-            by_variable[ve.variable].append(ve)
+    for ve in ctx.analysis.ranked():
+        by_variable[ve.variable].append(ve)
     if not by_variable:
         return []
     lines = ["## Each variable", ""]
-    order = sorted(by_variable, key=lambda n: -max(ve.span for ve in by_variable[n]))
-    for name in order:
+    for name, ves in by_variable.items():  # clearest first
         lines += [f"### {name}", "", f"*{BY_NAME[name].doc}.*", ""]
-        for ve in by_variable[name]:
-            if several:
-                lines += [f"**{names[ve.machine_id]}**", ""]
-            held = ", ".join(f"{k}={v}" for k, v in ve.fixed.items()) or "nothing else varied"
-            follow = f" {', '.join(ve.followers)} moved with it (derived from it)." if ve.followers else ""
-            lines += [f"Runs that differ only in `{name}`; held: {held}.{follow} "
-                      f"Effect: {_effect_words(ve)}."
-                      + (f" Fitted over {ve.n_groups} groups of runs." if ve.n_groups > 1 else ""), ""]
+        for ve in ves:
+            if ctx.several:
+                lines += [f"**{ctx.names[ve.machine_id]}**", ""]
+            held = _held(ve.fixed, ctx.analysis.machines[ve.machine_id])
+            follow = (f" {', '.join(f'`{f}`' for f in ve.followers)} moved with it, at the values derived from it."
+                      if ve.followers else "")
+            left = (f" {ve.left_out} runs at these settings are left out: a variable that follows `{name}` was set "
+                    "by hand there, so they differ in more than it." if ve.left_out else "")
+            fitted = f" Fitted over {ve.n_groups} groups of runs." if ve.n_groups > 1 else ""
+            lines += [f"Runs that differ in `{name}` alone; held: {held}.{follow}{left} "
+                      f"Effect: {effect_words(ve)}.{fitted}", ""]
             ratios = {r.value: r for r in ve.ratios}
-            body = [[lv.label + (" (baseline)" if lv is ve.baseline else ""), len(lv.step_ms), _ms(lv.median_step_ms),
-                     _rate(lv.median_tokens_per_s), _ratio(ratios.get(lv.label))] for lv in ve.levels]
-            lines += _table([name, "runs", "median step (ms)", "tokens/s", "step time vs baseline [95% CI]"], body)
-        plot = out_dir / "plots" / f"{name}.png"
-        if plot in plot_paths:
+            body = [[lv.label + (" (baseline)" if lv is ve.baseline else ""), f"{lv.n} ({len(lv.passes)})",
+                     _ms(lv.median_step_ms), _rate(lv.median_tokens_per_s), _pct(lv.cv),
+                     f"{lv.within_run_spread:.2f}" if lv.within_run_spread else "-",
+                     _ratio(ratios.get(lv.label)), _p(ratios[lv.label].p_adjusted) if lv.label in ratios else "-"]
+                    for lv in ve.levels]
+            lines += _table([name, "runs (passes)", "median step (ms)", "tokens/s", "own noise (CV)",
+                             "within-run p90/p10", "step time vs baseline [family-wise 95% CI]", "adjusted p"], body)
+            if ve.elasticity is not None and ve.elasticity.se is not None:
+                e = ve.elasticity
+                lines += [f"Power law: exponent {e.estimate:.3f}, standard error {e.se:.3f}, {e.dof:.1f} degrees of "
+                          f"freedom, adjusted p {_p(e.p_adjusted)}.", ""]
+            target = ctx.targets.get(ve.machine_id)
+            if target is not None:
+                words = "; ".join(f"{e.value or 'power law'}: {_target_words(e, target)}" for e in ve.effects)
+                lines += [f"Target +-{_pct(target[0])} (95% interval, `work --target-ci`): {words}.", ""]
+        plot = ctx.out_dir / "plots" / f"{name}.png"
+        if plot in ctx.plot_paths:
             lines += [f"![{name}](plots/{name}.png)", ""]
     return lines
 
 
-def _grid_lines(grids, names, out_dir: Path, several: bool) -> list[str]:
-    if not any(grids.values()):
+def _held(fixed: dict[str, str], ma) -> str:
+    """The held values in words: those that differ from the baseline configuration, by name."""
+    if not fixed:
+        return "nothing else varied"
+    modal = fx.modal_config(ma.runs, list(fixed))
+    other = {k: v for k, v in fixed.items() if v != fx.label(k, modal[k])}
+    if not other:
+        return "everything else at the baseline"
+    return "everything else at the baseline except " + ", ".join(f"{k}={v}" for k, v in other.items())
+
+
+def grids_section(ctx: Context) -> list[str]:
+    if not any(ctx.grids.values()):
         return []
     lines = ["## Two variables varied together", "",
              "Median step time (ms) on each combination; other varied variables held as noted.", ""]
-    for m, gs in grids.items():
+    for m, gs in ctx.grids.items():
         for g in gs:
             held = ", ".join(f"{k}={v}" for k, v in g.fixed.items()) or "nothing else varied"
-            lines += [f"### {g.rows} x {g.cols}" + (f" on {names[m]}" if several else ""), "", f"Held: {held}.", ""]
+            lines += [f"### {g.rows} x {g.cols}" + (f" on {ctx.names[m]}" if ctx.several else ""), "", f"Held: {held}.", ""]
             body = [[r] + [_ms(v) for v in row] for r, row in zip(g.row_labels, g.step_ms)]
             lines += _table([f"{g.rows} \\ {g.cols}"] + g.col_labels, body) + ["(- : no finished run)", ""]
-            suffix = f"_machine{m}" if several else ""
+            suffix = f"_machine{m}" if ctx.several else ""
             lines += [f"![{g.rows} x {g.cols}](plots/grid_{g.rows}_x_{g.cols}{suffix}.png)", ""]
     return lines
 
 
-def _shared_lines(done: list[dict], varied: list[str], names: dict) -> list[str]:
+def shared_section(ctx: Context) -> list[str]:
     """Side by side on the configurations several machines ran: median step time and the ratio."""
-    key_names = [n for n in NAMES if n != "repeat"]
+    if not ctx.several:
+        return []
+    names = ctx.names
+    varied = [n for n in ctx.varied if n not in ctx.together]
     cells: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in done:
-        cells[tuple(fx.value_of(n, r[n]) for n in key_names)][r["machine_id"]].append(float(r[fx.METRIC]))
-    machines = sorted({r["machine_id"] for r in done})
+    for ma in ctx.analysis.machines.values():
+        for r in ma.runs:
+            cells[r.config_key()][ma.machine_id].append(r.step_ms)
+    machines = sorted(m for m, ma in ctx.analysis.machines.items() if ma.runs)
     ref = machines[0]
     shared = {k: v for k, v in cells.items() if len(v) > 1}
     lines = ["## Machines compared", ""]
@@ -353,8 +534,8 @@ def _shared_lines(done: list[dict], varied: list[str], names: dict) -> list[str]
             overall.append(f"{names[m]} takes {math.exp(np.mean(logs)):.2f}x the step time of {names[ref]} "
                            f"(geometric mean over {len(logs)} shared configurations)")
     lines += [("; ".join(overall) + ".") if overall else "", ""]
-    shown = [n for n in varied if n != "repeat"] or ["d_model"]
-    idx = [key_names.index(n) for n in shown]
+    shown = varied or ["d_model"]
+    idx = [fx.FACTORS.index(n) for n in shown]
     header = [", ".join(shown)] + [f"{names[m]} (ms)" for m in machines] + [f"machine {m} / machine {ref}" for m in machines[1:]]
     body = []
     for key, per in sorted(shared.items(), key=lambda kv: [fx.sort_key(n, kv[0][i]) for n, i in zip(shown, idx)])[:SHARED_ROWS]:
@@ -368,13 +549,12 @@ def _shared_lines(done: list[dict], varied: list[str], names: dict) -> list[str]
     return lines
 
 
-def _machine_lines(facts: dict, names: dict) -> list[str]:
-    if not facts:
+def machines_section(ctx: Context) -> list[str]:
+    if not ctx.facts:
         return []
-    ids = list(facts)
-    lines = ["## Machines", ""]
-    body = [[label] + [_fact(facts[m].get(col)) for m in ids] for col, label in FACTS]
-    return lines + _table(["fact"] + [names[m] for m in ids], body)
+    ids = list(ctx.facts)
+    body = [[label] + [_fact(ctx.facts[m].get(col)) for m in ids] for col, label in FACTS]
+    return ["## Machines", ""] + _table(["fact"] + [ctx.names[m] for m in ids], body)
 
 
 def _fact(v) -> str:
@@ -385,18 +565,70 @@ def _fact(v) -> str:
     return re.sub(r"\s+", " ", str(v))
 
 
-def _method_lines() -> list[str]:
+def method_section(ctx: Context) -> list[str]:
+    n = ctx.analysis.family
     return ["## How the numbers were computed", "",
             "- Only runs with status `done` enter any number; failed and skipped runs are only counted.",
-            "- *Baseline*: for each variable, its most common value among the done runs (in a "
-            "one-factor-at-a-time sweep, the sweep's base).",
-            "- *Step time vs baseline*: the geometric mean of the value's step times over the baseline's, "
-            "within the runs that differ only in this variable. 95% CI: a t-interval on the log scale with "
-            "the run-to-run noise pooled over all values of the variable (timing noise is multiplicative); "
-            "no CI when every value ran once.",
-            "- *Power law* (numeric sizes): least-squares slope of log step time on log value, within each "
-            "group of runs that differ only in this variable (each group has its own intercept); 95% "
-            "t-interval on the slope.",
-            "- Variables that resolve derives from another (head_dim from d_model, threads from cores) move "
-            "with it and are reported under it.",
-            "- Every run is in results.csv; the fitted effects are in the database table `effects`.", ""]
+            "- Runs are grouped on what really ran: the dataset a run trained on (`dataset_used`), and the thread "
+            "counts, oneDNN switch and allocator the child read back where they differ from the job's (today's "
+            "worker records such a run as failed; older databases may hold them). Asked-for values that ran "
+            "identically are one value and are said to be so, never reported as an effect.",
+            "- *What is compared*: for each variable, the runs that differ from each other in that variable alone. "
+            "Every other varied variable is held at one value (the baseline's, where it can be), and the variables "
+            "that follow it by default (`omp_threads`, `intra_threads`, `inter_threads` follow `cores`; `head_dim` "
+            "follows `d_model` and `n_heads`; `kv_heads` follows `n_heads`) are at the values derived from it, as "
+            "recorded at enqueue (`jobs.derived`; for older jobs the same rules are applied to the config). A run "
+            "where such a follower was set by hand (say `omp_threads=1` at `cores=2`) is left out of the parent's "
+            "comparison and compared in its own. *Baseline*: the variable's most common value among the done runs "
+            "(in a one-factor-at-a-time sweep, the sweep's base).",
+            "- *Pass drift*: repeats are run in passes (all of pass 0, then all of pass 1, each in its own shuffled "
+            "order), so a slow drift of the machine is shared by the runs of a pass. Each pass's shift of log step "
+            "time is estimated from every configuration run in more than one pass (a two-way fit, configuration "
+            f"plus pass, by medians) and removed from each run; a pass with fewer than {fx.MIN_PASS_CONFIGS} such "
+            "configurations is left as it is. Comparisons made within passes are untouched by the drift.",
+            "- *Step time vs baseline*: the ratio of geometric means (the difference of mean drift-free log step "
+            "times). Each value's noise is its own (no pooling across values), combined with Welch's standard error "
+            "and Satterthwaite's degrees of freedom; a Student t interval and a two-sided p-value for no change. "
+            "A value that ran once has no noise estimate of its own: no interval, no test.",
+            "- *Power law* (numeric sizes): the least-squares slope of each value's mean drift-free log step time "
+            "on log value (within each group of runs that differ only in this variable); its variance is each "
+            "value's own variance weighted by its place in the fit, so unequal noise is not averaged away. The "
+            "exponent describes the values tried (a straight line on log-log axes through them).",
+            f"- *Adjustment for many comparisons*: this report makes {n} comparisons. Their p-values are "
+            "Holm-adjusted (family-wise error 5%: the chance that even one comparison with no real effect is "
+            "called an effect is at most 5%). *Clear effect*: adjusted p below 0.05. The intervals shown are "
+            f"simultaneous 95% intervals (Bonferroni: each at the {100 * (1 - fx.ALPHA / max(1, n)):.2f}% level), so "
+            "they hold together; Holm rejects at least what these intervals exclude. The effects table also keeps "
+            "each comparison's own (unadjusted) 95% interval in `ci_low` / `ci_high`.",
+            "- *No detectable effect*: the adjusted test does not reject no change; the interval shows how large an "
+            "effect could still hide in the noise. It is not proof of no effect: more repeats (or "
+            "`work --target-ci`) narrow it. The *runs per value* needed is a normal-approximation estimate for "
+            "80% power at this machine's noise.",
+            "- *Ranking*: by the p-value of each variable's headline effect (its power law, or its clearest ratio): "
+            "how clearly it changes step time relative to the uncertainty, not how large a noisy difference is.",
+            "- Every run is in results.csv; the fitted effects are in the database table `effects` (estimate, "
+            "standard error, degrees of freedom, p-value, adjusted p, significant, both intervals, method, runs, "
+            "passes).", ""]
+
+
+def pools_section(ctx: Context) -> list[str]:
+    """Named pools and their hosts (orchestrator/pool_report.py)."""
+    return pool_lines(ctx.rows)
+
+
+# The sections of summary.md, in order. Another part adds its own by adding a function here
+# (for example the published figures beside this machine's, after the machines compared).
+SECTIONS: list[Callable[[Context], list[str]]] = [
+    title_section,
+    baseline_section,
+    glance_section,
+    notes_section,
+    noise_section,
+    runs_section,
+    variables_section,
+    grids_section,
+    shared_section,
+    pools_section,
+    machines_section,
+    method_section,
+]

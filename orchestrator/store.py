@@ -1,9 +1,13 @@
-"""The store: one SQLAlchemy engine over SQLite or PostgreSQL, the schema applied from schema.sql, and
-every statement that changes the queue (enqueue, claim, heartbeat, finish, requeue, retry).
+"""The store: one SQLAlchemy engine over SQLite or PostgreSQL, the schema kept at schema.sql's
+version by orchestrator/migrations.py, and every statement that changes the queue (enqueue, claim,
+heartbeat, finish, requeue, retry).
 
-Claiming is atomic: on SQLite the claim runs inside BEGIN IMMEDIATE (one writer at a time); on
-PostgreSQL the UNIQUE (job_id, machine_id) constraint and a conditional UPDATE decide, and a loser
-simply tries the next job. Times come from the database's clock.
+Queues belong to pools (schema.sql says why): a machine's own pool runs every job; a named pool
+(`work --pool NAME`) runs each job once on whichever of its nodes claims it. The claim pops the
+first row of the pool's `queue` in run order: O(log n) however much of the plan is done. It is
+atomic: on SQLite it runs inside BEGIN IMMEDIATE (one writer at a time); on PostgreSQL the row is
+taken with FOR UPDATE SKIP LOCKED, so concurrent workers take different rows without waiting on
+each other. Times come from the database's clock.
 """
 
 from __future__ import annotations
@@ -11,19 +15,22 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import create_engine, event, text
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
-from orchestrator.errors import BenchError
-from orchestrator.variables import NAMES, column_value
+from orchestrator import migrations
+from orchestrator.errors import BadInput, BenchError
+from orchestrator.variables import BY_NAME, NAMES
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema.sql"
+# Enqueue and pool filling hold this PostgreSQL advisory lock, so a pool's first fill and a
+# concurrent enqueue cannot miss each other's jobs (SQLite's BEGIN IMMEDIATE serialises them anyway).
+PG_QUEUE_LOCK = migrations.PG_SCHEMA_LOCK + 1
 
 METRICS = (
     "setup_s", "first_step_s", "step_ms_median", "step_ms_p10", "step_ms_p90", "step_ms_mean",
@@ -54,45 +61,105 @@ INSERT_SWEEP = """
 INSERT INTO sweeps (name, source, text, text_sha, notes, created)
 VALUES (:name, :source, :text, :text_sha, :notes, {now})
 """
-SELECT_JOBS_BY_HASH = "SELECT config_hash, job_id FROM jobs WHERE config_hash IN ({marks})"
-INSERT_JOB = """
-INSERT INTO jobs (config_hash, sweep_id, run_order, config, created, {columns})
-VALUES (:config_hash, :sweep_id, :run_order, :config, {now}, {params})
+SELECT_MAX_JOB = "SELECT COALESCE(MAX(job_id), 0) FROM jobs"
+# The bulk insert of planned jobs uses the driver's positional marks ({mark}: ? or %s) through
+# exec_driver_sql: named parameters cost more Python per row than the insert itself (100k jobs).
+INSERT_JOBS = """
+INSERT INTO jobs (config_hash, sweep_id, run_order, config, derived, created, {columns})
+VALUES ({marks})
 ON CONFLICT (config_hash) DO NOTHING
 """
-INSERT_SWEEP_JOB = """
-INSERT INTO sweep_jobs (sweep_id, job_id) VALUES (:sweep_id, :job_id)
+# PostgreSQL's bulk path: COPY into a scratch table shaped like jobs, then one INSERT ... SELECT.
+COPY_TABLE = "CREATE TEMPORARY TABLE plan_jobs ON COMMIT DROP AS SELECT {columns} FROM jobs WITH NO DATA"
+INSERT_COPIED_JOBS = """
+INSERT INTO jobs ({columns}, created) SELECT {columns}, {now} FROM plan_jobs
+ON CONFLICT (config_hash) DO NOTHING
+"""
+LINK_COPIED_JOBS = """
+INSERT INTO sweep_jobs (sweep_id, job_id) SELECT :sweep_id, j.job_id FROM jobs j JOIN plan_jobs p USING (config_hash)
+WHERE j.job_id <= :after
 ON CONFLICT (sweep_id, job_id) DO NOTHING
+"""
+COUNT_JOBS_BY_HASH = "SELECT COUNT(*) FROM jobs WHERE config_hash IN ({marks})"
+LINK_JOBS_BY_HASH = """
+INSERT INTO sweep_jobs (sweep_id, job_id) SELECT {mark}, job_id FROM jobs WHERE config_hash IN ({marks})
+ON CONFLICT (sweep_id, job_id) DO NOTHING
+"""
+LINK_NEW_JOBS = """
+INSERT INTO sweep_jobs (sweep_id, job_id) SELECT :sweep_id, job_id FROM jobs WHERE job_id > :after
+ON CONFLICT (sweep_id, job_id) DO NOTHING
+"""
+# New jobs join the queue of every pool whose queue exists already.
+QUEUE_NEW_JOBS = """
+INSERT INTO queue (pool_id, job_id, run_order, cores)
+SELECT p.pool_id, j.job_id, j.run_order, j.cores FROM jobs j JOIN pools p ON p.filled IS NOT NULL
+WHERE j.job_id > :after
+ON CONFLICT (pool_id, job_id) DO NOTHING
 """
 
 SELECT_MACHINE = "SELECT machine_id FROM machines WHERE fingerprint = :fingerprint"
 INSERT_MACHINE = """
 INSERT INTO machines (fingerprint, facts, first_seen, last_seen, {columns})
 VALUES (:fingerprint, :facts, {now}, {now}, {params})
+ON CONFLICT (fingerprint) DO NOTHING
 """
 UPDATE_MACHINE = "UPDATE machines SET facts = :facts, last_seen = {now}, {assignments} WHERE machine_id = :machine_id"
 
-# The next job for this machine in run order: no run row yet, or a row taken back as 'queued'.
-# Jobs wider than the worker's CPU pool wait for a worker that has the CPUs.
-SELECT_NEXT_JOB = """
-SELECT j.job_id, j.config, r.run_id
-FROM jobs j
-LEFT JOIN runs r ON r.job_id = j.job_id AND r.machine_id = :machine_id
-WHERE (r.run_id IS NULL OR r.status = 'queued') AND j.cores <= :max_cores
-ORDER BY j.run_order, j.job_id
-LIMIT 1
+# ON CONFLICT: two workers starting at once on PostgreSQL both see no row, and one insert must yield.
+INSERT_OWN_POOL = """
+INSERT INTO pools (machine_id, created) VALUES (:machine_id, {now})
+ON CONFLICT (machine_id) DO NOTHING
 """
-INSERT_RUN = """
-INSERT INTO runs (job_id, machine_id, status, attempts, worker_pid, worker_host, claimed, heartbeat)
-VALUES (:job_id, :machine_id, 'running', 1, :pid, :host, {now}, {now})
-ON CONFLICT (job_id, machine_id) DO NOTHING
+SELECT_OWN_POOL = "SELECT pool_id FROM pools WHERE machine_id = :machine_id"
+INSERT_NAMED_POOL = """
+INSERT INTO pools (name, created) VALUES (:name, {now})
+ON CONFLICT (name) DO NOTHING
+"""
+SELECT_NAMED_POOL = "SELECT pool_id FROM pools WHERE name = :name"
+SELECT_POOLS = """
+SELECT p.pool_id, p.name, p.machine_id, m.hostname FROM pools p LEFT JOIN machines m ON m.machine_id = p.machine_id
+ORDER BY p.pool_id
+"""
+# The hardware a pool's runs ran on: a machine that differs may not join it.
+SELECT_POOL_HARDWARE = """
+SELECT DISTINCT m.cpu_model, m.logical_cores FROM runs r JOIN machines m ON m.machine_id = r.machine_id
+WHERE r.pool_id = :pool_id
+"""
+SELECT_POOL_FILLED = "SELECT filled FROM pools WHERE pool_id = :pool_id"
+# A pool's queue, made at its first claim: every job without a finished or running run in the pool.
+FILL_POOL = """
+INSERT INTO queue (pool_id, job_id, run_order, cores)
+SELECT :pool_id, j.job_id, j.run_order, j.cores FROM jobs j
+WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.job_id = j.job_id AND r.pool_id = :pool_id AND r.status <> 'queued')
+ON CONFLICT (pool_id, job_id) DO NOTHING
+"""
+MARK_POOL_FILLED = "UPDATE pools SET filled = {now} WHERE pool_id = :pool_id"
+# The next job of the pool in run order; jobs wider than the worker's CPUs wait for a wider worker.
+# {skip_locked}: PostgreSQL's FOR UPDATE SKIP LOCKED, so concurrent claimers take different rows.
+POP_QUEUE = """
+DELETE FROM queue WHERE pool_id = :pool_id AND job_id = (
+    SELECT job_id FROM queue WHERE pool_id = :pool_id AND cores <= :max_cores
+    ORDER BY run_order, job_id LIMIT 1 {skip_locked})
+RETURNING job_id
+"""
+# The run row: new, or a row taken back as 'queued' (its attempt count goes on).
+UPSERT_RUN = """
+INSERT INTO runs (job_id, machine_id, pool_id, status, attempts, worker_pid, worker_host, claimed, heartbeat)
+VALUES (:job_id, :machine_id, :pool_id, 'running', 1, :pid, :host, {now}, {now})
+ON CONFLICT (job_id, pool_id) DO UPDATE SET status = 'running', attempts = runs.attempts + 1,
+    machine_id = excluded.machine_id, worker_pid = excluded.worker_pid, worker_host = excluded.worker_host,
+    child_pid = NULL, claimed = excluded.claimed, heartbeat = excluded.heartbeat, finished = NULL, reason = NULL
+WHERE runs.status = 'queued'
 RETURNING run_id, attempts
 """
-RECLAIM_RUN = """
-UPDATE runs SET status = 'running', attempts = attempts + 1, worker_pid = :pid, worker_host = :host,
-    claimed = {now}, heartbeat = {now}, finished = NULL, reason = NULL
-WHERE run_id = :run_id AND status = 'queued'
-RETURNING run_id, attempts
+SELECT_JOB_CONFIG = "SELECT config FROM jobs WHERE job_id = :job_id"
+# A run put back ('queued') goes back in its pool's queue (if the pool has one yet).
+REQUEUE = """
+INSERT INTO queue (pool_id, job_id, run_order, cores)
+SELECT r.pool_id, r.job_id, j.run_order, j.cores
+FROM runs r JOIN jobs j ON j.job_id = r.job_id JOIN pools p ON p.pool_id = r.pool_id
+WHERE {which} AND r.status = 'queued' AND p.filled IS NOT NULL
+ON CONFLICT (pool_id, job_id) DO NOTHING
 """
 HEARTBEAT = """
 UPDATE runs SET heartbeat = {now}, child_pid = COALESCE(:child_pid, child_pid)
@@ -104,7 +171,7 @@ WHERE run_id = :run_id AND status = 'running' AND worker_pid = :pid
 """
 SELECT_RUNNING = """
 SELECT run_id, worker_pid, worker_host, heartbeat, attempts, {now} AS now
-FROM runs WHERE machine_id = :machine_id AND status = 'running'
+FROM runs WHERE pool_id = :pool_id AND status = 'running'
 """
 # Taken back only if nobody touched it since we looked (the heartbeat is the version).
 TAKE_BACK = """
@@ -121,12 +188,12 @@ WHERE run_id = :run_id AND status = 'running' AND worker_pid = :pid
 """
 RETRY_RUNS = """
 UPDATE runs SET status = 'queued', reason = NULL, finished = NULL, attempts = 0
-WHERE machine_id = :machine_id AND status IN ({statuses})
+WHERE pool_id = :pool_id AND status IN ({statuses})
 """
 COUNT_RUNS = """
 SELECT s.name AS sweep, r.status AS status, COUNT(*) AS n
 FROM sweep_jobs sj JOIN sweeps s ON s.sweep_id = sj.sweep_id
-JOIN runs r ON r.job_id = sj.job_id {machine_filter}
+JOIN runs r ON r.job_id = sj.job_id {pool_filter}
 GROUP BY s.name, r.status
 """
 COUNT_JOBS = """
@@ -135,8 +202,11 @@ FROM sweep_jobs sj JOIN sweeps s ON s.sweep_id = sj.sweep_id
 GROUP BY s.name
 """
 COUNT_ALL_JOBS = "SELECT COUNT(*) FROM jobs"
-COUNT_ALL_RUNS = "SELECT status, COUNT(*) FROM runs {machine_filter} GROUP BY status"
-COUNT_MACHINES = "SELECT COUNT(*) FROM machines"
+COUNT_ALL_RUNS = "SELECT status, COUNT(*) FROM runs {pool_filter} GROUP BY status"
+# Pools that took part: a queue made, or runs. A machine that only ran `status` is not one.
+ACTIVE = "p.filled IS NOT NULL OR EXISTS (SELECT 1 FROM runs r WHERE r.pool_id = p.pool_id)"
+COUNT_POOLS = f"SELECT COUNT(*) FROM pools p WHERE {ACTIVE}"
+SELECT_ACTIVE_POOLS = f"SELECT p.pool_id FROM pools p WHERE {ACTIVE}"
 
 
 @dataclass
@@ -154,6 +224,18 @@ class EnqueueResult:
     sweep_id: int | None
 
 
+@dataclass
+class Pool:
+    pool_id: int
+    name: str | None  # None: a machine's own pool
+    machine_id: int | None
+    hostname: str | None
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name is not None else f"machine {self.machine_id} ({self.hostname or '?'})"
+
+
 def database_url(db: str) -> str:
     """A file path or an SQLAlchemy URL -> an SQLAlchemy URL."""
     if "://" in db:
@@ -161,33 +243,41 @@ def database_url(db: str) -> str:
     return f"sqlite:///{Path(db).expanduser().resolve()}"
 
 
-def schema_statements(dialect: str) -> list[str]:
-    """schema.sql split into statements, adapted to the dialect."""
-    sql = re.sub(r"--[^\n]*", "", SCHEMA_PATH.read_text())
-    if dialect == "postgresql":
-        sql = sql.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
-        sql = re.sub(r"\bREAL\b", "DOUBLE PRECISION", sql)
-        sql = re.sub(r"\bINTEGER\b", "BIGINT", sql)
-        sql = sql.replace("CREATE VIEW IF NOT EXISTS", "CREATE OR REPLACE VIEW")
-    return [s.strip() for s in sql.split(";") if s.strip()]
+def safe_url(url: str) -> str:
+    """The URL as it may be shown: its password hidden."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
+
+
+schema_statements = migrations.schema_statements  # kept importable from here
 
 
 class Store:
-    """The results database. Open it with `Store(db)`; the schema is applied on open."""
+    """The results database. Open it with `Store(db)`; an empty database gets the schema, an older
+    one is migrated (orchestrator/migrations.py), an up-to-date one costs one SELECT."""
 
     def __init__(self, db: str, *, busy_timeout_s: float = 60.0):
         self.url = database_url(db)
+        self.display_url = safe_url(self.url)
         try:
             self.engine: Engine = create_engine(self.url, connect_args=self._connect_args(busy_timeout_s))
         except (SQLAlchemyError, ImportError, ValueError) as err:
-            raise BenchError(f"cannot open database {db!r}: {err}") from err
+            raise BenchError(f"cannot open database {safe_url(db)!r}: {err}") from err
         self.dialect = self.engine.dialect.name
         if self.dialect not in NOW:
-            raise BenchError(f"database {db!r}: only SQLite and PostgreSQL are supported, not {self.dialect}")
+            raise BenchError(f"database {safe_url(db)!r}: only SQLite and PostgreSQL are supported, not {self.dialect}")
         self.now = NOW[self.dialect]
+        self._mark = "?" if self.dialect == "sqlite" else "%s"
+        self._filled: set[int] = set()  # pools whose queue exists (it never goes away)
+        self._own_pools: dict[int, int] = {}  # machine -> its own pool
         if self.dialect == "sqlite":
             self._sqlite_setup(busy_timeout_s)
-        self._apply_schema()
+        try:
+            self.migrated = migrations.upgrade(self)
+        except OperationalError as err:
+            raise BenchError(f"cannot use database {self.display_url}: {err.orig}") from err
 
     def _connect_args(self, busy_timeout_s: float) -> dict:
         if self.url.startswith("sqlite"):
@@ -212,14 +302,6 @@ class Store:
             immediate = conn.get_execution_options().get("immediate", False)
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
-    def _apply_schema(self) -> None:
-        try:
-            with self.transaction(write=True) as conn:
-                for statement in schema_statements(self.dialect):
-                    conn.exec_driver_sql(statement)
-        except OperationalError as err:
-            raise BenchError(f"cannot use database {self.url}: {err.orig}") from err
-
     @contextmanager
     def transaction(self, *, write: bool = False) -> Iterator[Connection]:
         """The one way to talk to the database: commits on success, rolls back on error, closes."""
@@ -236,10 +318,14 @@ class Store:
         with self.transaction() as conn:
             return float(conn.execute(self.sql(SELECT_NOW)).scalar_one())
 
-    # -- machines --------------------------------------------------------------------------
+    def _lock_queue(self, conn: Connection) -> None:
+        if self.dialect == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_QUEUE_LOCK})
+
+    # -- machines and pools ----------------------------------------------------------------
 
     def register_machine(self, facts: dict) -> int:
-        """The machine's id, its row created or refreshed from the probe's facts."""
+        """The machine's id, its row created or refreshed from the probe's facts, its own pool made."""
         values = {c: _sql_value(facts.get(c)) for c in MACHINE_COLUMNS}
         params = {"fingerprint": facts["fingerprint"], "facts": json.dumps(facts, sort_keys=True, default=str),
                   **values}
@@ -248,64 +334,151 @@ class Store:
             if machine_id is None:
                 conn.execute(self.sql(INSERT_MACHINE, columns=", ".join(MACHINE_COLUMNS),
                                       params=", ".join(f":{c}" for c in MACHINE_COLUMNS)), params)
-                return conn.execute(text(SELECT_MACHINE), params).scalar_one()
-            conn.execute(self.sql(UPDATE_MACHINE, assignments=", ".join(f"{c} = :{c}" for c in MACHINE_COLUMNS)),
-                         {**params, "machine_id": machine_id})
+                machine_id = conn.execute(text(SELECT_MACHINE), params).scalar_one()
+            else:
+                conn.execute(self.sql(UPDATE_MACHINE, assignments=", ".join(f"{c} = :{c}" for c in MACHINE_COLUMNS)),
+                             {**params, "machine_id": machine_id})
+            conn.execute(self.sql(INSERT_OWN_POOL), {"machine_id": machine_id})
             return machine_id
+
+    def pool_id(self, machine_id: int | None, name: str | None = None, *, create: bool = True) -> int:
+        """The queue a worker of this machine claims from: the machine's own pool, or the named pool
+        (made on first use when `create`). A named pool whose runs ran on other hardware (CPU model,
+        logical CPUs) is refused: its timings would mix machines."""
+        if name is None:
+            return self._own_pool(machine_id)
+        with self.transaction(write=create) as conn:
+            if create:
+                conn.execute(self.sql(INSERT_NAMED_POOL), {"name": name})
+            pool_id = conn.execute(text(SELECT_NAMED_POOL), {"name": name}).scalar_one_or_none()
+            if pool_id is None:
+                known = ", ".join(p.name for p in self._pools(conn) if p.name) or "none yet"
+                raise BadInput(f"no pool named {name!r} in {self.display_url} (named pools: {known})")
+            if create:
+                mine = conn.execute(text("SELECT cpu_model, logical_cores FROM machines WHERE machine_id = :m"),
+                                    {"m": machine_id}).one()
+                others = [tuple(r) for r in conn.execute(text(SELECT_POOL_HARDWARE), {"pool_id": pool_id})]
+                if others and any(o != tuple(mine) for o in others):
+                    there = "; ".join(f"{cpu} ({n} CPUs)" for cpu, n in others)
+                    raise BadInput(f"pool {name!r} ran on {there}; this machine is {mine[0]} ({mine[1]} CPUs): a "
+                                   f"pool is for identical nodes: use another --pool, or none to compare machines")
+            return pool_id
+
+    def _own_pool(self, machine_id: int) -> int:
+        if machine_id not in self._own_pools:
+            with self.transaction() as conn:
+                found = conn.execute(text(SELECT_OWN_POOL), {"machine_id": machine_id}).scalar_one_or_none()
+            if found is None:  # a machine registered before it had pools
+                with self.transaction(write=True) as conn:
+                    conn.execute(self.sql(INSERT_OWN_POOL), {"machine_id": machine_id})
+                    found = conn.execute(text(SELECT_OWN_POOL), {"machine_id": machine_id}).scalar_one()
+            self._own_pools[machine_id] = found
+        return self._own_pools[machine_id]
+
+    def active_pools(self) -> set[int]:
+        """Pools that took part: a queue made, or runs."""
+        with self.transaction() as conn:
+            return {row[0] for row in conn.execute(text(SELECT_ACTIVE_POOLS))}
+
+    def pools(self) -> list[Pool]:
+        with self.transaction() as conn:
+            return self._pools(conn)
+
+    def _pools(self, conn: Connection) -> list[Pool]:
+        return [Pool(*row) for row in conn.execute(text(SELECT_POOLS))]
 
     # -- the plan --------------------------------------------------------------------------
 
-    def enqueue(self, *, name: str, source: str, sweep_text: str, jobs: list[dict], notes: list[str] = (),
-                dry_run: bool = False) -> EnqueueResult:
-        """Add the jobs not planned yet. `jobs` items: config (full), config_hash, run_order. `notes`
-        (what expansion left out here, and why) are kept with the sweep for the report."""
+    def enqueue(self, *, name: str, source: str, sweep_text: str, jobs: Iterable[dict], notes: list[str] = (),
+                dry_run: bool = False, chunk: int = 2000) -> EnqueueResult:
+        """Add the jobs not planned yet, in one transaction. `jobs` (any iterable, consumed once, in
+        chunks): config (full), config_hash, run_order, and optionally config_json (the canonical
+        JSON, when the planner has it) and derived (variable -> the word resolve() filled it from).
+        `notes` (what expansion left out here, and why) are kept
+        with the sweep for the report. New jobs join the queue of every pool that has one."""
         text_sha = _sha(sweep_text)
-        columns = ", ".join(_quoted(n) for n in NAMES)
-        insert = self.sql(INSERT_JOB, columns=columns, params=", ".join(f":{n}" for n in NAMES))
+        m = self._mark
+        insert = INSERT_JOBS.format(columns=", ".join(_quoted(n) for n in NAMES), marks=", ".join(
+            [m, m, m, m, m, self.now, *([m] * len(NAMES))]))
+        new = total = 0
         with self.transaction(write=not dry_run) as conn:
-            hashes = [j["config_hash"] for j in jobs]
-            present = self._job_ids_by_hash(conn, hashes)
-            new = [j for j in jobs if j["config_hash"] not in present]
             if dry_run:
-                return EnqueueResult(new=len(new), present=len(jobs) - len(new), sweep_id=None)
+                for part in _chunks(jobs, chunk):
+                    hashes = [j["config_hash"] for j in part]
+                    total += len(hashes)
+                    new += len(hashes) - conn.exec_driver_sql(
+                        COUNT_JOBS_BY_HASH.format(marks=", ".join([m] * len(hashes))), tuple(hashes)).scalar_one()
+                return EnqueueResult(new=new, present=total - new, sweep_id=None)
+            self._lock_queue(conn)
             sweep_id = conn.execute(text(SELECT_SWEEP), {"name": name, "text_sha": text_sha}).scalar_one_or_none()
             if sweep_id is None:
                 conn.execute(self.sql(INSERT_SWEEP), {"name": name, "source": source, "text": sweep_text,
                                                       "text_sha": text_sha, "notes": json.dumps(list(notes))})
                 sweep_id = conn.execute(text(SELECT_SWEEP), {"name": name, "text_sha": text_sha}).scalar_one()
-            if new:
-                conn.execute(insert, [_job_row(j, sweep_id) for j in new])
-            ids = self._job_ids_by_hash(conn, hashes).values()
-            if ids:
-                conn.execute(text(INSERT_SWEEP_JOB), [{"sweep_id": sweep_id, "job_id": i} for i in ids])
-        return EnqueueResult(new=len(new), present=len(jobs) - len(new), sweep_id=sweep_id)
+            after = conn.exec_driver_sql(SELECT_MAX_JOB).scalar_one()
+            if self.dialect == "postgresql":
+                total, new = self._copy_jobs(conn, jobs, sweep_id, after)
+            else:
+                for part in _chunks(jobs, chunk):
+                    rows = [_job_row(j, sweep_id) for j in part]
+                    added = conn.exec_driver_sql(insert, rows).rowcount
+                    total += len(rows)
+                    new += added
+                    if added < len(rows):  # some were planned before: link them to this sweep too
+                        hashes = tuple(r[0] for r in rows)
+                        conn.exec_driver_sql(LINK_JOBS_BY_HASH.format(mark=m, marks=", ".join([m] * len(hashes))),
+                                             (sweep_id, *hashes))
+            conn.execute(text(LINK_NEW_JOBS), {"sweep_id": sweep_id, "after": after})
+            conn.execute(text(QUEUE_NEW_JOBS), {"after": after})
+        return EnqueueResult(new=new, present=total - new, sweep_id=sweep_id)
 
-    def _job_ids_by_hash(self, conn: Connection, hashes: list[str]) -> dict[str, int]:
-        """config_hash -> job_id of the jobs already planned, in chunks of SQL parameters."""
-        found = {}
-        for chunk in _chunks(hashes, 500):
-            marks = ", ".join(f":h{i}" for i in range(len(chunk)))
-            rows = conn.execute(text(SELECT_JOBS_BY_HASH.format(marks=marks)), {f"h{i}": h for i, h in enumerate(chunk)})
-            found.update((config_hash, job_id) for config_hash, job_id in rows)
-        return found
+    def _copy_jobs(self, conn: Connection, jobs: Iterable[dict], sweep_id: int, after: int) -> tuple[int, int]:
+        """PostgreSQL: the planned jobs streamed by COPY into a temporary table, then inserted (and the
+        ones planned before linked to this sweep) by two statements: twice as fast as executemany."""
+        columns = ", ".join(["config_hash", "sweep_id", "run_order", "config", "derived", *(_quoted(n) for n in NAMES)])
+        conn.exec_driver_sql(COPY_TABLE.format(columns=columns))
+        total = 0
+        with conn.connection.driver_connection.cursor() as cursor:
+            with cursor.copy(f"COPY plan_jobs ({columns}) FROM STDIN") as copy:
+                for job in jobs:
+                    copy.write_row(_job_row(job, sweep_id))
+                    total += 1
+        new = conn.exec_driver_sql(INSERT_COPIED_JOBS.format(columns=columns, now=self.now)).rowcount
+        if new < total:  # some were planned before: link them to this sweep too (new ones: LINK_NEW_JOBS)
+            conn.execute(text(LINK_COPIED_JOBS), {"sweep_id": sweep_id, "after": after})
+        return total, new
 
     # -- the queue -------------------------------------------------------------------------
 
-    def claim(self, machine_id: int, *, pid: int, host: str, max_cores: int) -> Claim | None:
-        """The next queued job for this machine, now 'running' for this worker; None when none is left."""
-        for _ in range(1000):  # a PostgreSQL loser retries with the next job
+    def _fill(self, conn: Connection, pool_id: int) -> None:
+        """Make the pool's queue at its first claim (once: `filled` says so)."""
+        if pool_id in self._filled:
+            return
+        if conn.execute(text(SELECT_POOL_FILLED), {"pool_id": pool_id}).scalar_one() is None:
+            self._lock_queue(conn)
+            if conn.execute(text(SELECT_POOL_FILLED), {"pool_id": pool_id}).scalar_one() is None:
+                conn.execute(text(FILL_POOL), {"pool_id": pool_id})
+                conn.execute(self.sql(MARK_POOL_FILLED), {"pool_id": pool_id})
+        self._filled.add(pool_id)
+
+    def claim(self, machine_id: int, *, pid: int, host: str, max_cores: int, pool_id: int | None = None) -> Claim | None:
+        """The pool's next queued job (the machine's own pool unless given), now 'running' for this
+        worker on this machine; None when none is left that fits in max_cores CPUs."""
+        if pool_id is None:
+            pool_id = self.pool_id(machine_id)
+        pop = self.sql(POP_QUEUE, skip_locked="FOR UPDATE SKIP LOCKED" if self.dialect == "postgresql" else "")
+        for _ in range(1000):
             with self.transaction(write=True) as conn:
-                row = conn.execute(text(SELECT_NEXT_JOB), {"machine_id": machine_id, "max_cores": max_cores}).first()
-                if row is None:
+                self._fill(conn, pool_id)
+                job_id = conn.execute(pop, {"pool_id": pool_id, "max_cores": max_cores}).scalar_one_or_none()
+                if job_id is None:
                     return None
-                job_id, config, run_id = row
-                who = {"pid": pid, "host": host}
-                if run_id is None:
-                    got = conn.execute(self.sql(INSERT_RUN), {"job_id": job_id, "machine_id": machine_id, **who}).first()
-                else:
-                    got = conn.execute(self.sql(RECLAIM_RUN), {"run_id": run_id, **who}).first()
-                if got is not None:
-                    return Claim(run_id=got[0], job_id=job_id, attempts=got[1], config=json.loads(config))
+                got = conn.execute(self.sql(UPSERT_RUN), {"job_id": job_id, "machine_id": machine_id,
+                                                          "pool_id": pool_id, "pid": pid, "host": host}).first()
+                if got is None:
+                    continue  # a queue row whose run is not queued (cannot happen; the row is gone now)
+                config = conn.execute(text(SELECT_JOB_CONFIG), {"job_id": job_id}).scalar_one()
+                return Claim(run_id=got[0], job_id=job_id, attempts=got[1], config=json.loads(config))
         raise BenchError("could not claim a job after 1000 tries: is the database overloaded?")
 
     def heartbeat(self, run_id: int, child_pid: int | None = None) -> bool:
@@ -326,13 +499,18 @@ class Store:
     def release(self, run_id: int, *, pid: int, reason: str) -> None:
         with self.transaction(write=True) as conn:
             conn.execute(text(RELEASE_RUN), {"run_id": run_id, "pid": pid, "reason": reason})
+            conn.execute(text(REQUEUE.format(which="r.run_id = :run_id")), {"run_id": run_id})
 
-    def take_back_stale(self, machine_id: int, *, host: str, grace_s: float, max_attempts: int, is_alive) -> list[int]:
-        """Put back in the queue the running runs whose worker is gone: its pid is dead on this host,
-        or its heartbeat is older than grace_s. After max_attempts claims a run is failed instead."""
+    def take_back_stale(self, machine_id: int, *, host: str, grace_s: float, max_attempts: int, is_alive,
+                        pool_id: int | None = None) -> list[int]:
+        """Put back in the queue the running runs of the pool (the machine's own unless given) whose
+        worker is gone: its pid is dead on this host, or its heartbeat is older than grace_s. After
+        max_attempts claims a run is failed instead."""
+        if pool_id is None:
+            pool_id = self.pool_id(machine_id)
         taken = []
         with self.transaction(write=True) as conn:
-            for run_id, pid, run_host, beat, attempts, now in conn.execute(self.sql(SELECT_RUNNING), {"machine_id": machine_id}).all():
+            for run_id, pid, run_host, beat, attempts, now in conn.execute(self.sql(SELECT_RUNNING), {"pool_id": pool_id}).all():
                 if run_host == host and pid is not None and not is_alive(pid):
                     why = f"worker pid {pid} on {host} died"
                 elif beat is None or now - beat > grace_s:
@@ -344,38 +522,49 @@ class Store:
                     "reason": f"requeued: {why}",
                     "failed_reason": f"gave up after {attempts} attempts; last: {why}"}).rowcount
                 if changed:
+                    conn.execute(text(REQUEUE.format(which="r.run_id = :run_id")), {"run_id": run_id})
                     taken.append(run_id)
         return taken
 
-    def retry(self, machine_id: int, *, failed: bool, skipped: bool) -> int:
+    def retry(self, machine_id: int, *, failed: bool, skipped: bool, pool_id: int | None = None) -> int:
+        """Put the pool's (the machine's own unless given) failed and/or skipped runs back in its queue."""
         statuses = [s for s, on in (("failed", failed), ("skipped", skipped)) if on]
         if not statuses:
             return 0
+        if pool_id is None:
+            pool_id = self.pool_id(machine_id)
         marks = ", ".join(f"'{s}'" for s in statuses)
         with self.transaction(write=True) as conn:
-            return conn.execute(self.sql(RETRY_RUNS, statuses=marks), {"machine_id": machine_id}).rowcount
+            n = conn.execute(self.sql(RETRY_RUNS, statuses=marks), {"pool_id": pool_id}).rowcount
+            conn.execute(text(REQUEUE.format(which="r.pool_id = :pool_id")), {"pool_id": pool_id})
+            return n
 
     # -- reading ---------------------------------------------------------------------------
 
-    def counts(self, machine_id: int | None) -> dict:
-        """total / queued / running / done / failed / skipped for one machine (None: all machines,
-        where queued counts jobs times machines minus the runs)."""
-        where = "WHERE machine_id = :machine_id" if machine_id is not None else ""
+    def counts(self, machine_id: int | None = None, *, pool_id: int | None = None) -> dict:
+        """total / queued / running / done / failed / skipped of one pool (given, or the machine's own);
+        with neither, of every pool that took part, where total is jobs times pools."""
+        if pool_id is None and machine_id is not None:
+            pool_id = self.pool_id(machine_id)
+        where = "WHERE pool_id = :pool_id" if pool_id is not None else ""
         with self.transaction() as conn:
             jobs = conn.execute(text(COUNT_ALL_JOBS)).scalar_one()
-            machines = 1 if machine_id is not None else max(1, conn.execute(text(COUNT_MACHINES)).scalar_one())
-            by_status = dict(conn.execute(text(COUNT_ALL_RUNS.format(machine_filter=where)), {"machine_id": machine_id}).all())
-        out = {"total": jobs * machines}
+            pools = 1 if pool_id is not None else max(1, conn.execute(text(COUNT_POOLS)).scalar_one())
+            by_status = dict(conn.execute(text(COUNT_ALL_RUNS.format(pool_filter=where)), {"pool_id": pool_id}).all())
+        out = {"total": jobs * pools}
         out.update({s: int(by_status.get(s, 0)) for s in STATUSES})
         out["queued"] = out["total"] - sum(out[s] for s in ("running", "done", "failed", "skipped"))
         return out
 
-    def counts_by_sweep(self, machine_id: int | None) -> dict[str, dict]:
-        where = "AND r.machine_id = :machine_id" if machine_id is not None else ""
+    def counts_by_sweep(self, machine_id: int | None = None, *, pool_id: int | None = None) -> dict[str, dict]:
+        if pool_id is None and machine_id is not None:
+            pool_id = self.pool_id(machine_id)
+        where = "AND r.pool_id = :pool_id" if pool_id is not None else ""
         with self.transaction() as conn:
             totals = dict(conn.execute(text(COUNT_JOBS)).all())
-            rows = conn.execute(text(COUNT_RUNS.format(machine_filter=where)), {"machine_id": machine_id}).all()
-        out = {name: {"total": n, **{s: 0 for s in STATUSES}} for name, n in totals.items()}
+            pools = 1 if pool_id is not None else max(1, conn.execute(text(COUNT_POOLS)).scalar_one())
+            rows = conn.execute(text(COUNT_RUNS.format(pool_filter=where)), {"pool_id": pool_id}).all()
+        out = {name: {"total": n * pools, **{s: 0 for s in STATUSES}} for name, n in totals.items()}
         for name, status, n in rows:
             out[name][status] = n
         for c in out.values():
@@ -383,12 +572,21 @@ class Store:
         return out
 
 
-def _job_row(job: dict, sweep_id: int) -> dict:
+# Variables whose column stores NULL for a word ("default"): after resolve() only these can hold one.
+_WORDY = tuple(i for i, n in enumerate(NAMES) if BY_NAME[n].words)
+
+
+def _job_row(job: dict, sweep_id: int) -> tuple:
+    """One positional row of INSERT_JOBS."""
     config = job["config"]
-    row = {n: column_value(n, config[n]) for n in NAMES}
-    row.update(config_hash=job["config_hash"], sweep_id=sweep_id, run_order=job["run_order"],
-               config=json.dumps(config, sort_keys=True))
-    return row
+    values = [config[n] for n in NAMES]
+    for i in _WORDY:
+        if isinstance(values[i], str):
+            values[i] = None
+    config_json = job.get("config_json") or json.dumps(config, sort_keys=True)
+    derived = job.get("derived")
+    return (job["config_hash"], sweep_id, job["run_order"], config_json,
+            None if derived is None else json.dumps(derived, sort_keys=True), *values)
 
 
 def _quoted(name: str) -> str:
@@ -405,7 +603,12 @@ def _sha(s: str) -> str:
     return hashlib.sha256(s.encode()).hexdigest()
 
 
-def _chunks(items: list, n: int):
-    for i in range(0, len(items), n):
-        yield items[i:i + n]
-
+def _chunks(items: Iterable, n: int) -> Iterator[list]:
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

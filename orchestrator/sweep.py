@@ -1,10 +1,15 @@
-"""Sweep files (TOML) -> the list of job configs. Pure: no I/O besides reading the file.
+"""Sweep files (TOML) -> job configs. Pure: no I/O besides reading the file.
 
 A sweep has a [sweep] table (name, mode grid|ofat|random, repeats, seed, samples), a [base] table
 (values every job shares; the catalogue's defaults fill the rest) and an [axes] table (the varied
 values). Each combination is resolved and checked against the catalogue's constraints; violations
 are counted by reason, never enqueued. Every repeat is its own job; the run order is a seeded
 shuffle with all of repeat 0 first, so a half-finished sweep already covers every combination.
+
+Planning is lazy: the number of jobs is counted from the axes first, and a sweep above the limit
+(DEFAULT_MAX_JOBS, raised with `enqueue --max-jobs` or BENCH_MAX_JOBS) is refused at once with its
+count; below it the jobs are generated one at a time (`SweepPlan.iter_jobs`), so the store inserts
+them in chunks and memory does not grow with the sweep (eight 10-value axes once took 10 GB).
 """
 
 from __future__ import annotations
@@ -12,10 +17,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import random
 import tomllib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +32,11 @@ PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 MODES = ("grid", "ofat", "random")
 SWEEP_KEYS = {"name": str, "mode": str, "repeats": int, "seed": int, "samples": int, "description": str}
 TABLES = ("sweep", "base", "axes")
+# The most jobs one sweep may plan unless the user says more: a million jobs is ~1 GB of database and
+# months of machine time; a bigger count is almost always a stray axis.
+DEFAULT_MAX_JOBS = 1_000_000
+# Never a repeat index: marks where the repeat goes in a config's canonical JSON.
+_REPEAT_MARK = -987_654_321
 
 
 @dataclass
@@ -49,10 +60,47 @@ class SweepPlan:
     source: str
     text: str  # what was expanded: the file text plus the command-line overrides
     mode: str
-    jobs: list[dict]  # each: config, config_hash, run_order
-    rejected: Counter = field(default_factory=Counter)  # reason -> combinations
+    count: int  # jobs planned before constraints: combinations times repeats (the limit's measure)
+    rejected: Counter = field(default_factory=Counter)  # reason -> jobs, complete after iter_jobs()
     notes: list[str] = field(default_factory=list)
     varied: list[str] = field(default_factory=list)
+    combinations: Callable[[], Iterator[dict]] = lambda: iter(())
+    repeats: int = 1
+    seed: int = 0
+    cpu_count: int = 1
+    _jobs: list[dict] | None = None
+
+    def iter_jobs(self) -> Iterator[dict]:
+        """The jobs one at a time, in expansion order: each a dict of config, config_hash, run_order,
+        derived and config_json (the canonical JSON the hash is taken of). Counts rejections as it goes."""
+        self.rejected.clear()
+        seen = set()
+        for combo in self.combinations():
+            config, why = V.resolve(combo, self.cpu_count)
+            if why:
+                self.rejected[why[0]] += self.repeats
+                continue
+            head, tail = V.canonical_json(dict(config, repeat=_REPEAT_MARK)).split(f'"repeat":{_REPEAT_MARK}')
+            identity = None
+            derived = V.derived_words(combo)  # kept with the job: which values followed others
+            for r in range(self.repeats):
+                canonical = f'{head}"repeat":{r}{tail}'
+                config_hash = hashlib.sha256(canonical.encode()).hexdigest()
+                if identity is None:  # repeat 0: the combination's identity
+                    identity = config_hash
+                    key = int(identity[:16], 16)
+                    if key in seen:
+                        break  # two spellings of one run (an OFAT value equal to the base, say)
+                    seen.add(key)
+                yield {"config": dict(config, repeat=r), "config_hash": config_hash, "config_json": canonical,
+                       "run_order": run_order(self.seed, r, identity), "derived": derived}
+
+    @property
+    def jobs(self) -> list[dict]:
+        """Every job, in run order (small sweeps and tests; enqueue streams iter_jobs())."""
+        if self._jobs is None:
+            self._jobs = sorted(self.iter_jobs(), key=lambda j: j["run_order"])
+        return self._jobs
 
 
 def preset_path(name: str) -> Path:
@@ -85,8 +133,9 @@ def parse_assignment(item: str, option: str) -> tuple[str, str]:
 
 
 def load(path: Path | None = None, *, preset: str | None = None, sets: list[str] = (), axes: list[str] = (),
-         repeats: int | None = None, machine: Machine) -> SweepPlan:
-    """Read a sweep file or preset, apply --set / --axis / --repeats overrides, expand it."""
+         repeats: int | None = None, machine: Machine, max_jobs: int | None = None) -> SweepPlan:
+    """Read a sweep file or preset, apply --set / --axis / --repeats overrides, plan it (lazily;
+    more than max_jobs jobs, DEFAULT_MAX_JOBS unless given, is refused with the count)."""
     if path is not None and preset is not None:
         raise BadInput("give a sweep file or --preset, not both")
     if preset is not None:
@@ -100,7 +149,7 @@ def load(path: Path | None = None, *, preset: str | None = None, sets: list[str]
     overrides = {"set": list(sets), "axis": list(axes), "repeats": repeats}
     doc = _with_overrides(doc, sets, axes, repeats)
     text = raw if not any((sets, axes, repeats)) else f"{raw}\n# overrides: {json.dumps(overrides)}\n"
-    return expand(doc, where=where, source=source, text=text, machine=machine)
+    return expand(doc, where=where, source=source, text=text, machine=machine, max_jobs=max_jobs)
 
 
 def _with_overrides(doc: dict, sets, axes, repeats) -> dict:
@@ -124,8 +173,9 @@ def _with_overrides(doc: dict, sets, axes, repeats) -> dict:
     return doc
 
 
-def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine) -> SweepPlan:
-    """A parsed sweep -> its plan. Raises BadInput naming the key and `where` for malformed input."""
+def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, max_jobs: int | None = None) -> SweepPlan:
+    """A parsed sweep -> its plan. Raises BadInput naming the key and `where` for malformed input,
+    and for more than max_jobs jobs (counted from the axes, before anything is generated)."""
     for key in doc:
         if key not in TABLES:
             raise BadInput(f"unknown table [{key}] in {where}: expected {', '.join(TABLES)}")
@@ -163,25 +213,26 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine) -
         if axes_values:
             axes[key] = axes_values
 
-    combos = _combinations(mode, base, axes, seed, samples)
-    plan = SweepPlan(name=name, source=source, text=text, mode=mode, jobs=[], notes=notes,
-                     varied=[k for k, vs in axes.items() if len(vs) > 1])
-    seen = set()
-    for combo in combos:
-        config, why = V.resolve(combo, machine.cpu_count)
-        if why:
-            plan.rejected[why[0]] += repeats
-            continue
-        identity = V.config_hash(config)
-        if identity in seen:
-            continue  # two spellings of one run (an OFAT value equal to the base, say)
-        seen.add(identity)
-        for r in range(repeats):
-            job = dict(config, repeat=r)
-            plan.jobs.append({"config": job, "config_hash": V.config_hash(job),
-                              "run_order": run_order(seed, r, identity)})
-    plan.jobs.sort(key=lambda j: j["run_order"])
-    return plan
+    count = _count(mode, axes, samples) * repeats
+    limit = DEFAULT_MAX_JOBS if max_jobs is None else max_jobs
+    if count > limit:
+        sizes = " x ".join(f"{k} ({len(v)})" for k, v in axes.items()) or "no axes"
+        shape = {"grid": sizes, "ofat": f"1 + the values of {sizes}", "random": f"{samples} samples"}[mode]
+        raise BadInput(f"{where}: this sweep plans {count:,} jobs ({mode}: {shape}, {repeats} repeat(s)), more than "
+                       f"the limit of {limit:,}: narrow the axes, or raise the limit with --max-jobs N (or BENCH_MAX_JOBS)")
+    return SweepPlan(name=name, source=source, text=text, mode=mode, count=count, notes=notes,
+                     varied=[k for k, vs in axes.items() if len(vs) > 1],
+                     combinations=lambda: _combinations(mode, base, axes, seed, samples),
+                     repeats=repeats, seed=seed, cpu_count=machine.cpu_count)
+
+
+def _count(mode: str, axes: dict[str, list], samples: int | None) -> int:
+    """Combinations the mode makes of these axes, without making them."""
+    if mode == "grid":
+        return math.prod(len(v) for v in axes.values())
+    if mode == "ofat":
+        return 1 + sum(len(v) for v in axes.values())
+    return samples
 
 
 def _check_settable(key: str, label: str, where: str) -> None:
@@ -225,17 +276,21 @@ def _auto_axis(key: str, spec: str, label: str, machine: Machine, notes: list[st
                    f"(cores = \"auto\", freq_mhz = \"auto:STEP\")")
 
 
-def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, samples: int | None) -> list[dict]:
+def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, samples: int | None) -> Iterator[dict]:
+    """The partial configs of the sweep, one at a time."""
     if mode == "grid":
         keys = list(axes)
-        return [{**base, **dict(zip(keys, values))} for values in itertools.product(*axes.values())]
-    if mode == "ofat":
-        combos = [dict(base)]
+        for values in itertools.product(*axes.values()):
+            yield {**base, **dict(zip(keys, values))}
+    elif mode == "ofat":
+        yield dict(base)
         for key, values in axes.items():
-            combos.extend({**base, key: v} for v in values)
-        return combos
-    rng = random.Random(seed)
-    return [{**base, **{k: rng.choice(vs) for k, vs in axes.items()}} for _ in range(samples)]
+            for v in values:
+                yield {**base, key: v}
+    else:
+        rng = random.Random(seed)
+        for _ in range(samples):
+            yield {**base, **{k: rng.choice(vs) for k, vs in axes.items()}}
 
 
 def run_order(seed: int, repeat: int, identity: str) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.errors import BadInput
@@ -176,29 +177,55 @@ def parse_value(name: str, value, where: str = ""):
     return lookup(name, where).parse(value, where)
 
 
+@dataclass(frozen=True)
+class Derivation:
+    """A value resolve() computes from other variables when it is left on its word ("auto")."""
+
+    name: str
+    parents: tuple[str, ...]  # the variables it follows
+    rule: Callable[[dict], int]  # its value from a config that has the parents' values
+
+
+# In resolution order (intra_threads follows omp_threads, so omp_threads comes first). The report
+# reads the same rules to know which runs have their followers at the derived values.
+DERIVATIONS: tuple[Derivation, ...] = (
+    Derivation("omp_threads", ("cores",), lambda c: c["cores"]),
+    Derivation("intra_threads", ("omp_threads",), lambda c: c["omp_threads"]),
+    Derivation("inter_threads", ("cores",), lambda c: c["cores"]),
+    Derivation("head_dim", ("d_model", "n_heads"), lambda c: max(1, c["d_model"] // c["n_heads"])),
+    Derivation("kv_heads", ("n_heads",), lambda c: c["n_heads"]),
+)
+DERIVED_BY_NAME: dict[str, Derivation] = {d.name: d for d in DERIVATIONS}
+
+
+def derived_words(partial: dict) -> dict[str, str]:
+    """The variables resolve() fills from a word for this partial config, e.g. {"cores": "all",
+    "omp_threads": "auto"}: what `jobs.derived` records, so a report need not guess."""
+    out = {}
+    for name in ("cores", *DERIVED_BY_NAME):
+        value = partial.get(name, BY_NAME[name].default)
+        if isinstance(value, str) and value in (AUTO, ALL):
+            out[name] = value
+    return out
+
+
 def resolve(partial: dict, cpu_count: int) -> tuple[dict, list[str]]:
     """A full concrete config and the constraints it violates (empty: it can be a job).
 
     Values must already be parsed. Defaults are filled and auto/all resolved against `cpu_count` CPUs;
     `freq_mhz`, `governor` and `turbo` keep the word "default" (leave the machine as it is), every
     other variable gets a concrete value, so two spellings of one run hash alike.
+    derived_words(partial) names the values resolved here.
     """
     c = {v.name: partial.get(v.name, v.default) for v in CATALOGUE}
     if c["cores"] == ALL:
         c["cores"] = cpu_count
-    if c["omp_threads"] == AUTO:
-        c["omp_threads"] = c["cores"]
-    if c["intra_threads"] == AUTO:
-        c["intra_threads"] = c["omp_threads"]
-    if c["inter_threads"] == AUTO:
-        c["inter_threads"] = c["cores"]
     why = []
-    if c["head_dim"] == AUTO:
-        if c["d_model"] % c["n_heads"]:
-            why.append("d_model not divisible by n_heads")
-        c["head_dim"] = max(1, c["d_model"] // c["n_heads"])
-    if c["kv_heads"] == AUTO:
-        c["kv_heads"] = c["n_heads"]
+    if c["head_dim"] == AUTO and c["d_model"] % c["n_heads"]:
+        why.append("d_model not divisible by n_heads")
+    for d in DERIVATIONS:
+        if c[d.name] == AUTO:
+            c[d.name] = d.rule(c)
     return c, why + violations(c, cpu_count)
 
 
@@ -222,10 +249,14 @@ def violations(config: dict, cpu_count: int) -> list[str]:
     return why
 
 
+def canonical_json(config: dict) -> str:
+    """The text a job's identity is taken of: every catalogue variable, sorted, compact."""
+    return json.dumps({k: config[k] for k in NAMES}, sort_keys=True, separators=(",", ":"))
+
+
 def config_hash(config: dict) -> str:
     """Identity of a job: sha256 of the canonical JSON of the full config (repeat included)."""
-    canonical = json.dumps({k: config[k] for k in NAMES}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
 
 
 def column_value(name: str, value):

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.pgserver import pg_bin, throwaway_postgres
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,19 +55,6 @@ def bench(*args: str, env: dict | None = None, timeout: float = 300, check: bool
     return proc
 
 
-def _pg_bin() -> Path | None:
-    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
-        if (candidate / "initdb").exists():
-            return candidate
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def postgres_url():
     """A throwaway PostgreSQL server on loopback, for the session. Skipped only where Debian's
@@ -75,29 +62,10 @@ def postgres_url():
     if os.environ.get("BENCH_TEST_PG_URL"):
         yield os.environ["BENCH_TEST_PG_URL"]
         return
-    pg = _pg_bin()
-    if pg is None:
+    if pg_bin() is None:
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
-    # Not under pytest's tmp dir: it is private to root and the server runs as postgres.
-    base = Path(tempfile.mkdtemp(prefix="cpubench-pg-"))
-    data = base / "data"
-    run_as: list[str] = []
-    if os.geteuid() == 0:  # initdb refuses root: run the server as the postgres user
-        shutil.chown(base, "postgres")
-        run_as = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
-    subprocess.run([*run_as, str(pg / "initdb"), "-D", str(data), "-A", "trust", "-U", "bench"],
-                   check=True, capture_output=True)
-    log = base / "log"
-    subprocess.run([*run_as, str(pg / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-o",
-                    f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off", "start"],
-                   check=True, capture_output=True)
-    try:
-        url = f"postgresql+psycopg://bench@127.0.0.1:{port}/postgres"
+    with throwaway_postgres() as url:
         yield url
-    finally:
-        subprocess.run([*run_as, str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

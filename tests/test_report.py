@@ -66,7 +66,10 @@ def test_summary_explains_itself_and_names_every_varied_variable(report):
         assert f"### {name}" in md
         assert f"![{name}](plots/{name}.png)" in md
     assert "step time ~ d_model^" in md
-    assert "95% CI" in md and "t-interval" in md
+    assert "95% CI" in md and "family-wise" in md and "Holm" in md and "Welch" in md
+    method = md.split("## How the numbers were computed")[1]
+    for words in ("in that variable alone", "derived", "Pass drift", "own", "*No detectable effect*", "Ranking"):
+        assert words in method
 
 
 def test_failed_and_skipped_runs_are_counted_with_their_reasons(report):
@@ -90,13 +93,13 @@ def test_plots_are_png_images_matplotlib_can_read_back(report, tmp_path):
         assert width > 800 and height > 300
 
 
-def test_top_effects_are_ranked_and_carry_the_fitted_numbers(report):
+def test_top_effects_are_ranked_by_p_value_and_carry_the_fitted_numbers(report):
+    top = {e.variable: e for e in report.top_effects}
+    assert (top["d_model"].kind, top["precision"].kind, top["precision"].value) == ("elasticity", "ratio", "bf16")
+    assert top["d_model"].estimate == pytest.approx(1.7, rel=0.05)
+    assert top["precision"].estimate == pytest.approx(2.0, rel=0.05)
     first, second = report.top_effects
-    assert (first.variable, first.kind) == ("d_model", "elasticity")
-    assert first.estimate == pytest.approx(1.7, rel=0.05)
-    assert (second.variable, second.kind, second.value) == ("precision", "ratio", "bf16")
-    assert second.estimate == pytest.approx(2.0, rel=0.05)
-    assert first.span > second.span
+    assert first.significant and second.significant and first.p_value <= second.p_value
     assert report.machines == 1
 
 
@@ -112,6 +115,24 @@ def test_effects_table_is_replaced_not_duplicated_by_a_second_report(store, repo
     assert ("d_model", "elasticity", None) in kinds and ("precision", "ratio", "bf16") in kinds
     bf16 = next(r for r in second if r.value == "bf16")
     assert bf16.baseline == "fp32" and bf16.estimate == pytest.approx(2.0, rel=0.05) and bf16.n_runs == 6
+
+
+def test_effects_table_holds_what_a_user_needs_to_query_a_comparison(store, report):
+    with store.transaction() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(text("SELECT * FROM effects ORDER BY effect_id"))]
+    assert {r["family"] for r in rows} == {4}
+    for r in rows:
+        assert r["se"] > 0 and r["dof"] >= 1 and 0 <= r["p_value"] <= r["p_adjusted"] <= 1
+        assert bool(r["significant"]) == (r["p_adjusted"] < 0.05)
+        assert r["ci_adj_low"] < r["ci_low"] <= r["estimate"] <= r["ci_high"] < r["ci_adj_high"]
+        assert "Welch" in r["method"] and r["n_passes"] == 3 and r["min_runs"] >= 2
+        assert r["half_width"] > 0 and r["target_met"] is None
+    d256 = next(r for r in rows if r["value"] == "256")
+    assert d256["min_runs"] == 2  # its third run failed
+    # what a user would ask: the clear effects, clearest first
+    with store.transaction() as conn:
+        clear = conn.execute(text("SELECT variable, value FROM effects WHERE significant ORDER BY p_adjusted")).all()
+    assert ("precision", "bf16") in clear
 
 
 def test_two_machines_are_compared_side_by_side_on_the_jobs_they_share(store, tmp_path):
@@ -183,3 +204,32 @@ def test_report_effects_and_eta_work_on_postgresql(request, tmp_path):
         assert conn.execute(text("SELECT COUNT(*) FROM effects")).scalar_one() == 8
     enqueue(store, configs({"d_model": 512}, {}, repeats=2), sweep="more")
     assert estimate_remaining_s(store, a) > 0
+
+
+def test_summary_states_the_machine_noise_and_where_it_comes_from(store, report, tmp_path):
+    md = report.summary_path.read_text()
+    noise = md.split("## How noisy the machine is")[1].split("\n## ")[0]
+    assert "estimated from the repeats in this report" in noise and "pass drift" in noise
+    # Where the machine probe measured it (machines.noise_cv, added by the machine workstream), it is used.
+    with store.transaction(write=True) as conn:
+        columns = [r[1] for r in conn.exec_driver_sql("PRAGMA table_info(machines)")]
+        if "noise_cv" not in columns:
+            conn.exec_driver_sql("ALTER TABLE machines ADD COLUMN noise_cv REAL")
+        conn.exec_driver_sql("UPDATE machines SET noise_cv = 0.123")
+    again = write_report(store, tmp_path / "again", plots=False).summary_path.read_text()
+    assert "12% (the repeats here:" in again and "measured by the machine probe" in again
+
+
+def test_asked_values_that_ran_identically_are_said_so_in_the_summary(store, tmp_path):
+    m = store.register_machine(machine_facts("alpha"))
+    hub = "ThomasTheMaker/Arc-Corpus-sample"
+    enqueue(store, configs({"dataset": hub}, {"dataset": [hub, "builtin"], "n_layers": [1, 2]}, repeats=2))
+    rng = random.Random(3)
+    run_all(store, m, lambda c: ("done", None, {**metrics(10 * c["n_layers"] * math.exp(rng.gauss(0, 0.02)), c),
+                                                "dataset_used": "builtin"}))
+
+    report = write_report(store, tmp_path / "result", plots=False)
+
+    md = report.summary_path.read_text()
+    assert "**Ran identically**: `dataset`" in md and "### dataset" not in md
+    assert {e.variable for e in report.effects} == {"n_layers"}

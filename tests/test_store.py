@@ -139,3 +139,15 @@ def test_retry_puts_failed_and_skipped_runs_back(store, tmp_path):
     assert store.counts(machine)["queued"] == 1
     assert store.retry(machine, failed=False, skipped=True) == 1
     assert store.counts(machine)["queued"] == 2
+
+
+def test_a_job_planned_by_two_sweeps_belongs_to_both_and_is_stored_once(store):
+    machine = Machine(cpu_count=2)
+    a = load(None, axes=["d_model=32,40"], machine=machine)
+    b = load(None, sets=["steps=20"], axes=["d_model=40,48"], machine=machine)  # same jobs as a's 40, other text
+    assert enqueue(store, a).new == 2
+    second = store.enqueue(name="b", source=b.source, sweep_text=b.text, jobs=b.iter_jobs())
+    assert (second.new, second.present) == (1, 1)
+    by_sweep = store.counts_by_sweep(None)
+    assert by_sweep["command-line"]["total"] == 2 and by_sweep["b"]["total"] == 2
+    assert store.counts(None)["total"] == 3

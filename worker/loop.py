@@ -37,6 +37,7 @@ def default_state_dir() -> Path:
 @dataclass
 class WorkerOptions:
     cpus: list[int] | None = None  # the pool; None = every CPU this process may use
+    pool_name: str | None = None  # `work --pool NAME`: share that named pool's queue; None = this machine's own
     max_jobs: int | None = None
     wait: bool = False  # poll for new jobs instead of stopping when none is queued
     poll_s: float = 5.0
@@ -61,7 +62,7 @@ class WorkerOptions:
 
 @dataclass
 class Event:
-    kind: str  # start | claimed | finished | idle | restored | requeued | note
+    kind: str  # start | claimed | finished | idle | stop | restored | requeued | note
     claim: Claim | None = None
     outcome: Outcome | None = None
     counts: dict | None = None
@@ -125,6 +126,8 @@ class Worker:
         self.journal = options.state_dir / f"journal-{self.pid}.json"
         self.facts: dict = {}
         self.machine_id: int | None = None
+        self.pool_id: int | None = None  # the queue claimed from (store pools; not the CPU pool above)
+        self._counted_at = float("-inf")
         self._datasets: dict[str, str] = {}
         if options.spawn not in ("fork", "exec"):
             raise BadInput(f"BENCH_SPAWN={options.spawn!r}: expected fork or exec")
@@ -138,6 +141,7 @@ class Worker:
         """Probe, register and restore; the machine id."""
         self.facts = probe.probe(self.opts.state_dir, quick=self.opts.probe_quick, sysfs_root=self.opts.sysfs_root)
         self.machine_id = self.store.register_machine(self.facts)
+        self.pool_id = self.store.pool_id(self.machine_id, self.opts.pool_name)
         for line in restore_left_behind(self.opts.state_dir, self.opts.sysfs_root):
             self.emit(Event("restored", text=line))
         return self.machine_id
@@ -148,29 +152,42 @@ class Worker:
         try:
             with cpu_locks(self.opts.state_dir, self.pool, wait=self.opts.wait):
                 self.start()
-                self.emit(Event("start", counts=self.store.counts(self.machine_id)))
+                self.emit(Event("start", counts=self.store.counts(pool_id=self.pool_id)))
                 done = 0
                 while self.opts.max_jobs is None or done < self.opts.max_jobs:
                     self._take_back_stale()
-                    claim = self.store.claim(self.machine_id, pid=self.pid, host=self.host, max_cores=len(self.pool))
+                    claim = self.store.claim(self.machine_id, pid=self.pid, host=self.host, max_cores=len(self.pool),
+                                             pool_id=self.pool_id)
                     if claim is None:
                         if not self.opts.wait:
                             break
-                        self.emit(Event("idle", counts=self.store.counts(self.machine_id)))
+                        self.emit(Event("idle", counts=self.store.counts(pool_id=self.pool_id)))
                         time.sleep(self.opts.poll_s)
                         continue
                     self.emit(Event("claimed", claim=claim))
                     outcome = self._run_claim(claim)
                     done += 1
-                    self.emit(Event("finished", claim=claim, outcome=outcome, counts=self.store.counts(self.machine_id)))
-                return self.store.counts(self.machine_id)
+                    self.emit(Event("finished", claim=claim, outcome=outcome, counts=self._counts_now_and_then()))
+                counts = self.store.counts(pool_id=self.pool_id)
+                self.emit(Event("stop", counts=counts))  # the progress bar ends on exact counts
+                return counts
         finally:
             self.close()
             signal.signal(signal.SIGTERM, previous)
 
+    def _counts_now_and_then(self, every_s: float = 2.0) -> dict | None:
+        """The pool's counts for the progress bar, at most every few seconds: counting a 100k-job
+        pool costs ~10 ms, a sixth of a tiny job's whole cycle. None in between (the bar waits)."""
+        now = time.monotonic()
+        if now - self._counted_at < every_s:
+            return None
+        self._counted_at = now
+        return self.store.counts(pool_id=self.pool_id)
+
     def _take_back_stale(self) -> None:
         taken = self.store.take_back_stale(self.machine_id, host=self.host, grace_s=self.opts.grace_s,
-                                           max_attempts=self.opts.max_attempts, is_alive=_alive_other)
+                                           max_attempts=self.opts.max_attempts, is_alive=_alive_other,
+                                           pool_id=self.pool_id)
         if taken:
             self.emit(Event("requeued", text=f"took back {len(taken)} run(s) of dead workers: {taken}"))
 

@@ -1,0 +1,392 @@
+"""Schema versions: a results database outlives releases (Optuna's storage habit).
+
+schema.sql is the latest schema. A database records the versions it was brought to in
+`schema_version`; the release before versions existed had no such table: that is version 1. On open:
+
+- an up-to-date database costs one SELECT: no DDL is re-run (PostgreSQL's CREATE OR REPLACE VIEW
+  raced between clients when every open re-applied the schema);
+- an empty database gets schema.sql and the latest version;
+- an older one is migrated by the numbered steps in MIGRATIONS, each applied once, all in one
+  transaction, under a lock (SQLite: BEGIN IMMEDIATE; PostgreSQL: an advisory lock), and the
+  version is read again under the lock, so two processes opening an old database at once migrate it
+  once;
+- a database from a newer release is refused: this code would not know its columns.
+
+Step 2 (version 1 -> 2) is mostly generic, so that the columns and tables other workstreams add to
+schema.sql need no hand-written ALTER: tables schema.sql has and the database lacks are created;
+on SQLite a table whose definition differs from schema.sql is rebuilt from it (SQLite's documented
+12-step table rebuild: new table, copy, drop, rename), so a migrated database is column-for-column
+the same as a fresh one; on PostgreSQL the missing columns are added (at the end: PostgreSQL cannot
+reorder columns). A new column takes its DEFAULT or NULL in old rows, or the expression in FILLS; a
+NOT NULL column with neither is a programming error that names itself. Jobs are completed from the
+catalogue: a variable the old release did not have gets its default (the value the old release ran
+with), and config/config_hash are recomputed, so re-enqueueing an old sweep finds its jobs. Indexes
+and views are (re)made from schema.sql. The specific part of step 2: pools (each machine becomes its
+own pool, every old run belongs to its machine's pool, runs are unique per (job, pool)).
+
+The generic part always targets the latest schema.sql: a later step that needs an intermediate
+shape must run its own statements before calling `reconcile`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+from orchestrator.errors import BenchError
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema.sql"
+
+# Any constant will do; it only has to be the same for every cpubench process on one server.
+PG_SCHEMA_LOCK = 0x63707562656E6368 >> 1  # "cpubench", halved to fit a signed bigint
+
+CONSTRAINT_WORDS = ("UNIQUE", "PRIMARY KEY", "CHECK", "FOREIGN KEY", "CONSTRAINT")
+
+SELECT_VERSION = "SELECT MAX(version) FROM schema_version"
+INSERT_VERSION = "INSERT INTO schema_version (version, applied, note) VALUES (:version, {now}, :note)"
+SQLITE_TABLES = "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+SQLITE_VIEWS = "SELECT name FROM sqlite_master WHERE type = 'view'"
+PG_TABLES = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+PG_VIEWS = "SELECT viewname FROM pg_views WHERE schemaname = current_schema()"
+PG_COLUMNS = """
+SELECT column_name FROM information_schema.columns
+WHERE table_schema = current_schema() AND table_name = :table
+"""
+
+
+class SchemaTooNew(BenchError):
+    """The database was written by a newer release: refuse before touching it."""
+
+    exit_code = 2
+
+
+# -- schema.sql, parsed ---------------------------------------------------------------------------
+
+@dataclass
+class Table:
+    name: str
+    statement: str  # the CREATE TABLE statement, adapted to the dialect
+    columns: dict[str, str]  # name -> its definition after the name ("INTEGER NOT NULL DEFAULT 0")
+
+
+@dataclass
+class Schema:
+    tables: dict[str, Table]  # in schema.sql order
+    indexes: list[str]  # CREATE INDEX statements
+    views: dict[str, str]  # name -> CREATE VIEW statement
+    statements: list[str]  # everything, in order: what a fresh database runs
+
+
+def schema_statements(dialect: str) -> list[str]:
+    """schema.sql split into statements, adapted to the dialect."""
+    sql = re.sub(r"--[^\n]*", "", SCHEMA_PATH.read_text())
+    if dialect == "postgresql":
+        sql = sql.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
+        sql = re.sub(r"\bREAL\b", "DOUBLE PRECISION", sql)
+        sql = re.sub(r"\bINTEGER\b", "BIGINT", sql)
+        sql = sql.replace("CREATE VIEW IF NOT EXISTS", "CREATE OR REPLACE VIEW")
+    return [s.strip() for s in sql.split(";") if s.strip()]
+
+
+def parse_schema(dialect: str) -> Schema:
+    schema = Schema(tables={}, indexes=[], views={}, statements=schema_statements(dialect))
+    for statement in schema.statements:
+        if m := re.match(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*)\)$", statement, re.S):
+            columns = {}
+            for part in _top_level_split(m.group(2)):
+                if not part.upper().startswith(CONSTRAINT_WORDS):
+                    name, _, definition = part.partition(" ")
+                    columns[name.strip('"')] = definition.strip()
+            schema.tables[m.group(1)] = Table(m.group(1), statement, columns)
+        elif re.match(r"CREATE (UNIQUE )?INDEX", statement):
+            schema.indexes.append(statement)
+        elif m := re.match(r"CREATE (?:OR REPLACE )?VIEW (?:IF NOT EXISTS )?(\w+)", statement):
+            schema.views[m.group(1)] = statement
+        else:
+            raise AssertionError(f"schema.sql: a statement of an unknown kind: {statement[:60]}")
+    return schema
+
+
+def _top_level_split(body: str) -> list[str]:
+    """A table body split on the commas outside parentheses, whitespace collapsed."""
+    parts, depth, current = [], 0, []
+    for ch in body:
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+            continue
+        depth += (ch == "(") - (ch == ")")
+        current.append(ch)
+    parts.append("".join(current))
+    return [" ".join(p.split()) for p in parts if p.strip()]
+
+
+def _normalised(statement: str) -> str:
+    """A CREATE TABLE statement as SQLite keeps it, for comparison: no IF NOT EXISTS, no quotes
+    around the table's name (a renamed table gets them), whitespace collapsed."""
+    s = " ".join(statement.split())
+    s = s.replace("CREATE TABLE IF NOT EXISTS ", "CREATE TABLE ")
+    s = re.sub(r'^CREATE TABLE "(\w+)"', r"CREATE TABLE \1", s)
+    return s.replace("( ", "(").replace(" )", ")")
+
+
+# -- versions -------------------------------------------------------------------------------------
+
+def table_names(conn: Connection, dialect: str) -> set[str]:
+    query = SQLITE_TABLES if dialect == "sqlite" else PG_TABLES
+    return {row[0] for row in conn.exec_driver_sql(query)}
+
+
+def current_version(conn: Connection, dialect: str) -> int | None:
+    """The database's version; None for an empty database (no cpubench table at all)."""
+    tables = table_names(conn, dialect)
+    if "schema_version" in tables:
+        return conn.exec_driver_sql(SELECT_VERSION).scalar_one() or 1
+    if "jobs" in tables or "runs" in tables:
+        return 1
+    return None
+
+
+def upgrade(store) -> str | None:
+    """Bring the store's database to LATEST. Returns what was done ("created", "migrated from
+    version N"), or None when it was up to date (then only one SELECT ran)."""
+    with store.transaction() as conn:
+        version = current_version(conn, store.dialect)
+    _refuse_newer(store, version)
+    if version == LATEST:
+        return None
+    with _migration_transaction(store) as conn:
+        version = current_version(conn, store.dialect)  # again, under the lock: someone may have done it
+        _refuse_newer(store, version)
+        if version == LATEST:
+            return None
+        now = store.now
+        if version is None:
+            for statement in parse_schema(store.dialect).statements:
+                conn.exec_driver_sql(statement)
+            conn.execute(text(INSERT_VERSION.format(now=now)), {"version": LATEST, "note": "created"})
+            return "created"
+        for step in range(version + 1, LATEST + 1):
+            note = MIGRATIONS[step](conn, store.dialect)
+            conn.execute(text(INSERT_VERSION.format(now=now)), {"version": step, "note": note})
+        return f"migrated from version {version}"
+
+
+def _refuse_newer(store, version: int | None) -> None:
+    if version is not None and version > LATEST:
+        raise SchemaTooNew(f"database {store.display_url} has schema version {version}, written by a newer "
+                           f"cpubench; this one knows versions up to {LATEST}: upgrade cpubench to use it")
+
+
+class _migration_transaction:
+    """One transaction holding the schema lock. On SQLite, foreign keys are off on this connection
+    while tables are rebuilt (the pragma cannot change inside a transaction), and checked before
+    the commit."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def __enter__(self) -> Connection:
+        self.conn = self.store.engine.connect()
+        if self.store.dialect == "sqlite":
+            self.conn.connection.dbapi_connection.execute("PRAGMA foreign_keys=OFF")
+            self.conn = self.conn.execution_options(immediate=True)
+        self.tx = self.conn.begin()
+        if self.store.dialect == "postgresql":
+            self.conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_SCHEMA_LOCK})
+        return self.conn
+
+    def __exit__(self, kind, error, tb) -> None:
+        try:
+            if kind is None:
+                self._check()
+                self.tx.commit()
+            else:
+                self.tx.rollback()
+        except BaseException:
+            if self.tx.is_active:
+                self.tx.rollback()
+            raise
+        finally:
+            if self.store.dialect == "sqlite":
+                self.conn.connection.dbapi_connection.execute("PRAGMA foreign_keys=ON")
+            self.conn.close()
+
+    def _check(self) -> None:
+        if self.store.dialect == "sqlite":
+            broken = self.conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+            if broken:
+                raise BenchError(f"migration would leave {len(broken)} broken references (e.g. {tuple(broken[0])}); "
+                                 f"nothing was changed")
+
+
+# -- the generic part: bring tables, indexes and views to schema.sql ----------------------------
+
+def reconcile(conn: Connection, dialect: str, fills: dict[tuple[str, str], str]) -> list[str]:
+    """Create missing tables, bring existing ones to schema.sql's definition, complete jobs from the
+    catalogue, remake indexes and views. `fills`: (table, column) -> an SQL expression over the old
+    row (alias `old`) for a column, new or not; a new column without one gets its DEFAULT or NULL.
+    Returns what it did, for the note."""
+    schema = parse_schema(dialect)
+    done = []
+    for view in _views(conn, dialect):
+        conn.exec_driver_sql(f"DROP VIEW IF EXISTS {view}")
+    present = table_names(conn, dialect)
+    fills = dict(fills)
+    if "jobs" in present and (completed := _stage_job_completion(conn, dialect, fills)):
+        done.append(completed)
+    for table in schema.tables.values():
+        if table.name not in present:
+            conn.exec_driver_sql(table.statement)
+            done.append(f"created {table.name}")
+        elif changed := (_rebuild_sqlite if dialect == "sqlite" else _add_columns_pg)(conn, table, fills):
+            done.append(changed)
+    conn.exec_driver_sql("DROP TABLE IF EXISTS jobs_completed")
+    for statement in schema.indexes:
+        conn.exec_driver_sql(statement)
+    for statement in schema.views.values():
+        conn.exec_driver_sql(statement)
+    return done
+
+
+def _views(conn: Connection, dialect: str) -> list[str]:
+    return [row[0] for row in conn.exec_driver_sql(SQLITE_VIEWS if dialect == "sqlite" else PG_VIEWS)]
+
+
+def _columns(conn: Connection, dialect: str, table: str) -> list[str]:
+    if dialect == "sqlite":
+        return [row[1] for row in conn.exec_driver_sql(f"PRAGMA table_info({table})")]
+    return [row[0] for row in conn.execute(text(PG_COLUMNS), {"table": table})]
+
+
+def _needs_value(table: Table, column: str) -> bool:
+    definition = table.columns[column].upper()
+    return "NOT NULL" in definition and "DEFAULT" not in definition and "PRIMARY KEY" not in definition
+
+
+def _no_fill(table: Table, column: str) -> BenchError:
+    return BenchError(f"schema.sql: new column {table.name}.{column} is NOT NULL without a DEFAULT: old rows "
+                      f"cannot have it; give it a DEFAULT, or a fill in orchestrator/migrations.py")
+
+
+def _rebuild_sqlite(conn: Connection, table: Table, fills: dict) -> str | None:
+    """SQLite's 12-step rebuild when the table's definition differs from schema.sql (columns, their
+    order, types or constraints): create it anew, copy the rows, drop the old, rename."""
+    stored = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                  (table.name,)).scalar_one()
+    if _normalised(stored) == _normalised(table.statement):
+        return None
+    old = _columns(conn, "sqlite", table.name)
+    target, values = [], []
+    for column in table.columns:
+        if (table.name, column) in fills:
+            target.append(_quote(column))
+            values.append(fills[(table.name, column)])
+        elif column in old:
+            target.append(_quote(column))
+            values.append(f"old.{_quote(column)}")
+        elif _needs_value(table, column):
+            raise _no_fill(table, column)
+    temporary = f"{table.name}__new"
+    conn.exec_driver_sql(table.statement.replace(f"CREATE TABLE IF NOT EXISTS {table.name} (",
+                                                 f"CREATE TABLE {temporary} (", 1))
+    conn.exec_driver_sql(f"INSERT INTO {temporary} ({', '.join(target)}) SELECT {', '.join(values)} "
+                         f"FROM {table.name} AS old")
+    conn.exec_driver_sql(f"DROP TABLE {table.name}")
+    conn.exec_driver_sql(f"ALTER TABLE {temporary} RENAME TO {table.name}")
+    dropped = [c for c in old if c not in table.columns]
+    added = [c for c in table.columns if c not in old]
+    return f"rebuilt {table.name}" + (f" (+{', '.join(added)})" if added else "") + (
+        f" (-{', '.join(dropped)})" if dropped else "")
+
+
+def _add_columns_pg(conn: Connection, table: Table, fills: dict) -> str | None:
+    """PostgreSQL: add the columns the table lacks (nullable first, filled, then NOT NULL as
+    declared), and apply the fills of existing columns. Constraint changes are the numbered step's
+    own statements."""
+    old = _columns(conn, "postgresql", table.name)
+    added = [c for c in table.columns if c not in old]
+    for column in added:
+        if _needs_value(table, column) and (table.name, column) not in fills:
+            raise _no_fill(table, column)
+        loose = re.sub(r"\bNOT NULL\b", "", table.columns[column])
+        conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {_quote(column)} {loose}")
+    assignments = [f"{_quote(c)} = {fills[(table.name, c)]}" for c in table.columns if (table.name, c) in fills]
+    if assignments:
+        conn.exec_driver_sql(f"UPDATE {table.name} AS old SET {', '.join(assignments)}")
+    for column in added:
+        if "NOT NULL" in table.columns[column].upper():
+            conn.exec_driver_sql(f"ALTER TABLE {table.name} ALTER COLUMN {_quote(column)} SET NOT NULL")
+    return f"added {table.name}.({', '.join(added)})" if added else None
+
+
+def _stage_job_completion(conn: Connection, dialect: str, fills: dict) -> str | None:
+    """Jobs planned before a catalogue variable existed get its default (what the old release ran
+    with); config and config_hash (job identity) are recomputed. The values are staged in a
+    temporary table that the fills of jobs' columns read."""
+    from orchestrator.variables import NAMES, column_value, config_hash, resolve
+
+    missing = [n for n in NAMES if n not in _columns(conn, dialect, "jobs")]
+    if not missing:
+        return None
+    rows = conn.exec_driver_sql("SELECT job_id, config FROM jobs").all()
+    staged = []
+    for job_id, config_json in rows:
+        old = json.loads(config_json)
+        config, _ = resolve({k: v for k, v in old.items() if k in NAMES}, int(old.get("cores") or 1))
+        staged.append({"job_id": job_id, "config": json.dumps(config, sort_keys=True),
+                       "config_hash": config_hash(config), **{f"v{i}": column_value(n, config[n]) for i, n in enumerate(missing)}})
+    columns = ["config", "config_hash", *missing]
+    conn.exec_driver_sql(f"CREATE TEMPORARY TABLE jobs_completed (job_id BIGINT PRIMARY KEY, config TEXT, "
+                         f"config_hash TEXT, {', '.join(f'{_quote(n)} {_sql_type(n)}' for n in missing)})")
+    if staged:
+        marks = ", ".join([":job_id", ":config", ":config_hash", *(f":v{i}" for i in range(len(missing)))])
+        conn.execute(text(f"INSERT INTO jobs_completed (job_id, {', '.join(_quote(c) for c in columns)}) "
+                          f"VALUES ({marks})"), staged)
+    for column in columns:
+        fills[("jobs", column)] = f"(SELECT c.{_quote(column)} FROM jobs_completed c WHERE c.job_id = old.job_id)"
+    return f"completed {len(rows)} jobs with {', '.join(missing)}"
+
+
+def _sql_type(name: str) -> str:
+    from orchestrator.variables import BY_NAME
+
+    return {"INTEGER": "BIGINT", "REAL": "DOUBLE PRECISION"}.get(BY_NAME[name].sql_type, BY_NAME[name].sql_type)
+
+
+def _quote(name: str) -> str:
+    return f'"{name}"' if name == "window" else name
+
+
+# -- the numbered steps ---------------------------------------------------------------------------
+
+INSERT_MACHINE_POOLS = """
+INSERT INTO pools (machine_id, created)
+SELECT machine_id, first_seen FROM machines
+WHERE machine_id NOT IN (SELECT machine_id FROM pools WHERE machine_id IS NOT NULL)
+"""
+RUN_POOL = "(SELECT pool_id FROM pools WHERE pools.machine_id = old.machine_id)"
+
+
+def _to_2(conn: Connection, dialect: str) -> str:
+    """Version 1 -> 2: schema versions, pools and the queue table, and whatever schema.sql gained."""
+    if dialect == "postgresql":
+        conn.exec_driver_sql("ALTER TABLE runs DROP CONSTRAINT IF EXISTS runs_job_id_machine_id_key")
+    schema = parse_schema(dialect)
+    if "pools" not in table_names(conn, dialect):
+        conn.exec_driver_sql(schema.tables["pools"].statement)  # before reconcile: runs' fill reads it
+    conn.exec_driver_sql(INSERT_MACHINE_POOLS)
+    done = reconcile(conn, dialect, fills={("runs", "pool_id"): RUN_POOL})
+    if dialect == "postgresql":
+        conn.exec_driver_sql("ALTER TABLE runs ADD CONSTRAINT runs_job_id_pool_id_key UNIQUE (job_id, pool_id)")
+    return "from version 1: each machine its own pool; " + "; ".join(done)
+
+
+MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2}
+LATEST = max(MIGRATIONS)

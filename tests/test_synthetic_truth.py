@@ -1,0 +1,129 @@
+"""THE synthetic-truth test: the real `quick` preset planned for a fixed 2-CPU machine, every job given a
+step time from a known law (tests/synthetic.py: followers varied on their own axes while their parents
+vary, one much noisier level, a drift shared by each repeat pass), finished through the real Store,
+and the real report written. The report must find every true effect, inside its interval, and must not
+call no-effect comparisons significant more often than the family-wise 5% it states."""
+
+import math
+import re
+
+import pytest
+from sqlalchemy import text
+
+from orchestrator.report import write_report
+from orchestrator.store import Store
+from tests import synthetic as S
+
+SEEDS = 20
+ALPHA = 0.05
+
+
+def effects_table(store: Store) -> list[dict]:
+    with store.transaction() as conn:
+        return [dict(r._mapping) for r in conn.execute(text("SELECT * FROM effects ORDER BY effect_id"))]
+
+
+def key(row: dict) -> tuple:
+    return (row["kind"], row["variable"], row["value"])
+
+
+def is_null(row: dict, truth: dict) -> bool:
+    return abs(truth[key(row)] - (1.0 if row["kind"] == "ratio" else 0.0)) < 1e-12
+
+
+def is_noisy(row: dict) -> bool:
+    return (row["variable"], row["value"]) == S.NOISY
+
+
+def within_10_percent(row: dict, true: float) -> bool:
+    """Within 10% on the step-time scale: a ratio, or the factor a doubling gives; an exponent of
+    0.5 or more also within 10% of itself."""
+    if row["kind"] == "ratio":
+        return abs(row["estimate"] / true - 1) <= 0.10
+    ok = abs(2 ** row["estimate"] / 2 ** true - 1) <= 0.10
+    return ok and (abs(true) < 0.5 or abs(row["estimate"] / true - 1) <= 0.10)
+
+
+def binomial_tail(n: int, p: float, k: int) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+def test_the_quick_report_finds_every_true_effect_within_10_percent_inside_its_interval(tmp_path):
+    store = Store(str(tmp_path / "results.db"))
+    S.build(store, seed=0)
+
+    report = write_report(store, tmp_path / "result")
+
+    truth = S.truth_by_label()
+    rows = effects_table(store)
+    assert {key(r) for r in rows} == set(truth)  # every comparison the preset makes, nothing else
+    quiet_widths = []
+    for r in rows:
+        true = truth[key(r)]
+        assert r["ci_adj_low"] <= true <= r["ci_adj_high"], (key(r), r["estimate"], true)
+        if is_noisy(r):
+            continue  # 15% noise, 3 runs: no estimator gets within 10% reliably; its interval must say so
+        assert within_10_percent(r, true), (key(r), r["estimate"], true)
+        if r["kind"] == "ratio":
+            quiet_widths.append(math.log(r["ci_high"] / r["ci_low"]))
+        if is_null(r, truth):
+            assert not r["significant"], key(r)
+    noisy = next(r for r in rows if is_noisy(r))
+    assert math.log(noisy["ci_high"] / noisy["ci_low"]) > 2.5 * sorted(quiet_widths)[len(quiet_widths) // 2]
+
+    # The audit's cases, by name: cores with the threads following it, omp_threads on its own.
+    by_key = {key(r): r for r in rows}
+    assert by_key[("elasticity", "cores", None)]["estimate"] == pytest.approx(-0.8, abs=0.08)
+    assert by_key[("elasticity", "omp_threads", None)]["estimate"] == pytest.approx(-0.7, abs=0.07)
+    assert by_key[("elasticity", "d_model", None)]["estimate"] == pytest.approx(1.5, abs=0.15)
+    assert by_key[("elasticity", "cores", None)]["significant"]
+
+    md = report.summary_path.read_text()
+    assert "| `optimizer` | adamw, sgd | no detectable effect: sgd vs adamw" in md
+    assert re.search(r"pass 1: \+1[12]%, pass 2: -[78]% vs pass 0", md)  # the drift it removed (+12.7%, -7.7%), stated
+    assert "`omp_threads`, `intra_threads`, `inter_threads` moved with it, at the values derived from it" in md
+    assert len(report.plot_paths) == len({r["variable"] for r in rows})
+    ranks = [ve.variable for ve in report.analysis.ranked()]
+    assert ranks.index("d_model") < ranks.index("optimizer") and ranks.index("cores") < ranks.index("pin_threads")
+
+
+def test_over_seeds_the_report_is_unbiased_and_its_family_wise_error_and_coverage_hold(tmp_path):
+    truth = S.truth_by_label()
+    # With a true family-wise rate of 5%, SEEDS seeds show more than ALLOWED seeds with an error with
+    # probability below 2%; a report without the adjustment errs in most seeds.
+    allowed = next(k for k in range(SEEDS) if binomial_tail(SEEDS, ALPHA, k + 1) < 0.02)
+    false_alarms = uncovered = 0
+    errors: dict[tuple, list[float]] = {}
+    for seed in range(SEEDS):
+        store = Store(str(tmp_path / f"seed{seed}.db"))
+        S.build(store, seed=seed)
+        write_report(store, tmp_path / f"seed{seed}", plots=False)
+        rows = effects_table(store)
+        false_alarms += any(r["significant"] for r in rows if is_null(r, truth))
+        uncovered += any(not r["ci_adj_low"] <= truth[key(r)] <= r["ci_adj_high"] for r in rows)
+        for r in rows:
+            true = truth[key(r)]
+            err = math.log(r["estimate"] / true) if r["kind"] == "ratio" else r["estimate"] - true
+            errors.setdefault(key(r), []).append(err)
+
+    print(f"{SEEDS} seeds: {false_alarms} with a false positive, {uncovered} with an interval missing its truth "
+          f"(allowed {allowed} each)")
+    assert allowed == 3
+    assert false_alarms <= allowed
+    assert uncovered <= allowed
+    for k, errs in errors.items():  # no bias: the followers' pooling made cores 20% off in every seed
+        mean = sum(errs) / len(errs)
+        sd = math.sqrt(sum((e - mean) ** 2 for e in errs) / (len(errs) - 1))
+        assert abs(mean) <= max(0.02, 4 * sd / math.sqrt(len(errs))), (k, mean, sd)
+
+
+def test_where_the_hub_is_unreachable_the_dataset_is_not_an_effect(tmp_path):
+    store = Store(str(tmp_path / "results.db"))
+    S.build(store, seed=1, dataset_used=lambda config: "builtin")
+
+    report = write_report(store, tmp_path / "result", plots=False)
+
+    assert "dataset" not in {e.variable for e in report.effects}
+    md = report.summary_path.read_text()
+    assert "**Ran identically**: `dataset`: ThomasTheMaker/Arc-Corpus-sample, builtin were asked for" in md
