@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS machines (
     gemm_gflops_fp32_all REAL,
     gemm_gflops_bf16_1c  REAL,
     gemm_gflops_bf16_all REAL,
+    noise_cv          REAL,                   -- measured run-to-run noise: CV of identical short runs' medians
     freq_driver       TEXT,                   -- intel_pstate, acpi-cpufreq, amd-pstate... or NULL
     freq_min_mhz      INTEGER,
     freq_max_mhz      INTEGER,
@@ -120,6 +121,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     precision     TEXT    NOT NULL,
     optimizer     TEXT    NOT NULL,
     task          TEXT    NOT NULL,
+    lora_rank     INTEGER NOT NULL DEFAULT 8,
     steps         INTEGER NOT NULL,
     warmup_steps  INTEGER NOT NULL,
     seed          INTEGER NOT NULL,
@@ -155,6 +157,7 @@ CREATE TABLE IF NOT EXISTS runs (
     attempts      INTEGER NOT NULL DEFAULT 0, -- claims so far; failed once it reaches the maximum
     worker_pid    INTEGER,
     worker_host   TEXT,
+    worker_started REAL,                      -- the claiming worker's process start time: a reused pid is not it
     child_pid     INTEGER,
     claimed       REAL,
     heartbeat     REAL,
@@ -225,7 +228,7 @@ SELECT
     j.omp_threads, j.intra_threads, j.inter_threads, j.isa, j.onednn, j.framework, j.compile,
     j.fusion, j.compile_cache, j.attn_backend, j.n_layers, j.d_model, j.n_heads, j.head_dim,
     j.kv_heads, j.mlp_ratio, j.dropout, j.activation, j.attention, j."window", j.vocab_size,
-    j.seq_len, j.batch_size, j.grad_accum, j.precision, j.optimizer, j.task, j.steps,
+    j.seq_len, j.batch_size, j.grad_accum, j.precision, j.optimizer, j.task, j.lora_rank, j.steps,
     j.warmup_steps, j.seed, j.dataset, j.repeat,
     r.setup_s, r.first_step_s, r.step_ms_median, r.step_ms_p10, r.step_ms_p90, r.step_ms_mean,
     r.step_ms_std, r.train_s, r.wall_s, r.tokens_per_s, r.samples_per_s, r.loss_first,

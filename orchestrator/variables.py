@@ -38,6 +38,7 @@ class Variable:
     min: float | None = None
     max: float | None = None
     words: tuple = ()  # words a numeric variable also accepts ("auto", "default", "all")
+    since: int = 1  # the schema version that added it; later ones join a job's identity only off their default
 
     @property
     def sql_type(self) -> str:
@@ -147,8 +148,10 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("precision", str, "fp32", TRAINING, "number format of weights and activations",
        choices=("fp32", "bf16", "mixed", "q8", "q4", "bitnet")),
     _v("optimizer", str, "adamw", TRAINING, "optimizer", choices=("adamw", "sgd")),
-    _v("task", str, "pretrain", TRAINING, "pretrain from scratch, or finetune a saved model",
-       choices=("pretrain", "finetune")),
+    _v("task", str, "pretrain", TRAINING, "pretrain from scratch; finetune all weights of a saved model; "
+       "finetune_lora: rank-lora_rank adapters on a frozen saved model", choices=("pretrain", "finetune", "finetune_lora")),
+    _v("lora_rank", int, 8, TRAINING, "rank of the LoRA adapters (only with task=finetune_lora)", min=1, max=4096,
+       since=3),
     _v("steps", int, 20, TRAINING, "timed optimizer steps", min=1, max=1_000_000),
     _v("warmup_steps", int, 3, TRAINING, "untimed steps before timing (lets the loop settle)", min=0, max=100_000),
     _v("seed", int, 0, TRAINING, "seed of torch, data order and init", min=0, max=2**31 - 1),
@@ -242,6 +245,8 @@ def violations(config: dict, cpu_count: int) -> list[str]:
         why.append("fusion=off needs compile=inductor")
     if config["compile"] == "eager" and config["compile_cache"] == "cold":
         why.append("compile_cache=cold needs compile=inductor")
+    if config["task"] != "finetune_lora" and config["lora_rank"] != BY_NAME["lora_rank"].default:
+        why.append("lora_rank needs task=finetune_lora")
     if config["attention"] != "full" and config["window"] >= config["seq_len"]:
         why.append("window >= seq_len makes local/sliding attention full")
     if config["activation"] == "swiglu" and int(config["mlp_ratio"] * config["d_model"] * 2 / 3) < 1:
@@ -250,8 +255,11 @@ def violations(config: dict, cpu_count: int) -> list[str]:
 
 
 def canonical_json(config: dict) -> str:
-    """The text a job's identity is taken of: every catalogue variable, sorted, compact."""
-    return json.dumps({k: config[k] for k in NAMES}, sort_keys=True, separators=(",", ":"))
+    """The text a job's identity is taken of: every catalogue variable, sorted, compact. A variable a
+    later release added is left out while at its default, so the jobs of older databases and sweeps
+    keep their hashes (they ran with that default)."""
+    return json.dumps({v.name: config[v.name] for v in CATALOGUE if v.since == 1 or config[v.name] != v.default},
+                      sort_keys=True, separators=(",", ":"))
 
 
 def config_hash(config: dict) -> str:

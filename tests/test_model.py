@@ -167,3 +167,99 @@ def test_the_loss_and_its_gradient_equal_torch_cross_entropy():
     (reference_grad,) = torch.autograd.grad(reference, logits)
     torch.testing.assert_close(ours, reference)
     torch.testing.assert_close(ours_grad, reference_grad)
+
+
+@pytest.mark.parametrize("backend", ["manual", "sdpa", "sdpa_math"])
+@pytest.mark.parametrize("kind", ["local", "sliding"])
+@pytest.mark.parametrize("T, window, kv_heads", [(32, 8, 4), (30, 8, 2), (29, 7, 1), (12, 16, 4), (16, 1, 2)])
+def test_blocked_attention_equals_dense_masked_attention_outputs_and_gradients(kind, backend, T, window, kv_heads):
+    """windowed_attention (blocks of `window`) against dense attention under the full T x T mask:
+    T not a multiple of the window (padded last block), the window past T, GQA/MQA, every backend."""
+    from worker.model import attend, windowed_attention
+
+    g = torch.Generator().manual_seed(T * window + kv_heads)
+    q = torch.randn(2, T, 4, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, T, kv_heads, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, T, kv_heads, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(2, T, 4, 8, generator=g, dtype=torch.float64)
+    blocked = windowed_attention(q, k, v, kind, window, 0.0, backend)
+    dense = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attention_mask(kind, T, window),
+                   False, 0.0, "manual").transpose(1, 2)
+    torch.testing.assert_close(blocked, dense)
+    grads_blocked = torch.autograd.grad((blocked * upstream).sum(), (q, k, v))
+    grads_dense = torch.autograd.grad((dense * upstream).sum(), (q, k, v))
+    for gb, gd in zip(grads_blocked, grads_dense):
+        torch.testing.assert_close(gb, gd)
+
+
+@pytest.mark.parametrize("kind", ["local", "sliding"])
+def test_blocked_attention_in_bf16_stays_near_the_fp32_dense_reference(kind):
+    from worker.model import attend, windowed_attention
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 30, 4, 8, generator=g) for _ in range(3))
+    blocked = windowed_attention(*(t.bfloat16() for t in (q, k, v)), kind, 8, 0.0, "sdpa")
+    dense = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attention_mask(kind, 30, 8),
+                   False, 0.0, "manual").transpose(1, 2)
+    assert blocked.dtype == torch.bfloat16
+    torch.testing.assert_close(blocked.float(), dense, rtol=3e-2, atol=3e-2)
+
+
+def test_blocked_attention_with_dropout_drops_only_allowed_pairs():
+    """Dropout on the blocks: calls differ, yet a changed future token still moves nothing before it."""
+    model = tiny(attention="sliding", dropout=0.3, attn_backend="manual").train()
+    x = tokens()
+    torch.manual_seed(5)
+    a = model(x)
+    torch.manual_seed(6)
+    assert not torch.allclose(a, model(x))
+    changed = x.clone()
+    changed[:, 20] = (changed[:, 20] + 1) % 64
+    torch.manual_seed(5)
+    b = model(changed)
+    torch.testing.assert_close(a[:, :20], b[:, :20])
+
+
+def test_lora_freezes_the_base_and_only_adapters_get_gradients():
+    from worker.model import LoRALinear, add_lora, trainable_params
+
+    model = tiny()
+    x, y = tokens(), tokens(seed=2)
+    before, _ = model(x, y)
+    add_lora(model, 4)
+    after, loss = model(x, y)
+    torch.testing.assert_close(after, before)  # B = 0: the adapted model starts as the base
+    loss.backward()
+    adapters = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    assert len(adapters) == 4
+    assert all(m.lora_b.grad.abs().sum() > 0 for m in adapters)
+    frozen = [p for n, p in model.named_parameters() if ".lora_" not in n]
+    assert frozen and all(not p.requires_grad and p.grad is None for p in frozen)
+    assert trainable_params(model) == sum(m.lora_a.numel() + m.lora_b.numel() for m in adapters)
+
+
+def test_lora_flops_drop_the_frozen_weight_gradients_and_add_the_adapters():
+    from worker.model import add_lora
+
+    full = tiny()
+    lora = add_lora(tiny(), 4)
+    tokens_ = 8 * 32
+    attention = flops_per_step(full, 8, 1) - 6 * matmul_params(full) * tokens_
+    qkv_0 = 96 * 32
+    n_lora = 4 * ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32))
+    expected = (4 * matmul_params(full) - 2 * qkv_0 + 6 * n_lora - 2 * 4 * 32) * tokens_ + attention
+    assert flops_per_step(lora, 8, 1) == expected < flops_per_step(full, 8, 1)
+
+
+def test_lora_saved_state_merges_the_adapters_into_a_plain_gpt():
+    from worker.model import add_lora, plain_state_dict
+
+    model = add_lora(tiny(), 4)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.normal_()
+    x = tokens()
+    plain = tiny()
+    plain.load_state_dict(plain_state_dict(model))
+    torch.testing.assert_close(plain(x), model(x), rtol=1e-4, atol=1e-4)

@@ -157,6 +157,26 @@ def test_finetune_without_a_saved_model_pretrains_untimed_first(data_dir, tmp_pa
     assert tuned["metrics"]["loss_first"] < fresh["metrics"]["loss_first"]
 
 
+def test_finetune_lora_trains_only_adapters_on_the_saved_model_and_saves_a_plain_one(data_dir, tmp_path):
+    base = metrics(data_dir, tmp_path, steps=30, run_id=1)
+    lora = metrics(data_dir, tmp_path, task="finetune_lora", lora_rank=4, steps=10, run_id=2)
+    assert lora["applied"]["finetune_from"] == base["output_path"]
+    assert lora["applied"]["finetune_from_run"] == 1
+    m = lora["metrics"]
+    # 1 block: rank 4 on qkv (32 -> 96), proj (32 -> 32), fc (32 -> 128), proj (128 -> 32)
+    assert m["trainable_params"] == 4 * ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32))
+    assert m["params"] == base["metrics"]["params"] + m["trainable_params"]
+    assert m["loss_first"] < base["metrics"]["loss_first"]  # starts from the trained base (B = 0)
+    assert m["loss_last"] < m["loss_first"]  # the adapters learn
+    assert m["flops_per_step"] < base["metrics"]["flops_per_step"]
+    # saved with the adapters merged: it loads into a plain GPT and is the start of the next finetune
+    state = torch.load(Path(lora["output_path"]) / "model.pt", weights_only=True)
+    cfg = ModelConfig.from_config(base_config(data_dir, tmp_path))
+    GPT(cfg).load_state_dict(state)
+    again = metrics(data_dir, tmp_path, task="finetune")
+    assert again["applied"]["finetune_from"] == lora["output_path"]
+
+
 def three_consumers(x):
     """Pointwise ops and a reduction sharing an input: inductor fuses their loops unless told not to."""
     a = x.sin()
@@ -222,7 +242,7 @@ def test_child_process_prints_exactly_one_json_result_and_saves_the_model(data_d
     wanted = ["setup_s", "first_step_s", "step_ms_median", "step_ms_p10", "step_ms_p90", "step_ms_mean",
               "step_ms_std", "train_s", "tokens_per_s", "samples_per_s", "loss_first", "loss_last",
               "peak_rss_mb", "cpu_user_s", "cpu_sys_s", "ctx_switches", "params", "flops_per_step",
-              "gflops", "mfu"]
+              "gflops", "mfu", "trainable_params"]
     m = result["metrics"]
     assert sorted(m) == sorted(wanted)
     assert all(isinstance(m[k], (int, float)) and math.isfinite(m[k]) for k in wanted)

@@ -8,7 +8,7 @@ def test_every_variable_of_the_design_is_in_the_catalogue():
     design = """cores freq_mhz governor turbo pin_threads numa allocator omp_threads intra_threads
     inter_threads isa onednn framework compile fusion compile_cache attn_backend n_layers d_model
     n_heads head_dim kv_heads mlp_ratio dropout activation attention window vocab_size seq_len
-    batch_size grad_accum precision optimizer task steps warmup_steps seed dataset repeat""".split()
+    batch_size grad_accum precision optimizer task lora_rank steps warmup_steps seed dataset repeat""".split()
     assert set(design) == set(V.NAMES)
 
 
@@ -48,11 +48,17 @@ def test_two_spellings_of_one_run_hash_alike():
     ({"n_heads": 4, "kv_heads": 8}, "kv_heads greater than n_heads"),
     ({"cores": 64}, "cores greater than"),
     ({"fusion": False}, "fusion=off needs compile=inductor"),
+    ({"lora_rank": 4}, "lora_rank needs task=finetune_lora"),
+    ({"lora_rank": 4, "task": "finetune"}, "lora_rank needs task=finetune_lora"),
     ({"attention": "sliding", "window": 128, "seq_len": 128}, "window >= seq_len"),
 ])
 def test_constraint_violations_are_named(partial, reason):
     _, why = V.resolve(partial, cpu_count=2)
     assert any(reason in w for w in why)
+
+
+def test_lora_rank_is_free_with_finetune_lora():
+    assert V.resolve({"lora_rank": 4, "task": "finetune_lora"}, 2)[1] == []
 
 
 def test_explicit_head_dim_lifts_the_divisibility_constraint():

@@ -78,6 +78,81 @@ def make_linear(cfg: ModelConfig, n_in: int, n_out: int) -> nn.Linear:
     return nn.Linear(n_in, n_out, bias=False)  # no biases: as in LLaMA/PaLM, fewer copies, same loss
 
 
+def attend(q, k, v, mask, is_causal: bool, p: float, backend: str) -> torch.Tensor:
+    """Scaled dot-product attention of q (N, H, L, D) over k, v (N, Hkv, S, D) -> (N, H, L, D).
+
+    mask: bool, broadcastable to (N, H, L, S), True where allowed, or None; is_causal: the causal
+    mask of L == S instead. Hkv < H: grouped-query, each K/V head serves H / Hkv query heads.
+    backend manual: written out (the reference); sdpa: torch picks the kernel; sdpa_math: its math one.
+    """
+    gqa = k.size(1) != q.size(1)
+    if backend == "manual":
+        if gqa:  # each K/V head serves `rep` query heads
+            rep = q.size(1) // k.size(1)
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (N, H, L, S)
+        if is_causal:
+            mask = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
+        if mask is not None:
+            att = att.masked_fill(~mask, float("-inf"))
+        att = F.dropout(att.softmax(dim=-1), p, training=p > 0)
+        return att @ v
+    if backend == "sdpa_math":
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
+                                                  enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal,
+                                          enable_gqa=gqa)
+
+
+def sliding_block_mask(n_blocks: int, window: int, device=None) -> torch.Tensor:
+    """(n_blocks, W, 2W) bool: query a of block b may see key c of [block b-1, block b] when
+    a < c <= a + W (key position (b-1)W + c is at or before the query bW + a, and fewer than W
+    before it). Block 0 has no predecessor: its first W keys are padding, masked out."""
+    a = torch.arange(window, device=device)[:, None]
+    c = torch.arange(2 * window, device=device)[None, :]
+    mask = ((c > a) & (c <= a + window)).expand(n_blocks, window, 2 * window).clone()
+    mask[0] &= c >= window
+    return mask
+
+
+def windowed_attention(q, k, v, kind: str, window: int, p: float, backend: str) -> torch.Tensor:
+    """Local or sliding attention that computes only blocks near the diagonal.
+
+    q: (B, T, H, D), k and v: (B, T, Hkv, D) -> (B, T, H, D). The sequence is cut into
+    n = ceil(T / W) blocks of W = min(window, T) tokens, the last one zero-padded (padded keys sit
+    after every real query, so a causal mask hides them; padded queries are dropped at the end).
+      local:   each block attends to itself, causally: n attentions of W x W (T * W scores, not T^2).
+      sliding: each block's queries attend to the keys of the previous block and its own (2W keys),
+               masked to j <= i and i - j < W (sliding_block_mask): n attentions of W x 2W.
+    Blocks go into the batch dimension, so each backend (manual, sdpa, sdpa_math) runs unchanged on
+    them; the result equals dense attention under attention_mask(kind, T, window).
+    """
+    B, T, H, D = q.shape
+    Hkv = k.size(2)
+    W = min(window, T)
+    n = -(-T // W)
+    pad = n * W - T
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
+    qb = q.reshape(B * n, W, H, D).transpose(1, 2)  # (B * n, H, W, D)
+    if kind == "local":
+        kb = k.reshape(B * n, W, Hkv, D).transpose(1, 2)
+        vb = v.reshape(B * n, W, Hkv, D).transpose(1, 2)
+        y = attend(qb, kb, vb, None, True, p, backend)
+    else:
+        def with_previous(t):  # (B, n * W, Hkv, D) -> (B * n, Hkv, 2W, D): block b-1 then block b
+            t = t.view(B, n, W, Hkv, D)
+            prev = F.pad(t, (0, 0, 0, 0, 0, 0, 1, 0))[:, :n]
+            return torch.cat([prev, t], dim=2).view(B * n, 2 * W, Hkv, D).transpose(1, 2)
+        mask = sliding_block_mask(n, W, q.device)
+        mask = mask[None].expand(B, n, W, 2 * W).reshape(B * n, 1, W, 2 * W)
+        y = attend(qb, with_previous(k), with_previous(v), mask, False, p, backend)
+    y = y.transpose(1, 2).reshape(B, n * W, H, D)
+    return y[:, :T] if pad else y
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -89,44 +164,22 @@ class Attention(nn.Module):
         self.proj = make_linear(cfg, self.q_width, cfg.d_model)
         self.proj.residual = True  # init scaled by depth (GPT-2)
         self.resid_dropout = nn.Dropout(cfg.dropout)
-        if cfg.attention != "full" or cfg.attn_backend == "manual":
-            self.register_buffer("mask", attention_mask(cfg.attention, cfg.seq_len, cfg.window), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         cfg = self.cfg
         q, k, v = self.qkv(x).split([self.q_width, self.kv_width, self.kv_width], dim=2)
-        q = q.view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
-        k = k.view(B, T, cfg.kv_heads, cfg.head_dim).transpose(1, 2)  # (B, kv_heads, T, head_dim)
-        v = v.view(B, T, cfg.kv_heads, cfg.head_dim).transpose(1, 2)  # (B, kv_heads, T, head_dim)
+        q = q.view(B, T, cfg.n_heads, cfg.head_dim)
+        k = k.view(B, T, cfg.kv_heads, cfg.head_dim)
+        v = v.view(B, T, cfg.kv_heads, cfg.head_dim)
         p = cfg.dropout if self.training else 0.0
-        if cfg.attn_backend == "manual":
-            y = self._manual(q, k, v, p)
+        if cfg.attention == "full":
+            y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, True, p, cfg.attn_backend)
+            y = y.transpose(1, 2)  # (B, T, n_heads, head_dim)
         else:
-            is_causal = cfg.attention == "full"
-            mask = None if is_causal else self.mask[:T, :T]
-            gqa = cfg.kv_heads != cfg.n_heads
-            if cfg.attn_backend == "sdpa_math":
-                with sdpa_kernel(SDPBackend.MATH):
-                    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                                       is_causal=is_causal, enable_gqa=gqa)
-            else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                                   is_causal=is_causal, enable_gqa=gqa)
-        y = y.transpose(1, 2).reshape(B, T, self.q_width)  # (B, T, n_heads * head_dim)
+            y = windowed_attention(q, k, v, cfg.attention, cfg.window, p, cfg.attn_backend)
+        y = y.reshape(B, T, self.q_width)  # (B, T, n_heads * head_dim)
         return self.resid_dropout(self.proj(y))  # (B, T, d_model)
-
-    def _manual(self, q, k, v, p: float) -> torch.Tensor:
-        """Attention written out: the reference the fused kernels are checked against."""
-        T = q.size(2)
-        rep = self.cfg.n_heads // self.cfg.kv_heads
-        if rep > 1:  # each K/V head serves `rep` query heads
-            k = k.repeat_interleave(rep, dim=1)  # (B, n_heads, T, head_dim)
-            v = v.repeat_interleave(rep, dim=1)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, n_heads, T, T)
-        att = att.masked_fill(~self.mask[:T, :T], float("-inf")).softmax(dim=-1)
-        att = F.dropout(att, p, training=p > 0)
-        return att @ v  # (B, n_heads, T, head_dim)
 
 
 class MLP(nn.Module):
@@ -233,9 +286,62 @@ class GPT(nn.Module):
         return logits, loss
 
 
+class LoRALinear(nn.Module):
+    """A frozen Linear plus a trainable rank-r update: y = x W^T + (x A^T) B^T (LoRA, Hu et al. 2021).
+
+    A (r x in) starts random (Kaiming-uniform, as in the paper), B (out x r) at zero, so the model
+    starts exactly as the base. W has requires_grad False: autograd computes no weight gradient
+    for it (the dW GEMM is skipped), only the input gradient the layers below need.
+    """
+
+    def __init__(self, base: nn.Module, rank: int):
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.lora_a = nn.Parameter(torch.empty(rank, base.in_features))
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))
+        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + F.linear(F.linear(x, self.lora_a), self.lora_b)
+
+    def merged_weight(self) -> torch.Tensor:
+        return self.base.weight + self.lora_b @ self.lora_a
+
+
+def add_lora(model: GPT, rank: int) -> GPT:
+    """Freeze every weight of `model`, then put rank-`rank` adapters on the attention (qkv, proj)
+    and MLP (fc, proj) projections of every block: the adapters are all the optimizer sees."""
+    model.requires_grad_(False)
+    for block in model.blocks:
+        block.attn.qkv = LoRALinear(block.attn.qkv, rank)
+        block.attn.proj = LoRALinear(block.attn.proj, rank)
+        block.mlp.fc = LoRALinear(block.mlp.fc, rank)
+        block.mlp.proj = LoRALinear(block.mlp.proj, rank)
+    return model
+
+
+def plain_state_dict(model: GPT) -> dict:
+    """The state_dict of the plain GPT: LoRA adapters merged into their base weights, so a saved
+    LoRA model loads into GPT like any other (and can be the start of a later finetune)."""
+    out = {}
+    for name, t in model.state_dict().items():
+        if ".lora_" in name:
+            continue
+        out[name.replace(".base.weight", ".weight")] = t
+    for name, m in model.named_modules():
+        if isinstance(m, LoRALinear):
+            out[f"{name}.weight"] = m.merged_weight().detach()
+    return out
+
+
 def count_params(model: nn.Module) -> int:
-    """All trainable parameters, the tied head counted once."""
+    """All parameters, the tied head counted once (LoRA adapters included)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def trainable_params(model: nn.Module) -> int:
+    """The parameters the optimizer updates: all of them, or only the adapters under LoRA."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def matmul_params(model: GPT) -> int:
@@ -259,9 +365,23 @@ def flops_per_step(model: GPT, batch_size: int, grad_accum: int) -> int:
     local/sliding windows), so this counts useful work, not the masked half a kernel may compute.
     GQA shrinks the K/V projections (fewer matmul weights) but not the score/sum work: that follows
     the query heads. Elementwise work (softmax, norms, activations, optimizer) is not counted.
+
+    With LoRA adapters (add_lora) only what runs is counted:
+        flops_per_step = (4 * N_matmul - 2 * qkv_0 + 6 * N_lora - 2 * r * d_model) * tokens + attention
+    every frozen matrix does its forward (2) and input-gradient (2) GEMMs but no weight-gradient
+    GEMM; the first block's qkv (qkv_0 weights) needs no input gradient either, since nothing below
+    it trains; each adapter pair (N_lora = r * (in + out) weights over all adapted layers) runs
+    forward, input and weight gradients (6), except the first qkv adapter's input gradient (2 r d).
     """
     cfg = model.cfg
     tokens = batch_size * grad_accum * cfg.seq_len
     pairs = attended_positions(cfg.attention, cfg.seq_len, cfg.window)
     attention = 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * pairs * batch_size * grad_accum
-    return 6 * matmul_params(model) * tokens + attention
+    adapters = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    if not adapters:
+        return 6 * matmul_params(model) * tokens + attention
+    n_lora = sum(m.lora_a.numel() + m.lora_b.numel() for m in adapters)
+    rank = adapters[0].lora_a.size(0)
+    qkv_0 = model.blocks[0].attn.qkv.base.weight.numel()
+    per_token = 4 * matmul_params(model) - 2 * qkv_0 + 6 * n_lora - 2 * rank * cfg.d_model
+    return per_token * tokens + attention

@@ -233,7 +233,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     import torch
 
     from worker import data
-    from worker.model import GPT, ModelConfig, count_params, flops_per_step
+    from worker.model import GPT, ModelConfig, add_lora, count_params, flops_per_step, trainable_params
     from worker.readback import apply_in_child, read_back
 
     apply_in_child(config)
@@ -252,12 +252,14 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     batches = data.Batches(tokens, config["seq_len"], config["batch_size"], config["seed"])
     lr = LR[config["optimizer"]]
 
-    if config["task"] == "finetune":
+    if config["task"] in ("finetune", "finetune_lora"):
         saved = find_saved_model(request.get("output_root"), arch_hash(config, dataset_used))
         if saved is not None:
             state = torch.load(saved / "model.pt", map_location="cpu", weights_only=True)
             model.load_state_dict({k: v.float() for k, v in state.items()})
             applied["finetune_from"] = str(saved)
+            with contextlib.suppress(OSError, ValueError):
+                applied["finetune_from_run"] = json.loads((saved / "config.json").read_text()).get("run_id")
         else:  # nothing to start from: a short untimed fp32 pretrain on other batches of the same text
             t = time.perf_counter()
             base_batches = data.Batches(tokens, config["seq_len"], config["batch_size"], config["seed"] + 1)
@@ -268,7 +270,11 @@ def _train(request: dict, cache_dir: str | None) -> dict:
             applied["finetune_from"] = f"fresh base pretrain ({BASE_PRETRAIN_STEPS} untimed steps)"
             applied["base_pretrain_s"] = time.perf_counter() - t
             excluded_s += applied["base_pretrain_s"]
-        lr *= FINETUNE_LR_FACTOR
+        if config["task"] == "finetune":
+            lr *= FINETUNE_LR_FACTOR
+        else:  # adapters start at zero (B = 0): they train at the pretraining rate, the base is frozen
+            add_lora(model, config["lora_rank"])
+            applied["lora"] = f"rank {config['lora_rank']} on qkv, attn proj, mlp fc, mlp proj; every other weight frozen"
     applied["lr"] = lr
 
     if config["precision"] == "bf16":
@@ -301,6 +307,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     metrics = measure(step, batches, config, applied)
     metrics["setup_s"] = metrics.pop("_first_step_start") - _T0 - excluded_s
     metrics["params"] = count_params(model)
+    metrics["trainable_params"] = trainable_params(model)
     metrics["flops_per_step"] = flops_per_step(model, config["batch_size"], config["grad_accum"])
     median_s = metrics["step_ms_median"] / 1e3
     metrics["gflops"] = metrics["flops_per_step"] / median_s / 1e9
@@ -376,11 +383,15 @@ def _sdpa_kernel_used(cfg, config: dict) -> str:
         return "MATH (forced)"
     dtype = torch.bfloat16 if config["precision"] in ("bf16", "mixed") else torch.float32
     B, T = config["batch_size"], config["seq_len"]
-    q = torch.empty(B, cfg.n_heads, T, cfg.head_dim, dtype=dtype)
-    kv = torch.empty(B, cfg.kv_heads, T, cfg.head_dim, dtype=dtype)
-    full = cfg.attention == "full"
-    mask = None if full else torch.ones(T, T, dtype=torch.bool)
-    choice = torch._fused_sdp_choice(q, kv, kv, mask, cfg.dropout, full, scale=None,
+    L = S = T  # full: one causal attention over the sequence
+    if cfg.attention != "full":  # windowed_attention: B * n blocks of W queries, W (local) or 2W keys
+        L = min(cfg.window, T)
+        B, S = B * -(-T // L), L if cfg.attention == "local" else 2 * L
+    q = torch.empty(B, cfg.n_heads, L, cfg.head_dim, dtype=dtype)
+    kv = torch.empty(B, cfg.kv_heads, S, cfg.head_dim, dtype=dtype)
+    causal = cfg.attention != "sliding"
+    mask = None if causal else torch.ones(B, 1, L, S, dtype=torch.bool)
+    choice = torch._fused_sdp_choice(q, kv, kv, mask, cfg.dropout, causal, scale=None,
                                      enable_gqa=cfg.kv_heads != cfg.n_heads)
     return SDPBackend(choice).name
 
@@ -394,7 +405,9 @@ def save_model(model, config: dict, request: dict, dataset_used: str) -> str | N
         return None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), out / "model.pt.tmp")
+    from worker.model import plain_state_dict
+
+    torch.save(plain_state_dict(model), out / "model.pt.tmp")
     os.replace(out / "model.pt.tmp", out / "model.pt")
     meta = {"run_id": request.get("run_id"), "arch_hash": arch_hash(config, dataset_used),
             "dataset_used": dataset_used, "config": config}
