@@ -1,9 +1,7 @@
 """The JAX training child's framework half: what it cannot run, how it trains one step, its sync,
 what it read back and saves. The request/result protocol and the timed loop are the harness's.
 
-PRELOAD is what this trainer's fork server imports once. Importing jax starts no XLA client (that
-happens at the first computation, in the forked child, after its affinity is set: the pool is sized
-from it, see runtime.py). No torch: a JAX child never carries torch's OpenMP runtime.
+No torch: a JAX child never carries torch's OpenMP runtime.
 """
 
 from __future__ import annotations
@@ -15,8 +13,6 @@ import numpy as np
 from worker.trainers.jax import runtime
 from worker.trainers.params import Arch, init_params, save_params
 
-PRELOAD = ("numpy", "jax", "jax.numpy", "optax", "tokenizers", "worker.data", "worker.trainers.jax.model",
-           "worker.trainers.jax.runtime")
 NAME = "jax"
 COMPILE = {"xla": True, "eager": False}  # compile value -> jax.jit of the whole step
 

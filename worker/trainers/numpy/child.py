@@ -1,7 +1,5 @@
 """The NumPy training child's framework half: what it cannot run, how it trains one step, what it
 read back and saves. The request/result protocol and the timed loop are the harness's.
-
-PRELOAD is what this trainer's fork server imports once: no torch, no jax.
 """
 
 from __future__ import annotations
@@ -14,8 +12,6 @@ from worker.trainers.numpy import runtime
 from worker.trainers.numpy.step import Trainer
 from worker.trainers.params import Arch, init_params, save_params
 
-PRELOAD = ("numpy", "threadpoolctl", "tokenizers", "worker.data", "worker.trainers.numpy.model",
-           "worker.trainers.numpy.step", "worker.trainers.numpy.runtime")
 NAME = "numpy"
 
 

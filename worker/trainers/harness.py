@@ -1,0 +1,281 @@
+"""The one trainer contract: what every training child reads, how it times, what it prints.
+
+A trainer (worker/trainers/torch, .../jax, .../numpy) is a package whose `__main__` calls
+`serve(run)`: one JSON request on stdin, exactly one JSON result line on stdout, everything else
+(library chatter included) on stderr. The worker knows nothing of the framework inside; it only picks
+the package by `framework` (trainer_module()) and reads the result back.
+
+Request (the worker writes it):
+    config             the resolved job config (every catalogue variable)
+    run_id             the run's id, or None outside the queue (`bench.py once`)
+    output_dir         where to save the model (None: do not save); output_root: where saved models live
+    data_dir           the prepared corpora (worker/data.py)
+    peak_gflops        {"fp32": .., "bf16": ..} measured GEMM peak of the run's CPU set, or None
+    compile_cache_dir  a shared compiler cache (torch inductor's warm cache)
+Result (the trainer prints it; result() and skipped() build it):
+    status "done" | "skipped", reason, metrics (EVERY name of TRAINER_METRICS, None where it cannot
+    measure), applied (the settings read back, at least READBACK), timed_window ({start_unix_s,
+    end_unix_s}: time.time() around the timed steps, for sensors averaged over exactly that window),
+    dataset_used, output_path, torch_version (None where torch did not run: the framework's own
+    version goes in build_info), python_version, build_info.
+On an exception: traceback on stderr, non-zero exit, no result line.
+
+Imports nothing but the standard library at module level: the store imports METRICS from here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+# The metric columns of `runs`, in schema.sql's order. schema.sql, the store, v_results, `once --json`
+# and the trainers all derive from this list (tests/test_harness.py fails when schema.sql drifts).
+METRICS = (
+    "setup_s", "first_step_s", "step_ms_median", "step_ms_p10", "step_ms_p90", "step_ms_mean",
+    "step_ms_std", "train_s", "wall_s", "tokens_per_s", "samples_per_s", "loss_first", "loss_last",
+    "peak_rss_mb", "cpu_user_s", "cpu_sys_s", "ctx_switches", "freq_mhz_avg", "energy_j",
+    "temp_c_max", "params", "trainable_params", "flops_per_step", "gflops", "mfu", "steal_s",
+)
+# Measured by the worker around the child (its wall clock, the sensors), merged before the store's check.
+WORKER_METRICS = ("wall_s", "freq_mhz_avg", "energy_j", "temp_c_max", "steal_s")
+# What a trainer reports: every one of these, None where it cannot measure.
+TRAINER_METRICS = tuple(m for m in METRICS if m not in WORKER_METRICS)
+# Read back by every trainer (common_read_back()); each adds its framework's own (threads, BLAS...).
+READBACK = ("affinity", "main_thread_affinity", "allocator_lib", "uid")
+# The trainer package per `framework`; the worker starts `python -m <module>` (or forks it).
+TRAINERS = {"torch": "worker.trainers.torch", "jax": "worker.trainers.jax", "numpy": "worker.trainers.numpy"}
+PEAK_KEY = {"fp32": "fp32", "q8": "fp32", "q4": "fp32", "bitnet": "fp32", "int8": "fp32", "bf16": "bf16",
+            "mixed": "bf16"}
+LOSS_LAST_STEPS = 3  # loss_last averages this many final steps: one step's loss is noisy
+
+
+class Skip(Exception):
+    """A value this trainer cannot honour: the run is recorded as skipped with this reason."""
+
+
+def trainer_module(framework: str) -> str:
+    return TRAINERS[framework]
+
+
+# -- the protocol ------------------------------------------------------------------------------
+
+
+def _claim_stdout():
+    """Keep the real stdout for the result; point fd 1 (Python and C prints alike) at stderr."""
+    result_fd = os.dup(1)
+    os.dup2(2, 1)
+    return os.fdopen(result_fd, "w")
+
+
+def serve(run: Callable[[dict], dict]) -> None:
+    """A trainer's main: read the request, run it, print exactly one result line."""
+    out = _claim_stdout()
+    request = json.loads(sys.stdin.read())
+    result = run(request)
+    out.write(json.dumps(result) + "\n")
+    out.flush()
+
+
+def skipped(reason: str, applied: dict | None = None, torch_version: str | None = None) -> dict:
+    return {"status": "skipped", "reason": reason, "metrics": {}, "applied": applied or {}, "timed_window": None,
+            "dataset_used": None, "output_path": None, "torch_version": torch_version,
+            "python_version": platform.python_version(), "build_info": None}
+
+
+def result(metrics: dict, *, applied: dict, timed_window: dict, dataset_used: str | None, output_path: str | None,
+           torch_version: str | None, build_info: dict | None) -> dict:
+    """A done result; raises if a trainer metric is missing or an unknown one is present."""
+    missing = [m for m in TRAINER_METRICS if m not in metrics]
+    unknown = [m for m in metrics if m not in TRAINER_METRICS]
+    if missing or unknown:
+        raise RuntimeError(f"trainer result: missing metrics {missing}, unknown metrics {unknown}")
+    return {"status": "done", "reason": None, "metrics": {m: metrics[m] for m in TRAINER_METRICS},
+            "applied": applied, "timed_window": timed_window, "dataset_used": dataset_used,
+            "output_path": output_path, "torch_version": torch_version,
+            "python_version": platform.python_version(), "build_info": build_info}
+
+
+# -- the timed loop ----------------------------------------------------------------------------
+
+
+def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dict) -> tuple[dict, dict, float]:
+    """Warm up, then time each step on its own: (metrics, timed_window, first_step_start).
+
+    `step(micro_batches)` runs one optimizer step over grad_accum (inputs, targets) micro-batches and
+    returns its loss; `sync(loss)` waits for the step's work to finish (JAX's block_until_ready) and
+    returns the loss (a float, or anything float() takes): it runs inside the timed region.
+    Batches are drawn before the clock starts. warmup_steps are untimed (let the loop settle:
+    allocator, caches, kernel selection); the first step alone is first_step_s (compilation
+    included): the first warmup step, or with warmup_steps=0 the first timed step.
+    """
+    accum = config["grad_accum"]
+    losses = []
+    first: dict = {}
+
+    def one_step() -> int:
+        micro = [next_batch() for _ in range(accum)]  # drawn before the clock starts
+        if not first:
+            first["start"] = time.perf_counter()
+        t = time.perf_counter_ns()
+        loss = sync(step(micro))
+        elapsed_ns = time.perf_counter_ns() - t
+        first.setdefault("s", elapsed_ns / 1e9)
+        losses.append(loss)
+        return elapsed_ns
+
+    for _ in range(config["warmup_steps"]):
+        one_step()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    start_unix_s = time.time()
+    times_ns = [one_step() for _ in range(config["steps"])]
+    end_unix_s = time.time()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+
+    ms = [t / 1e6 for t in times_ns]
+    median = statistics.median(ms)
+    qs = statistics.quantiles(ms, n=10, method="inclusive") if len(ms) > 1 else [ms[0]] * 9
+    tokens = config["batch_size"] * accum * config["seq_len"]
+    values = [float(v) for v in losses]
+    metrics = {
+        "first_step_s": first["s"],
+        "step_ms_median": median, "step_ms_p10": qs[0], "step_ms_p90": qs[-1],
+        "step_ms_mean": statistics.fmean(ms), "step_ms_std": statistics.stdev(ms) if len(ms) > 1 else 0.0,
+        "train_s": sum(ms) / 1e3,
+        "tokens_per_s": tokens / (median / 1e3), "samples_per_s": config["batch_size"] * accum / (median / 1e3),
+        "loss_first": values[0], "loss_last": statistics.fmean(values[-LOSS_LAST_STEPS:]),
+        "peak_rss_mb": after.ru_maxrss / 1024,  # KiB on Linux
+        "cpu_user_s": after.ru_utime - before.ru_utime, "cpu_sys_s": after.ru_stime - before.ru_stime,
+        "ctx_switches": after.ru_nivcsw - before.ru_nivcsw,
+    }
+    return metrics, {"start_unix_s": start_unix_s, "end_unix_s": end_unix_s}, first["start"]
+
+
+def check_finite(metrics: dict) -> None:
+    if not all(math.isfinite(metrics[k]) for k in ("loss_first", "loss_last")):
+        raise RuntimeError(f"loss is not finite: first {metrics['loss_first']}, last {metrics['loss_last']}")
+
+
+def throughput(metrics: dict, config: dict, peak_gflops: dict | None) -> dict:
+    """params, trainable_params, flops_per_step, gflops and mfu, from the config (every framework
+    counts alike) and the median step; mfu against the measured peak of the run's precision."""
+    counts = param_counts(config)
+    flops = flops_per_step(config)
+    gflops = flops / (metrics["step_ms_median"] / 1e3) / 1e9
+    peak = (peak_gflops or {}).get(PEAK_KEY.get(config["precision"], "fp32"))
+    return {"params": counts["params"], "trainable_params": counts["trainable_params"], "flops_per_step": flops,
+            "gflops": gflops, "mfu": gflops / peak if peak else None}
+
+
+# -- what every trainer reads back -------------------------------------------------------------
+
+
+def loaded_allocator() -> str | None:
+    """The malloc replacement mapped into this process, from /proc/self/maps, or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(" ", 1)[-1].strip()
+                name = os.path.basename(path)
+                if name.startswith(("libjemalloc", "libtcmalloc")):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+def threads_affinity() -> list[int]:
+    """The CPUs any thread of this process may run on. With OpenMP binding each thread is pinned to
+    its own place, so the main thread alone shows only the first one."""
+    cpus: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            cpus |= os.sched_getaffinity(int(task))
+        except OSError:
+            pass  # the thread ended meanwhile
+    return sorted(cpus)
+
+
+def common_read_back() -> dict:
+    """The READBACK settings, read in this process."""
+    return {"affinity": threads_affinity(), "main_thread_affinity": sorted(os.sched_getaffinity(0)),
+            "allocator_lib": loaded_allocator(), "uid": os.getuid()}
+
+
+# -- analytic counts: from the config alone, the same for every framework ----------------------
+
+
+def mlp_hidden(config: dict) -> int:
+    """MLP hidden width. swiglu has three matrices instead of two, so its hidden width is 2/3 of
+    mlp_ratio * d_model: the parameter count stays that of the two-matrix MLP (LLaMA's rule)."""
+    if config["activation"] == "swiglu":
+        return int(2 / 3 * config["mlp_ratio"] * config["d_model"])
+    return int(config["mlp_ratio"] * config["d_model"])
+
+
+def block_matmul_params(config: dict) -> int:
+    """The weights of one block's Linear layers: fused QKV, attention out, MLP in (x2 for swiglu), MLP out."""
+    d, hidden = config["d_model"], mlp_hidden(config)
+    q_width = config["n_heads"] * config["head_dim"]
+    kv_width = config["kv_heads"] * config["head_dim"]
+    fc_out = 2 * hidden if config["activation"] == "swiglu" else hidden
+    return d * (q_width + 2 * kv_width) + q_width * d + d * fc_out + hidden * d
+
+
+def matmul_params(config: dict) -> int:
+    """Weights that take part in a matmul: every Linear of the blocks, plus the head (vocab x d).
+    Embedding lookups, positions and LayerNorm gains are not GEMMs."""
+    return config["n_layers"] * block_matmul_params(config) + config["vocab_size"] * config["d_model"]
+
+
+def param_counts(config: dict) -> dict:
+    """params: every weight, the tied head counted once (token and position embeddings, the blocks'
+    Linear weights, 2 LayerNorm gains per block and the final one; no biases). trainable_params:
+    the ones the optimizer updates (all of them when pretraining or finetuning all weights)."""
+    d = config["d_model"]
+    params = (config["vocab_size"] * d + config["seq_len"] * d
+              + config["n_layers"] * (block_matmul_params(config) + 2 * d) + d)
+    return {"params": params, "trainable_params": params}
+
+
+def attended_positions(kind: str, seq_len: int, window: int) -> int:
+    """How many (query, key) pairs the attention mask allows, summed over the sequence: never the
+    future; local: only inside the query's block of `window` tokens; sliding: the last `window`."""
+    def tri(n: int) -> int:
+        return n * (n + 1) // 2
+
+    if kind == "full" or window >= seq_len and kind == "sliding":
+        return tri(seq_len)
+    if kind == "local":
+        full_blocks, rest = divmod(seq_len, window)
+        return full_blocks * tri(window) + tri(rest)
+    assert kind == "sliding", kind
+    return tri(window) + (seq_len - window) * window
+
+
+def flops_per_step(config: dict) -> int:
+    """Training FLOPs of one optimizer step (forward + backward), counted like PaLM / nanoGPT:
+
+        tokens        = batch_size * grad_accum * seq_len
+        flops_per_step = 6 * N_matmul * tokens
+                       + 12 * n_layers * n_heads * head_dim * A * batch_size * grad_accum
+
+    N_matmul = matmul_params(): 2 FLOPs per weight per token forward, 4 backward. Attention scores
+    (QK^T) and the weighted sum (AV) are each 2 * head_dim FLOPs per query head per attended
+    (query, key) pair forward, x3 with backward: 12 * n_heads * head_dim per pair. A =
+    attended_positions(): only pairs the mask allows count (T(T+1)/2 for full causal, fewer for
+    local/sliding windows), so this counts useful work, not the masked half a kernel may compute.
+    GQA shrinks the K/V projections (fewer matmul weights) but not the score/sum work: that follows
+    the query heads. Elementwise work (softmax, norms, activations, optimizer) is not counted.
+    """
+    sequences = config["batch_size"] * config["grad_accum"]
+    pairs = attended_positions(config["attention"], config["seq_len"], config["window"])
+    attention = 12 * config["n_layers"] * config["n_heads"] * config["head_dim"] * pairs * sequences
+    return 6 * matmul_params(config) * sequences * config["seq_len"] + attention
+
