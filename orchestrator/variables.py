@@ -123,7 +123,8 @@ CATALOGUE: tuple[Variable, ...] = (
        choices=(DEFAULT, "baseline", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")),
     _v("onednn", bool, True, FRAMEWORK, "torch.backends.mkldnn enabled"),
     _v("framework", str, "torch", FRAMEWORK, "training framework", choices=("torch", "jax", "numpy")),
-    _v("compile", str, "eager", FRAMEWORK, "torch.compile backend", choices=("eager", "inductor")),
+    _v("compile", str, "eager", FRAMEWORK, "eager: op by op; inductor: torch.compile (torch); xla: jax.jit of the "
+       "whole train step (jax)", choices=("eager", "inductor", "xla")),
     _v("fusion", bool, True, FRAMEWORK, "inductor fusion (only with compile=inductor)"),
     _v("compile_cache", str, "warm", FRAMEWORK, "inductor cache: cold = fresh dir per run, warm = shared, "
        "pre-warmed (only with compile=inductor)", choices=("cold", "warm")),
@@ -241,6 +242,10 @@ def violations(config: dict, cpu_count: int) -> list[str]:
         why.append("kv_heads does not divide n_heads")
     if config["cores"] > cpu_count:
         why.append(f"cores greater than this machine's {cpu_count} CPUs")
+    if config["compile"] == "inductor" and config["framework"] != "torch":
+        why.append("compile=inductor needs framework=torch")
+    if config["compile"] == "xla" and config["framework"] != "jax":
+        why.append("compile=xla needs framework=jax")
     if config["compile"] == "eager" and not config["fusion"]:
         why.append("fusion=off needs compile=inductor")
     if config["compile"] == "eager" and config["compile_cache"] == "cold":

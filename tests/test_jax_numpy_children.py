@@ -27,10 +27,8 @@ def data_dir(tmp_path_factory):
 
 
 def request(data_dir, tmp_path, run_id=None, **overrides):
-    compile_ = overrides.pop("compile", "eager")
     config, why = resolve({k: parse_value(k, v) for k, v in (TINY | overrides).items()}, 2)
     assert not why, why
-    config["compile"] = compile_  # the catalogue learns compile=xla with the contract; the child takes it now
     out = tmp_path / "output"
     return {"config": config, "run_id": run_id, "data_dir": str(data_dir), "output_root": str(out),
             "output_dir": str(out / f"run-{run_id}") if run_id is not None else None,

@@ -37,8 +37,8 @@ print(json.dumps(runtime.read_back() | {{"build": runtime.build_info()}}))
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs to tell 1 thread from all")
 def test_numpy_child_runs_openblas_with_the_jobs_threads_and_names_its_blas():
-    config = {"intra_threads": 1, "omp_threads": 1}
-    from worker.trainers.numpy.runtime import start_env
+    config = {"framework": "numpy", "intra_threads": 1, "omp_threads": 1}
+    from worker.trainers.settings import start_env
 
     by_env = child_read_back(NUMPY_READ_BACK.format(apply=False, threads=1), env=start_env(config))
     assert by_env["blas_threads"] == 1 and by_env["openblas_num_threads"] == "1"
@@ -66,3 +66,18 @@ def test_xla_sizes_its_pool_from_the_affinity_and_the_read_back_counts_it():
     two = child_read_back(JAX_READ_BACK, env={"JAX_PLATFORMS": "cpu"}, cpus=CPUS[:2])
     assert two["xla_threads"] == 2 and two["affinity"] == CPUS[:2]
     assert two["jax_backend"] == "cpu" and two["jit"] is True and two["torch"] is False
+
+
+@pytest.mark.parametrize("config, child, wrong", [
+    ({"framework": "numpy", "intra_threads": 2}, {"blas_threads": 2, "jit": False}, []),
+    ({"framework": "numpy", "intra_threads": 1}, {"blas_threads": 2, "jit": False}, ["blas_threads=2 (asked 1)"]),
+    ({"framework": "numpy", "intra_threads": 1}, {"jit": False}, ["blas_threads=None (asked 1)"]),
+    ({"framework": "jax", "cores": 2, "compile": "xla"}, {"xla_threads": 2, "jit": True}, []),
+    ({"framework": "jax", "cores": 1, "compile": "xla"}, {"xla_threads": 2, "jit": True}, ["xla_threads=2 (asked 1)"]),
+    ({"framework": "jax", "cores": 2, "compile": "eager"}, {"xla_threads": 2, "jit": True}, ["jit=True (asked False)"]),
+    ({"framework": "torch"}, {}, []),
+])
+def test_a_read_back_that_contradicts_the_job_is_named(config, child, wrong):
+    from worker.trainers.settings import not_in_force
+
+    assert not_in_force(config, child) == wrong

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from orchestrator.errors import BenchError
+from worker.trainers import settings as trainer_settings
 from worker import sysfs
 
 DEFAULT = "default"
@@ -720,6 +721,7 @@ def applied(config: dict, facts: dict, cpu_pool: list[int], *, journal_path: Pat
         for knob, target in zip(knobs, targets):
             knob.apply(target)
         spec = job.spec
+        spec.env.update(trainer_settings.start_env(config))  # JAX/NumPy start settings
         for knob in knobs:
             if isinstance(knob, SysfsKnob):
                 spec.applied[knob.name] = knob.describe()
@@ -777,4 +779,4 @@ def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
     if config["allocator"] != DEFAULT and "allocator_lib" in child and (
             lib is None or not os.path.basename(lib).startswith(f"lib{config['allocator']}")):
         wrong.append(f"allocator_lib={lib!r} (asked {config['allocator']})")
-    return wrong
+    return wrong + trainer_settings.not_in_force(config, child)

@@ -15,11 +15,6 @@ import os
 XLA_POOL_THREAD = "tf_XLAEigen"  # the name XLA CPU gives its intra-op pool's threads
 
 
-def start_env(config: dict) -> dict[str, str]:
-    """Variables that must exist before jax is imported."""
-    return {"JAX_PLATFORMS": "cpu"}  # no probing for GPU/TPU plugins: faster start, one device
-
-
 def thread_names() -> dict[str, int]:
     """How many threads of this process carry each name (/proc/self/task/*/comm)."""
     names: dict[str, int] = {}
@@ -37,7 +32,7 @@ def read_back(jit: bool) -> dict:
     """The settings in force; call after the first step (XLA starts its pool on first use)."""
     import jax
 
-    from worker.readback import loaded_allocator, threads_affinity
+    from worker.trainers.harness import loaded_allocator, threads_affinity
 
     return {
         "affinity": threads_affinity(),

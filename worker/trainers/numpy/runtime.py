@@ -13,12 +13,6 @@ import os
 _LIMITS = []  # the threadpoolctl limiter stays alive (and in force) for the child's lifetime
 
 
-def start_env(config: dict) -> dict[str, str]:
-    """Variables that must exist before NumPy is imported: OpenBLAS sizes its pool at load time."""
-    threads = str(int(config["intra_threads"]))
-    return {"OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": str(int(config["omp_threads"]))}
-
-
 def apply_in_child(config: dict) -> None:
     """Set OpenBLAS's pool to intra_threads through threadpoolctl (also where the variable was not set)."""
     import numpy  # noqa: F401  (threadpoolctl limits only the libraries already loaded)
@@ -40,7 +34,7 @@ def blas_info() -> dict | None:
 
 def read_back() -> dict:
     """The settings in force, by the names runs.applied uses."""
-    from worker.readback import loaded_allocator, threads_affinity
+    from worker.trainers.harness import loaded_allocator, threads_affinity
 
     blas = blas_info() or {}
     return {
