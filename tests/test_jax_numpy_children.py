@@ -77,6 +77,7 @@ def test_a_model_saved_by_numpy_is_finetuned_by_jax(data_dir, tmp_path):
     ("numpy", {"framework": "jax"}, "does not run framework=jax"),
     ("numpy", {"framework": "numpy", "precision": "bf16"}, "fp32 only"),
     ("jax", {"framework": "jax", "task": "finetune_lora", "lora_rank": 4}, "only in the torch trainer"),
+    ("numpy", {"framework": "numpy", "attn_backend": "manual"}, "attn_backend=manual acts only on torch"),
 ])
 def test_a_request_the_child_cannot_run_is_skipped_with_its_reason(data_dir, tmp_path, framework, change, words):
     result = run_child(framework, request(data_dir, tmp_path, **change))

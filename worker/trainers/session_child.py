@@ -29,6 +29,9 @@ BASE_PRETRAIN_STEPS = 30
 ARCH_KEYS = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_ratio", "activation",
              "attention", "window", "vocab_size", "seq_len")
 WEIGHTS = "model.npz"
+# Settings only torch's libraries act on (oneDNN, SDPA kernels, MKL/oneDNN ISA caps, OpenMP binding):
+# away from their default a JAX or NumPy run would silently be the default run, so it is skipped.
+TORCH_ONLY = {"onednn": True, "attn_backend": "sdpa", "isa": "default", "pin_threads": False}
 
 
 def main(framework: str, t0: float) -> None:
@@ -43,6 +46,9 @@ def run(request: dict, framework: str, t0: float) -> dict:
     why = child.unsupported(config)
     if not why and config.get("task", "pretrain") not in ("pretrain", "finetune"):
         why = f"task={config['task']}: LoRA adapters exist only in the torch trainer"
+    torch_only = [f"{k}={config[k]}" for k, default in TORCH_ONLY.items() if config.get(k, default) != default]
+    if not why and torch_only:
+        why = f"{', '.join(torch_only)} acts only on torch's libraries ({framework} uses none of them)"
     if why:
         return harness.skipped(f"not supported: {why}")
     try:
