@@ -191,10 +191,12 @@ CREATE TABLE IF NOT EXISTS runs (
     freq_mhz_avg   REAL,
     energy_j       REAL,
     temp_c_max     REAL,
-    params         INTEGER,
-    flops_per_step REAL,
+    params         INTEGER,                   -- every weight (tied head once), from the config
+    trainable_params INTEGER,                 -- the weights the optimizer updates (= params when pretraining)
+    flops_per_step REAL,                      -- analytic, from the config: the same count for every framework
     gflops         REAL,                      -- achieved, from the median step
     mfu            REAL,                      -- gflops / measured GEMM peak of the run's precision
+    steal_s        REAL,                      -- CPU time the hypervisor stole during the timed window
     UNIQUE (job_id, pool_id)
 );
 
@@ -233,7 +235,8 @@ SELECT
     r.setup_s, r.first_step_s, r.step_ms_median, r.step_ms_p10, r.step_ms_p90, r.step_ms_mean,
     r.step_ms_std, r.train_s, r.wall_s, r.tokens_per_s, r.samples_per_s, r.loss_first,
     r.loss_last, r.peak_rss_mb, r.cpu_user_s, r.cpu_sys_s, r.ctx_switches, r.freq_mhz_avg,
-    r.energy_j, r.temp_c_max, r.params, r.flops_per_step, r.gflops, r.mfu,
+    r.energy_j, r.temp_c_max, r.params, r.trainable_params, r.flops_per_step, r.gflops, r.mfu,
+    r.steal_s,
     r.dataset_used, r.output_path, r.applied, r.torch_version, r.python_version, r.load_before,
     m.machine_id, m.fingerprint, m.hostname, m.cpu_model, m.vendor, m.sockets, m.physical_cores,
     m.logical_cores, m.numa_nodes, m.smt, m.isa_flags, m.l1d_kb, m.l2_kb, m.l3_kb,

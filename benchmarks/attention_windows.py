@@ -6,7 +6,8 @@ Config: d_model 128, 2 layers, 4 heads of 32, seq 1024, batch 4, vocab 4096, fp3
 Each round runs every variant for `steps` timed training steps (after one warm-up step), in a
 rotating order, so drift of the shared machine hits all alike. Prints the median step time over
 rounds with the min-max spread, and the ratio to full attention. --code runs another checkout's
-worker/model.py (e.g. /work/baseline) for a before/after. Measures; asserts nothing about time.
+model (worker/trainers/torch/model.py, or worker/model.py before the trainer layout, e.g.
+/work/baseline) for a before/after. Measures; asserts nothing about time.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ def main() -> None:
     ap.add_argument("--code", default=str(Path(__file__).resolve().parents[1]))
     args = ap.parse_args()
     sys.path.insert(0, args.code)
-    from worker.model import GPT, ModelConfig
+    try:
+        from worker.trainers.torch.model import GPT, ModelConfig
+    except ModuleNotFoundError:  # a checkout from before the trainer layout
+        from worker.model import GPT, ModelConfig
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, VOCAB, (B, T), generator=g)

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 # transformer block; 3 warm-up steps let the thread pool and allocator settle before 20 timed steps.
 WORKLOAD = textwrap.dedent("""
     import json, statistics, time, torch
-    from worker import readback
+    from worker.trainers.torch import readback
     torch.manual_seed(0)
     readback.apply_in_child({"intra_threads": THREADS, "inter_threads": THREADS, "onednn": True})
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))

@@ -23,8 +23,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker import data, train  # noqa: E402
-from worker.model import GPT, ModelConfig, flops_per_step  # noqa: E402
+from worker import data  # noqa: E402
+from worker.trainers import harness  # noqa: E402
+from worker.trainers.torch import child as train  # noqa: E402
+from worker.trainers.torch.model import GPT, ModelConfig  # noqa: E402
 
 D, LAYERS, HEADS, T, B, VOCAB = 256, 4, 4, 256, 8, 8192
 TOKENS = B * T
@@ -93,7 +95,7 @@ def naive_step(model, precision="fp32"):
 def timed_steps(step, batches, n: int) -> list[float]:
     out = []
     for _ in range(n):
-        micro = [batches.next()]
+        micro = [tuple(map(torch.from_numpy, batches.next()))]
         t = time.perf_counter_ns()
         step(micro)
         out.append((time.perf_counter_ns() - t) / 1e6)
@@ -128,7 +130,7 @@ def main():
     tokens = data.load_tokens(corpus, VOCAB)
     config = {"optimizer": "adamw"}
     our_model, their_model = ours(), HFAdapter(theirs())
-    flops = flops_per_step(our_model, B, 1)
+    flops = harness.flops_per_step(dict(vars(our_model.cfg), batch_size=B, grad_accum=1))
     print(f"config: d_model {D}, {LAYERS} layers, {HEADS} heads, seq {T}, batch {B}, vocab {VOCAB}; "
           f"ours {sum(p.numel() for p in our_model.parameters()) / 1e6:.2f} M params, GPT-2 "
           f"{sum(p.numel() for p in their_model.parameters()) / 1e6:.2f} M; {flops / 1e9:.1f} GFLOP/step; data {used}")

@@ -27,17 +27,12 @@ from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from orchestrator import migrations
 from orchestrator.errors import BadInput, BenchError
 from orchestrator.variables import BY_NAME, NAMES
+from worker.trainers.harness import METRICS  # the one metric list: schema.sql's runs columns follow it
 
 # Enqueue and pool filling hold this PostgreSQL advisory lock, so a pool's first fill and a
 # concurrent enqueue cannot miss each other's jobs (SQLite's BEGIN IMMEDIATE serialises them anyway).
 PG_QUEUE_LOCK = migrations.PG_SCHEMA_LOCK + 1
 
-METRICS = (
-    "setup_s", "first_step_s", "step_ms_median", "step_ms_p10", "step_ms_p90", "step_ms_mean",
-    "step_ms_std", "train_s", "wall_s", "tokens_per_s", "samples_per_s", "loss_first", "loss_last",
-    "peak_rss_mb", "cpu_user_s", "cpu_sys_s", "ctx_switches", "freq_mhz_avg", "energy_j",
-    "temp_c_max", "params", "flops_per_step", "gflops", "mfu",
-)
 # Columns of runs a finished child fills besides the metrics.
 RUN_FACTS = ("dataset_used", "output_path", "torch_version", "python_version", "build_info",
              "applied", "load_before", "child_pid")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.errors import BadInput
+from worker.data import DATASET_BUILTIN, DATASET_HUB  # the names live with the data, for the children
 
 # Where a variable takes effect; the worker checks each place can honour it.
 KNOB = "knob"  # system state the worker sets before the child starts (sysfs, affinity)
@@ -97,9 +98,6 @@ def _coerce(kind: type, value):
 def _v(name, type_, default, applied, doc, **kw) -> Variable:
     return Variable(name, type_, default, applied, doc, **kw)
 
-
-DATASET_HUB = "ThomasTheMaker/Arc-Corpus-sample"
-DATASET_BUILTIN = "builtin"
 
 # The order here is the order of the columns in `jobs` and of reports.
 CATALOGUE: tuple[Variable, ...] = (

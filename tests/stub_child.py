@@ -2,13 +2,15 @@
 stdin, one JSON line on stdout), sleeps steps * 50 ms, and misbehaves on purpose, chosen by the
 job's `seed`:
 0 = a quick honest result, 1 = segfault, 2 = os._exit(3), 3 = hang, 4 = raise, 5 = print garbage.
-It skips torch entirely so the queue's tests stay fast; the real child has its own tests."""
+It skips torch entirely (its result is built by the harness's result(), every metric named) so the queue's tests stay fast; the real child has its own tests."""
 
 import ctypes
 import json
 import os
 import sys
 import time
+
+from worker.trainers import harness
 
 
 def main():
@@ -32,12 +34,11 @@ def main():
     os.makedirs(markers, exist_ok=True)
     with open(os.path.join(markers, f"run-{job['run_id']}-{os.getpid()}"), "w") as f:
         f.write(json.dumps(config))
-    print(json.dumps({
-        "status": "done", "reason": None,
-        "metrics": {"step_ms_median": 1.0 + config["d_model"] / 100, "steps_seen": config["steps"]},
-        "applied": {"affinity": sorted(os.sched_getaffinity(0))},
-        "dataset_used": "stub", "output_path": None,
-    }))
+    metrics = dict.fromkeys(harness.TRAINER_METRICS) | {"step_ms_median": 1.0 + config["d_model"] / 100}
+    now = time.time()
+    print(json.dumps(harness.result(metrics, applied={"affinity": sorted(os.sched_getaffinity(0))},
+                                    timed_window={"start_unix_s": now, "end_unix_s": now}, dataset_used="stub",
+                                    output_path=None, torch_version=None, build_info=None)))
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from worker.child import _preexec, child_env, drop_to_invoking_user
+from worker.child import ForkServers, _preexec, child_env, drop_to_invoking_user
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
@@ -31,3 +32,22 @@ def test_the_child_environment_is_a_whitelist(monkeypatch, tmp_path):
     env = child_env({"OMP_NUM_THREADS": "2"}, tmp_path, tmp_path / "data")
     assert "SECRET_TOKEN" not in env and env["OMP_NUM_THREADS"] == "2"
     assert env["PATH"] == os.environ["PATH"]
+
+
+def test_one_fork_server_per_trainer_kept_across_alternating_frameworks(tmp_path):
+    servers = ForkServers()
+    repo = Path(__file__).resolve().parents[1]
+    job = {"config": {"seed": 0, "steps": 0, "d_model": 32}, "run_id": 1, "output_root": str(tmp_path)}
+    common = dict(argv_prefix=[], env=child_env({}, repo, tmp_path), cpus=sorted(os.sched_getaffinity(0)), cwd=repo,
+                  timeout_s=60, heartbeat_s=5, on_heartbeat=lambda pid: None)
+    try:
+        pids = []
+        for module in ("tests.stub_child", "tests.stub_trainer", "tests.stub_child", "tests.stub_trainer"):
+            outcome = servers.run(job, module=module, **common)
+            assert outcome.status == "done", outcome.reason
+            assert outcome.timed_window is not None
+            pids.append(servers.servers[module].proc.pid)
+        assert set(servers.servers) == {"tests.stub_child", "tests.stub_trainer"}
+        assert pids[0] == pids[2] and pids[1] == pids[3] and pids[0] != pids[1]  # none restarted
+    finally:
+        servers.close()

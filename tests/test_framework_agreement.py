@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from worker.model import GPT, ModelConfig
-from worker.train import LR, make_optimizer, make_step
+from worker.trainers.torch.model import GPT, ModelConfig
+from worker.trainers.torch.child import LR, make_optimizer, make_step
 from worker.trainers.jax import model as jax_model
 from worker.trainers.masks import block_layout, dense_mask
 from worker.trainers.numpy.model import GPT as NumpyGPT

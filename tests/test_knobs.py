@@ -275,7 +275,7 @@ def test_an_isa_this_cpu_lacks_is_unavailable_naming_the_flag(tree):
 
 # -- real child processes -------------------------------------------------------------------------
 
-READBACK = "from worker import readback; import json; print(json.dumps(readback.read_back()))"
+READBACK = "from worker.trainers.torch import readback; import json; print(json.dumps(readback.read_back()))"
 
 
 def run_child(spec: knobs.ChildSpec, code: str = READBACK) -> str:

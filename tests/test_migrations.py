@@ -69,9 +69,11 @@ def test_a_version_1_database_opens_keeps_every_run_reports_and_takes_new_work(o
     counts = json.loads(proc.stdout)
     assert counts["done"] == 11 and counts["failed"] == 8 and counts["skipped"] == 3
     assert sqlite_rows(old_db, "SELECT MAX(version) FROM schema_version") == [(LATEST,)]
-    # Every run kept, column for column (new columns, e.g. pool_id: each machine's own pool, aside).
+    # Every run kept, column for column (the new columns: pool_id, each machine's own pool; the
+    # metrics added since, NULL in old rows).
     runs_after = sqlite_rows(old_db, f"SELECT {', '.join(old_columns)} FROM runs ORDER BY run_id")
     assert runs_after == runs_before
+    assert sqlite_rows(old_db, "SELECT DISTINCT trainable_params, steal_s FROM runs") == [(None, None)]
     assert sqlite_rows(old_db, "SELECT job_id, config_hash FROM jobs ORDER BY job_id") == jobs_before
     assert sqlite_rows(old_db, "SELECT DISTINCT r.machine_id = p.machine_id FROM runs r JOIN pools p USING (pool_id)") == [(1,)]
 
@@ -180,7 +182,7 @@ def _a_later_release(tmp_path, monkeypatch) -> None:
     """What other workstreams add in this release: metrics and machine columns (one NOT NULL with a
     DEFAULT), an effects column, a new table, and a catalogue variable (a NOT NULL jobs column)."""
     _with_additions(tmp_path, monkeypatch, {
-        "    params         INTEGER,\n": "    trainable_params INTEGER,\n    steal_s REAL,\n",
+        "    temp_c_max     REAL,\n": "    power_w_avg REAL,\n",
         "    kernel            TEXT,\n": "    noise_pct         REAL NOT NULL DEFAULT 0,\n",
         "    repeat        INTEGER NOT NULL\n": "    , cc_flags    TEXT    NOT NULL\n",
         "    n_runs      INTEGER NOT NULL,           -- done runs the estimate rests on\n": "    p_holm      REAL,\n",

@@ -1,7 +1,8 @@
 """Spawning the training child: its whitelisted environment, affinity, privileges and parent-death
 signal, the heartbeat while it runs, the timeout, and turning what it printed into an outcome.
 
-The child is `python -m worker.train` with the job on stdin and exactly one JSON line on stdout.
+The child is a trainer, `python -m worker.trainers.<framework>` (worker/trainers/harness.py: the
+job on stdin and exactly one JSON line on stdout).
 It is pinned before it starts (sched_setaffinity in the fork), gets SIGKILL when the worker dies
 (PR_SET_PDEATHSIG, so a killed worker never leaves a child training), and runs in its own process
 group so a timeout kills whatever it started too.
@@ -38,6 +39,7 @@ class Outcome:
     facts: dict = field(default_factory=dict)  # runs columns besides metrics: dataset_used, output_path...
     applied: dict = field(default_factory=dict)
     stderr_tail: str = ""
+    timed_window: dict | None = None  # {start_unix_s, end_unix_s} of the child's timed steps
 
 
 def child_env(extra: dict[str, str], project_root: Path, data_dir: Path) -> dict[str, str]:
@@ -85,7 +87,7 @@ def _preexec(cpus: list[int], user: tuple[int, int] | None, parent_pid: int) -> 
     return lambda: become_job_process(cpus, user, parent_pid)
 
 
-def run_exec(job: dict, *, module: str = "worker.train", argv_prefix: list[str], env: dict[str, str], cpus: list[int], cwd: Path,
+def run_exec(job: dict, *, module: str, argv_prefix: list[str], env: dict[str, str], cpus: list[int], cwd: Path,
               timeout_s: float, heartbeat_s: float, on_heartbeat: Callable[[int], None]) -> Outcome:
     """Run one child to completion (or timeout) and return what happened; never raises for the
     child's own failures. `on_heartbeat(child_pid)` is called every heartbeat_s while it runs."""
@@ -150,12 +152,30 @@ def _outcome(rc: int, out: bytes, err: bytes, *, wall_s: float, timed_out: bool,
     metrics = {**(result.get("metrics") or {}), **base}
     facts = {k: result.get(k) for k in ("dataset_used", "output_path", "torch_version", "python_version", "build_info")}
     facts["child_pid"] = child_pid
-    return Outcome(status, result.get("reason"), metrics, facts, result.get("applied") or {}, stderr_tail=tail)
+    return Outcome(status, result.get("reason"), metrics, facts, result.get("applied") or {}, stderr_tail=tail,
+                   timed_window=result.get("timed_window"))
+
+
+class ForkServers:
+    """One fork server per trainer module: a JAX child must never carry torch's OpenMP runtime, and
+    a sweep that alternates frameworks must not restart a server every job. Each is still restarted
+    when a job of its trainer needs other process-start settings."""
+
+    def __init__(self):
+        self.servers: dict[str, ForkServer] = {}
+
+    def run(self, job: dict, *, module: str, **kwargs) -> Outcome:
+        return self.servers.setdefault(module, ForkServer()).run(job, module=module, **kwargs)
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.close()
+        self.servers.clear()
 
 
 class ForkServer:
-    """The worker's side of worker/forkserver.py: one server per distinct process-start settings,
-    restarted when a job needs other settings, closed with the worker."""
+    """The worker's side of worker/forkserver.py for one trainer: one server per distinct
+    process-start settings, restarted when a job needs other settings, closed with the worker."""
 
     def __init__(self):
         self.proc: subprocess.Popen | None = None

@@ -3,7 +3,8 @@
 `prepare()` runs once per worker in the parent: it fetches the dataset through the `datasets`
 library (or falls back to a built-in corpus this module generates) and writes it as plain text.
 The child only calls `load_tokens()`, which reads that text file and never imports `datasets`
-(pyarrow alone costs seconds of setup). Every file is written tmp + rename: two workers may race.
+(pyarrow alone costs seconds of setup), and `Batches`; neither imports orchestrator/ or torch, so
+every trainer (torch, JAX, NumPy) draws the same NumPy batches. Every file is written tmp + rename: two workers may race.
 
 Layout under data_dir:
     <slug>/corpus.txt          one row of text per line (newlines inside a row become spaces)
@@ -30,9 +31,9 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from orchestrator.errors import BenchError
-from orchestrator.variables import DATASET_BUILTIN, DATASET_HUB
-
+# The dataset names (the catalogue's `dataset` values; orchestrator/variables.py imports them).
+DATASET_HUB = "ThomasTheMaker/Arc-Corpus-sample"
+DATASET_BUILTIN = "builtin"
 HUB_TIMEOUT_S = 5  # an unreachable hub must cost seconds, not the minutes of default retries
 BUILTIN_ROWS = 1000  # the hub dataset's size, so both corpora give comparable runs
 
@@ -233,6 +234,8 @@ def prepare(data_dir: str | os.PathLike, dataset: str) -> tuple[Path, str]:
     reused; otherwise the hub is tried once (seconds when unreachable) and on failure the built-in
     corpus is used, loudly, and the decision is remembered in unreachable.json so runs do not retry.
     """
+    from orchestrator.errors import BenchError  # the parent's half: the child never gets here normally
+
     data_dir = Path(data_dir)
     if dataset == DATASET_BUILTIN:
         return _write_builtin(data_dir), DATASET_BUILTIN
@@ -323,26 +326,24 @@ def load_tokens(corpus: Path, vocab_size: int) -> np.ndarray:
 
 
 class Batches:
-    """Random windows of seq_len + 1 tokens: inputs and next-token targets, deterministic from seed.
+    """Random windows of seq_len + 1 tokens: inputs and next-token targets as (B, T) int64 NumPy
+    arrays, deterministic from seed (every framework draws the same; torch wraps them with
+    torch.from_numpy).
 
-    The windows are drawn with a torch.Generator of their own, so the data order depends on the seed
+    The windows are drawn with a NumPy generator of their own, so the data order depends on the seed
     alone, not on how many random numbers the model's init or dropout consumed.
     """
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int):
-        import torch
-
         if len(tokens) < seq_len + 2:
-            raise BenchError(f"the corpus has {len(tokens)} tokens, fewer than seq_len + 2 = {seq_len + 2}")
-        self.tokens = torch.from_numpy(tokens.astype(np.int64))
+            raise ValueError(f"the corpus has {len(tokens)} tokens, fewer than seq_len + 2 = {seq_len + 2}")
+        self.tokens = tokens.astype(np.int64)
         self.seq_len, self.batch_size = seq_len, batch_size
-        self.generator = torch.Generator().manual_seed(seed)
+        self.rng = np.random.default_rng(seed)
 
-    def next(self):
-        import torch
-
+    def next(self) -> tuple[np.ndarray, np.ndarray]:
         T = self.seq_len
-        starts = torch.randint(0, len(self.tokens) - T - 1, (self.batch_size,), generator=self.generator)
-        offsets = starts[:, None] + torch.arange(T + 1)  # (B, T+1)
+        starts = self.rng.integers(0, len(self.tokens) - T - 1, size=self.batch_size)
+        offsets = starts[:, None] + np.arange(T + 1)  # (B, T+1)
         window = self.tokens[offsets]  # (B, T+1)
         return window[:, :-1], window[:, 1:]  # inputs, targets: (B, T) each

@@ -760,7 +760,7 @@ def _cpulist(cpus: list[int]) -> str:
 # -- the child's read-back, checked -----------------------------------------------------------------
 
 def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
-    """The job's settings the child did NOT run under, from what it read back (worker/readback.py).
+    """The job's settings the child did NOT run under, from what it read back (the trainer's read-back).
     A run with any is recorded failed: its numbers would belong to other settings."""
     expected = {
         "affinity": sorted(spec.cpus),

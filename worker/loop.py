@@ -10,6 +10,7 @@ that the next worker (or `bench.py restore`) restores.
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import os
 import signal
 import socket
@@ -25,7 +26,8 @@ import psutil
 from orchestrator.errors import BadInput, Busy, Stopped
 from orchestrator.store import Claim, Store
 from worker import knobs, probe, sensors
-from worker.child import ForkServer, Outcome, child_env, run_exec
+from worker.child import ForkServers, Outcome, child_env, run_exec
+from worker.trainers.harness import METRICS, TRAINERS, WORKER_METRICS
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,8 +54,9 @@ class WorkerOptions:
     # "fork": children forked from a server that has imported torch once (no ~2 s import per job);
     # "exec": a fresh interpreter per job. Both give the child the job's exact start settings.
     spawn: str = field(default_factory=lambda: os.environ.get("BENCH_SPAWN", "fork"))
-    # Tests swap in a child that crashes or hangs on purpose (tests/stub_child.py).
-    child_module: str = field(default_factory=lambda: os.environ.get("BENCH_CHILD_MODULE", "worker.train"))
+    # None: the trainer of the job's framework (harness.TRAINERS). Tests swap in a child that
+    # crashes or hangs on purpose (tests/stub_child.py) for every framework.
+    child_module: str | None = field(default_factory=lambda: os.environ.get("BENCH_CHILD_MODULE"))
     probe_quick: bool = field(default_factory=lambda: os.environ.get("BENCH_PROBE_QUICK") == "1")
 
     @property
@@ -133,7 +136,7 @@ class Worker:
         self._datasets: dict[str, str] = {}
         if options.spawn not in ("fork", "exec"):
             raise BadInput(f"BENCH_SPAWN={options.spawn!r}: expected fork or exec")
-        self.forkserver = ForkServer() if options.spawn == "fork" else None
+        self.forkserver = ForkServers() if options.spawn == "fork" else None
 
     def close(self) -> None:
         if self.forkserver is not None:
@@ -213,7 +216,9 @@ class Worker:
 
     def measure(self, config: dict, *, run_id: int | None, on_heartbeat: Callable[[int], None] = lambda pid: None) -> Outcome:
         """Check, apply, spawn, restore: one configuration measured in a fresh child."""
-        why = knobs.unavailable(config, self.facts, self.pool, sysfs_root=self.opts.sysfs_root)
+        module = self.opts.child_module or TRAINERS[config["framework"]]
+        why = _trainer_missing(module) or knobs.unavailable(config, self.facts, self.pool,
+                                                            sysfs_root=self.opts.sysfs_root)
         if why:
             return Outcome("skipped", why)
         data_dir = self.opts.data_dir
@@ -234,7 +239,7 @@ class Worker:
             sampler.start()
             try:
                 spawn = self.forkserver.run if self.forkserver is not None else run_exec
-                outcome = spawn(job, module=self.opts.child_module, argv_prefix=spec.argv_prefix,
+                outcome = spawn(job, module=module, argv_prefix=spec.argv_prefix,
                                 env=child_env(spec.env, PROJECT_ROOT, data_dir), cpus=spec.cpus, cwd=PROJECT_ROOT,
                                 timeout_s=self.opts.timeout_s, heartbeat_s=self.opts.heartbeat_s,
                                 on_heartbeat=on_heartbeat)
@@ -246,9 +251,11 @@ class Worker:
             outcome.status = "failed"
             outcome.reason = "the child did not run under the job's settings: " + "; ".join(wrong)
         if outcome.status == "done":
-            outcome.metrics.update({k: v for k, v in sampled.items() if k in ("freq_mhz_avg", "energy_j", "temp_c_max")})
+            outcome.metrics.update({k: v for k, v in sampled.items() if k in WORKER_METRICS})
         outcome.facts["load_before"] = load_before
         outcome.applied = {**spec.applied, **outcome.applied, "sensor_notes": notes}
+        if outcome.timed_window is not None:
+            outcome.applied["timed_window"] = outcome.timed_window
         return outcome
 
     def _prepare_data(self, dataset: str) -> None:
@@ -260,6 +267,17 @@ class Worker:
             if used != dataset:
                 self.emit(Event("note", text=f"dataset {dataset} could not be loaded; training on the built-in corpus "
                                              f"(recorded per run as dataset_used={used})"))
+
+
+def _trainer_missing(module: str) -> str | None:
+    """Why the trainer cannot be started (a package without __main__: not written yet), or None."""
+    try:
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.submodule_search_locations is not None:  # a package: python -m runs __main__
+            spec = importlib.util.find_spec(f"{module}.__main__")
+    except ModuleNotFoundError:
+        spec = None
+    return None if spec is not None else f"not implemented: no trainer {module} in this checkout"
 
 
 @contextmanager
@@ -322,7 +340,6 @@ def measure_once(settings: list[str], options: WorkerOptions) -> dict:
     The result has every metric by its column name (None where not measured), status, reason,
     and applied (the settings read back)."""
     from orchestrator import variables
-    from orchestrator.store import METRICS
     from orchestrator.sweep import parse_assignment
 
     partial = {}

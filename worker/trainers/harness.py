@@ -234,14 +234,28 @@ def matmul_params(config: dict) -> int:
     return config["n_layers"] * block_matmul_params(config) + config["vocab_size"] * config["d_model"]
 
 
+def lora_params(config: dict) -> int:
+    """The adapter weights of task=finetune_lora: rank r pairs (A: r x in, B: out x r) on each
+    block's qkv, attention out, MLP in and MLP out; 0 for any other task."""
+    if config.get("task") != "finetune_lora":
+        return 0
+    d, hidden, r = config["d_model"], mlp_hidden(config), config["lora_rank"]
+    q_width = config["n_heads"] * config["head_dim"]
+    qkv_out = q_width + 2 * config["kv_heads"] * config["head_dim"]
+    fc_out = 2 * hidden if config["activation"] == "swiglu" else hidden
+    return config["n_layers"] * r * ((d + qkv_out) + (q_width + d) + (d + fc_out) + (hidden + d))
+
+
 def param_counts(config: dict) -> dict:
     """params: every weight, the tied head counted once (token and position embeddings, the blocks'
-    Linear weights, 2 LayerNorm gains per block and the final one; no biases). trainable_params:
-    the ones the optimizer updates (all of them when pretraining or finetuning all weights)."""
+    Linear weights, 2 LayerNorm gains per block and the final one; no biases; LoRA adapters included).
+    trainable_params: the ones the optimizer updates (all of them when pretraining or finetuning all
+    weights; only the adapters with task=finetune_lora)."""
     d = config["d_model"]
     params = (config["vocab_size"] * d + config["seq_len"] * d
               + config["n_layers"] * (block_matmul_params(config) + 2 * d) + d)
-    return {"params": params, "trainable_params": params}
+    lora = lora_params(config)
+    return {"params": params + lora, "trainable_params": lora or params}
 
 
 def attended_positions(kind: str, seq_len: int, window: int) -> int:
@@ -273,9 +287,23 @@ def flops_per_step(config: dict) -> int:
     local/sliding windows), so this counts useful work, not the masked half a kernel may compute.
     GQA shrinks the K/V projections (fewer matmul weights) but not the score/sum work: that follows
     the query heads. Elementwise work (softmax, norms, activations, optimizer) is not counted.
+
+    With task=finetune_lora only what runs is counted:
+        flops_per_step = (4 * N_matmul - 2 * qkv_0 + 6 * N_lora - 2 * r * d_model) * tokens + attention
+    every frozen matrix does its forward (2) and input-gradient (2) GEMMs but no weight-gradient
+    GEMM; the first block's qkv (qkv_0 weights) needs no input gradient either, since nothing below
+    it trains; each adapter pair (N_lora = lora_params()) runs forward, input and weight gradients
+    (6), except the first qkv adapter's input gradient (2 r d).
     """
     sequences = config["batch_size"] * config["grad_accum"]
+    tokens = sequences * config["seq_len"]
     pairs = attended_positions(config["attention"], config["seq_len"], config["window"])
     attention = 12 * config["n_layers"] * config["n_heads"] * config["head_dim"] * pairs * sequences
-    return 6 * matmul_params(config) * sequences * config["seq_len"] + attention
+    n_lora = lora_params(config)
+    if not n_lora:
+        return 6 * matmul_params(config) * tokens + attention
+    d = config["d_model"]
+    qkv_0 = d * (config["n_heads"] + 2 * config["kv_heads"]) * config["head_dim"]
+    per_token = 4 * matmul_params(config) - 2 * qkv_0 + 6 * n_lora - 2 * config["lora_rank"] * d
+    return per_token * tokens + attention
 

@@ -2,7 +2,7 @@
 
 Every framework starts from the arrays init_params() returns, so torch, JAX and NumPy train the
 same weights from the same seed and their losses can be compared number for number. Names and
-layouts are those of the torch model's state_dict (worker/model.py): a Linear weight is
+layouts are those of the torch model's state_dict (worker/trainers/torch/model.py): a Linear weight is
 (out_features, in_features), the head is tied to `wte.weight` and is not a parameter of its own.
 
 No torch here: a JAX or NumPy child imports this module without pulling torch in.
@@ -23,7 +23,7 @@ LN_EPS = 1e-5  # torch.nn.LayerNorm's default eps; every framework normalises wi
 
 @dataclass(frozen=True)
 class Arch:
-    """The shape variables of a resolved config, without torch (worker/model.ModelConfig holds the
+    """The shape variables of a resolved config, without torch (worker/trainers/torch/model.ModelConfig holds the
     same numbers for the torch model; tests/test_framework_agreement.py keeps the two equal)."""
 
     vocab_size: int
@@ -111,7 +111,7 @@ def init_params(config: dict) -> dict[str, np.ndarray]:
 
 
 def count(params: dict[str, np.ndarray]) -> int:
-    """Trainable parameters, the tied head counted once (as worker/model.count_params)."""
+    """Trainable parameters, the tied head counted once (as worker/trainers/torch/model.count_params)."""
     return sum(int(a.size) for a in params.values())
 
 

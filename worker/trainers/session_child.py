@@ -88,7 +88,7 @@ def _train(request: dict, child, t0: float) -> dict:
     applied["corpus_tokens"] = int(len(tokens))
     if len(tokens) < config["seq_len"] + 2:
         raise Skip(f"not supported: seq_len={config['seq_len']} (the corpus has only {len(tokens)} tokens)")
-    batches = _Batches(tokens, config["seq_len"], config["batch_size"], config["seed"])
+    batches = data.Batches(tokens, config["seq_len"], config["batch_size"], config["seed"])
     lr = LR[config["optimizer"]]
 
     params = None  # the shared init
@@ -100,7 +100,7 @@ def _train(request: dict, child, t0: float) -> dict:
         else:  # the torch trainer's rule: a short untimed fp32 pretrain on other batches of the same text
             t = time.perf_counter()
             base = child.Session(config | {"precision": "fp32"}, lr)
-            base_batches = _Batches(tokens, config["seq_len"], config["batch_size"], config["seed"] + 1)
+            base_batches = data.Batches(tokens, config["seq_len"], config["batch_size"], config["seed"] + 1)
             for _ in range(BASE_PRETRAIN_STEPS):
                 base.sync(base.step([base_batches.next()]))
             params = base.params()
@@ -135,22 +135,3 @@ def _save(session, config: dict, request: dict, dataset_used: str) -> str | None
     os.replace(out / "config.json.tmp", out / "config.json")
     return str(out)
 
-
-class _Batches:
-    """PROVISIONAL, until the contract's worker/data.py lands (its Batches draws NumPy arrays with a
-    NumPy generator; main's still draws with torch, which this child must not import): the same rule."""
-
-    def __init__(self, tokens, seq_len: int, batch_size: int, seed: int):
-        import numpy as np
-
-        self.tokens = tokens.astype(np.int64)
-        self.seq_len, self.batch_size = seq_len, batch_size
-        self.rng = np.random.default_rng(seed)
-
-    def next(self):
-        import numpy as np
-
-        T = self.seq_len
-        starts = self.rng.integers(0, len(self.tokens) - T - 1, size=self.batch_size)
-        window = self.tokens[starts[:, None] + np.arange(T + 1)]
-        return window[:, :-1], window[:, 1:]

@@ -1,21 +1,13 @@
-"""The training child: `python -m worker.train` reads one JSON request on stdin, trains, and prints
-exactly one JSON result line on stdout (everything else goes to stderr).
+"""The torch trainer's child: `python -m worker.trainers.torch` speaks the harness's protocol
+(worker/trainers/harness.py: one JSON request on stdin, one JSON result line on stdout).
 
-Request: {"config", "run_id", "output_dir", "output_root", "data_dir", "peak_gflops", "compile_cache_dir"}.
-Result:  {"status", "reason", "metrics", "applied", "dataset_used", "output_path", "torch_version",
-          "python_version", "build_info"}. On an exception: traceback on stderr, non-zero exit, no result.
+This module owns what is torch's: the model and optimizer, bf16/mixed/quantized precision, inductor
+(fusion switch, cold/warm cache), finetuning from a saved model, and the read-back. The timed loop,
+the metric names and the analytic FLOP/parameter counts are the harness's.
 
-Measurement (see measure() and the metric names of `runs` in schema.sql):
     setup_s       module start (before imports) to the first step: imports, data, tokenizer, model,
                   optimizer; minus the untimed extra work recorded apart in `applied`
                   (base_pretrain_s of a finetune without a saved model, prewarm_s of a warm cache)
-    first_step_s  the first step alone, compilation included: the first warmup step, or with
-                  warmup_steps=0 the first timed step (then it is also among the timed steps)
-    warmup_steps  untimed (let the loop settle: allocator, caches, oneDNN primitives)
-    steps         each optimizer step timed on its own with perf_counter_ns: grad_accum micro-batches
-                  (forward, backward), optimizer step, zero_grad; batches are drawn before the clock
-    loss_first    the very first step's loss (before any update); loss_last: mean of the last
-                  LOSS_LAST_STEPS timed steps
 """
 
 from __future__ import annotations
@@ -28,25 +20,17 @@ import contextlib  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import re  # noqa: E402
-import resource  # noqa: E402
 import shutil  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-# What worker/forkserver.py imports once before forking children (this module imports them lazily,
-# so that a skip or `python -m worker.train` for a jax job stays fast).
-# torch._dynamo: the optimizers import it on construction (about 2 s here).
-PRELOAD = ("numpy", "torch", "torch.nn.attention", "torch.optim", "torch._dynamo", "tokenizers", "worker.data",
-           "worker.model", "worker.readback")
+from worker.trainers import harness  # noqa: E402
+from worker.trainers.harness import Skip  # noqa: E402
+
 LR = {"adamw": 1e-3, "sgd": 0.05}  # high for tiny models: loss must visibly fall in a few steps
 FINETUNE_LR_FACTOR = 0.1  # finetuning starts from trained weights: a 10x lower learning rate
 BASE_PRETRAIN_STEPS = 30  # untimed pretraining when finetune finds no saved model to start from
-LOSS_LAST_STEPS = 3  # loss_last averages this many final steps: one step's loss is noisy
-PEAK_KEY = {"fp32": "fp32", "q8": "fp32", "q4": "fp32", "bitnet": "fp32", "bf16": "bf16", "mixed": "bf16"}
 # the variables that shape the weights; with the tokenizer's text they decide whether a saved model fits
 ARCH_KEYS = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_ratio", "activation",
              "attention", "window", "vocab_size", "seq_len")
@@ -56,48 +40,24 @@ NO_FUSION = {"max_fusion_size": 1, "epilogue_fusion": False, "pattern_matcher": 
              "aggressive_fusion": False, "cpp.max_horizontal_fusion_size": 0}
 
 
-class Skip(Exception):
-    """A value this child cannot honour: the run is recorded as skipped with this reason."""
-
-
-# -- the protocol ------------------------------------------------------------------------------
-
-
-def _claim_stdout():
-    """Keep the real stdout for the result; point fd 1 (Python and C prints alike) at stderr."""
-    result_fd = os.dup(1)
-    os.dup2(2, 1)
-    return os.fdopen(result_fd, "w")
-
-
 def main() -> None:
-    out = _claim_stdout()
-    request = json.loads(sys.stdin.read())
-    result = run(request)
-    out.write(json.dumps(result) + "\n")
-    out.flush()
-
-
-def skipped(reason: str, applied: dict | None = None, torch_version: str | None = None) -> dict:
-    return {"status": "skipped", "reason": reason, "metrics": {}, "applied": applied or {},
-            "dataset_used": None, "output_path": None, "torch_version": torch_version,
-            "python_version": platform.python_version(), "build_info": None}
+    harness.serve(run)
 
 
 def run(request: dict) -> dict:
     """Train one configuration as the request says; the result dict (printed by main())."""
     config = request["config"]
     if config["framework"] != "torch":  # before importing torch: a skip must be fast
-        return skipped(f"not implemented: framework={config['framework']}")
+        return harness.skipped(f"the torch trainer does not run framework={config['framework']}")
     cache_dir = _compile_cache_dir(config, request)  # before torch: inductor reads it from the env
     try:
         return _train(request, cache_dir)
     except Skip as why:
         import torch
 
-        from worker.readback import read_back
+        from worker.trainers.torch.readback import read_back
 
-        return skipped(str(why), read_back(), torch.__version__)
+        return harness.skipped(str(why), read_back(), torch.__version__)
     finally:
         if cache_dir and config["compile_cache"] == "cold":
             shutil.rmtree(cache_dir, ignore_errors=True)
@@ -229,12 +189,11 @@ def _prewarm(model, config: dict, cache_dir: str, batch) -> float | None:
 
 def _train(request: dict, cache_dir: str | None) -> dict:
     config = request["config"]
-    import numpy as np
     import torch
 
     from worker import data
-    from worker.model import GPT, ModelConfig, add_lora, count_params, flops_per_step, trainable_params
-    from worker.readback import apply_in_child, read_back
+    from worker.trainers.torch.model import GPT, ModelConfig, add_lora
+    from worker.trainers.torch.readback import apply_in_child, read_back
 
     apply_in_child(config)
     applied: dict = {"precision": config["precision"], "compile": config["compile"]}
@@ -249,7 +208,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     torch.manual_seed(config["seed"])
     cfg = ModelConfig.from_config(config)
     model = GPT(cfg)
-    batches = data.Batches(tokens, config["seq_len"], config["batch_size"], config["seed"])
+    batches = torch_batches(tokens, config, config["seed"])
     lr = LR[config["optimizer"]]
 
     if config["task"] in ("finetune", "finetune_lora"):
@@ -262,11 +221,11 @@ def _train(request: dict, cache_dir: str | None) -> dict:
                 applied["finetune_from_run"] = json.loads((saved / "config.json").read_text()).get("run_id")
         else:  # nothing to start from: a short untimed fp32 pretrain on other batches of the same text
             t = time.perf_counter()
-            base_batches = data.Batches(tokens, config["seq_len"], config["batch_size"], config["seed"] + 1)
+            base_batches = torch_batches(tokens, config, config["seed"] + 1)
             base_step = make_step(model, make_optimizer(model, config, lr), "fp32")
             model.train()
             for _ in range(BASE_PRETRAIN_STEPS):
-                base_step([base_batches.next()])
+                base_step([base_batches()])
             applied["finetune_from"] = f"fresh base pretrain ({BASE_PRETRAIN_STEPS} untimed steps)"
             applied["base_pretrain_s"] = time.perf_counter() - t
             excluded_s += applied["base_pretrain_s"]
@@ -295,7 +254,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
         applied["compile_cache_dir"] = cache_dir
         if config["compile_cache"] == "warm":
             # a batch of its own: the timed run's data order stays that of the seed
-            other_batch = data.Batches(tokens, config["seq_len"], config["batch_size"], config["seed"] + 2).next()
+            other_batch = torch_batches(tokens, config, config["seed"] + 2)()
             prewarm_s = _prewarm(model, config, cache_dir, other_batch)
             applied["cache_prewarmed_now"] = prewarm_s is not None
             if prewarm_s is not None:
@@ -304,72 +263,49 @@ def _train(request: dict, cache_dir: str | None) -> dict:
         trained = torch.compile(model)
 
     step = make_step(trained, optimizer, config["precision"])
-    metrics = measure(step, batches, config, applied)
-    metrics["setup_s"] = metrics.pop("_first_step_start") - _T0 - excluded_s
-    metrics["params"] = count_params(model)
-    metrics["trainable_params"] = trainable_params(model)
-    metrics["flops_per_step"] = flops_per_step(model, config["batch_size"], config["grad_accum"])
-    median_s = metrics["step_ms_median"] / 1e3
-    metrics["gflops"] = metrics["flops_per_step"] / median_s / 1e9
-    peak = (request.get("peak_gflops") or {}).get(PEAK_KEY[config["precision"]])
-    metrics["mfu"] = metrics["gflops"] / peak if peak else None
-    if not all(np.isfinite(v) for v in (metrics["loss_first"], metrics["loss_last"])):
-        raise RuntimeError(f"loss is not finite: first {metrics['loss_first']}, last {metrics['loss_last']}")
+    metrics, window, first_step_start = harness.timed_loop(
+        _first_compile_skips(step, config), lambda loss: loss, batches, config)
+    metrics["setup_s"] = first_step_start - _T0 - excluded_s
+    metrics |= harness.throughput(metrics, config, request.get("peak_gflops"))
+    harness.check_finite(metrics)
 
     output_path = save_model(model, config, request, dataset_used)
     applied |= read_back()
-    return {"status": "done", "reason": None, "metrics": metrics, "applied": applied,
-            "dataset_used": dataset_used, "output_path": output_path, "torch_version": torch.__version__,
-            "python_version": platform.python_version(), "build_info": build_info()}
+    return harness.result(metrics, applied=applied, timed_window=window, dataset_used=dataset_used,
+                          output_path=output_path, torch_version=torch.__version__, build_info=build_info())
 
 
-def measure(step, batches, config: dict, applied: dict) -> dict:
-    """Warm up, then time each step on its own; the step-time, throughput, loss and rusage metrics."""
+def torch_batches(tokens, config: dict, seed: int):
+    """A callable drawing the next (inputs, targets) of the shared NumPy batches, as torch tensors."""
     import torch
 
-    accum = config["grad_accum"]
-    losses = []
-    first = {}  # the very first step, warmup or (with warmup_steps=0) the first timed one
+    from worker import data
 
-    def one_step():
-        micro = [batches.next() for _ in range(accum)]  # drawn before the clock starts
-        if not first:
-            first["start"] = time.perf_counter()
-        t = time.perf_counter_ns()
+    batches = data.Batches(tokens, config["seq_len"], config["batch_size"], seed)
+
+    def next_batch():
+        x, y = batches.next()
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    return next_batch
+
+
+def _first_compile_skips(step, config: dict):
+    """The step, where inductor failing to compile the first step makes the run skipped, not failed."""
+    import torch
+
+    calls = [0]
+
+    def guarded(micro):
+        calls[0] += 1
         try:
-            loss = step(micro)
+            return step(micro)
         except torch._dynamo.exc.BackendCompilerFailed as e:
-            if config["compile"] == "inductor" and "s" not in first:
+            if config["compile"] == "inductor" and calls[0] == 1:
                 raise Skip(f"not implemented: compile=inductor (inductor failed here: {str(e)[:300]})") from e
             raise
-        elapsed_ns = time.perf_counter_ns() - t
-        first.setdefault("s", elapsed_ns / 1e9)
-        losses.append(loss)
-        return elapsed_ns
 
-    for _ in range(config["warmup_steps"]):
-        one_step()
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    times_ns = [one_step() for _ in range(config["steps"])]
-    after = resource.getrusage(resource.RUSAGE_SELF)
-
-    ms = [t / 1e6 for t in times_ns]
-    median = statistics.median(ms)
-    qs = statistics.quantiles(ms, n=10, method="inclusive") if len(ms) > 1 else [ms[0]] * 9
-    tokens = config["batch_size"] * accum * config["seq_len"]
-    values = [float(v) for v in losses]
-    return {
-        "_first_step_start": first["start"],
-        "first_step_s": first["s"],
-        "step_ms_median": median, "step_ms_p10": qs[0], "step_ms_p90": qs[-1],
-        "step_ms_mean": statistics.fmean(ms), "step_ms_std": statistics.stdev(ms) if len(ms) > 1 else 0.0,
-        "train_s": sum(ms) / 1e3,
-        "tokens_per_s": tokens / (median / 1e3), "samples_per_s": config["batch_size"] * accum / (median / 1e3),
-        "loss_first": values[0], "loss_last": statistics.fmean(values[-LOSS_LAST_STEPS:]),
-        "peak_rss_mb": after.ru_maxrss / 1024,  # KiB on Linux
-        "cpu_user_s": after.ru_utime - before.ru_utime, "cpu_sys_s": after.ru_stime - before.ru_stime,
-        "ctx_switches": after.ru_nivcsw - before.ru_nivcsw,
-    }
+    return guarded
 
 
 def _sdpa_kernel_used(cfg, config: dict) -> str:
@@ -405,7 +341,7 @@ def save_model(model, config: dict, request: dict, dataset_used: str) -> str | N
         return None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    from worker.model import plain_state_dict
+    from worker.trainers.torch.model import plain_state_dict
 
     torch.save(plain_state_dict(model), out / "model.pt.tmp")
     os.replace(out / "model.pt.tmp", out / "model.pt")
@@ -428,7 +364,3 @@ def build_info() -> dict:
             "onednn": onednn.group(1) if onednn else None,
             "openmp": f"{backend.group(1).strip() if backend else '?'} {openmp.group(1) if openmp else ''}".strip(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
-
-
-if __name__ == "__main__":
-    main()

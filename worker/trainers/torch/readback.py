@@ -1,13 +1,15 @@
 """Inside the training child: apply the in-process settings and read back what is really in force.
 
 The worker sets what must exist before the interpreter starts (affinity, environment, LD_PRELOAD);
-this module, called by worker/train.py after importing torch, sets what only the process itself can
+this module, called by the torch child after importing torch, sets what only the process itself can
 (torch thread pools, oneDNN switch) and reads every setting back so a run records what it ran under.
 """
 
 from __future__ import annotations
 
 import os
+
+from worker.trainers.harness import common_read_back
 
 
 def apply_in_child(config: dict) -> None:
@@ -22,49 +24,19 @@ def apply_in_child(config: dict) -> None:
     torch.backends.mkldnn.enabled = bool(config["onednn"])
 
 
-def loaded_allocator() -> str | None:
-    """The malloc replacement mapped into this process, from /proc/self/maps, or None."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(" ", 1)[-1].strip()
-                name = os.path.basename(path)
-                if name.startswith(("libjemalloc", "libtcmalloc")):
-                    return path
-    except OSError:
-        return None
-    return None
-
-
-def threads_affinity() -> list[int]:
-    """The CPUs any thread of this process may run on. With OpenMP binding each thread is pinned to
-    its own place, so the main thread alone shows only the first one."""
-    cpus: set[int] = set()
-    for task in os.listdir("/proc/self/task"):
-        try:
-            cpus |= os.sched_getaffinity(int(task))
-        except OSError:
-            pass  # the thread ended meanwhile
-    return sorted(cpus)
-
-
 def read_back() -> dict:
-    """The settings in force in this process, by the names runs.applied uses."""
+    """The settings in force in this process, by the names runs.applied uses (harness.READBACK and torch's)."""
     import torch
 
     env = os.environ
-    return {
-        "affinity": threads_affinity(),
-        "main_thread_affinity": sorted(os.sched_getaffinity(0)),
+    return common_read_back() | {
         "torch_threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "mkldnn": bool(torch.backends.mkldnn.enabled),
-        "allocator_lib": loaded_allocator(),
         "omp_num_threads": env.get("OMP_NUM_THREADS"),
         "omp_proc_bind": env.get("OMP_PROC_BIND"),
         "omp_places": env.get("OMP_PLACES"),
         "aten_cpu_capability": env.get("ATEN_CPU_CAPABILITY"),
         "onednn_max_cpu_isa": env.get("ONEDNN_MAX_CPU_ISA"),
-        "uid": os.getuid(),
     }

@@ -1,7 +1,10 @@
-"""A nanoGPT-like decoder: the architecture variables of the catalogue, and its FLOP count.
+"""A nanoGPT-like decoder in torch: the architecture variables of the catalogue.
 
 Reads bottom-up: the attention mask, attention, MLP, block, and the whole model last.
-No prints, no file access: the training child (worker/train.py) owns those.
+No prints, no file access: the training child (child.py) owns those. FLOPs and parameter counts
+come from the config alone (worker/trainers/harness.py), so every framework counts alike;
+count_params(), matmul_params() and flops_per_step() here count the module (tests/test_harness.py keeps
+the two equal); the trainer reports the harness's.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from worker.quant import QUANT_MODES, QuantLinear
+from worker.trainers.harness import attended_positions, mlp_hidden
+from worker.trainers.torch.quant import QUANT_MODES, QuantLinear
 
 
 @dataclass(frozen=True)
@@ -47,11 +51,8 @@ class ModelConfig:
 
     @property
     def mlp_hidden(self) -> int:
-        """MLP hidden width. swiglu has three matrices instead of two, so its hidden width is 2/3 of
-        mlp_ratio * d_model: the parameter count stays that of the two-matrix MLP (LLaMA's rule)."""
-        if self.activation == "swiglu":
-            return int(2 / 3 * self.mlp_ratio * self.d_model)
-        return int(self.mlp_ratio * self.d_model)
+        """MLP hidden width (harness.mlp_hidden: swiglu keeps the two-matrix MLP's parameter count)."""
+        return mlp_hidden({"activation": self.activation, "mlp_ratio": self.mlp_ratio, "d_model": self.d_model})
 
 
 def attention_mask(kind: str, seq_len: int, window: int) -> torch.Tensor:
@@ -65,11 +66,6 @@ def attention_mask(kind: str, seq_len: int, window: int) -> torch.Tensor:
     elif kind == "sliding":
         mask &= (i - j) < window
     return mask
-
-
-def attended_positions(kind: str, seq_len: int, window: int) -> int:
-    """How many (query, key) pairs the mask allows, summed over the sequence."""
-    return int(attention_mask(kind, seq_len, window).sum())
 
 
 def make_linear(cfg: ModelConfig, n_in: int, n_out: int) -> nn.Linear:

@@ -1,0 +1,3 @@
+from tests.stub_child import main
+
+main()

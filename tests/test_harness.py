@@ -1,0 +1,133 @@
+"""The trainer contract: one metric list the schema follows, analytic counts equal to the module's,
+trainer modules free of orchestrator/, one fork server per trainer."""
+
+import ast
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from orchestrator import migrations
+from orchestrator.variables import parse_value, resolve
+from worker.trainers import harness
+from worker.trainers.torch.model import (GPT, ModelConfig, add_lora, attention_mask, count_params, flops_per_step,
+                                        matmul_params, trainable_params)
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = dict(vocab_size=64, seq_len=32, n_layers=2, d_model=32, n_heads=4, head_dim=8, kv_heads=4, window=8)
+
+
+def test_schema_runs_metric_columns_are_the_harness_list_in_order():
+    columns = list(migrations.parse_schema("sqlite").tables["runs"].columns)
+    metric_columns = [c for c in columns if c in harness.METRICS]
+    assert metric_columns == list(harness.METRICS)
+    first = columns.index(harness.METRICS[0])
+    assert columns[first:first + len(harness.METRICS)] == list(harness.METRICS)  # one block, nothing between
+
+
+def test_v_results_shows_every_metric():
+    view = migrations.parse_schema("sqlite").views["v_results"]
+    shown = set(re.findall(r"\br\.(\w+)", view))
+    assert set(harness.METRICS) <= shown
+
+
+CONFIGS = [
+    {},
+    {"kv_heads": 2},  # GQA
+    {"kv_heads": 1, "activation": "swiglu"},  # MQA + three-matrix MLP
+    {"head_dim": 16},  # n_heads * head_dim != d_model
+    {"attention": "local", "window": 8},
+    {"attention": "local", "window": 12},  # a last block shorter than the window
+    {"attention": "sliding", "window": 8},
+    {"attention": "sliding", "window": 64},  # window longer than the sequence
+    {"mlp_ratio": 2.5, "activation": "relu", "n_layers": 3},
+    {"task": "finetune_lora", "lora_rank": 4},
+    {"task": "finetune_lora", "lora_rank": 2, "kv_heads": 2, "activation": "swiglu", "head_dim": 16},
+]
+TASK = ("task", "lora_rank")  # not the model's: the trainer adds the adapters
+
+
+@pytest.mark.parametrize("overrides", CONFIGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "base")
+@pytest.mark.parametrize("batch_size,grad_accum", [(8, 1), (3, 4)])
+def test_analytic_counts_equal_the_torch_modules_counts(overrides, batch_size, grad_accum):
+    arch = asdict(ModelConfig(**(BASE | {k: v for k, v in overrides.items() if k not in TASK})))
+    model = GPT(ModelConfig(**arch))
+    task = {"task": "pretrain", "lora_rank": 8} | {k: v for k, v in overrides.items() if k in TASK}
+    if task["task"] == "finetune_lora":
+        add_lora(model, task["lora_rank"])
+    config = arch | task | {"batch_size": batch_size, "grad_accum": grad_accum}
+    counts = harness.param_counts(config)
+    assert counts["params"] == count_params(model)
+    assert counts["trainable_params"] == trainable_params(model)
+    assert harness.matmul_params(config) == matmul_params(model)
+    pairs = int(attention_mask(arch["attention"], arch["seq_len"], arch["window"]).sum())
+    assert harness.attended_positions(arch["attention"], arch["seq_len"], arch["window"]) == pairs
+    assert harness.flops_per_step(config) == flops_per_step(model, batch_size, grad_accum)
+    if task["task"] == "pretrain":  # the module's count, written out
+        tokens = batch_size * grad_accum * arch["seq_len"]
+        assert flops_per_step(model, batch_size, grad_accum) == (
+            6 * matmul_params(model) * tokens
+            + 12 * arch["n_layers"] * arch["n_heads"] * arch["head_dim"] * pairs * batch_size * grad_accum)
+
+
+def test_flops_count_only_attended_positions_and_gqa_only_shrinks_projections():
+    def flops(**o):
+        return harness.flops_per_step(asdict(ModelConfig(**BASE)) | {"batch_size": 8, "grad_accum": 1} | o)
+
+    assert flops() > flops(attention="sliding") > flops(attention="local")
+    assert flops(kv_heads=1) < flops()
+    assert flops(grad_accum=2) == 2 * flops()
+
+
+def test_a_catalogue_config_has_everything_the_counts_need():
+    config, why = resolve({"d_model": parse_value("d_model", "64")}, 2)
+    assert not why
+    assert harness.flops_per_step(config) > 0 and harness.param_counts(config)["params"] > 0
+
+
+def test_result_refuses_a_missing_or_unknown_metric():
+    full = {m: 1.0 for m in harness.TRAINER_METRICS}
+    kwargs = dict(applied={}, timed_window=None, dataset_used=None, output_path=None, torch_version=None,
+                  build_info=None)
+    assert harness.result(full, **kwargs)["metrics"] == full
+    with pytest.raises(RuntimeError, match="missing metrics \\['mfu'\\]"):
+        harness.result({k: v for k, v in full.items() if k != "mfu"}, **kwargs)
+    with pytest.raises(RuntimeError, match="unknown metrics \\['made_up'\\]"):
+        harness.result(full | {"made_up": 1.0}, **kwargs)
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_harness_and_trainers_never_import_orchestrator():
+    files = [*(REPO / "worker" / "trainers").rglob("*.py"), REPO / "worker" / "data.py"]
+    for path in files:
+        offending = {n for n in _imports(path) if n.split(".")[0] == "orchestrator"}
+        if path.name == "data.py":  # prepare(), the parent's half, raises BenchError (imported there)
+            offending -= {"orchestrator.errors"}
+        assert not offending, f"{path.relative_to(REPO)} imports {offending}"
+
+
+def test_the_harness_imports_only_the_standard_library():
+    import sys
+
+    outside = {n for n in _imports(REPO / "worker" / "trainers" / "harness.py")
+               if n.split(".")[0] not in sys.stdlib_module_names and n != "__future__"}
+    assert not outside
+
+
+
+def test_a_trainer_package_without_a_main_counts_as_missing():
+    from worker.loop import _trainer_missing
+
+    assert _trainer_missing("worker.trainers.torch") is None
+    assert _trainer_missing("tests.stub_child") is None and _trainer_missing("tests.stub_trainer") is None
+    assert _trainer_missing("worker.trainers.fortran") == "not implemented: no trainer worker.trainers.fortran in this checkout"

@@ -1,0 +1,10 @@
+"""The torch trainer: `python -m worker.trainers.torch` (child.py) trains the model of model.py.
+
+PRELOAD is what this trainer's fork server imports once before forking children (the child imports
+them lazily, so a skip stays fast). torch._dynamo: the optimizers import it on construction (about
+2 s here). Importing this package itself imports nothing heavy. child.py is NOT preloaded: its
+import starts the setup_s clock, which must start in each child.
+"""
+
+PRELOAD = ("numpy", "torch", "torch.nn.attention", "torch.optim", "torch._dynamo", "tokenizers", "worker.data",
+           "worker.trainers.harness", "worker.trainers.torch.model", "worker.trainers.torch.readback")

@@ -1,0 +1,3 @@
+from worker.trainers.torch.child import main
+
+main()
