@@ -208,6 +208,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     torch.manual_seed(config["seed"])
     cfg = ModelConfig.from_config(config)
     model = GPT(cfg)
+    applied["init"] = shared_init(model, config)
     batches = torch_batches(tokens, config, config["seed"])
     lr = LR[config["optimizer"]]
 
@@ -273,6 +274,20 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     applied |= read_back()
     return harness.result(metrics, applied=applied, timed_window=window, dataset_used=dataset_used,
                           output_path=output_path, torch_version=torch.__version__, build_info=build_info())
+
+
+def shared_init(model, config: dict) -> str:
+    """Start from the weights every framework starts from for this seed (worker/trainers/params.py:
+    the same GPT-2 init as the module's own), so torch, JAX and NumPy runs of one config compare.
+    A model with other weights (the quantized layers' extra tensors) keeps the module's init, and
+    says so."""
+    from worker.trainers.params import init_params, torch_state_dict
+
+    state = torch_state_dict(init_params(config))
+    if set(state) != set(model.state_dict()):
+        return "torch module init (its weights differ from the shared layout)"
+    model.load_state_dict(state)
+    return "shared (worker/trainers/params.py)"
 
 
 def torch_batches(tokens, config: dict, seed: int):
