@@ -26,9 +26,14 @@ def test_once_prints_one_json_document_with_every_metric_and_the_settings_read_b
     assert result["energy_j"] is None and "energy_j" in result["applied"]["sensor_notes"]
 
 
-def test_once_of_a_framework_not_built_yet_is_skipped_with_the_reason():
-    result = json.loads(bench("once", *TINY, "framework=jax", "--json", check=True).stdout)
-    assert result["status"] == "skipped" and "not implemented" in result["reason"]
+@pytest.mark.parametrize("settings, framework", [(["framework=numpy"], "numpy"),
+                                                (["framework=jax", "compile=xla"], "jax")])
+def test_once_trains_numpy_and_jax_through_the_worker(settings, framework):
+    result = json.loads(bench("once", *TINY, "dataset=builtin", *settings, "--json", check=True).stdout)
+    assert result["status"] == "done", result["reason"]
+    assert set(METRICS) <= set(result) and result["tokens_per_s"] > 0 and result["loss_last"] > 0
+    assert result["torch_version"] is None and result["build_info"]["framework"].startswith(framework)
+    assert "torch_threads" not in result["applied"]  # the torch trainer did not run it
 
 
 @pytest.mark.parametrize("spawn", ["fork", "exec"])

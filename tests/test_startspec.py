@@ -29,18 +29,22 @@ def test_each_trainer_gets_its_own_environment():
 @pytest.mark.parametrize("framework", ["jax", "numpy"])
 def test_settings_only_torch_can_honour_are_unavailable_elsewhere_saying_so(framework):
     why = knobs.unavailable(config(framework=framework, pin_threads=True, isa="avx2"), FACTS, [0, 1])
-    assert f"pin_threads=on: not implemented for framework={framework}" in why
-    assert f"isa=avx2: the ISA caps reach torch's ATen and oneDNN only; not implemented for framework={framework}" in why
+    assert f"pin_threads=on: framework={framework} cannot bind its threads" in why
+    assert f"isa=avx2: the ISA caps reach torch's ATen, oneDNN and MKL only; framework={framework} has no such cap" in why
     assert knobs.unavailable(config(framework=framework), FACTS, [0, 1]) is None
 
 
 def test_the_read_back_is_judged_by_the_frameworks_own_settings():
     numpy_config = config(framework="numpy", cores=2, intra_threads=1)
     spec = startspec.spec_for(numpy_config, FACTS, [0, 1])
-    honest = {"affinity": [0, 1], "blas_threads": 1, "omp_num_threads": "2", "allocator_lib": None}
+    honest = {"affinity": [0, 1], "blas_threads": 1, "jit": False, "omp_num_threads": "2", "allocator_lib": None}
     assert verify.not_in_force(numpy_config, spec, honest) == []
     assert verify.not_in_force(numpy_config, spec, {**honest, "blas_threads": 2}) == ["blas_threads=2 (asked 1)"]
     jax_config = config(framework="jax")
     # torch's keys are not judged on a jax child (it has no torch_threads), its CPUs are
     assert verify.not_in_force(jax_config, startspec.spec_for(jax_config, FACTS, [0, 1]),
-                               {"affinity": [0], "torch_threads": 99}) == ["affinity=[0] (asked [0, 1])"]
+                               {"affinity": [0], "torch_threads": 99, "xla_threads": jax_config["cores"],
+                                "jit": False}) == ["affinity=[0] (asked [0, 1])"]
+    # a JAX/NumPy child that does not say how many threads it ran, or whether it compiled, has not shown it
+    assert verify.not_in_force(numpy_config, spec, {"affinity": [0, 1]}) == [
+        "blas_threads=None (asked 1)", "jit=None (asked False)"]

@@ -48,6 +48,8 @@ def test_two_spellings_of_one_run_hash_alike():
     ({"n_heads": 4, "kv_heads": 8}, "kv_heads greater than n_heads"),
     ({"cores": 64}, "cores greater than"),
     ({"fusion": False}, "fusion=off needs compile=inductor"),
+    ({"compile": "xla"}, "compile=xla needs framework=jax"),
+    ({"compile": "inductor", "framework": "numpy"}, "compile=inductor needs framework=torch"),
     ({"lora_rank": 4}, "lora_rank needs task=finetune_lora"),
     ({"lora_rank": 4, "task": "finetune"}, "lora_rank needs task=finetune_lora"),
     ({"attention": "sliding", "window": 128, "seq_len": 128}, "window >= seq_len"),

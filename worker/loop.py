@@ -277,7 +277,7 @@ def _trainer_missing(module: str) -> str | None:
             spec = importlib.util.find_spec(f"{module}.__main__")
     except ModuleNotFoundError:
         spec = None
-    return None if spec is not None else f"not implemented: no trainer {module} in this checkout"
+    return None if spec is not None else f"unavailable: no trainer {module} in this checkout"
 
 
 @contextmanager

@@ -104,7 +104,7 @@ def isa_unavailable(isa: str, facts: dict, framework: str = "torch") -> str | No
     if isa == DEFAULT:
         return None
     if framework != "torch":
-        return f"isa={isa}: the ISA caps reach torch's ATen and oneDNN only; not implemented for framework={framework}"
+        return f"isa={isa}: the ISA caps reach torch's ATen, oneDNN and MKL only; framework={framework} has no such cap"
     arch = facts.get("arch") or platform.machine()
     if arch != "x86_64":
         return f"isa={isa}: the ISA caps are defined for x86-64 only (this is {arch})"
@@ -160,7 +160,7 @@ def pinning_unavailable(pin: bool, framework: str) -> str | None:
     if pin and framework != "torch":
         why = ("XLA's pool follows the CPU set; no per-thread binding" if framework == "jax"
                else "OpenBLAS runs pthreads, which OMP_PROC_BIND does not bind")
-        return f"pin_threads=on: not implemented for framework={framework} ({why})"
+        return f"pin_threads=on: framework={framework} cannot bind its threads ({why})"
     return None
 
 

@@ -1,7 +1,12 @@
 """The read-back, checked: which of the job's settings the child did NOT run under, from what the
 trainer read back in its own process (worker/trainers/<framework>: affinity, threads, allocator,
 ISA...). A run with any is recorded failed: its numbers would belong to other settings. A key the
-trainer did not report is not judged (a framework has no such setting).
+trainer did not report is not judged (a framework has no such setting), except the keys in REQUIRED:
+a JAX or NumPy child that cannot say how many threads its library runs, or whether it compiled, has
+not shown it ran under the job's settings.
+
+    numpy   blas_threads == intra_threads (OpenBLAS through threadpoolctl), jit is False
+    jax     xla_threads == cores (XLA sizes its pool from the affinity), jit == (compile == "xla")
 """
 
 from __future__ import annotations
@@ -26,21 +31,24 @@ def _expected_torch(config: dict, spec: ChildSpec) -> dict:
 
 
 def _expected_jax(config: dict, spec: ChildSpec) -> dict:
-    return {}  # XLA's pool follows the affinity, checked for every framework
+    return {"xla_threads": int(config["cores"]), "jit": config["compile"] == "xla"}
 
 
 def _expected_numpy(config: dict, spec: ChildSpec) -> dict:
-    return {"blas_threads": int(config["intra_threads"]), "omp_num_threads": spec.env.get("OMP_NUM_THREADS")}
+    return {"blas_threads": int(config["intra_threads"]), "jit": False,
+            "omp_num_threads": spec.env.get("OMP_NUM_THREADS")}
 
 
 EXPECTED = {"torch": _expected_torch, "jax": _expected_jax, "numpy": _expected_numpy}
+REQUIRED = {"torch": (), "jax": ("xla_threads", "jit"), "numpy": ("blas_threads", "jit")}
 
 
 def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
     """The job's settings the child did NOT run under, each as 'key=what it read (asked what)'."""
-    expected = {"affinity": sorted(spec.cpus)} | EXPECTED[config.get("framework", "torch")](config, spec)
+    framework = config.get("framework", "torch")
+    expected = {"affinity": sorted(spec.cpus)} | EXPECTED[framework](config, spec)
     wrong = [f"{key}={child.get(key)!r} (asked {want!r})" for key, want in expected.items()
-             if key in child and child[key] != want]
+             if (key in child or key in REQUIRED[framework]) and child.get(key) != want]
     lib = child.get("allocator_lib")
     if config["allocator"] != DEFAULT and "allocator_lib" in child and (
             lib is None or not os.path.basename(lib).startswith(f"lib{config['allocator']}")):

@@ -151,7 +151,7 @@ def _check_inductor_possible() -> None:
 
         get_cpp_compiler()
     except Exception as e:
-        raise Skip(f"not implemented: compile=inductor (no working C++ compiler: {e})") from None
+        raise Skip(f"unavailable here: compile=inductor (no working C++ compiler: {e})") from None
 
 
 def _prewarm(model, config: dict, cache_dir: str, batch) -> float | None:
@@ -203,11 +203,12 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     tokens = data.load_tokens(corpus, config["vocab_size"])
     applied["corpus_tokens"] = int(len(tokens))
     if len(tokens) < config["seq_len"] + 2:
-        raise Skip(f"not implemented: seq_len={config['seq_len']} (the corpus has only {len(tokens)} tokens)")
+        raise Skip(f"unavailable here: seq_len={config['seq_len']} (the corpus has only {len(tokens)} tokens)")
 
     torch.manual_seed(config["seed"])
     cfg = ModelConfig.from_config(config)
     model = GPT(cfg)
+    applied["init"] = shared_init(model, config)
     batches = torch_batches(tokens, config, config["seed"])
     lr = LR[config["optimizer"]]
 
@@ -275,6 +276,20 @@ def _train(request: dict, cache_dir: str | None) -> dict:
                           output_path=output_path, torch_version=torch.__version__, build_info=build_info())
 
 
+def shared_init(model, config: dict) -> str:
+    """Start from the weights every framework starts from for this seed (worker/trainers/params.py:
+    the same GPT-2 init as the module's own), so torch, JAX and NumPy runs of one config compare.
+    A model with other weights (the quantized layers' extra tensors) keeps the module's init, and
+    says so."""
+    from worker.trainers.params import init_params, torch_state_dict
+
+    state = torch_state_dict(init_params(config))
+    if set(state) != set(model.state_dict()):
+        return "torch module init (its weights differ from the shared layout)"
+    model.load_state_dict(state)
+    return "shared (worker/trainers/params.py)"
+
+
 def torch_batches(tokens, config: dict, seed: int):
     """A callable drawing the next (inputs, targets) of the shared NumPy batches, as torch tensors."""
     import torch
@@ -302,7 +317,7 @@ def _first_compile_skips(step, config: dict):
             return step(micro)
         except torch._dynamo.exc.BackendCompilerFailed as e:
             if config["compile"] == "inductor" and calls[0] == 1:
-                raise Skip(f"not implemented: compile=inductor (inductor failed here: {str(e)[:300]})") from e
+                raise Skip(f"unavailable here: compile=inductor (inductor failed here: {str(e)[:300]})") from e
             raise
 
     return guarded

@@ -1,0 +1,84 @@
+"""`python -m worker.trainers.jax` / `.numpy` end to end: one JSON request in, one result line out
+with every trainer metric, the same losses as each other from the shared init and batches, a model
+saved by one that the other finetunes from, and a request for another framework skipped."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.variables import parse_value, resolve
+from worker import data
+from worker.trainers.harness import TRAINER_METRICS
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(d_model=32, n_layers=1, n_heads=4, seq_len=32, batch_size=2, vocab_size=256, steps=4,
+            warmup_steps=1, dataset="builtin", optimizer="sgd", compile="eager")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    data.prepare(folder, "builtin")
+    return folder
+
+
+def request(data_dir, tmp_path, run_id=None, **overrides):
+    config, why = resolve({k: parse_value(k, v) for k, v in (TINY | overrides).items()}, 2)
+    assert not why, why
+    out = tmp_path / "output"
+    return {"config": config, "run_id": run_id, "data_dir": str(data_dir), "output_root": str(out),
+            "output_dir": str(out / f"run-{run_id}") if run_id is not None else None,
+            "peak_gflops": {"fp32": 100.0, "bf16": 200.0}, "compile_cache_dir": None}
+
+
+def run_child(framework: str, req: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", f"worker.trainers.{framework}"], input=json.dumps(req), cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout  # library chatter goes to stderr
+    return json.loads(lines[0])
+
+
+def test_numpy_and_jax_children_train_alike_and_report_every_metric(data_dir, tmp_path):
+    results = {"numpy": run_child("numpy", request(data_dir, tmp_path, framework="numpy")),
+               "jax": run_child("jax", request(data_dir, tmp_path, framework="jax", compile="xla"))}
+    for framework, result in results.items():
+        assert result["status"] == "done", result["reason"]
+        assert set(result["metrics"]) == set(TRAINER_METRICS)
+        missing = [m for m, v in result["metrics"].items() if v is None]
+        assert not missing, (framework, missing)
+        assert result["torch_version"] is None and result["build_info"]["framework"].startswith(framework)
+        assert result["applied"]["affinity"] and result["timed_window"]["end_unix_s"] > 0
+        assert result["dataset_used"] == "builtin"
+    numpy_m, jax_m = results["numpy"]["metrics"], results["jax"]["metrics"]
+    assert results["jax"]["applied"]["jit"] is True and results["numpy"]["applied"]["blas"] == "openblas"
+    assert abs(numpy_m["loss_first"] - jax_m["loss_first"]) < 1e-4
+    assert abs(numpy_m["loss_last"] - jax_m["loss_last"]) < 1e-3
+    assert numpy_m["flops_per_step"] == jax_m["flops_per_step"] and numpy_m["params"] == jax_m["params"]
+
+
+def test_a_model_saved_by_numpy_is_finetuned_by_jax(data_dir, tmp_path):
+    saved = run_child("numpy", request(data_dir, tmp_path, run_id=1, framework="numpy", steps=8))
+    assert saved["status"] == "done" and Path(saved["output_path"], "model.npz").exists()
+    tuned = run_child("jax", request(data_dir, tmp_path, framework="jax", task="finetune"))
+    assert tuned["status"] == "done", tuned["reason"]
+    assert tuned["applied"]["finetune_from"] == saved["output_path"]
+    # it starts where the saved model ended, not from the fresh init's loss
+    assert tuned["metrics"]["loss_first"] < saved["metrics"]["loss_first"] - 0.01
+
+
+@pytest.mark.parametrize("framework, change, words", [
+    ("numpy", {"framework": "jax"}, "does not run framework=jax"),
+    ("numpy", {"framework": "numpy", "precision": "bf16"}, "fp32 only"),
+    ("jax", {"framework": "jax", "task": "finetune_lora", "lora_rank": 4}, "only in the torch trainer"),
+    ("numpy", {"framework": "numpy", "attn_backend": "manual"}, "attn_backend=manual acts only on torch"),
+])
+def test_a_request_the_child_cannot_run_is_skipped_with_its_reason(data_dir, tmp_path, framework, change, words):
+    result = run_child(framework, request(data_dir, tmp_path, **change))
+    assert result["status"] == "skipped" and words in result["reason"]
