@@ -220,8 +220,8 @@ DERIVED_BY_NAME: dict[str, Derivation] = {d.name: d for d in DERIVATIONS}
 # What each framework can run; a value outside its tuple is a violation at enqueue.
 FRAMEWORK_VALUES: dict[str, dict[str, tuple]] = {
     "torch": {"compile": ("eager", "inductor")},
-    "jax": {"compile": ("eager", "xla"), "precision": ("fp32", "bf16", "mixed")},
-    "numpy": {"compile": ("eager",), "precision": ("fp32",)},
+    "jax": {"compile": ("eager", "xla"), "precision": ("fp32", "bf16", "mixed"), "task": ("pretrain", "finetune")},
+    "numpy": {"compile": ("eager",), "precision": ("fp32",), "task": ("pretrain", "finetune")},
 }
 TORCH_ONLY = ("attn_backend", "onednn", "fusion", "compile_cache")
 

@@ -30,8 +30,9 @@ ARCH_KEYS = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_rati
              "attention", "window", "vocab_size", "seq_len")
 WEIGHTS = "model.npz"
 # Settings only torch's libraries act on (oneDNN, SDPA kernels, MKL/oneDNN ISA caps, OpenMP binding):
-# away from their default a JAX or NumPy run would silently be the default run, so it is skipped.
-TORCH_ONLY = {"onednn": True, "attn_backend": "sdpa", "isa": "default", "pin_threads": False}
+# a JAX or NumPy run takes only what really runs there (the catalogue stores exactly this for
+# jax/numpy, orchestrator/variables.elsewhere); anything else would be a run under another name.
+TORCH_ONLY = {"onednn": False, "attn_backend": "manual", "isa": "default", "pin_threads": False}
 
 
 def main(framework: str, t0: float) -> None:
@@ -46,7 +47,7 @@ def run(request: dict, framework: str, t0: float) -> dict:
     why = child.unsupported(config)
     if not why and config.get("task", "pretrain") not in ("pretrain", "finetune"):
         why = f"task={config['task']}: LoRA adapters exist only in the torch trainer"
-    torch_only = [f"{k}={config[k]}" for k, default in TORCH_ONLY.items() if config.get(k, default) != default]
+    torch_only = [f"{k}={config[k]}" for k, runs in TORCH_ONLY.items() if config.get(k, runs) != runs]
     if not why and torch_only:
         why = f"{', '.join(torch_only)} acts only on torch's libraries ({framework} uses none of them)"
     if why:
