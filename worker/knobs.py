@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from orchestrator.errors import BenchError
-from worker import sysfs
+from worker import isa_check, sysfs
 
 DEFAULT = "default"
 State = dict  # {real sysfs path: text}; empty for knobs that only shape the child
@@ -245,7 +245,7 @@ class Allocator:
 # CPU has, so every AVX-512 flavour maps to "avx512"); oneDNN distinguishes each step, so on one
 # machine avx512, avx512_vnni, avx512_bf16 and amx differ only in oneDNN's kernels.
 ISA_CAPS = {
-    "baseline": (("sse4_1",), "default", "SSE41"),
+    "baseline": (("sse4_1", "sse4_2"), "default", "SSE41"),  # MKL's lowest path is SSE4.2
     "avx2": (("avx2", "fma"), "avx2", "AVX2"),
     "avx512": (("avx512f", "avx512bw", "avx512vl", "avx512dq"), "avx512", "AVX512_CORE"),
     "avx512_vnni": (("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"), "avx512", "AVX512_CORE_VNNI"),
@@ -284,7 +284,7 @@ class Isa:
     def apply(self, target):
         if target != DEFAULT:
             _, aten, onednn = ISA_CAPS[target]
-            self.job.spec.env.update(ATEN_CPU_CAPABILITY=aten, ONEDNN_MAX_CPU_ISA=onednn)
+            self.job.spec.env.update(ATEN_CPU_CAPABILITY=aten, ONEDNN_MAX_CPU_ISA=onednn, **isa_check.extra_env(target))
         return {}
 
     def restore(self, saved):
@@ -773,6 +773,7 @@ def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
         expected["cpu_capability"] = ISA_CAPS[config["isa"]][1].upper()
     wrong = [f"{key}={child.get(key)!r} (asked {want!r})" for key, want in expected.items()
              if key in child and child[key] != want]
+    wrong += isa_check.disobeyed(config["isa"], child)
     lib = child.get("allocator_lib")
     if config["allocator"] != DEFAULT and "allocator_lib" in child and (
             lib is None or not os.path.basename(lib).startswith(f"lib{config['allocator']}")):

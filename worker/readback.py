@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from worker import isa_check
+
 
 def apply_in_child(config: dict) -> None:
     """Set torch's thread pools and the oneDNN switch from the job's config."""
@@ -67,4 +69,6 @@ def read_back() -> dict:
         "aten_cpu_capability": env.get("ATEN_CPU_CAPABILITY"),
         "onednn_max_cpu_isa": env.get("ONEDNN_MAX_CPU_ISA"),
         "uid": os.getuid(),
+        "mkl_enable_instructions": env.get("MKL_ENABLE_INSTRUCTIONS"),
+        **isa_check.library_isas(),
     }
