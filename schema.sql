@@ -191,6 +191,7 @@ CREATE TABLE IF NOT EXISTS runs (
     freq_mhz_avg   REAL,
     energy_j       REAL,
     temp_c_max     REAL,
+    steal_s        REAL,                      -- hypervisor steal on the job's CPUs over the timed window
     params         INTEGER,
     flops_per_step REAL,
     gflops         REAL,                      -- achieved, from the median step
@@ -232,7 +233,7 @@ SELECT
     j.warmup_steps, j.seed, j.dataset, j.repeat,
     r.setup_s, r.first_step_s, r.step_ms_median, r.step_ms_p10, r.step_ms_p90, r.step_ms_mean,
     r.step_ms_std, r.train_s, r.wall_s, r.tokens_per_s, r.samples_per_s, r.loss_first,
-    r.loss_last, r.peak_rss_mb, r.cpu_user_s, r.cpu_sys_s, r.ctx_switches, r.freq_mhz_avg,
+    r.loss_last, r.peak_rss_mb, r.cpu_user_s, r.cpu_sys_s, r.ctx_switches, r.freq_mhz_avg, r.steal_s,
     r.energy_j, r.temp_c_max, r.params, r.flops_per_step, r.gflops, r.mfu,
     r.dataset_used, r.output_path, r.applied, r.torch_version, r.python_version, r.load_before,
     m.machine_id, m.fingerprint, m.hostname, m.cpu_model, m.vendor, m.sockets, m.physical_cores,

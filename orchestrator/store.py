@@ -36,7 +36,7 @@ METRICS = (
     "setup_s", "first_step_s", "step_ms_median", "step_ms_p10", "step_ms_p90", "step_ms_mean",
     "step_ms_std", "train_s", "wall_s", "tokens_per_s", "samples_per_s", "loss_first", "loss_last",
     "peak_rss_mb", "cpu_user_s", "cpu_sys_s", "ctx_switches", "freq_mhz_avg", "energy_j",
-    "temp_c_max", "params", "flops_per_step", "gflops", "mfu",
+    "temp_c_max", "steal_s", "params", "flops_per_step", "gflops", "mfu",
 )
 # Columns of runs a finished child fills besides the metrics.
 RUN_FACTS = ("dataset_used", "output_path", "torch_version", "python_version", "build_info",

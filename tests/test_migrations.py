@@ -180,7 +180,7 @@ def _a_later_release(tmp_path, monkeypatch) -> None:
     """What other workstreams add in this release: metrics and machine columns (one NOT NULL with a
     DEFAULT), an effects column, a new table, and a catalogue variable (a NOT NULL jobs column)."""
     _with_additions(tmp_path, monkeypatch, {
-        "    params         INTEGER,\n": "    trainable_params INTEGER,\n    steal_s REAL,\n",
+        "    params         INTEGER,\n": "    trainable_params INTEGER,\n    later_metric_s REAL,\n",
         "    kernel            TEXT,\n": "    noise_pct         REAL NOT NULL DEFAULT 0,\n",
         "    repeat        INTEGER NOT NULL\n": "    , cc_flags    TEXT    NOT NULL\n",
         "    n_runs      INTEGER NOT NULL,           -- done runs the estimate rests on\n": "    p_holm      REAL,\n",
