@@ -129,9 +129,9 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("omp_threads", int, AUTO, ENV, "OMP_NUM_THREADS / MKL_NUM_THREADS; auto = cores", min=1, max=4096, words=(AUTO,)),
     _v("intra_threads", int, AUTO, ENV, "torch.set_num_threads; auto = omp_threads", min=1, max=4096, words=(AUTO,)),
     _v("inter_threads", int, AUTO, ENV, "torch.set_num_interop_threads; auto = cores", min=1, max=4096, words=(AUTO,)),
-    _v("isa", str, DEFAULT, ENV, "cap on the instruction set ATen and oneDNN dispatch to; default = no cap",
+    _v("isa", str, DEFAULT, ENV, "cap on the instruction set ATen, oneDNN and MKL dispatch to, each read back (a library above the cap fails the run); default = no cap",
        choices=(DEFAULT, "baseline", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")),
-    _v("onednn", bool, True, FRAMEWORK, "torch.backends.mkldnn enabled"),
+    _v("onednn", bool, True, FRAMEWORK, "torch.backends.mkldnn enabled; off moves convolutions and bf16/int8 matmuls off oneDNN, fp32 GEMMs stay MKL"),
     _v("framework", str, "torch", FRAMEWORK, "training framework", choices=("torch", "jax", "numpy")),
     _v("compile", str, "eager", FRAMEWORK, "eager: op by op; inductor: torch.compile (torch); xla: jax.jit of the "
        "whole train step (jax)", choices=("eager", "inductor", "xla")),

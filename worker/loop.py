@@ -230,10 +230,11 @@ class Worker:
             "output_dir": str(output_dir),
             "output_root": str(self.opts.output_dir),
             "data_dir": str(data_dir),
-            "peak_gflops": _peaks(self.facts, len(self.pool), config["cores"]),
+            "peak_gflops": None,  # of the CPU set knobs.applied picks, below
             "compile_cache_dir": str(self.opts.state_dir / "inductor-cache"),
         }
         with knobs.applied(config, self.facts, self.pool, journal_path=self.journal, sysfs_root=self.opts.sysfs_root) as spec:
+            job["peak_gflops"] = _peaks(self.facts, spec.cpus)
             sampler = sensors.RunSampler(spec.cpus, sysfs_root=self.opts.sysfs_root)
             load_before = os.getloadavg()[0]
             sampler.start()
@@ -245,7 +246,11 @@ class Worker:
                                 on_heartbeat=on_heartbeat)
             finally:
                 sampled = sampler.stop()
+        window = outcome.timed_window  # {start_unix_s, end_unix_s}: the sensors average over exactly it
+        if window:
+            sampled = sampler.summary((window["start_unix_s"], window["end_unix_s"]))
         notes = sampled.pop("notes", {})
+        sources = sampled.pop("sources", {})
         wrong = knobs.not_in_force(config, spec, outcome.applied) if outcome.status == "done" else []
         if wrong:
             outcome.status = "failed"
@@ -253,7 +258,8 @@ class Worker:
         if outcome.status == "done":
             outcome.metrics.update({k: v for k, v in sampled.items() if k in WORKER_METRICS})
         outcome.facts["load_before"] = load_before
-        outcome.applied = {**spec.applied, **outcome.applied, "sensor_notes": notes}
+        outcome.applied = {**spec.applied, **outcome.applied, "sensor_notes": notes, "sensor_sources": sources,
+                           "peak_gflops": job["peak_gflops"]}
         if outcome.timed_window is not None:
             outcome.applied["timed_window"] = outcome.timed_window
         return outcome
@@ -321,16 +327,26 @@ def _alive_other(pid: int) -> bool:
         return False
 
 
-def _peaks(facts: dict, pool_size: int, cores: int) -> dict | None:
-    """The GEMM peak a run of `cores` CPUs can reach: all-core peak scaled down, or the 1-core one."""
+def _peaks(facts: dict, cpus: list[int]) -> dict | None:
+    """The GEMM peak of the CPU set a run really uses: its physical cores (SMT siblings share one core's
+    FMA units) x the measured 1-core peak, at most the measured all-core peak (one thread per CPU of the
+    whole machine); without a 1-core figure, the all-core peak x the share of physical cores used.
+    The ISA is the machine's full one: a capped run's MFU shows what the cap costs."""
+    core_cpus = facts.get("core_cpus") or [[c] for c in (facts.get("cpus") or cpus)]
+    used = set(cpus)
+    physical_used = sum(1 for core in core_cpus if used & set(core)) or len(used)
+    physical_all = len(core_cpus) or physical_used
     out = {}
     for precision in ("fp32", "bf16"):
         one, every = facts.get(f"gemm_gflops_{precision}_1c"), facts.get(f"gemm_gflops_{precision}_all")
-        if cores == 1 and one:
-            out[precision] = one
+        if one:
+            out[precision] = min(one * physical_used, every) if every else one * physical_used
         elif every:
-            logical = facts.get("logical_cores") or pool_size
-            out[precision] = every * min(cores, logical) / logical
+            out[precision] = every * physical_used / physical_all
+    if out:
+        how = "the 1-core GEMM peak, at most the all-core one" if facts.get("gemm_gflops_fp32_1c") else \
+            f"the all-core GEMM peak / {physical_all} physical cores"
+        out["basis"] = f"{physical_used} physical core(s) of CPUs {sorted(used)} x {how}"
     return out or None
 
 

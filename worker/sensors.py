@@ -7,12 +7,16 @@ Energy is RAPL's package counter: it includes every core of the package, not onl
 
 from __future__ import annotations
 
+import os
 import threading
+import time
+from dataclasses import dataclass
 
 from worker import sysfs
 
 POWERCAP = "/sys/class/powercap"
 HWMON = "/sys/class/hwmon"
+CLK_TCK = os.sysconf("SC_CLK_TCK")  # /proc/stat ticks per second
 THERMAL = "/sys/class/thermal"
 CPU_HWMON = ("coretemp", "k10temp", "zenpower", "cpu_thermal", "soc_thermal")
 CPU_ZONES = ("x86_pkg_temp", "cpu-thermal", "cpu_thermal", "soc_thermal", "cpu")
@@ -62,6 +66,7 @@ class RunSampler:
         self._last_uj: dict[str, int] = {}
         self.notes: dict[str, str] = {}
         self.sources: dict[str, str] = {}
+        self.samples: list[Sample] = []
 
     # -- what to read, resolved once so each sample is a few reads
     def _resolve(self) -> None:
@@ -69,10 +74,13 @@ class RunSampler:
                             if sysfs.read_int(self.root, sysfs.cpu_file(c, "scaling_cur_freq")) is not None]
         if self._freq_files:
             self.sources["freq_mhz_avg"] = "scaling_cur_freq"
-        elif self._cpuinfo_mhz() is not None:
-            self.sources["freq_mhz_avg"] = "/proc/cpuinfo cpu MHz (in a VM: the nominal clock)"
+        else:  # /proc/cpuinfo's 'cpu MHz' without cpufreq (and in a VM) is the nominal clock: not a measurement
+            self.notes["freq_mhz_avg"] = ("no cpufreq (scaling_cur_freq); /proc/cpuinfo 'cpu MHz' here is the "
+                                          "nominal clock, not a measurement")
+        if self._steal_ticks() is not None:
+            self.sources["steal_s"] = "/proc/stat steal of the job's CPUs"
         else:
-            self.notes["freq_mhz_avg"] = "no scaling_cur_freq and no 'cpu MHz' in /proc/cpuinfo"
+            self.notes["steal_s"] = "no per-CPU steal column in /proc/stat"
         self._rapl, why = _rapl_domains(self.root)
         if why:
             self.notes["energy_j"] = why
@@ -82,26 +90,25 @@ class RunSampler:
         if why:
             self.notes["temp_c_max"] = why
 
-    def _cpuinfo_mhz(self) -> float | None:
-        mhz, processor = [], None
-        for line in (sysfs.read(self.root, "/proc/cpuinfo") or "").splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "processor":
-                processor = int(value)
-            elif key == "cpu MHz" and processor in self.cpus:
-                mhz.append(float(value))
-        return sum(mhz) / len(mhz) if mhz else None
+    def _steal_ticks(self) -> int | None:
+        """Hypervisor steal of the job's CPUs so far, in USER_HZ ticks (the 8th field of cpuN lines)."""
+        total, seen = 0, 0
+        for line in (sysfs.read(self.root, "/proc/stat") or "").splitlines():
+            fields = line.split()
+            if fields and fields[0].startswith("cpu") and fields[0][3:].isdigit() and int(fields[0][3:]) in self.cpus:
+                if len(fields) > 8:
+                    total += int(fields[8])
+                    seen += 1
+        return total if seen else None
 
     def _sample(self) -> None:
+        now = time.time()
+        freq = None
         if self._freq_files:
             khz = [v for f in self._freq_files if (v := sysfs.read_int(self.root, f)) is not None]
             if khz:
-                self._freqs.append(sum(khz) / len(khz) / 1000)
-        elif "freq_mhz_avg" in self.sources:
-            mhz = self._cpuinfo_mhz()
-            if mhz is not None:
-                self._freqs.append(mhz)
+                freq = sum(khz) / len(khz) / 1000
+                self._freqs.append(freq)
         for f, wrap in self._rapl:
             uj = sysfs.read_int(self.root, f)
             if uj is None:
@@ -113,11 +120,16 @@ class RunSampler:
                     delta += wrap
                 self._energy_j += max(delta, 0) / 1e6
             self._last_uj[f] = uj
+        temp = None
         for f in self._temps:
             milli = sysfs.read_int(self.root, f)
             if milli is not None:
                 c = milli / 1000
+                temp = c if temp is None else max(temp, c)
                 self._temp_max = c if self._temp_max is None else max(self._temp_max, c)
+        steal = self._steal_ticks() if "steal_s" in self.sources else None
+        energy = self._energy_j if self._rapl and self._last_uj else None
+        self.samples.append(Sample(now, freq, energy, temp, steal))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -129,15 +141,67 @@ class RunSampler:
         self._thread = threading.Thread(target=self._run, name="run-sampler", daemon=True)
         self._thread.start()
 
-    def stop(self) -> dict:
+    def stop(self, window: tuple[float, float] | None = None) -> dict:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._sample()
-        out = {
-            "freq_mhz_avg": round(sum(self._freqs) / len(self._freqs), 1) if self._freqs else None,
-            "energy_j": round(self._energy_j, 3) if self._rapl and self._last_uj else None,
-            "temp_c_max": self._temp_max,
-        }
+            self._thread = None
+            self._sample()
+        return self.summary(window)
+
+    def summary(self, window: tuple[float, float] | None = None) -> dict:
+        """The sensor metrics over `window` (wall-clock start/end of the child's timed steps), or
+        over the child's whole life when the child reported none; `sources` says which."""
+        out = over_window(self.samples, window)
         notes = {k: self.notes.get(k, "no sample could be read during the run") for k, v in out.items() if v is None}
-        return {**out, "notes": notes, "sources": dict(self.sources)}
+        span = "the timed window" if window else "the child's whole life (no timed window reported)"
+        sources = {k: f"{v}, over {span}" for k, v in self.sources.items()}
+        return {**out, "notes": notes, "sources": sources}
+
+
+@dataclass
+class Sample:
+    t: float  # time.time()
+    freq_mhz: float | None
+    energy_j: float | None  # cumulative since the first sample
+    temp_c: float | None
+    steal_ticks: int | None  # cumulative, /proc/stat
+
+
+def _at(samples: list[Sample], attr: str, t: float) -> float | None:
+    """A cumulative counter at time t, linearly interpolated between the samples around it (clamped)."""
+    pts = [(s.t, getattr(s, attr)) for s in samples if getattr(s, attr) is not None]
+    if not pts:
+        return None
+    if t <= pts[0][0]:
+        return pts[0][1]
+    for (t0, v0), (t1, v1) in zip(pts, pts[1:]):
+        if t <= t1:
+            return v0 + (v1 - v0) * (t - t0) / (t1 - t0) if t1 > t0 else v1
+    return pts[-1][1]
+
+
+def over_window(samples: list[Sample], window: tuple[float, float] | None) -> dict:
+    """Frequency (mean) and temperature (max) of the samples inside the window (the two around it when
+    none falls inside); energy and steal as counter differences interpolated at the window's edges."""
+    if not samples:
+        return {"freq_mhz_avg": None, "energy_j": None, "temp_c_max": None, "steal_s": None}
+    lo, hi = window if window else (samples[0].t, samples[-1].t)
+    inside = [s for s in samples if lo <= s.t <= hi]
+    before = [s for s in samples if s.t < lo][-1:]
+    after = [s for s in samples if s.t > hi][:1]
+    near = inside or before + after  # a window shorter than the sampling interval: the samples around it
+    freqs = [s.freq_mhz for s in near if s.freq_mhz is not None]
+    temps = [s.temp_c for s in near if s.temp_c is not None]
+
+    def delta(attr):
+        a, b = _at(samples, attr, lo), _at(samples, attr, hi)
+        return None if a is None or b is None else max(b - a, 0.0)
+
+    energy, steal = delta("energy_j"), delta("steal_ticks")
+    return {
+        "freq_mhz_avg": round(sum(freqs) / len(freqs), 1) if freqs else None,
+        "energy_j": round(energy, 3) if energy is not None else None,
+        "temp_c_max": max(temps) if temps else None,
+        "steal_s": round(steal / CLK_TCK, 3) if steal is not None else None,
+    }

@@ -21,6 +21,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from worker import isa_check
+
 DEFAULT = "default"
 
 
@@ -89,7 +91,7 @@ def allocator_unavailable(kind: str) -> str | None:
 # CPU has, so every AVX-512 flavour maps to "avx512"); oneDNN distinguishes each step, so on one
 # machine avx512, avx512_vnni, avx512_bf16 and amx differ only in oneDNN's kernels.
 ISA_CAPS = {
-    "baseline": (("sse4_1",), "default", "SSE41"),
+    "baseline": (("sse4_1", "sse4_2"), "default", "SSE41"),  # MKL's lowest path is SSE4.2
     "avx2": (("avx2", "fma"), "avx2", "AVX2"),
     "avx512": (("avx512f", "avx512bw", "avx512vl", "avx512dq"), "avx512", "AVX512_CORE"),
     "avx512_vnni": (("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"), "avx512", "AVX512_CORE_VNNI"),
@@ -204,7 +206,7 @@ def torch_spec(config: dict, facts: dict, cpus: list[int]) -> ChildSpec:
         spec.env["OMP_PROC_BIND"] = "false"  # explicit, so the read-back says so
     if config["isa"] != DEFAULT:
         _, aten, onednn = ISA_CAPS[config["isa"]]
-        spec.env.update(ATEN_CPU_CAPABILITY=aten, ONEDNN_MAX_CPU_ISA=onednn)
+        spec.env.update(ATEN_CPU_CAPABILITY=aten, ONEDNN_MAX_CPU_ISA=onednn, **isa_check.extra_env(config["isa"]))
     return spec
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+from worker import isa_check
 from worker.startspec import DEFAULT, ISA_CAPS, ChildSpec
 
 
@@ -49,6 +50,8 @@ def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
     expected = {"affinity": sorted(spec.cpus)} | EXPECTED[framework](config, spec)
     wrong = [f"{key}={child.get(key)!r} (asked {want!r})" for key, want in expected.items()
              if (key in child or key in REQUIRED[framework]) and child.get(key) != want]
+    if framework == "torch":
+        wrong += isa_check.disobeyed(config["isa"], child)  # the ISA MKL and oneDNN really dispatched to
     lib = child.get("allocator_lib")
     if config["allocator"] != DEFAULT and "allocator_lib" in child and (
             lib is None or not os.path.basename(lib).startswith(f"lib{config['allocator']}")):

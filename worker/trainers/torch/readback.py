@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from worker import isa_check
 from worker.trainers.harness import common_read_back
 
 
@@ -39,4 +40,6 @@ def read_back() -> dict:
         "omp_places": env.get("OMP_PLACES"),
         "aten_cpu_capability": env.get("ATEN_CPU_CAPABILITY"),
         "onednn_max_cpu_isa": env.get("ONEDNN_MAX_CPU_ISA"),
+        "mkl_enable_instructions": env.get("MKL_ENABLE_INSTRUCTIONS"),
+        **isa_check.library_isas(),
     }
