@@ -168,7 +168,7 @@ def _cpu_list(text: Optional[str]) -> Optional[list[int]]:
     return sorted(cpus)
 
 
-def _worker_options(cpus, max_jobs, wait, timeout, pool_name=None):
+def _worker_options(cpus, max_jobs, wait, timeout, pool_name=None, target_ci=None, max_repeats=10):
     from orchestrator.errors import BadInput
     from worker.loop import WorkerOptions
 
@@ -178,9 +178,14 @@ def _worker_options(cpus, max_jobs, wait, timeout, pool_name=None):
         raise BadInput(str(error)) from None
     if pool_name is not None and not pool_name.strip():
         raise BadInput("--pool: give the pool a name")
+    if target_ci is not None and not 0 < target_ci < 100:
+        raise BadInput(f"--target-ci {target_ci:g}: expected a percentage between 0 and 100 (5 = +-5%)")
+    if max_repeats < 2:
+        raise BadInput(f"--max-repeats {max_repeats}: an interval needs at least 2 runs per value")
     return WorkerOptions(cpus=pool, max_jobs=max_jobs, wait=wait, timeout_s=timeout, pool_name=pool_name,
                          heartbeat_s=float(os.environ.get("BENCH_HEARTBEAT_S", "5")),
-                         max_attempts=int(os.environ.get("BENCH_MAX_ATTEMPTS", "3")))
+                         max_attempts=int(os.environ.get("BENCH_MAX_ATTEMPTS", "3")),
+                         target_ci=None if target_ci is None else target_ci / 100, max_repeats=max_repeats)
 
 
 @app.command()
@@ -190,12 +195,16 @@ def work(
     wait: Annotated[bool, typer.Option("--wait", help="wait for busy CPUs and poll for new jobs")] = False,
     timeout: Annotated[float, typer.Option(help="seconds one job may take")] = 900.0,
     pool: PoolOption = None,
+    target_ci: Annotated[Optional[float], typer.Option(
+        "--target-ci", help="PCT: when the queue is empty, add repeat passes for comparisons whose 95% interval "
+                            "is wider than +-PCT%")] = None,
+    max_repeats: Annotated[int, typer.Option(help="with --target-ci: at most this many runs per value")] = 10,
     db: DbOption = "results.db",
 ) -> None:
     """Claim and run queued jobs, one at a time, until none is left: this machine's own (every job,
     to compare machines), or with --pool those of a pool of identical nodes (each job once)."""
     def body():
-        counts = work_with_progress(db, _worker_options(cpus, max_jobs, wait, timeout, pool))
+        counts = work_with_progress(db, _worker_options(cpus, max_jobs, wait, timeout, pool, target_ci, max_repeats))
         err.print(f"queued {counts['queued']}, done {counts['done']}, failed {counts['failed']}, "
                   f"skipped {counts['skipped']}")
         if counts["queued"] and max_jobs is None:

@@ -106,10 +106,11 @@ def plot_variable(series: list[VariableEffect], names: dict[int, str], path: Pat
         if not several:
             ax_t.axhline(ve.baseline.median_step_ms, color="grey", lw=0.8, ls=":",
                          label=f"baseline ({name}={ve.baseline.label})")
+    has_rate = any(lv.tokens_per_s for ve in series for lv in ve.levels)  # a child may not report it
     for ax in (ax_t, ax_s):
         ax.set_xlabel(axis_label(name) + (", log scale" if size else ""))
         ax.grid(True, which="major", alpha=0.3)
-        if size:
+        if size and (ax is ax_t or has_rate):
             _log_axes(ax, sorted({float(lv.value) for ve in series for lv in ve.levels}))
         else:
             ax.set_xticks(range(len(cats)), cats)

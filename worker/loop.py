@@ -47,6 +47,8 @@ class WorkerOptions:
     timeout_s: float = 900.0  # per job
     heartbeat_s: float = 5.0
     max_attempts: int = 3
+    target_ci: float | None = None  # `work --target-ci`: add repeat passes until intervals are this narrow (0.05 = +-5%)
+    max_repeats: int = 10
     state_dir: Path = field(default_factory=default_state_dir)
     sysfs_root: str = "/"
     data_dir: Path = field(default_factory=lambda: Path(os.environ.get("BENCH_DATA_DIR", PROJECT_ROOT / "data")))
@@ -159,16 +161,22 @@ class Worker:
                 self.start()
                 self.emit(Event("start", counts=self.store.counts(pool_id=self.pool_id)))
                 done = 0
+                settled = False
                 while self.opts.max_jobs is None or done < self.opts.max_jobs:
                     self._take_back_stale()
                     claim = self.store.claim(self.machine_id, pid=self.pid, host=self.host, max_cores=len(self.pool),
                                              pool_id=self.pool_id, started=self.started)
+                    if claim is None and self.opts.target_ci is not None and not settled:
+                        if self._adapt():
+                            continue
+                        settled = True  # decided once for this empty queue (--wait polls on)
                     if claim is None:
                         if not self.opts.wait:
                             break
                         self.emit(Event("idle", counts=self.store.counts(pool_id=self.pool_id)))
                         time.sleep(self.opts.poll_s)
                         continue
+                    settled = False
                     self.emit(Event("claimed", claim=claim))
                     outcome = self._run_claim(claim)
                     done += 1
@@ -179,6 +187,15 @@ class Worker:
         finally:
             self.close()
             signal.signal(signal.SIGTERM, previous)
+
+    def _adapt(self) -> bool:
+        """The queue is empty: add a repeat pass where intervals are wider than --target-ci
+        (orchestrator/adaptive.py); True when jobs were added."""
+        from orchestrator.adaptive import next_pass
+
+        decision = next_pass(self.store, self.machine_id, target_ci=self.opts.target_ci, max_repeats=self.opts.max_repeats)
+        self.emit(Event("note", text=decision.words(self.opts.target_ci)))
+        return decision.added
 
     def _counts_now_and_then(self, every_s: float = 2.0) -> dict | None:
         """The pool's counts for the progress bar, at most every few seconds: counting a 100k-job
