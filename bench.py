@@ -34,7 +34,9 @@ JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON documen
 
 
 def fail(error: BenchError) -> None:
-    err.print(f"[bold red]error:[/] {error}", highlight=False)
+    from orchestrator.secrets import scrub
+
+    err.print(f"[bold red]error:[/] {scrub(str(error))}", highlight=False)
     raise typer.Exit(error.exit_code)
 
 
