@@ -8,6 +8,8 @@ the same run hash to the same job.
 
 from __future__ import annotations
 
+import math
+
 import hashlib
 import json
 from collections.abc import Callable
@@ -86,7 +88,7 @@ def _coerce(kind: type, value):
             raise ValueError(value)
         return int(str(value).strip()) if isinstance(value, str) else int(value)
     if kind is float:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not math.isfinite(float(value)):  # nan passes every range check
             raise ValueError(value)
         return float(value)
     if not isinstance(value, str):
