@@ -34,7 +34,9 @@ JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON documen
 
 
 def fail(error: BenchError) -> None:
-    err.print(f"[bold red]error:[/] {error}", highlight=False)
+    from orchestrator.secrets import scrub
+
+    err.print(f"[bold red]error:[/] {scrub(str(error))}", highlight=False)
     raise typer.Exit(error.exit_code)
 
 
@@ -431,6 +433,42 @@ def merge(
                       f"{r.unfinished} unfinished left out, {len(r.conflicts)} conflicting", highlight=False)
             for conflict in r.conflicts:
                 err.print(f"  [yellow]conflict[/]: {conflict}", highlight=False)
+
+    guarded(body)
+
+
+@app.command()
+def submit(
+    slurm: Annotated[bool, typer.Option("--slurm", help="submit to SLURM (the only scheduler so far)")] = False,
+    nodes: Annotated[int, typer.Option(help="array tasks, one node each")] = 1,
+    partition: Annotated[Optional[str], typer.Option(help="SLURM partition")] = None,
+    time_limit: Annotated[Optional[str], typer.Option("--time", help="SLURM time limit per task, e.g. 2:00:00")] = None,
+    cpus_per_task: Annotated[Optional[int], typer.Option("--cpus-per-task", min=1,
+                                                         help="CPUs per task; default: the whole node (--exclusive)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds one job may take")] = 900.0,
+    logs: Annotated[Path, typer.Option("--logs", help="where the batch script and the tasks' output go "
+                                       "(on the shared filesystem)")] = Path("slurm"),
+    pool: PoolOption = None,
+    db: DbOption = "results.db",
+) -> None:
+    """Start `work` on N nodes as a SLURM job array, all against one database (PostgreSQL for more
+    than one node). Prints the job id and how to watch it."""
+    from orchestrator.slurm import submit as submit_job
+    from orchestrator.store import safe_url
+
+    def body():
+        if not slurm:
+            from orchestrator.errors import BadInput
+
+            raise BadInput("submit needs a scheduler: --slurm")
+        job = submit_job(db, nodes=nodes, pool=pool, partition=partition, time_limit=time_limit,
+                         cpus_per_task=cpus_per_task, timeout=timeout, log_dir=logs)
+        watch = "python bench.py status" + (f" --pool {pool}" if pool else " --all-machines")
+        err.print(f"submitted SLURM job array [bold]{job.job_id}[/] ({job.tasks} task(s)); script {job.script}",
+                  highlight=False)
+        err.print(f"watch: squeue -j {job.job_id}; {watch} --db '{safe_url(db)}'; "
+                  f"logs: {job.logs}/cpubench-{job.job_id}_*.out", highlight=False)
+        print(job.job_id)
 
     guarded(body)
 

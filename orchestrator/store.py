@@ -243,7 +243,7 @@ def safe_url(url: str) -> str:
     """The URL as it may be shown: its password hidden."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
 
 

@@ -20,6 +20,8 @@ a constraint violation at enqueue (a counted reason), never a duplicate job nor 
 
 from __future__ import annotations
 
+import math
+
 import hashlib
 import json
 from collections.abc import Callable
@@ -99,7 +101,7 @@ def _coerce(kind: type, value):
             raise ValueError(value)
         return int(str(value).strip()) if isinstance(value, str) else int(value)
     if kind is float:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not math.isfinite(float(value)):  # nan passes every range check
             raise ValueError(value)
         return float(value)
     if not isinstance(value, str):
