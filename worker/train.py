@@ -46,7 +46,9 @@ LR = {"adamw": 1e-3, "sgd": 0.05}  # high for tiny models: loss must visibly fal
 FINETUNE_LR_FACTOR = 0.1  # finetuning starts from trained weights: a 10x lower learning rate
 BASE_PRETRAIN_STEPS = 30  # untimed pretraining when finetune finds no saved model to start from
 LOSS_LAST_STEPS = 3  # loss_last averages this many final steps: one step's loss is noisy
-PEAK_KEY = {"fp32": "fp32", "q8": "fp32", "q4": "fp32", "bitnet": "fp32", "bf16": "bf16", "mixed": "bf16"}
+# int8: against an int8 GEMM peak (quant.int8_gemm_peak_gflops) once the probe records one; until then no MFU
+PEAK_KEY = {"fp32": "fp32", "q8": "fp32", "q4": "fp32", "bitnet": "fp32", "bf16": "bf16", "mixed": "bf16",
+            "int8": "int8"}
 # the variables that shape the weights; with the tokenizer's text they decide whether a saved model fits
 ARCH_KEYS = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_ratio", "activation",
              "attention", "window", "vocab_size", "seq_len")
