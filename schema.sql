@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS machines (
     gemm_gflops_fp32_all REAL,
     gemm_gflops_bf16_1c  REAL,
     gemm_gflops_bf16_all REAL,
+    noise_cv          REAL,                   -- measured run-to-run noise: CV of identical short runs' medians
     freq_driver       TEXT,                   -- intel_pstate, acpi-cpufreq, amd-pstate... or NULL
     freq_min_mhz      INTEGER,
     freq_max_mhz      INTEGER,
@@ -156,6 +157,7 @@ CREATE TABLE IF NOT EXISTS runs (
     attempts      INTEGER NOT NULL DEFAULT 0, -- claims so far; failed once it reaches the maximum
     worker_pid    INTEGER,
     worker_host   TEXT,
+    worker_started REAL,                      -- the claiming worker's process start time: a reused pid is not it
     child_pid     INTEGER,
     claimed       REAL,
     heartbeat     REAL,

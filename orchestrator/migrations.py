@@ -22,7 +22,9 @@ NOT NULL column with neither is a programming error that names itself. Jobs are 
 catalogue: a variable the old release did not have gets its default (the value the old release ran
 with), and config/config_hash are recomputed, so re-enqueueing an old sweep finds its jobs. Indexes
 and views are (re)made from schema.sql. The specific part of step 2: pools (each machine becomes its
-own pool, every old run belongs to its machine's pool, runs are unique per (job, pool)).
+own pool, every old run belongs to its machine's pool, runs are unique per (job, pool)). Step 3
+(version 2, the first release with versions -> 3) is the generic part alone: a release that only adds
+columns, tables and catalogue variables needs a new number and nothing else.
 
 The generic part always targets the latest schema.sql: a later step that needs an intermediate
 shape must run its own statements before calling `reconcile`.
@@ -388,5 +390,12 @@ def _to_2(conn: Connection, dialect: str) -> str:
     return "from version 1: each machine its own pool; " + "; ".join(done)
 
 
-MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2}
+def _to_3(conn: Connection, dialect: str) -> str:
+    """Version 2 -> 3: what this release added to schema.sql and the catalogue (metrics such as
+    trainable_params and steal_s, runs.worker_started, variables such as lora_rank), generically."""
+    done = reconcile(conn, dialect, fills={})
+    return "from version 2: " + ("; ".join(done) or "views remade")
+
+
+MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3}
 LATEST = max(MIGRATIONS)

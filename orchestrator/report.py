@@ -25,6 +25,7 @@ from sqlalchemy import text
 from orchestrator import effects as fx
 from orchestrator.effects import Analysis, Effect, Grid, VariableEffect
 from orchestrator.pool_report import pool_lines
+from orchestrator.seeds import seeds_section
 from orchestrator.store import Store
 from orchestrator.variables import BY_NAME, NAMES
 
@@ -629,6 +630,7 @@ SECTIONS: list[Callable[[Context], list[str]]] = [
     grids_section,
     shared_section,
     pools_section,
+    seeds_section,
     machines_section,
     method_section,
 ]

@@ -45,7 +45,7 @@ MACHINE_COLUMNS = (
     "hostname", "cpu_model", "vendor", "sockets", "physical_cores", "logical_cores", "numa_nodes",
     "smt", "isa_flags", "l1d_kb", "l2_kb", "l3_kb", "mem_total_gb", "mem_bw_gbs_1t", "mem_bw_gbs_all",
     "gemm_gflops_fp32_1c", "gemm_gflops_fp32_all", "gemm_gflops_bf16_1c", "gemm_gflops_bf16_all",
-    "freq_driver", "freq_min_mhz", "freq_max_mhz", "kernel", "torch_version", "knobs",
+    "noise_cv", "freq_driver", "freq_min_mhz", "freq_max_mhz", "kernel", "torch_version", "knobs",
 )
 STATUSES = ("queued", "running", "done", "failed", "skipped")
 
@@ -144,10 +144,11 @@ RETURNING job_id
 """
 # The run row: new, or a row taken back as 'queued' (its attempt count goes on).
 UPSERT_RUN = """
-INSERT INTO runs (job_id, machine_id, pool_id, status, attempts, worker_pid, worker_host, claimed, heartbeat)
-VALUES (:job_id, :machine_id, :pool_id, 'running', 1, :pid, :host, {now}, {now})
+INSERT INTO runs (job_id, machine_id, pool_id, status, attempts, worker_pid, worker_host, worker_started, claimed, heartbeat)
+VALUES (:job_id, :machine_id, :pool_id, 'running', 1, :pid, :host, :started, {now}, {now})
 ON CONFLICT (job_id, pool_id) DO UPDATE SET status = 'running', attempts = runs.attempts + 1,
     machine_id = excluded.machine_id, worker_pid = excluded.worker_pid, worker_host = excluded.worker_host,
+    worker_started = excluded.worker_started,
     child_pid = NULL, claimed = excluded.claimed, heartbeat = excluded.heartbeat, finished = NULL, reason = NULL
 WHERE runs.status = 'queued'
 RETURNING run_id, attempts
@@ -170,7 +171,7 @@ UPDATE runs SET status = :status, finished = {now}, reason = :reason, {assignmen
 WHERE run_id = :run_id AND status = 'running' AND worker_pid = :pid
 """
 SELECT_RUNNING = """
-SELECT run_id, worker_pid, worker_host, heartbeat, attempts, {now} AS now
+SELECT run_id, worker_pid, worker_host, worker_started, heartbeat, attempts, {now} AS now
 FROM runs WHERE pool_id = :pool_id AND status = 'running'
 """
 # Taken back only if nobody touched it since we looked (the heartbeat is the version).
@@ -461,9 +462,11 @@ class Store:
                 conn.execute(self.sql(MARK_POOL_FILLED), {"pool_id": pool_id})
         self._filled.add(pool_id)
 
-    def claim(self, machine_id: int, *, pid: int, host: str, max_cores: int, pool_id: int | None = None) -> Claim | None:
+    def claim(self, machine_id: int, *, pid: int, host: str, max_cores: int, pool_id: int | None = None,
+              started: float | None = None) -> Claim | None:
         """The pool's next queued job (the machine's own pool unless given), now 'running' for this
-        worker on this machine; None when none is left that fits in max_cores CPUs."""
+        worker on this machine; None when none is left that fits in max_cores CPUs. `started`: the
+        worker process's start time (psutil's create_time), so that a reused pid is not taken for it."""
         if pool_id is None:
             pool_id = self.pool_id(machine_id)
         pop = self.sql(POP_QUEUE, skip_locked="FOR UPDATE SKIP LOCKED" if self.dialect == "postgresql" else "")
@@ -474,7 +477,8 @@ class Store:
                 if job_id is None:
                     return None
                 got = conn.execute(self.sql(UPSERT_RUN), {"job_id": job_id, "machine_id": machine_id,
-                                                          "pool_id": pool_id, "pid": pid, "host": host}).first()
+                                                          "pool_id": pool_id, "pid": pid, "host": host,
+                                                          "started": started}).first()
                 if got is None:
                     continue  # a queue row whose run is not queued (cannot happen; the row is gone now)
                 config = conn.execute(text(SELECT_JOB_CONFIG), {"job_id": job_id}).scalar_one()
@@ -502,17 +506,27 @@ class Store:
             conn.execute(text(REQUEUE.format(which="r.run_id = :run_id")), {"run_id": run_id})
 
     def take_back_stale(self, machine_id: int, *, host: str, grace_s: float, max_attempts: int, is_alive,
-                        pool_id: int | None = None) -> list[int]:
+                        pool_id: int | None = None, started_at=None) -> list[int]:
         """Put back in the queue the running runs of the pool (the machine's own unless given) whose
-        worker is gone: its pid is dead on this host, or its heartbeat is older than grace_s. After
-        max_attempts claims a run is failed instead."""
+        worker is gone. On this host the worker's pid decides, never the heartbeat's age: a run is
+        taken back when is_alive(pid) is False, or when started_at(pid) (the live process's start
+        time; None if gone) is not the start time recorded at claim (the pid was reused). A live
+        worker keeps its run however long its child takes to start. On other hosts, whose pids we
+        cannot see, a heartbeat older than grace_s means gone. After max_attempts claims a run is
+        failed instead."""
         if pool_id is None:
             pool_id = self.pool_id(machine_id)
         taken = []
         with self.transaction(write=True) as conn:
-            for run_id, pid, run_host, beat, attempts, now in conn.execute(self.sql(SELECT_RUNNING), {"pool_id": pool_id}).all():
-                if run_host == host and pid is not None and not is_alive(pid):
-                    why = f"worker pid {pid} on {host} died"
+            running = conn.execute(self.sql(SELECT_RUNNING), {"pool_id": pool_id}).all()
+            for run_id, pid, run_host, started, beat, attempts, now in running:
+                if run_host == host and pid is not None:
+                    if not is_alive(pid):
+                        why = f"worker pid {pid} on {host} died"
+                    elif started is not None and started_at is not None and not _same_start(started_at(pid), started):
+                        why = f"worker pid {pid} on {host} died (the pid was reused by another process)"
+                    else:
+                        continue  # alive: it heartbeats, or it is busy starting its child
                 elif beat is None or now - beat > grace_s:
                     why = f"no heartbeat from worker {pid}@{run_host} for {grace_s:g} s"
                 else:
@@ -612,3 +626,10 @@ def _chunks(items: Iterable, n: int) -> Iterator[list]:
             chunk = []
     if chunk:
         yield chunk
+
+
+def _same_start(now_started: float | None, recorded: float) -> bool:
+    """Whether a live pid's start time is the one recorded at claim. Start times come from the
+    kernel in clock ticks (10 ms) plus the boot time: the same process always reads the same value;
+    a reused pid started at least as late as its predecessor died, well over a tick later."""
+    return now_started is not None and abs(now_started - recorded) < 0.05

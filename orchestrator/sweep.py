@@ -1,8 +1,10 @@
 """Sweep files (TOML) -> job configs. Pure: no I/O besides reading the file.
 
-A sweep has a [sweep] table (name, mode grid|ofat|random, repeats, seed, samples), a [base] table
+A sweep has a [sweep] table (name, mode grid|ofat|random|list, repeats, seed, samples), a [base] table
 (values every job shares; the catalogue's defaults fill the rest) and an [axes] table (the varied
-values). Each combination is resolved and checked against the catalogue's constraints; violations
+values); mode = "list" takes its combinations from [[configs]] entries (each a partial config over
+[base], times the grid of any axes): configurations that differ in many variables at once, such as
+the seed documents' reference runs. Each combination is resolved and checked against the catalogue's constraints; violations
 are counted by reason, never enqueued. Every repeat is its own job; the run order is a seeded
 shuffle with all of repeat 0 first, so a half-finished sweep already covers every combination.
 
@@ -29,9 +31,9 @@ from orchestrator import variables as V
 from orchestrator.errors import BadInput
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
-MODES = ("grid", "ofat", "random")
+MODES = ("grid", "ofat", "random", "list")
 SWEEP_KEYS = {"name": str, "mode": str, "repeats": int, "seed": int, "samples": int, "description": str}
-TABLES = ("sweep", "base", "axes")
+TABLES = ("sweep", "base", "axes", "configs")
 # The most jobs one sweep may plan unless the user says more: a million jobs is ~1 GB of database and
 # months of machine time; a bigger count is almost always a stray axis.
 DEFAULT_MAX_JOBS = 1_000_000
@@ -179,7 +181,10 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
     for key in doc:
         if key not in TABLES:
             raise BadInput(f"unknown table [{key}] in {where}: expected {', '.join(TABLES)}")
-        if not isinstance(doc[key], dict):
+        if key == "configs":
+            if not isinstance(doc[key], list) or not all(isinstance(c, dict) for c in doc[key]):
+                raise BadInput(f"configs in {where}: expected an array of tables [[configs]]")
+        elif not isinstance(doc[key], dict):
             raise BadInput(f"{key} in {where}: expected a table [{key}]")
     head = doc.get("sweep", {})
     for key, value in head.items():
@@ -205,6 +210,15 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
     for key, value in doc.get("base", {}).items():
         _check_settable(key, f"base.{key}", where)
         base[key] = V.parse_value(key, value, f"base.{key} of {where}")
+    configs = []
+    for i, entry in enumerate(doc.get("configs", [])):
+        parsed = {}
+        for key, value in entry.items():
+            _check_settable(key, f"configs[{i}].{key}", where)
+            parsed[key] = V.parse_value(key, value, f"configs[{i}].{key} of {where}")
+        configs.append(parsed)
+    if (mode == "list") != bool(configs):
+        raise BadInput(f"{where}: [[configs]] entries go with sweep.mode = \"list\", and mode list needs at least one")
     notes: list[str] = []
     axes: dict[str, list] = {}
     for key, values in doc.get("axes", {}).items():
@@ -213,22 +227,23 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
         if axes_values:
             axes[key] = axes_values
 
-    count = _count(mode, axes, samples) * repeats
+    count = _count(mode, axes, samples) * (len(configs) if mode == "list" else 1) * repeats
     limit = DEFAULT_MAX_JOBS if max_jobs is None else max_jobs
     if count > limit:
         sizes = " x ".join(f"{k} ({len(v)})" for k, v in axes.items()) or "no axes"
-        shape = {"grid": sizes, "ofat": f"1 + the values of {sizes}", "random": f"{samples} samples"}[mode]
+        shape = {"grid": sizes, "ofat": f"1 + the values of {sizes}", "random": f"{samples} samples",
+                 "list": f"{len(configs)} configs x {sizes}"}[mode]
         raise BadInput(f"{where}: this sweep plans {count:,} jobs ({mode}: {shape}, {repeats} repeat(s)), more than "
                        f"the limit of {limit:,}: narrow the axes, or raise the limit with --max-jobs N (or BENCH_MAX_JOBS)")
     return SweepPlan(name=name, source=source, text=text, mode=mode, count=count, notes=notes,
                      varied=[k for k, vs in axes.items() if len(vs) > 1],
-                     combinations=lambda: _combinations(mode, base, axes, seed, samples),
+                     combinations=lambda: _combinations(mode, base, axes, seed, samples, configs),
                      repeats=repeats, seed=seed, cpu_count=machine.cpu_count)
 
 
 def _count(mode: str, axes: dict[str, list], samples: int | None) -> int:
     """Combinations the mode makes of these axes, without making them."""
-    if mode == "grid":
+    if mode in ("grid", "list"):
         return math.prod(len(v) for v in axes.values())
     if mode == "ofat":
         return 1 + sum(len(v) for v in axes.values())
@@ -276,9 +291,15 @@ def _auto_axis(key: str, spec: str, label: str, machine: Machine, notes: list[st
                    f"(cores = \"auto\", freq_mhz = \"auto:STEP\")")
 
 
-def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, samples: int | None) -> Iterator[dict]:
+def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, samples: int | None,
+                  configs: list[dict] = ()) -> Iterator[dict]:
     """The partial configs of the sweep, one at a time."""
-    if mode == "grid":
+    if mode == "list":
+        keys = list(axes)
+        for entry in configs:
+            for values in itertools.product(*axes.values()):
+                yield {**base, **entry, **dict(zip(keys, values))}
+    elif mode == "grid":
         keys = list(axes)
         for values in itertools.product(*axes.values()):
             yield {**base, **dict(zip(keys, values))}

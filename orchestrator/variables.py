@@ -151,7 +151,7 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("task", str, "pretrain", TRAINING, "pretrain from scratch; finetune all weights of a saved model; "
        "finetune_lora: rank-lora_rank adapters on a frozen saved model", choices=("pretrain", "finetune", "finetune_lora")),
     _v("lora_rank", int, 8, TRAINING, "rank of the LoRA adapters (only with task=finetune_lora)", min=1, max=4096,
-       since=2),
+       since=3),
     _v("steps", int, 20, TRAINING, "timed optimizer steps", min=1, max=1_000_000),
     _v("warmup_steps", int, 3, TRAINING, "untimed steps before timing (lets the loop settle)", min=0, max=100_000),
     _v("seed", int, 0, TRAINING, "seed of torch, data order and init", min=0, max=2**31 - 1),

@@ -97,3 +97,36 @@ def test_the_cli_prints_one_json_document(state_dir, facts):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["fingerprint"] == facts["fingerprint"]
+
+
+def test_the_noise_figure_is_the_coefficient_of_variation_of_identical_runs():
+    from worker.noise import coefficient_of_variation
+
+    assert coefficient_of_variation([10.0, 10.0, 10.0]) == 0.0
+    assert coefficient_of_variation([9.0, 10.0, 11.0]) == pytest.approx(0.1)  # stdev 1 (n-1), mean 10
+    assert coefficient_of_variation([5.0]) is None
+
+
+def test_the_probe_measures_the_machine_noise_and_the_store_keeps_it(facts, tmp_path):
+    from orchestrator.store import Store
+
+    assert facts["noise_cv"] is not None and 0 <= facts["noise_cv"] < 5
+    assert facts["noise"]["runs"] == len(facts["noise"]["medians_ms"]) >= 3
+    assert all(m > 0 for m in facts["noise"]["medians_ms"])
+    db = str(tmp_path / "r.db")
+    machine_id = Store(db).register_machine(facts)
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT noise_cv FROM machines WHERE machine_id = ?", (machine_id,)).fetchone() == (facts["noise_cv"],)
+
+
+def test_a_cache_from_before_the_noise_figure_is_measured_again(tmp_path):
+    first = probe.probe(tmp_path, quick=True)
+    cache = tmp_path / "probe-limits.json"
+    limits = json.loads(cache.read_text())
+    for entry in limits.values():
+        del entry["noise_cv"], entry["noise"]
+    cache.write_text(json.dumps(limits))
+    again = probe.probe(tmp_path, quick=True)
+    assert again["noise_cv"] is not None and again["limits_measured_at"] > first["limits_measured_at"]

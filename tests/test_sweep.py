@@ -3,7 +3,7 @@ from collections import Counter
 import pytest
 
 from orchestrator.errors import BadInput
-from orchestrator.sweep import Machine, load, preset_path
+from orchestrator.sweep import PRESETS_DIR, Machine, load, preset_path
 
 MACHINE = Machine(cpu_count=2, freq_limits=(800, 2000))
 
@@ -120,7 +120,7 @@ def test_a_missing_file_is_bad_input(tmp_path):
         load(tmp_path / "nope.toml", machine=MACHINE)
 
 
-@pytest.mark.parametrize("preset", ["quick", "model", "system", "full"])
+@pytest.mark.parametrize("preset", sorted(p.stem for p in PRESETS_DIR.glob("*.toml")))
 def test_every_preset_expands(preset):
     plan = load(None, preset=preset, machine=Machine(cpu_count=2))
     assert plan.jobs, preset

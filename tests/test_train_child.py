@@ -242,7 +242,7 @@ def test_child_process_prints_exactly_one_json_result_and_saves_the_model(data_d
     wanted = ["setup_s", "first_step_s", "step_ms_median", "step_ms_p10", "step_ms_p90", "step_ms_mean",
               "step_ms_std", "train_s", "tokens_per_s", "samples_per_s", "loss_first", "loss_last",
               "peak_rss_mb", "cpu_user_s", "cpu_sys_s", "ctx_switches", "params", "flops_per_step",
-              "gflops", "mfu"]
+              "gflops", "mfu", "trainable_params"]
     m = result["metrics"]
     assert sorted(m) == sorted(wanted)
     assert all(isinstance(m[k], (int, float)) and math.isfinite(m[k]) for k in wanted)

@@ -13,6 +13,7 @@ import fcntl
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
@@ -121,6 +122,7 @@ class Worker:
         self.opts = options
         self.emit = on_event
         self.pid = os.getpid()
+        self.started = psutil.Process(self.pid).create_time()  # with the pid, names this process (pids are reused)
         self.host = socket.gethostname()
         self.pool = allowed_cpus(options.cpus)
         self.journal = options.state_dir / f"journal-{self.pid}.json"
@@ -157,7 +159,7 @@ class Worker:
                 while self.opts.max_jobs is None or done < self.opts.max_jobs:
                     self._take_back_stale()
                     claim = self.store.claim(self.machine_id, pid=self.pid, host=self.host, max_cores=len(self.pool),
-                                             pool_id=self.pool_id)
+                                             pool_id=self.pool_id, started=self.started)
                     if claim is None:
                         if not self.opts.wait:
                             break
@@ -187,13 +189,21 @@ class Worker:
     def _take_back_stale(self) -> None:
         taken = self.store.take_back_stale(self.machine_id, host=self.host, grace_s=self.opts.grace_s,
                                            max_attempts=self.opts.max_attempts, is_alive=_alive_other,
-                                           pool_id=self.pool_id)
+                                           pool_id=self.pool_id, started_at=_start_time)
         if taken:
             self.emit(Event("requeued", text=f"took back {len(taken)} run(s) of dead workers: {taken}"))
 
     def _run_claim(self, claim: Claim) -> Outcome:
+        seen = set()
+
+        def child_started(child_pid: int) -> None:  # the child's pid, once (the heartbeat thread beats)
+            if child_pid not in seen:
+                seen.add(child_pid)
+                self.store.heartbeat(claim.run_id, child_pid)
+
         try:
-            outcome = self.measure(claim.config, run_id=claim.run_id, on_heartbeat=lambda pid: self.store.heartbeat(claim.run_id, pid))
+            with heartbeating(self.store, claim.run_id, self.opts.heartbeat_s):
+                outcome = self.measure(claim.config, run_id=claim.run_id, on_heartbeat=child_started)
         except (Stopped, KeyboardInterrupt):
             self.store.release(claim.run_id, pid=self.pid, reason="worker stopped before the run finished")
             raise
@@ -250,6 +260,37 @@ class Worker:
             if used != dataset:
                 self.emit(Event("note", text=f"dataset {dataset} could not be loaded; training on the built-in corpus "
                                              f"(recorded per run as dataset_used={used})"))
+
+
+@contextmanager
+def heartbeating(store: Store, run_id: int, every_s: float):
+    """Beat for the run from claim to finish, whatever the worker is doing meanwhile (data, knobs, a
+    fork server's start, the child): a thread of its own, on its own pooled connection. A failed
+    beat (database briefly away) is retried at the next one; a run taken back stops nothing here,
+    finish() says so."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            try:
+                store.heartbeat(run_id)
+            except Exception:  # noqa: BLE001 - the next beat tries again; the worker's own calls report errors
+                pass
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-run-{run_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def _alive_other(pid: int) -> bool:

@@ -27,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 
 from orchestrator.errors import BenchError
-from worker import sysfs
+from worker import noise, sysfs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ FINGERPRINT_KEYS = ("hostname", "cpu_model", "vendor", "sockets", "physical_core
                     "numa_nodes", "isa_flags", "mem_total_gb_rounded")
 
 LIMIT_KEYS = ("mem_bw_gbs_1t", "mem_bw_gbs_all", "gemm_gflops_fp32_1c", "gemm_gflops_fp32_all",
-              "gemm_gflops_bf16_1c", "gemm_gflops_bf16_all")
+              "gemm_gflops_bf16_1c", "gemm_gflops_bf16_all", "noise_cv", "noise")
 
 
 # -- static facts ---------------------------------------------------------------------------------
@@ -253,7 +253,8 @@ def _torch_build(torch) -> dict:
 
 
 def measure(quick: bool = False) -> dict:
-    """Bandwidth and GEMM peaks, one thread and all CPUs of this process; torch build info."""
+    """Bandwidth and GEMM peaks, one thread and all CPUs of this process; the run-to-run noise
+    (worker/noise.py); torch build info."""
     import torch
 
     cpus = len(os.sched_getaffinity(0))
@@ -270,6 +271,8 @@ def measure(quick: bool = False) -> dict:
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             key = f"gemm_gflops_{name}_{'1c' if label == '1' else 'all'}"
             out[key] = round(_gemm_gflops(torch, dtype, sizes, budget_s=0.2 if quick else 1.5), 1)
+    torch.set_num_threads(cpus)
+    out.update(noise.measure_noise(torch, quick))
     out["measure_s"] = round(time.perf_counter() - t0, 2)
     return out
 
@@ -323,7 +326,7 @@ def probe(state_dir: Path, *, remeasure: bool = False, quick: bool = False, sysf
     limits_file = state_dir / "probe-limits.json"
     all_limits = _load(limits_file)
     limits = all_limits.get(key)
-    if limits is None or remeasure:
+    if limits is None or remeasure or any(k not in limits for k in LIMIT_KEYS):  # an older cache lacks new figures
         limits = _measure_in_child(quick)
         limits["measured_at"] = time.time()
         all_limits[key] = limits
