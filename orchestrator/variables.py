@@ -159,7 +159,7 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("batch_size", int, 8, TRAINING, "samples per micro-batch", min=1, max=65536),
     _v("grad_accum", int, 1, TRAINING, "micro-batches per optimizer step", min=1, max=1024),
     _v("precision", str, "fp32", TRAINING, "number format of weights and activations",
-       choices=("fp32", "bf16", "mixed", "q8", "q4", "bitnet")),
+       choices=("fp32", "bf16", "mixed", "q8", "q4", "bitnet", "int8")),
     _v("optimizer", str, "adamw", TRAINING, "optimizer", choices=("adamw", "sgd")),
     _v("task", str, "pretrain", TRAINING, "pretrain from scratch; finetune all weights of a saved model; "
        "finetune_lora: rank-lora_rank adapters on a frozen saved model", choices=("pretrain", "finetune", "finetune_lora")),

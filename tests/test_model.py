@@ -253,3 +253,46 @@ def test_lora_saved_state_merges_the_adapters_into_a_plain_gpt():
     plain = tiny()
     plain.load_state_dict(plain_state_dict(model))
     torch.testing.assert_close(plain(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_int8_matmul_is_the_int32_product_of_rounded_inputs_and_weights_with_fp32_gradients():
+    from worker.trainers.torch.quant import Int8Matmul
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 40, 64, generator=g, requires_grad=True)
+    w = torch.randn(24, 64, generator=g, requires_grad=True)
+    y = Int8Matmul.apply(x, w)
+    sx = x.detach().abs().amax(-1, keepdim=True) / 127
+    sw = w.detach().abs().amax(1) / 127
+    xq, wq = torch.round(x.detach() / sx), torch.round(w.detach() / sw[:, None])
+    assert xq.abs().max() <= 127 and wq.abs().max() <= 127
+    torch.testing.assert_close(y, (xq @ wq.t()) * sx * sw)  # integer products, exact in fp32 here
+    exact = x @ w.t()
+    assert (y - exact).abs().max() < 0.03 * exact.abs().max()  # close to the fp32 product
+    upstream = torch.randn(2, 40, 24, generator=g)
+    gx, gw = torch.autograd.grad((y * upstream).sum(), (x, w))
+    rx, rw = torch.autograd.grad((exact * upstream).sum(), (x, w))
+    torch.testing.assert_close(gx, rx)  # backward in fp32 on the master weight: straight-through
+    torch.testing.assert_close(gw, rw)
+
+
+def test_int8_model_runs_int_mm_in_every_block_linear_and_learns():
+    from torch.profiler import profile
+
+    from worker.trainers.torch.quant import Int8Linear
+
+    model = tiny(precision="int8")
+    assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 4
+    x, y = tokens(), tokens(seed=2)
+    with profile() as prof:
+        model(x, y)
+    assert sum(e.count for e in prof.key_averages() if e.key == "aten::_int_mm") == 4
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(15):
+        _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]

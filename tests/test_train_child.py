@@ -128,7 +128,7 @@ def test_mixed_precision_runs_matmuls_in_bf16_with_fp32_weights():
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
-@pytest.mark.parametrize("precision", ["mixed", "q8", "q4", "bitnet"])
+@pytest.mark.parametrize("precision", ["mixed", "q8", "q4", "bitnet", "int8"])
 def test_each_precision_trains_to_a_different_loss(data_dir, tmp_path, precision):
     fp32 = metrics(data_dir, tmp_path)["metrics"]["loss_last"]
     other = metrics(data_dir, tmp_path, precision=precision)["metrics"]

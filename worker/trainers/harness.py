@@ -51,7 +51,9 @@ TRAINER_METRICS = tuple(m for m in METRICS if m not in WORKER_METRICS)
 READBACK = ("affinity", "main_thread_affinity", "allocator_lib", "uid")
 # The trainer package per `framework`; the worker starts `python -m <module>` (or forks it).
 TRAINERS = {"torch": "worker.trainers.torch", "jax": "worker.trainers.jax", "numpy": "worker.trainers.numpy"}
-PEAK_KEY = {"fp32": "fp32", "q8": "fp32", "q4": "fp32", "bitnet": "fp32", "int8": "fp32", "bf16": "bf16",
+# The GEMM peak each precision's MFU is taken against; int8 waits for an int8 GEMM peak in the probe
+# (no "int8" key yet: its mfu is NULL rather than a ratio against the fp32 peak it is not bound by).
+PEAK_KEY = {"fp32": "fp32", "q8": "fp32", "q4": "fp32", "bitnet": "fp32", "int8": "int8", "bf16": "bf16",
             "mixed": "bf16"}
 LOSS_LAST_STEPS = 3  # loss_last averages this many final steps: one step's loss is noisy
 

@@ -1,6 +1,6 @@
 """Which (query, key) pairs attention computes, for the NumPy and JAX trainers (torch-free).
 
-The rule is worker/model.attention_mask's: never the future (j <= i); local: only inside i's block
+The rule is worker/trainers/torch/model.attention_mask's: never the future (j <= i); local: only inside i's block
 of `window` tokens; sliding: only the last `window` tokens, i itself included.
 
 The trainers do not compute a dense (T, T) score matrix for local and sliding attention: they cut

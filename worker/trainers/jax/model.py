@@ -1,4 +1,4 @@
-"""The decoder of worker/model.py in JAX: the loss as a pure function of the parameters, and the
+"""The decoder of worker/trainers/torch/model.py in JAX: the loss as a pure function of the parameters, and the
 training step (loss, gradient, optax update) that compile=xla hands to jax.jit whole.
 
 Reads bottom-up: LayerNorm, attention, MLP, block, the loss, the optimizer and the step last.
@@ -84,7 +84,7 @@ def head_cross_entropy(x, w, targets):
     """Mean cross-entropy (fp32) of the tied head's logits x @ w.T against targets, N = x.shape[0].
 
     Written with its gradient: the forward pass computes softmax - onehot once and both of its
-    products (dx, dw); the backward pass only scales them. As torch's CrossEntropy in worker/model.py,
+    products (dx, dw); the backward pass only scales them. As torch's CrossEntropy in worker/trainers/torch/model.py,
     this saves passes over the (N, vocab) logits, the largest activation (10% of the head's time)."""
     return _head_ce(x, w, targets)[0]
 

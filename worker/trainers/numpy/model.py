@@ -1,4 +1,4 @@
-"""The decoder of worker/model.py in NumPy, forward and backward written by hand, fp32 only.
+"""The decoder of worker/trainers/torch/model.py in NumPy, forward and backward written by hand, fp32 only.
 
 Reads bottom-up: elementwise functions, LayerNorm, attention, MLP, the whole model's loss and
 gradients last. Every activation is kept flat as (N, C) with N = batch * seq_len tokens, so each

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from worker.trainers.harness import attended_positions, mlp_hidden
-from worker.trainers.torch.quant import QUANT_MODES, QuantLinear
+from worker.trainers.torch.quant import QUANT_MODES, Int8Linear, QuantLinear
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class ModelConfig:
     attention: str = "full"  # full causal | local (block-diagonal windows) | sliding (last `window`)
     window: int = 64  # tokens a local block / sliding window spans (ignored for full)
     attn_backend: str = "sdpa"  # manual (matmul + softmax) | sdpa (torch picks) | sdpa_math
-    precision: str = "fp32"  # only q8/q4/bitnet change the modules; bf16/mixed are the trainer's
+    precision: str = "fp32"  # q8/q4/bitnet/int8 change the blocks' Linears; bf16/mixed are the trainer's
 
     def __post_init__(self):
         assert self.n_heads % self.kv_heads == 0, "kv_heads must divide n_heads"
@@ -71,6 +71,8 @@ def attention_mask(kind: str, seq_len: int, window: int) -> torch.Tensor:
 def make_linear(cfg: ModelConfig, n_in: int, n_out: int) -> nn.Linear:
     if cfg.precision in QUANT_MODES:
         return QuantLinear(n_in, n_out, bias=False, mode=cfg.precision)
+    if cfg.precision == "int8":
+        return Int8Linear(n_in, n_out, bias=False)
     return nn.Linear(n_in, n_out, bias=False)  # no biases: as in LLaMA/PaLM, fewer copies, same loss
 
 

@@ -1,4 +1,6 @@
-"""Quantization-aware training: fake-quantized Linear layers with a straight-through estimator.
+"""Quantized Linear layers: fake-quantized QAT modes (q8, q4, bitnet) and real int8 GEMMs (int8).
+
+QAT (q8, q4, bitnet): fake-quantized Linear layers with a straight-through estimator.
 
 Weights and activations are rounded to a low-bit grid in the forward pass and multiplied back by
 their scale, so the matmul still runs in fp32 (a CPU has no int4/ternary GEMM in torch): the model
@@ -8,6 +10,13 @@ learns under quantization noise, it is not faster. The backward pass treats roun
     q8, q4   weights: per output channel, symmetric absmax; activations: per tensor, symmetric absmax
     bitnet   weights: ternary {-1, 0, 1} x per-tensor absmean scale (BitNet b1.58);
              activations: 8-bit absmax per token
+
+int8 (Int8Linear): the forward matmul really runs in int8. Each call rounds the input to int8 with
+one scale per token (absmax / 127) and the fp32 master weight to int8 with one scale per output
+channel, multiplies them with torch._int_mm (int8 x int8 -> int32 accumulation; VNNI/AMX kernels
+through oneDNN), and rescales the int32 result: y = (xq @ wq^T) * sx * sw. The backward runs in
+fp32 on the unquantized input and master weight (straight-through: rounding counts as identity),
+so the optimizer updates fp32 weights; only the forward GEMMs are int8.
 """
 
 from __future__ import annotations
@@ -68,3 +77,53 @@ class QuantLinear(nn.Linear):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", mode={self.mode}"
+
+
+class Int8Matmul(torch.autograd.Function):
+    """x (..., in) @ w (out, in)^T with an int8 forward GEMM and an fp32 backward (see module doc)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.size(-1))
+        sx = x2.abs().amax(dim=1, keepdim=True).clamp_(min=_EPS).div_(127)  # (N, 1): per token
+        sw = w.abs().amax(dim=1).clamp_(min=_EPS).div_(127)  # (out,): per output channel
+        xq = torch.round(x2 / sx).to(torch.int8)
+        wq = torch.round(w / sw[:, None]).to(torch.int8)
+        y = torch._int_mm(xq, wq.t()).float().mul_(sx).mul_(sw)  # int32 accumulation, then rescale
+        ctx.save_for_backward(x, w)
+        return y.view(*x.shape[:-1], w.size(0))
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        x, w = ctx.saved_tensors
+        g = grad_y.reshape(-1, grad_y.size(-1))
+        grad_x = (g @ w).view(x.shape) if ctx.needs_input_grad[0] else None
+        grad_w = g.t() @ x.reshape(-1, x.size(-1)) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w
+
+
+class Int8Linear(nn.Linear):
+    """nn.Linear (no bias) whose forward matmul is a real int8 GEMM; fp32 weights and backward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.bias is None, "Int8Linear has no bias"
+        return Int8Matmul.apply(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", int8 forward GEMM"
+
+
+def int8_gemm_peak_gflops(n: int = 2048, seconds: float = 1.0) -> float:
+    """Best int8 GOP/s of an n x n x n torch._int_mm on the current threads (the int8 roofline an
+    MFU of precision=int8 is measured against; the probe's fp32/bf16 GEMM peaks are the same idea)."""
+    import time
+
+    a = torch.randint(-127, 128, (n, n), dtype=torch.int8)
+    b = torch.randint(-127, 128, (n, n), dtype=torch.int8).t()  # (k, n) view of an (n, k) weight, as used
+    torch._int_mm(a, b)
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        torch._int_mm(a, b)
+        best = max(best, 2 * n**3 / (time.perf_counter() - t) / 1e9)
+    return best
