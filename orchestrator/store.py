@@ -485,9 +485,13 @@ class Store:
             return conn.execute(self.sql(HEARTBEAT), {"run_id": run_id, "child_pid": child_pid}).rowcount == 1
 
     def finish(self, run_id: int, *, pid: int, status: str, reason: str | None = None, fields: dict | None = None) -> None:
-        """Record the outcome of a claimed run. Raises BenchError if the run was taken away meanwhile."""
+        """Record the outcome of a claimed run. Raises BenchError if the run was taken away meanwhile,
+        or, writing nothing, if the fields are not a result (result_problems)."""
         assert status in ("done", "failed", "skipped"), status
-        fields = {k: _sql_value(v) for k, v in (fields or {}).items() if k in METRICS or k in RUN_FACTS}
+        problems = result_problems(status, fields or {})
+        if problems:
+            raise BenchError(f"run {run_id}: not recorded: {problems}")
+        fields = {k: _sql_value(v) for k, v in (fields or {}).items()}
         assignments = ", ".join(f"{k} = :{k}" for k in fields) or "run_id = run_id"
         with self.transaction(write=True) as conn:
             changed = conn.execute(self.sql(FINISH_RUN, assignments=assignments),
@@ -600,6 +604,17 @@ def _job_row(job: dict, sweep_id: int) -> tuple:
 
 def _quoted(name: str) -> str:
     return f'"{name}"' if name == "window" else name
+
+
+def result_problems(status: str, fields: dict) -> str | None:
+    """Why these fields are not a result the runs table can hold, or None: a field that is neither a
+    metric nor a run fact would be dropped without a trace, and a done run must carry every metric
+    (None where not measured) so that a renamed or forgotten metric cannot pass for "not measured"."""
+    unknown = sorted(k for k in fields if k not in METRICS and k not in RUN_FACTS)
+    missing = [m for m in METRICS if m not in fields] if status == "done" else []
+    why = ([f"unknown field(s) {', '.join(unknown)}"] if unknown else []) + \
+        ([f"missing metric(s) {', '.join(missing)}"] if missing else [])
+    return "; ".join(why) or None
 
 
 def _sql_value(value):

@@ -78,3 +78,10 @@ def pg_db(postgres_url):
     with psycopg.connect(plain, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     return postgres_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def done_fields(**values) -> dict:
+    """The fields of a done run as the store takes them: every metric named (None: not measured)."""
+    from worker.trainers.harness import METRICS
+
+    return dict.fromkeys(METRICS) | values

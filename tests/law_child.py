@@ -9,6 +9,8 @@ import math
 import random
 import sys
 
+from worker.trainers import harness
+
 ELASTICITY = 1.0
 SIGMA = 0.03
 
@@ -18,12 +20,10 @@ def main():
     config = job["config"]
     rng = random.Random(f"law:{job['run_id']}")
     ms = 10.0 * (config["d_model"] / 64) ** ELASTICITY * math.exp(rng.gauss(0.0, SIGMA))
-    print(json.dumps({
-        "status": "done", "reason": None,
-        "metrics": {"step_ms_median": ms, "steps_seen": config["steps"],
-                    "tokens_per_s": config["batch_size"] * config["seq_len"] * 1000.0 / ms},
-        "applied": {}, "dataset_used": config["dataset"], "output_path": None,
-    }))
+    metrics = dict.fromkeys(harness.TRAINER_METRICS) | {
+        "step_ms_median": ms, "tokens_per_s": config["batch_size"] * config["seq_len"] * 1000.0 / ms}
+    print(json.dumps(harness.result(metrics, applied={}, timed_window=None, dataset_used=config["dataset"],
+                                    output_path=None, torch_version=None, build_info=None)))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import random
 
 from orchestrator.store import Store
 from orchestrator.sweep import Machine, load
+from tests.conftest import done_fields
 
 CPUS = 2
 BASE_MS = 40.0
@@ -133,7 +134,7 @@ def build(store: Store, seed: int = 0, *, dataset_used=lambda config: config["da
     rng = random.Random(seed)
     while (claim := store.claim(machine_id, pid=os.getpid(), host="synthetic", max_cores=CPUS)) is not None:
         c = claim.config
-        fields = {**metrics(c, step_ms(c, rng, drift)), "dataset_used": dataset_used(c),
+        fields = {**done_fields(**metrics(c, step_ms(c, rng, drift))), "dataset_used": dataset_used(c),
                   "applied": {"torch_threads": c["intra_threads"], "interop_threads": c["inter_threads"]}}
         store.finish(claim.run_id, pid=os.getpid(), status="done", fields=fields)
     return machine_id

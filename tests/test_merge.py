@@ -14,6 +14,7 @@ from orchestrator.merge import merge
 from orchestrator.store import Store
 from tests.conftest import bench
 from tests.reportdb import configs, enqueue, machine_facts
+from tests.conftest import done_fields
 
 V1 = Path(__file__).resolve().parent / "v1" / "results-v1.db"
 
@@ -66,7 +67,7 @@ def two_databases(tmp_path, metric_here: float, metric_there: float):
         enqueue(store, plan)
         machine = store.register_machine(machine_facts("node-a"))
         claim = store.claim(machine, pid=1, host="node-a", max_cores=8)
-        store.finish(claim.run_id, pid=1, status="done", fields={"step_ms_median": metric})
+        store.finish(claim.run_id, pid=1, status="done", fields=done_fields(step_ms_median=metric))
         out.append((store, machine))
     return out
 
@@ -93,19 +94,19 @@ def test_work_done_offline_leaves_the_queue_here_and_new_jobs_join_it(tmp_path):
     enqueue(main, configs({"d_model": 32, "n_layers": 1, "seq_len": 32}, {"d_model": [32, 48, 64, 80]}, repeats=1))
     machine = main.register_machine(machine_facts("node-a"))
     first = main.claim(machine, pid=1, host="node-a", max_cores=8)  # the machine's queue exists here now
-    main.finish(first.run_id, pid=1, status="done")
+    main.finish(first.run_id, pid=1, status="done", fields=done_fields())
     with sqlite3.connect(tmp_path / "main.db") as src, sqlite3.connect(tmp_path / "laptop.db") as dst:
         src.backup(dst)  # the laptop takes a copy (WAL included) and goes offline
     laptop = Store(str(tmp_path / "laptop.db"))
     enqueue(laptop, configs({"d_model": 32, "n_layers": 2, "seq_len": 32}, {}, repeats=1), sweep="offline")
     offline = [laptop.claim(machine, pid=2, host="node-a", max_cores=8) for _ in range(2)]
     for claim in offline:
-        laptop.finish(claim.run_id, pid=2, status="done")
+        laptop.finish(claim.run_id, pid=2, status="done", fields=done_fields())
     result = merge(main, str(tmp_path / "laptop.db"))
     assert result.runs == [2, 1] and result.jobs == [1, 4]
     left = []
     while (claim := main.claim(machine, pid=3, host="node-a", max_cores=8)) is not None:
-        main.finish(claim.run_id, pid=3, status="done")
+        main.finish(claim.run_id, pid=3, status="done", fields=done_fields())
         left.append(claim.job_id)
     assert len(left) == 2  # of 5 jobs: 1 done here, 2 done offline, the laptop's new job and one more
     assert {c.job_id for c in offline}.isdisjoint(left)

@@ -22,6 +22,7 @@ from orchestrator.store import Store
 from orchestrator.sweep import Machine, load
 from tests.conftest import bench
 from tests.reportdb import machine_facts
+from tests.conftest import done_fields
 
 V1 = Path(__file__).resolve().parent / "v1"
 STUB = {"BENCH_CHILD_MODULE": "tests.stub_child"}
@@ -98,7 +99,7 @@ def test_a_run_taken_back_before_the_migration_keeps_its_attempt_count(old_db):
     claims = []
     while (claim := store.claim(node_b, pid=7, host="node-b", max_cores=8)) is not None:
         claims.append(claim)
-        store.finish(claim.run_id, pid=7, status="done")
+        store.finish(claim.run_id, pid=7, status="done", fields=done_fields())
     again = [c for c in claims if c.config["seed"] == 3]
     assert len(again) == 1 and again[0].attempts == 2 and again[0].run_id == 24
     # Every job once for node-b: the old runs and the new ones together.

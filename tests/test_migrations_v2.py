@@ -19,6 +19,7 @@ from orchestrator.store import Store
 from tests.conftest import bench
 from tests.reportdb import machine_facts
 from tests.test_migrations import open_at_once, pg_schema, sqlite_rows, sqlite_schema
+from tests.conftest import done_fields
 
 V2 = Path(__file__).resolve().parent / "v2"
 STUB = {"BENCH_CHILD_MODULE": "tests.stub_child"}
@@ -79,7 +80,7 @@ def test_the_run_taken_back_in_version_2_is_claimed_again_with_its_attempt_count
     claims = []
     while (claim := store.claim(node_b, pid=7, host="node-b", max_cores=8)) is not None:
         claims.append(claim)
-        store.finish(claim.run_id, pid=7, status="done")
+        store.finish(claim.run_id, pid=7, status="done", fields=done_fields())
     again = [c for c in claims if c.config["seed"] == 3]
     assert len(again) == 1 and again[0].attempts == 2
 

@@ -16,6 +16,7 @@ from orchestrator.sweep import Machine, load
 from tests.conftest import bench
 from tests.reportdb import machine_facts
 from tests.test_worker import start_worker
+from tests.conftest import done_fields
 
 STUB = {"BENCH_CHILD_MODULE": "tests.stub_child"}
 
@@ -37,7 +38,7 @@ def drain(store, machine, pool_id, pid=1, limit=None):
     got = []
     while (limit is None or len(got) < limit) and (claim := store.claim(
             machine, pid=pid, host=f"host{machine}", max_cores=8, pool_id=pool_id)) is not None:
-        store.finish(claim.run_id, pid=pid, status="done")
+        store.finish(claim.run_id, pid=pid, status="done", fields=done_fields())
         got.append(claim)
     return got
 
@@ -97,7 +98,7 @@ def test_a_silent_nodes_run_is_taken_back_by_another_node_of_the_pool(store):
     assert taken == [first.run_id]
     again = store.claim(b, pid=22, host="node-b", max_cores=8, pool_id=pool)
     assert (again.run_id, again.attempts) == (first.run_id, 2)  # the same run, its attempts counted on
-    store.finish(again.run_id, pid=22, status="done")
+    store.finish(again.run_id, pid=22, status="done", fields=done_fields())
     with store.transaction() as conn:
         assert conn.execute(text("SELECT machine_id FROM runs")).scalar_one() == b
 
@@ -189,7 +190,7 @@ def test_the_report_compares_pools_and_the_hosts_inside_a_pool(db, tmp_path):
         limit = 2 if pool else None
         for claim in iter(lambda: store.claim(machine, pid=1, host=host, max_cores=8, pool_id=pool), None):
             step = claim.config["d_model"] / 64 * (slow[host] if pool else 2.0)
-            store.finish(claim.run_id, pid=1, status="done", fields=metrics(step, claim.config))
+            store.finish(claim.run_id, pid=1, status="done", fields=done_fields(**metrics(step, claim.config)))
             limit = limit - 1 if limit else limit
             if limit == 0:
                 break

@@ -1,5 +1,6 @@
 """The store on real SQLite files and on a real PostgreSQL server."""
 
+import re
 import sqlite3
 import threading
 
@@ -8,6 +9,7 @@ import pytest
 from orchestrator.store import Store
 from orchestrator.sweep import Machine, load
 from orchestrator.variables import NAMES
+from tests.conftest import done_fields
 
 FACTS = {"fingerprint": "test-machine", "hostname": "here", "logical_cores": 2, "knobs": {"freq_mhz": "no cpufreq"}}
 
@@ -55,7 +57,7 @@ def test_claims_follow_run_order_and_finish_records_metrics(store, tmp_path):
     machine = store.register_machine(FACTS)
     first = store.claim(machine, pid=1, host="here", max_cores=2)
     assert first.config["d_model"] == p.jobs[0]["config"]["d_model"]
-    store.finish(first.run_id, pid=1, status="done", fields={"step_ms_median": 3.5, "applied": {"affinity": [0]}})
+    store.finish(first.run_id, pid=1, status="done", fields=done_fields(step_ms_median=3.5, applied={"affinity": [0]}))
     with store.transaction() as conn:
         row = conn.exec_driver_sql("SELECT status, step_ms_median, applied FROM v_results").one()
     assert row[0] == "done" and row[1] == 3.5 and "affinity" in row[2]
@@ -67,7 +69,7 @@ def test_finish_of_a_run_taken_away_raises(store, tmp_path):
     claim = store.claim(machine, pid=10, host="here", max_cores=2)
     store.take_back_stale(machine, host="here", grace_s=1e9, max_attempts=3, is_alive=lambda pid: False)
     with pytest.raises(Exception, match="taken back"):
-        store.finish(claim.run_id, pid=10, status="done")
+        store.finish(claim.run_id, pid=10, status="done", fields=done_fields())
 
 
 def test_dead_worker_runs_are_requeued_then_failed_after_max_attempts(store, tmp_path):
@@ -151,3 +153,19 @@ def test_a_job_planned_by_two_sweeps_belongs_to_both_and_is_stored_once(store):
     by_sweep = store.counts_by_sweep(None)
     assert by_sweep["command-line"]["total"] == 2 and by_sweep["b"]["total"] == 2
     assert store.counts(None)["total"] == 3
+
+
+@pytest.mark.parametrize("status, fields, words", [
+    ("done", done_fields(steps_seen=4), "unknown field(s) steps_seen"),
+    ("done", {k: v for k, v in done_fields().items() if k != "mfu"}, "missing metric(s) mfu"),
+    ("failed", {"oops": 1}, "unknown field(s) oops"),
+])
+def test_a_result_with_an_unknown_or_missing_metric_is_refused_and_nothing_is_written(store, tmp_path, status,
+                                                                                       fields, words):
+    enqueue(store, plan(tmp_path))
+    machine = store.register_machine(FACTS)
+    claim = store.claim(machine, pid=1, host="here", max_cores=2)
+    with pytest.raises(Exception, match=re.escape(words)):
+        store.finish(claim.run_id, pid=1, status=status, fields=fields)
+    with store.transaction() as conn:
+        assert conn.exec_driver_sql(f"SELECT status FROM runs WHERE run_id = {claim.run_id}").scalar() == "running"

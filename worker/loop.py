@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from orchestrator.errors import BadInput, Busy, Stopped
-from orchestrator.store import Claim, Store
+from orchestrator.store import RUN_FACTS, Claim, Store, result_problems
 from worker import knobs, probe, sensors
 from worker.child import ForkServers, Outcome, child_env, run_exec
 from worker.trainers.harness import METRICS, TRAINERS, WORKER_METRICS
@@ -228,6 +228,10 @@ class Worker:
             self.store.release(claim.run_id, pid=self.pid, reason="worker stopped before the run finished")
             raise
         fields = {**outcome.metrics, **outcome.facts, "applied": outcome.applied}
+        problems = result_problems(outcome.status, fields)
+        if problems:  # a trainer that breaks the contract: a failed run saying how, never a silent drop
+            outcome.status, outcome.reason = "failed", f"the trainer's result breaks the contract: {problems}"
+            fields = {k: v for k, v in fields.items() if k in RUN_FACTS or k in METRICS}
         self.store.finish(claim.run_id, pid=self.pid, status=outcome.status, reason=outcome.reason, fields=fields)
         return outcome
 
@@ -273,7 +277,7 @@ class Worker:
             outcome.status = "failed"
             outcome.reason = "the child did not run under the job's settings: " + "; ".join(wrong)
         if outcome.status == "done":
-            outcome.metrics.update({k: v for k, v in sampled.items() if k in WORKER_METRICS})
+            outcome.metrics.update({k: sampled.get(k) for k in WORKER_METRICS if k != "wall_s"})
         outcome.facts["load_before"] = load_before
         outcome.applied = {**spec.applied, **outcome.applied, "sensor_notes": notes, "sensor_sources": sources,
                            "peak_gflops": job["peak_gflops"]}
