@@ -137,7 +137,7 @@ def _open(db: str, barrier, results) -> None:
 
 
 def open_at_once(db: str, n: int = 4) -> list:
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # never fork a pytest process that may hold JAX threads
     barrier, results = ctx.Barrier(n), ctx.Queue()
     procs = [ctx.Process(target=_open, args=(db, barrier, results)) for _ in range(n)]
     for p in procs:
