@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 CHILD = r"""
 import json, sys, time, torch
 sys.path.insert(0, sys.argv[1])
-from worker.model import GPT, ModelConfig
+from worker.trainers.torch.model import GPT, ModelConfig
 from worker import isa_check
 D, LAYERS, HEADS, T, B, VOCAB = 256, 2, 4, 256, 8, 4096
 g = torch.Generator().manual_seed(0)

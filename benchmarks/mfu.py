@@ -80,7 +80,7 @@ def main() -> None:
     sys.path.insert(0, args.after)
     import torch
 
-    from worker.model import GPT, ModelConfig, flops_per_step
+    from worker.trainers.torch.model import GPT, ModelConfig, flops_per_step
     from worker.probe import _gemm_gflops
 
     model = GPT(ModelConfig(vocab_size=8192, seq_len=256, n_layers=4, d_model=256, n_heads=4, head_dim=64, kv_heads=4))
