@@ -197,6 +197,7 @@ CREATE TABLE IF NOT EXISTS runs (
     gflops         REAL,                      -- achieved, from the median step
     mfu            REAL,                      -- gflops / measured GEMM peak of the run's precision
     steal_s        REAL,                      -- CPU time the hypervisor stole during the timed window
+    other_cpu_s    REAL,                      -- CPU time other processes used on the job's CPUs in the window
     UNIQUE (job_id, pool_id)
 );
 
@@ -236,7 +237,7 @@ SELECT
     r.step_ms_std, r.train_s, r.wall_s, r.tokens_per_s, r.samples_per_s, r.loss_first,
     r.loss_last, r.peak_rss_mb, r.cpu_user_s, r.cpu_sys_s, r.ctx_switches, r.freq_mhz_avg,
     r.energy_j, r.temp_c_max, r.params, r.trainable_params, r.flops_per_step, r.gflops, r.mfu,
-    r.steal_s,
+    r.steal_s, r.other_cpu_s,
     r.dataset_used, r.output_path, r.applied, r.torch_version, r.python_version, r.load_before,
     m.machine_id, m.fingerprint, m.hostname, m.cpu_model, m.vendor, m.sockets, m.physical_cores,
     m.logical_cores, m.numa_nodes, m.smt, m.isa_flags, m.l1d_kb, m.l2_kb, m.l3_kb,

@@ -436,9 +436,31 @@ def runs_section(ctx: Context) -> list[str]:
     if failures:
         lines += ["Runs that did not finish, by reason (their metrics are empty and no average uses them):", ""]
         lines += _table(["status", "reason", "runs"], [[s, why, n] for s, why, n in failures])
+    lines += disturbed_lines(ctx.done)
     if ctx.sweep_notes:
         lines += ["Left out when the sweeps were planned on this machine (no job was made for these):", ""]
         lines += _table(["sweep", "note"], [[name, note] for name, note in ctx.sweep_notes])
+    return lines
+
+
+def disturbed_lines(done: list[dict]) -> list[str]:
+    """How many done runs were disturbed (effects.disturbed: other processes' CPU time or steal over
+    a stated share of the window), and which. They stay in the fits; the reader decides."""
+    if not done:
+        return []
+    flagged = [(r["run_id"], why) for r in done if (why := fx.disturbed(r))]
+    measured = sum(1 for r in done if r.get("other_cpu_s") is not None or r.get("steal_s") is not None)
+    if not measured:
+        return ["Disturbed runs: not known (no run measured other processes' CPU time or steal).", ""]
+    lines = [f"Disturbed runs: {len(flagged)} of {len(done)} done runs: other processes (`other_cpu_s`) or the "
+             f"hypervisor (`steal_s`) took more than {fx.DISTURBED_SHARE:.0%} of the job's CPU time over the "
+             f"timed window (a step slows by about the share taken, as much as the smaller effects measured "
+             f"here). They are kept in the fits; rerun them on a quiet machine to be sure.", ""]
+    if flagged:
+        shown = flagged[:SHARED_ROWS]
+        lines += _table(["run", "why flagged"], [[run_id, why] for run_id, why in shown])
+        if len(flagged) > len(shown):
+            lines += [f"... and {len(flagged) - len(shown)} more (results.csv has other_cpu_s and steal_s).", ""]
     return lines
 
 

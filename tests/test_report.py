@@ -233,3 +233,36 @@ def test_asked_values_that_ran_identically_are_said_so_in_the_summary(store, tmp
     md = report.summary_path.read_text()
     assert "**Ran identically**: `dataset`" in md and "### dataset" not in md
     assert {e.variable for e in report.effects} == {"n_layers"}
+
+
+def test_disturbed_is_other_cpu_time_or_steal_above_a_share_of_the_window():
+    from orchestrator.effects import DISTURBED_SHARE, disturbed
+
+    applied = '{"timed_window": {"start_unix_s": 100.0, "end_unix_s": 110.0}, "affinity": [0, 1]}'
+    limit = DISTURBED_SHARE * 10.0 * 2  # 10 s on 2 CPUs
+    assert disturbed({"applied": applied, "other_cpu_s": limit * 0.9, "steal_s": 0.0}) is None
+    assert "other processes used" in disturbed({"applied": applied, "other_cpu_s": limit * 1.1, "steal_s": None})
+    assert "hypervisor stole" in disturbed({"applied": applied, "other_cpu_s": None, "steal_s": limit * 1.1})
+    # Without a window: train_s, and the job's cores. Nothing measured: nothing flagged.
+    assert disturbed({"applied": None, "train_s": 10.0, "cores": 1, "other_cpu_s": limit * 0.6}) is not None
+    assert disturbed({"applied": None, "train_s": 10.0, "cores": 1, "other_cpu_s": None, "steal_s": None}) is None
+    # A tiny window: a few /proc/stat ticks are resolution, not disturbance.
+    tiny = '{"timed_window": {"start_unix_s": 0.0, "end_unix_s": 0.05}, "affinity": [0]}'
+    assert disturbed({"applied": tiny, "other_cpu_s": 0.01}) is None
+
+
+def test_the_summary_counts_and_names_the_disturbed_runs(store, tmp_path):
+    m = store.register_machine(machine_facts("quiet", "CPU q"))
+    enqueue(store, configs({"d_model": 128}, {"d_model": [64, 128]}, repeats=3))
+    seen = []
+
+    def outcome(c):
+        seen.append(c)
+        fields = metrics(law(c), c) | {"train_s": 10.0, "steal_s": 0.0, "other_cpu_s": 0.1}
+        if len(seen) == 2:
+            fields["other_cpu_s"] = 8.0  # 10% of a 10 s window on the job's 8 cores (0.1 s: 0.1%)
+        return "done", None, fields
+    run_all(store, m, outcome)
+    text_ = write_report(store, tmp_path / "result", plots=False).summary_path.read_text()
+    assert "Disturbed runs: 1 of 6 done runs" in text_
+    assert "| 2 | other processes used 8.00 s of 8 CPU(s) x 10.00 s" in text_

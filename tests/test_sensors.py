@@ -37,7 +37,7 @@ def test_frequency_energy_and_temperature_are_read_from_sysfs(tmp_path):
     assert out["energy_j"] == 3.5
     assert out["temp_c_max"] == 61.5
     assert out["steal_s"] == 1.0
-    assert out["notes"] == {}
+    assert out["notes"] == {"other_cpu_s": "the child's pid was never known"}  # no child watched here
     assert "whole life" in out["sources"]["steal_s"]
 
 
@@ -59,7 +59,7 @@ def test_on_this_machine_every_missing_metric_has_a_reason():
     sampler.start()
     time.sleep(0.3)
     out = sampler.stop()
-    for metric in ("freq_mhz_avg", "energy_j", "temp_c_max", "steal_s"):
+    for metric in ("freq_mhz_avg", "energy_j", "temp_c_max", "steal_s", "other_cpu_s"):
         assert (out[metric] is None) == (metric in out["notes"]), out
 
 
@@ -79,3 +79,63 @@ def test_sensors_average_over_the_timed_window_only():
     mid = sensors.over_window(samples, (2.5, 3.5))  # between samples: interpolated counters
     assert mid["energy_j"] == 20.0
     assert sensors.over_window(samples, None)["energy_j"] == 150.0  # no window: the whole life
+
+
+def test_other_cpu_time_is_the_job_cpus_busy_time_less_the_childs(tmp_path):
+    """other_cpu_s = /proc/stat user+nice+system of the job's CPUs minus the child's utime+stime
+    (fields 14-15 of /proc/PID/stat, after a command name with spaces), over the window."""
+    tick = sensors.CLK_TCK
+    assert sensors.stat_ticks("cpu  9 9 9 9\ncpu0 10 1 5 400 0 0 0 7\ncpu1 3 0 2 100 0 0 0 1\ncpu2 50 0 0 0 0 0 0 0\n",
+                              [0, 1]) == (21, 8)
+    assert sensors.task_ticks("42 (python -m x) R 1 42 42 0 -1 4194304 10 0 0 0 120 30 0 0 20 0 3 0") == 150
+    assert sensors.task_ticks(None) is None
+    root = tmp_path / "root"
+    put(root, "/proc/stat", "cpu0 100 0 100 0 0 0 0 0\ncpu1 5000 0 0 0 0 0 0 0\n")
+    put(root, "/proc/77/stat", "77 (child) R 1 77 77 0 -1 0 0 0 0 0 10 10 0 0 20 0 1 0")
+    sampler = sensors.RunSampler([0], sysfs_root=str(root), interval_s=0.01)
+    sampler.start()
+    sampler.watch(77)
+    time.sleep(0.05)
+    # The child ran 2 s and the CPU was busy 2.5 s: someone else took 0.5 s; cpu1 is not the job's.
+    put(root, "/proc/stat", f"cpu0 {100 + 2 * tick} 0 {100 + tick // 2} 0 0 0 0 0\ncpu1 9000 0 0 0 0 0 0 0\n")
+    put(root, "/proc/77/stat", f"77 (child) R 1 77 77 0 -1 0 0 0 0 0 {10 + tick + tick // 2} {10 + tick // 2} 0 0 20 0 1 0")
+    out = sampler.stop()
+    assert out["other_cpu_s"] == 0.5
+    assert "minus the child's" in out["sources"]["other_cpu_s"]
+    # The child's precise CPU time may outrun /proc/stat's ticks: never a negative figure.
+    S = sensors.Sample
+    assert sensors.over_window([S(0.0, None, None, None, None, 0), S(1.0, None, None, None, None, -3)],
+                               (0.0, 1.0))["other_cpu_s"] == 0.0
+
+
+def test_a_process_spinning_on_the_jobs_cpu_shows_in_other_cpu_s(tmp_path):
+    """A real busy process pinned to CPU 0 while a real job (tests/busy_child.py) runs on CPU 0."""
+    import os
+    import subprocess
+    import sys
+
+    from orchestrator.variables import resolve
+    from worker.loop import WorkerOptions, measure_once
+
+    spin = "import os,time\nos.sched_setaffinity(0,{0})\nt=time.time()\nwhile time.time()-t<30: pass\n"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.3)  # pinned and spinning before the job starts
+        config, why = resolve({}, 1)
+        assert not why
+        options = WorkerOptions(cpus=[0], child_module="tests.busy_child", spawn="exec",
+                                state_dir=Path(os.environ["BENCH_STATE_DIR"]), output_dir=tmp_path / "out")
+        result = measure_once(config, options)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert result["status"] == "done", result["reason"]
+    assert result["applied"]["affinity"] == [0]
+    # Two busy processes share CPU 0 for ~1 s of wall time: the spinner gets a good share of it,
+    # and the child's own share is not counted again (the two fit in one CPU's window).
+    window = result["applied"]["timed_window"]
+    window_s = window["end_unix_s"] - window["start_unix_s"]
+    own = result["applied"]["window_cpu_s"]
+    assert result["other_cpu_s"] > 0.1, result["other_cpu_s"]
+    assert result["other_cpu_s"] + own <= window_s + 0.1, (result["other_cpu_s"], own, window_s)
+    assert "other_cpu_s" in result["applied"]["sensor_sources"]

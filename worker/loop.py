@@ -259,12 +259,17 @@ class Worker:
             sampler = sensors.RunSampler(spec.cpus, sysfs_root=self.opts.sysfs_root)
             load_before = os.getloadavg()[0]
             sampler.start()
+
+            def beat(child_pid: int) -> None:  # the sampler takes the child's own CPU time out of other_cpu_s
+                sampler.watch(child_pid)
+                on_heartbeat(child_pid)
+
             try:
                 spawn = self.forkserver.run if self.forkserver is not None else run_exec
                 outcome = spawn(job, module=module, argv_prefix=spec.argv_prefix,
                                 env=child_env(spec.env, PROJECT_ROOT, data_dir), cpus=spec.cpus, cwd=PROJECT_ROOT,
                                 timeout_s=self.opts.timeout_s, heartbeat_s=self.opts.heartbeat_s,
-                                on_heartbeat=on_heartbeat)
+                                on_heartbeat=beat)
             finally:
                 sampled = sampler.stop()
         window = outcome.timed_window  # {start_unix_s, end_unix_s}: the sensors average over exactly it

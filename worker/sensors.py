@@ -3,6 +3,9 @@ temperature while a child runs, sampled by one background thread that reads a fe
 
 A metric the machine does not expose is None with the reason in `notes`, never a made-up number.
 Energy is RAPL's package counter: it includes every core of the package, not only the job's.
+`other_cpu_s` is the CPU time processes other than the child used on the job's CPUs: /proc/stat's
+busy time (user+nice+system) of those CPUs minus the child's own utime+stime (/proc/PID/stat, every
+thread of it), so a disturbed run can be seen (orchestrator/effects.disturbed flags it).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class RunSampler:
         self.notes: dict[str, str] = {}
         self.sources: dict[str, str] = {}
         self.samples: list[Sample] = []
+        self.pid: int | None = None  # the child, once spawned (watch())
 
     # -- what to read, resolved once so each sample is a few reads
     def _resolve(self) -> None:
@@ -77,10 +81,16 @@ class RunSampler:
         else:  # /proc/cpuinfo's 'cpu MHz' without cpufreq (and in a VM) is the nominal clock: not a measurement
             self.notes["freq_mhz_avg"] = ("no cpufreq (scaling_cur_freq); /proc/cpuinfo 'cpu MHz' here is the "
                                           "nominal clock, not a measurement")
-        if self._steal_ticks() is not None:
+        busy, steal = self._stat_ticks()
+        if steal is not None:
             self.sources["steal_s"] = "/proc/stat steal of the job's CPUs"
         else:
             self.notes["steal_s"] = "no per-CPU steal column in /proc/stat"
+        if busy is not None:
+            self.sources["other_cpu_s"] = ("/proc/stat user+nice+system of the job's CPUs minus the child's "
+                                           "utime+stime (/proc/PID/stat, all its threads), clamped at 0")
+        else:
+            self.notes["other_cpu_s"] = "no per-CPU lines in /proc/stat"
         self._rapl, why = _rapl_domains(self.root)
         if why:
             self.notes["energy_j"] = why
@@ -90,16 +100,20 @@ class RunSampler:
         if why:
             self.notes["temp_c_max"] = why
 
-    def _steal_ticks(self) -> int | None:
-        """Hypervisor steal of the job's CPUs so far, in USER_HZ ticks (the 8th field of cpuN lines)."""
-        total, seen = 0, 0
-        for line in (sysfs.read(self.root, "/proc/stat") or "").splitlines():
-            fields = line.split()
-            if fields and fields[0].startswith("cpu") and fields[0][3:].isdigit() and int(fields[0][3:]) in self.cpus:
-                if len(fields) > 8:
-                    total += int(fields[8])
-                    seen += 1
-        return total if seen else None
+    def watch(self, pid: int) -> None:
+        """The child's pid: its own CPU time is taken out of the job's CPUs' busy time."""
+        self.pid = pid
+
+    def _stat_ticks(self) -> tuple[int | None, int | None]:
+        """(busy, steal) of the job's CPUs so far, in USER_HZ ticks: busy = user+nice+system (fields
+        1-3 of the cpuN lines; guest time is inside user), steal = the 8th field."""
+        return stat_ticks(sysfs.read(self.root, "/proc/stat") or "", self.cpus)
+
+    def _child_ticks(self) -> int | None:
+        """The child's utime+stime so far (every thread, live or exited), in USER_HZ ticks."""
+        if self.pid is None:
+            return None
+        return task_ticks(sysfs.read(self.root, f"/proc/{self.pid}/stat"))
 
     def _sample(self) -> None:
         now = time.time()
@@ -127,9 +141,11 @@ class RunSampler:
                 c = milli / 1000
                 temp = c if temp is None else max(temp, c)
                 self._temp_max = c if self._temp_max is None else max(self._temp_max, c)
-        steal = self._steal_ticks() if "steal_s" in self.sources else None
+        busy, steal = self._stat_ticks()
+        child = self._child_ticks()  # read right after /proc/stat: the two describe one moment
+        other = busy - child if busy is not None and child is not None else None
         energy = self._energy_j if self._rapl and self._last_uj else None
-        self.samples.append(Sample(now, freq, energy, temp, steal))
+        self.samples.append(Sample(now, freq, energy, temp, steal if "steal_s" in self.sources else None, other))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -153,6 +169,9 @@ class RunSampler:
         """The sensor metrics over `window` (wall-clock start/end of the child's timed steps), or
         over the child's whole life when the child reported none; `sources` says which."""
         out = over_window(self.samples, window)
+        if out["other_cpu_s"] is None and "other_cpu_s" in self.sources and "other_cpu_s" not in self.notes:
+            self.notes["other_cpu_s"] = ("the child's /proc/PID/stat could not be read during the window"
+                                         if self.pid is not None else "the child's pid was never known")
         notes = {k: self.notes.get(k, "no sample could be read during the run") for k, v in out.items() if v is None}
         span = "the timed window" if window else "the child's whole life (no timed window reported)"
         sources = {k: f"{v}, over {span}" for k, v in self.sources.items()}
@@ -166,6 +185,32 @@ class Sample:
     energy_j: float | None  # cumulative since the first sample
     temp_c: float | None
     steal_ticks: int | None  # cumulative, /proc/stat
+    other_ticks: int | None = None  # cumulative: busy ticks of the job's CPUs minus the child's (an offset cancels)
+
+
+def stat_ticks(stat: str, cpus: list[int]) -> tuple[int | None, int | None]:
+    """(busy, steal) ticks of `cpus` in /proc/stat text; None for what no cpuN line of them has."""
+    wanted = set(cpus)
+    busy = steal = 0
+    seen_busy = seen_steal = 0
+    for line in stat.splitlines():
+        fields = line.split()
+        if fields and fields[0].startswith("cpu") and fields[0][3:].isdigit() and int(fields[0][3:]) in wanted:
+            if len(fields) > 3:
+                busy += int(fields[1]) + int(fields[2]) + int(fields[3])
+                seen_busy += 1
+            if len(fields) > 8:
+                steal += int(fields[8])
+                seen_steal += 1
+    return (busy if seen_busy else None), (steal if seen_steal else None)
+
+
+def task_ticks(stat: str | None) -> int | None:
+    """utime+stime of a /proc/PID/stat line (fields 14 and 15; the command name may hold spaces)."""
+    if not stat or ")" not in stat:
+        return None
+    rest = stat.rsplit(")", 1)[1].split()  # rest[0] is field 3 (state)
+    return int(rest[11]) + int(rest[12]) if len(rest) > 12 else None
 
 
 def _at(samples: list[Sample], attr: str, t: float) -> float | None:
@@ -183,9 +228,11 @@ def _at(samples: list[Sample], attr: str, t: float) -> float | None:
 
 def over_window(samples: list[Sample], window: tuple[float, float] | None) -> dict:
     """Frequency (mean) and temperature (max) of the samples inside the window (the two around it when
-    none falls inside); energy and steal as counter differences interpolated at the window's edges."""
+    none falls inside); energy, steal and other processes' CPU time as counter differences
+    interpolated at the window's edges (clamped at 0: a counter never runs backwards, and the child's
+    precise CPU time can outrun /proc/stat's ticks by one)."""
     if not samples:
-        return {"freq_mhz_avg": None, "energy_j": None, "temp_c_max": None, "steal_s": None}
+        return {"freq_mhz_avg": None, "energy_j": None, "temp_c_max": None, "steal_s": None, "other_cpu_s": None}
     lo, hi = window if window else (samples[0].t, samples[-1].t)
     inside = [s for s in samples if lo <= s.t <= hi]
     before = [s for s in samples if s.t < lo][-1:]
@@ -198,10 +245,11 @@ def over_window(samples: list[Sample], window: tuple[float, float] | None) -> di
         a, b = _at(samples, attr, lo), _at(samples, attr, hi)
         return None if a is None or b is None else max(b - a, 0.0)
 
-    energy, steal = delta("energy_j"), delta("steal_ticks")
+    energy, steal, other = delta("energy_j"), delta("steal_ticks"), delta("other_ticks")
     return {
         "freq_mhz_avg": round(sum(freqs) / len(freqs), 1) if freqs else None,
         "energy_j": round(energy, 3) if energy is not None else None,
         "temp_c_max": max(temps) if temps else None,
         "steal_s": round(steal / CLK_TCK, 3) if steal is not None else None,
+        "other_cpu_s": round(other / CLK_TCK, 3) if other is not None else None,
     }

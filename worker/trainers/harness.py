@@ -42,9 +42,10 @@ METRICS = (
     "step_ms_std", "train_s", "wall_s", "tokens_per_s", "samples_per_s", "loss_first", "loss_last",
     "peak_rss_mb", "cpu_user_s", "cpu_sys_s", "ctx_switches", "freq_mhz_avg", "energy_j",
     "temp_c_max", "params", "trainable_params", "flops_per_step", "gflops", "mfu", "steal_s",
+    "other_cpu_s",
 )
 # Measured by the worker around the child (its wall clock, the sensors), merged before the store's check.
-WORKER_METRICS = ("wall_s", "freq_mhz_avg", "energy_j", "temp_c_max", "steal_s")
+WORKER_METRICS = ("wall_s", "freq_mhz_avg", "energy_j", "temp_c_max", "steal_s", "other_cpu_s")
 # What a trainer reports: every one of these, None where it cannot measure.
 TRAINER_METRICS = tuple(m for m in METRICS if m not in WORKER_METRICS)
 # Read back by every trainer (common_read_back()); each adds its framework's own (threads, BLAS...).
