@@ -14,6 +14,7 @@ import importlib.util
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ import psutil
 
 from orchestrator.errors import BadInput, Busy, Stopped
 from orchestrator.store import RUN_FACTS, Claim, Store, result_problems
-from worker import knobs, probe, sensors
+from worker import gemm_peak, knobs, probe, sensors
 from worker.child import ForkServers, Outcome, child_env, run_exec
 from worker.trainers.harness import METRICS, TRAINERS, WORKER_METRICS
 
@@ -60,6 +61,9 @@ class WorkerOptions:
     # crashes or hangs on purpose (tests/stub_child.py) for every framework.
     child_module: str | None = field(default_factory=lambda: os.environ.get("BENCH_CHILD_MODULE"))
     probe_quick: bool = field(default_factory=lambda: os.environ.get("BENCH_PROBE_QUICK") == "1")
+    # MFU's peak measured on each job's own CPU set (worker/gemm_peak.py: a torch child per new set);
+    # BENCH_PEAK_PER_SET=0 scales the probe's 1-core / all-core peaks instead, and the basis says so.
+    peak_per_set: bool = field(default_factory=lambda: os.environ.get("BENCH_PEAK_PER_SET", "1") != "0")
 
     @property
     def grace_s(self) -> float:
@@ -136,6 +140,7 @@ class Worker:
         self.pool_id: int | None = None  # the queue claimed from (store pools; not the CPU pool above)
         self._counted_at = float("-inf")
         self._datasets: dict[str, str] = {}
+        self._provisional_peaks: dict = {}  # loaded GEMM peak measurements, never cached (gemm_peak.peak_for)
         if options.spawn not in ("fork", "exec"):
             raise BadInput(f"BENCH_SPAWN={options.spawn!r}: expected fork or exec")
         self.forkserver = ForkServers() if options.spawn == "fork" else None
@@ -255,7 +260,7 @@ class Worker:
             "compile_cache_dir": str(self.opts.state_dir / "inductor-cache"),
         }
         with knobs.applied(config, self.facts, self.pool, journal_path=self.journal, sysfs_root=self.opts.sysfs_root) as spec:
-            job["peak_gflops"] = _peaks(self.facts, spec.cpus)
+            job["peak_gflops"] = self._peak(config, spec.cpus)
             sampler = sensors.RunSampler(spec.cpus, sysfs_root=self.opts.sysfs_root)
             load_before = os.getloadavg()[0]
             sampler.start()
@@ -289,6 +294,23 @@ class Worker:
         if outcome.timed_window is not None:
             outcome.applied["timed_window"] = outcome.timed_window
         return outcome
+
+    def _peak(self, config: dict, cpus: list[int]) -> dict | None:
+        """The GEMM peak of the job's CPU set (gemm_peak: measured on that set, under the clock knobs
+        now in force), or the probe's peaks scaled to it where that is off or fails; `basis` says which."""
+        if self.opts.peak_per_set:
+            try:
+                return gemm_peak.peak_for(cpus, config, self.facts, self.opts.state_dir, quick=self.opts.probe_quick,
+                                          provisional=self._provisional_peaks)
+            except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as error:
+                why = f"the GEMM peak of the set could not be measured ({error})"
+        else:
+            why = "per-set GEMM peak measurement off (BENCH_PEAK_PER_SET=0)"
+        out = _peaks(self.facts, cpus)
+        if out:
+            out["basis"] += f"; {why}"
+            out["provisional"] = why
+        return out
 
     def _prepare_data(self, dataset: str) -> None:
         if dataset not in self._datasets:

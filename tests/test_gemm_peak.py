@@ -1,0 +1,109 @@
+"""MFU's peak measured on the job's own CPU set (worker/gemm_peak.py): one pinned thread per physical
+core, cached per (set, clock, precision), and never cached when measured under load (a real busy
+process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from worker import gemm_peak
+
+CPUS = sorted(os.sched_getaffinity(0))
+FACTS = {"fingerprint": "fp-test", "torch_version": "t", "core_cpus": [[c] for c in CPUS]}
+DEFAULT = {"freq_mhz": "default", "governor": "default", "turbo": "default"}
+
+
+def test_one_thread_per_physical_core_of_the_set():
+    cores = [[0, 2], [1, 3]]  # two cores with SMT siblings
+    assert gemm_peak.thread_cpus([0, 1, 2], cores) == [0, 1]
+    assert gemm_peak.thread_cpus([2, 3], cores) == [2, 3]
+    assert gemm_peak.thread_cpus([0, 2], cores) == [0]  # siblings: one core's FMA units
+    assert gemm_peak.thread_cpus([1, 5], None) == [1, 5]  # no topology: each CPU its own core
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
+def test_a_small_gemm_runs_pinned_with_one_thread_per_physical_core():
+    """A fake topology makes the two CPUs SMT siblings: one thread, on the first of them."""
+    cpus = CPUS[:2]
+    on = gemm_peak.thread_cpus(cpus, [cpus])
+    m = gemm_peak.measure_set(cpus, on, quick=True)
+    assert on == [cpus[0]] and m["threads"] == 1 and m["main_thread_affinity"] == [cpus[0]]
+    assert m["cpus"] == cpus and m["gflops"]["fp32"] > 0 and m["gflops"]["bf16"] > 0
+    assert m["window_s"] >= gemm_peak.MIN_WINDOW_S
+
+
+def fake_measure(calls: list, *, other_cpu_s: float = 0.0):
+    def measure(cpus, threads_on, quick):
+        calls.append(tuple(cpus))
+        return {"gflops": {"fp32": 100.0 * len(threads_on), "bf16": 200.0 * len(threads_on)}, "cpus": cpus,
+                "threads": len(threads_on), "window_s": 1.0, "other_cpu_s": other_cpu_s, "steal_s": 0.0}
+    return measure
+
+
+def test_the_cache_is_keyed_by_cpu_set_clock_and_precision(tmp_path):
+    calls = []
+    facts = {**FACTS, "core_cpus": [[0], [1], [2]]}
+    first = gemm_peak.peak_for([1, 0], DEFAULT, facts, tmp_path, quick=True, measure=fake_measure(calls))
+    assert first["fp32"] == 200.0 and first["bf16"] == 400.0 and first["provisional"] is None
+    assert "measured now on a quiet machine, cached" in first["basis"]
+    again = gemm_peak.peak_for([0, 1], DEFAULT, facts, tmp_path, quick=True, measure=fake_measure(calls))
+    assert (again["fp32"], again["bf16"]) == (200.0, 400.0) and "cached, measured" in again["basis"]
+    assert calls == [(0, 1)]  # the same set in another order: the cache
+    other = gemm_peak.peak_for([2], DEFAULT, facts, tmp_path, quick=True, measure=fake_measure(calls))
+    assert other["fp32"] == 100.0 and calls == [(0, 1), (2,)]
+    gemm_peak.peak_for([2], {**DEFAULT, "freq_mhz": 1200}, facts, tmp_path, quick=True, measure=fake_measure(calls))
+    assert calls == [(0, 1), (2,), (2,)]  # a pinned clock is another peak
+    keys = set(json.loads((tmp_path / gemm_peak.CACHE_FILE).read_text())["fp-test/torch-t/quick"])
+    assert "cpus=0,1/freq_mhz=default,governor=default,turbo=default/bf16" in keys
+    assert "cpus=2/freq_mhz=1200,governor=default,turbo=default/fp32" in keys and len(keys) == 6
+
+
+def test_a_loaded_measurement_is_used_once_marked_provisional_and_not_cached(tmp_path):
+    calls, memo = [], {}
+    loaded = gemm_peak.peak_for([0], DEFAULT, FACTS, tmp_path, quick=True, provisional=memo,
+                                measure=fake_measure(calls, other_cpu_s=0.5))
+    assert loaded["fp32"] == 100.0 and "other processes used 0.50 s" in loaded["provisional"]
+    assert "provisional, not cached" in loaded["basis"]
+    assert not (tmp_path / gemm_peak.CACHE_FILE).exists()
+    gemm_peak.peak_for([0], DEFAULT, FACTS, tmp_path, quick=True, provisional=memo, measure=fake_measure(calls))
+    assert calls == [(0,)]  # the worker's memory: not re-measured within RETRY_S (and still not cached)
+    assert not (tmp_path / gemm_peak.CACHE_FILE).exists()
+
+
+def test_a_busy_process_on_the_set_makes_a_real_measurement_provisional(tmp_path):
+    cpu = CPUS[0]
+    spin = f"import os,time\nos.sched_setaffinity(0,{{{cpu}}})\nt=time.time()\nwhile time.time()-t<60: pass\n"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.3)
+        peak = gemm_peak.peak_for([cpu], DEFAULT, FACTS, tmp_path, quick=True)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert peak["provisional"] and "other processes used" in peak["provisional"], peak
+    assert peak["fp32"] > 0
+    assert not (tmp_path / gemm_peak.CACHE_FILE).exists()
+
+
+def test_a_run_records_the_peak_of_its_set_and_its_basis(tmp_path, monkeypatch):
+    from orchestrator.variables import resolve
+    from worker.loop import WorkerOptions, measure_once
+
+    monkeypatch.setenv("BENCH_PEAK_PER_SET", "1")
+    config, why = resolve({}, 1)
+    assert not why
+    options = WorkerOptions(cpus=[CPUS[0]], child_module="tests.stub_child", spawn="exec",
+                            state_dir=Path(os.environ["BENCH_STATE_DIR"]), output_dir=tmp_path / "out", probe_quick=True)
+    result = measure_once(config, options)
+    peak = result["applied"]["peak_gflops"]
+    assert result["status"] == "done", result["reason"]
+    assert f"GEMM peak measured on CPUs [{CPUS[0]}]: 1 thread(s)" in peak["basis"]
+    assert peak["fp32"] > 0 and peak["bf16"] > 0
+    assert (peak["provisional"] is None) == ("quiet machine" in peak["basis"])  # this machine may be loaded

@@ -1,0 +1,195 @@
+"""The GEMM peak of the exact CPU set a job uses, per precision: what its MFU is taken against.
+
+Measured in a child (`python -m worker.gemm_peak --measure`, so the worker never imports torch)
+pinned to one CPU of each physical core of the set (SMT siblings share one core's FMA units), one
+thread per physical core bound to it (GOMP_CPU_AFFINITY), fp32 and bf16 at the machine's full ISA.
+
+Cached in the worker state dir (probe-peaks.json, beside the probe's limits) per machine (fingerprint,
+torch version, quick/full) and, inside that, per (sorted CPU set, clock settings, precision): the clock
+knobs (freq_mhz, governor, turbo) are in force while it is measured and change the peak, so a set
+measured at a pinned low clock never stands for the same set at the default one.
+
+A measurement is trusted only from a quiet machine: the child reads /proc/stat busy and steal ticks
+of the whole set around the timed GEMMs and takes its own CPU time out. When other processes or
+the hypervisor took more than QUIET_SHARE of the set's CPU time meanwhile, the figure is used for
+the run that asked, recorded as provisional with the reason, and not cached (the worker retries
+after RETRY_S). Where no measurement can be had the probe's 1-core / all-core peaks are scaled to
+the set (loop._peaks), and the basis says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from worker import sensors
+
+REPO = Path(__file__).resolve().parents[1]
+PRECISIONS = ("fp32", "bf16")
+CLOCK_KNOBS = ("freq_mhz", "governor", "turbo")
+# Other processes' (or the hypervisor's) share of the set's CPU time during the measurement above
+# which the figure is not cached: 5%, the share effects.disturbed flags a run at, since a GEMM peak
+# lowered by 5% inflates every MFU taken against it by as much.
+QUIET_SHARE = 0.05
+QUIET_FLOOR_S = 0.02  # per CPU: two /proc/stat ticks (the window's edges) are resolution, not load
+MIN_WINDOW_S = 0.5  # the timed GEMMs last at least this long (quick ones are repeated)
+RETRY_S = 300.0  # a worker re-measures a provisional peak at most this often
+CACHE_FILE = "probe-peaks.json"
+
+
+def thread_cpus(cpus: list[int], core_cpus: list[list[int]] | None) -> list[int]:
+    """One CPU per physical core of the set (the lowest of its siblings in the set), in order.
+    Without topology every CPU counts as its own core."""
+    used = set(cpus)
+    cores = core_cpus or [[c] for c in sorted(used)]
+    picked = [min(used & set(core)) for core in cores if used & set(core)]
+    picked += [c for c in sorted(used) if not any(c in core for core in cores)]  # outside the topology
+    return sorted(picked)
+
+
+def set_key(cpus: list[int], config: dict, precision: str) -> str:
+    clock = ",".join(f"{k}={config.get(k, 'default')}" for k in CLOCK_KNOBS)
+    return f"cpus={','.join(map(str, sorted(set(cpus))))}/{clock}/{precision}"
+
+
+def machine_key(facts: dict, quick: bool) -> str:
+    return f"{facts.get('fingerprint')}/torch-{facts.get('torch_version')}/{'quick' if quick else 'full'}"
+
+
+def loaded_reason(m: dict) -> str | None:
+    """Why a measurement was taken under load (other processes' CPU time or steal on the set above
+    QUIET_SHARE of its CPU time over the timed GEMMs), or None when the machine was quiet."""
+    n, window_s = len(m["cpus"]), float(m["window_s"])
+    limit = max(QUIET_SHARE * window_s, QUIET_FLOOR_S) * n
+    why = [f"{what} {m[k]:.2f} s" for k, what in (("other_cpu_s", "other processes used"),
+                                                    ("steal_s", "the hypervisor stole"))
+           if m.get(k) is not None and m[k] > limit]
+    if not why:
+        return None
+    return (f"{' and '.join(why)} of {n} CPU(s) x {window_s:.2f} s during the measurement "
+            f"(more than {QUIET_SHARE:.0%}: {limit:.2f} CPU-s)")
+
+
+def measure_set(cpus: list[int], threads_on: list[int], quick: bool, timeout_s: float = 300) -> dict:
+    """The GEMM peaks of `cpus`, measured in a child pinned to `threads_on` with one thread each."""
+    argv = [sys.executable, "-m", "worker.gemm_peak", "--measure", "--cpus", ",".join(map(str, cpus))]
+    argv += ["--quick"] if quick else []
+    n = str(len(threads_on))
+    env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n,
+           "GOMP_CPU_AFFINITY": " ".join(map(str, threads_on)), "PYTHONPATH": str(REPO)}
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "KMP_AFFINITY", "OMP_PROC_BIND"):
+        env.pop(name, None)  # the full ISA, and nothing that overrides the binding above
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s,
+                          preexec_fn=lambda: os.sched_setaffinity(0, threads_on))
+    if done.returncode != 0:
+        raise RuntimeError(f"GEMM peak measurement on CPUs {threads_on} failed: "
+                           f"{(done.stderr.strip().splitlines() or [str(done.returncode)])[-1]}")
+    return json.loads(done.stdout)
+
+
+def _load(file: Path) -> dict:
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(file: Path, data: dict) -> None:
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(file)  # atomic: a killed worker never leaves half a cache
+
+
+def peak_for(cpus: list[int], config: dict, facts: dict, state_dir: Path, *, quick: bool,
+             provisional: dict | None = None, measure: Callable[..., dict] = measure_set) -> dict:
+    """{"fp32": .., "bf16": .., "basis": .., "provisional": reason or None} for the job's CPU set:
+    the cached quiet figure, else a fresh measurement (cached when quiet). `provisional` is the
+    worker's memory of loaded measurements (key -> (peak, time)): reused for RETRY_S, never saved.
+    Raises RuntimeError when the measurement fails (the caller falls back to scaled peaks)."""
+    threads_on = thread_cpus(cpus, facts.get("core_cpus"))
+    keys = {p: set_key(cpus, config, p) for p in PRECISIONS}
+    file = Path(state_dir) / CACHE_FILE
+    mkey = machine_key(facts, quick)
+    cached = _load(file).get(mkey, {})
+    where = f"CPUs {sorted(set(cpus))}: {len(threads_on)} thread(s), one per physical core, pinned to {threads_on}"
+    if all(k in cached for k in keys.values()):
+        at = time.strftime("%Y-%m-%d %H:%M", time.gmtime(cached[keys["fp32"]]["measured_at"]))
+        return {**{p: cached[k]["gflops"] for p, k in keys.items()},
+                "basis": f"GEMM peak measured on {where} (cached, measured {at} UTC on a quiet machine)",
+                "provisional": None}
+    memo_key = "|".join(keys.values())
+    if provisional is not None and memo_key in provisional and time.time() - provisional[memo_key][1] < RETRY_S:
+        return dict(provisional[memo_key][0])
+    m = measure(sorted(set(cpus)), threads_on, quick)
+    why = loaded_reason(m)
+    out = {p: m["gflops"][p] for p in PRECISIONS}
+    if why is None:
+        all_cached = _load(file)  # re-read: another worker on other CPUs may have added its sets
+        entries = all_cached.setdefault(mkey, {})
+        for p, k in keys.items():
+            entries[k] = {"gflops": m["gflops"][p], "measured_at": time.time(), "threads_on": threads_on,
+                          "window_s": m["window_s"], "other_cpu_s": m["other_cpu_s"], "steal_s": m["steal_s"]}
+        _save(file, all_cached)
+        out.update(basis=f"GEMM peak measured on {where} (measured now on a quiet machine, cached)", provisional=None)
+    else:
+        out.update(basis=f"GEMM peak measured on {where} (provisional, not cached: {why})", provisional=why)
+        if provisional is not None:
+            provisional[memo_key] = (dict(out), time.time())
+    return out
+
+
+# -- the measuring child ----------------------------------------------------------------------------
+
+def _busy_and_steal(cpus: list[int]) -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        busy, steal = sensors.stat_ticks(f.read(), cpus)
+    return busy or 0, steal or 0
+
+
+def measure_here(cpus: list[int], quick: bool) -> dict:
+    """In the child: GEMM peaks at this process's affinity and thread count, with what else ran on
+    the whole set (`cpus`, SMT siblings included) over the timed GEMMs."""
+    import torch
+
+    from worker.probe import _gemm_gflops
+
+    threads = int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
+    torch.set_num_threads(threads)
+    sizes = (64, 128) if quick else (512, 1024, 2048)
+    budget = 0.2 if quick else 1.5
+    busy0, steal0 = _busy_and_steal(cpus)
+    own0, t0 = os.times(), time.time()
+    gflops = dict.fromkeys(PRECISIONS, 0.0)
+    while True:  # at least MIN_WINDOW_S: over a few ticks, load on the set cannot be told from none
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            gflops[name] = max(gflops[name], round(_gemm_gflops(torch, dtype, sizes, budget_s=budget), 1))
+        if time.time() - t0 >= MIN_WINDOW_S:
+            break
+    own1, t1 = os.times(), time.time()
+    busy1, steal1 = _busy_and_steal(cpus)
+    own_s = (own1.user - own0.user) + (own1.system - own0.system)  # every thread of this process
+    return {"gflops": gflops, "cpus": cpus, "threads": torch.get_num_threads(),
+            "main_thread_affinity": sorted(os.sched_getaffinity(0)), "window_s": round(t1 - t0, 3),
+            "other_cpu_s": round(max((busy1 - busy0) / sensors.CLK_TCK - own_s, 0.0), 3),
+            "steal_s": round((steal1 - steal0) / sensors.CLK_TCK, 3), "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m worker.gemm_peak", description=__doc__.split("\n")[0])
+    parser.add_argument("--measure", action="store_true", help="(internal) measure in this process, print JSON")
+    parser.add_argument("--cpus", required=True, help="the job's CPU set, comma-separated (load is read on all of it)")
+    parser.add_argument("--quick", action="store_true", help="tiny matrices")
+    args = parser.parse_args(argv)
+    cpus = sorted({int(c) for c in args.cpus.split(",") if c.strip()})
+    print(json.dumps(measure_here(cpus, args.quick)))
+
+
+if __name__ == "__main__":
+    main()
