@@ -205,6 +205,11 @@ def disturbed(row: dict) -> str | None:
             f"(more than {DISTURBED_SHARE:.0%}: {limit:.2f} CPU-s)")
 
 
+def provisional_peak(row: dict) -> str | None:
+    """Why a run's MFU is against a provisional GEMM peak (worker/gemm_peak.py), or None."""
+    return ((_json(row.get("applied")) or {}).get("peak_gflops") or {}).get("provisional")
+
+
 def as_ran(rows: list[dict]) -> list[Run]:
     """The done runs, each with the values it really ran with."""
     out = []

@@ -456,6 +456,10 @@ def disturbed_lines(done: list[dict]) -> list[str]:
              f"hypervisor (`steal_s`) took more than {fx.DISTURBED_SHARE:.0%} of the job's CPU time over the "
              f"timed window (a step slows by about the share taken, as much as the smaller effects measured "
              f"here). They are kept in the fits; rerun them on a quiet machine to be sure.", ""]
+    provisional = sum(1 for r in done if fx.provisional_peak(r))
+    if provisional:
+        lines += [f"MFU of {provisional} of {len(done)} done runs is against a provisional GEMM peak (measured under "
+                  f"load, or not measured on the run's CPU set: `applied.peak_gflops.basis` says which).", ""]
     if flagged:
         shown = flagged[:SHARED_ROWS]
         lines += _table(["run", "why flagged"], [[run_id, why] for run_id, why in shown])

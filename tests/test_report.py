@@ -261,8 +261,11 @@ def test_the_summary_counts_and_names_the_disturbed_runs(store, tmp_path):
         fields = metrics(law(c), c) | {"train_s": 10.0, "steal_s": 0.0, "other_cpu_s": 0.1}
         if len(seen) == 2:
             fields["other_cpu_s"] = 8.0  # 10% of a 10 s window on the job's 8 cores (0.1 s: 0.1%)
+        if len(seen) == 3:
+            fields["applied"] = {"peak_gflops": {"fp32": 50.0, "basis": "...", "provisional": "loaded"}}
         return "done", None, fields
     run_all(store, m, outcome)
     text_ = write_report(store, tmp_path / "result", plots=False).summary_path.read_text()
     assert "Disturbed runs: 1 of 6 done runs" in text_
     assert "| 2 | other processes used 8.00 s of 8 CPU(s) x 10.00 s" in text_
+    assert "MFU of 1 of 6 done runs is against a provisional GEMM peak" in text_

@@ -10,7 +10,7 @@ Request (the worker writes it):
     run_id             the run's id, or None outside the queue (`bench.py once`)
     output_dir         where to save the model (None: do not save); output_root: where saved models live
     data_dir           the prepared corpora (worker/data.py)
-    peak_gflops        {"fp32": .., "bf16": ..} measured GEMM peak of the run's CPU set, or None
+    peak_gflops        {"fp32": .., "bf16": .., "basis", "provisional"} GEMM peak of the run's CPU set, or None
     compile_cache_dir  a shared compiler cache (torch inductor's warm cache)
 Result (the trainer prints it; result() and skipped() build it):
     status "done" | "skipped", reason, metrics (EVERY name of TRAINER_METRICS, None where it cannot
