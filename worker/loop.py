@@ -298,7 +298,9 @@ class Worker:
     def _peak(self, config: dict, cpus: list[int]) -> dict | None:
         """The GEMM peak of the job's CPU set (gemm_peak: measured on that set, under the clock knobs
         now in force), or the probe's peaks scaled to it where that is off or fails; `basis` says which."""
-        if self.opts.peak_per_set:
+        if self.opts.peak_per_set and self.opts.sysfs_root not in ("", "/"):
+            why = f"per-set GEMM peak not measured: the machine is described by {self.opts.sysfs_root}, not this one"
+        elif self.opts.peak_per_set:
             try:
                 return gemm_peak.peak_for(cpus, config, self.facts, self.opts.state_dir, quick=self.opts.probe_quick,
                                           provisional=self._provisional_peaks)
