@@ -10,8 +10,9 @@ command line, so a kernel built under other flags is never reused.
 
 Read-back: every C++ command line inductor builds in this process (CppBuilder.get_command_line; the
 parent builds it even when a compile worker runs it or the .so is already on disk), reduced to its
-effective flags (worker.ccflags.effective). A warm cache shows the same lines: the key of each .so
-found on disk is that line.
+effective flags (worker.ccflags.effective). A warm cache shows the same lines: an FX graph cache hit
+reloads its kernels through the same keyed path, so a graph first compiled at -O3 gets its kernel
+rebuilt at -O2 in an O2 run (seen: one new .so, and none on the next O2 run).
 """
 
 from __future__ import annotations
