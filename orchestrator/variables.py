@@ -9,6 +9,10 @@ Per framework (FRAMEWORK_VALUES, TORCH_ONLY): a value that means nothing for the
 a constraint violation at enqueue (a counted reason), never a duplicate job nor a silent skip.
 - `compile`: eager | inductor on torch, eager | xla on jax, eager on numpy; `precision`: every mode
   on torch, fp32 | bf16 | mixed on jax, fp32 on numpy.
+- `cc_flags` (C++ flags of compiled kernels) means something only for torch's inductor: on jax it is
+  refused too, although XLA_FLAGS carries LLVM options (--xla_backend_optimization_level,
+  --xla_cpu_enable_fast_math...): those are not C++ compiler flags and are neither mapped nor read
+  back here; numpy compiles nothing. Off its default with compile=eager: "needs compile=inductor".
 - `attn_backend`, `onednn`, `fusion`, `compile_cache` mean something only for torch. On jax and numpy
   resolve() sets them to the one value that describes what really runs there (elsewhere()): manual
   attention (softmax(QK^T)V written out), no oneDNN, fusion only under XLA (compile=xla), and a cold
@@ -140,6 +144,10 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("fusion", bool, True, FRAMEWORK, "inductor fusion (only with compile=inductor)"),
     _v("compile_cache", str, "warm", FRAMEWORK, "inductor cache: cold = fresh dir per run, warm = shared, "
        "pre-warmed (only with compile=inductor)", choices=("cold", "warm")),
+    _v("cc_flags", str, DEFAULT, FRAMEWORK, "C++ flags of inductor's kernels (only with compile=inductor): default = "
+       "inductor's own; O2/O3 = that level, no -march; native = -O3 -march=native; native_fastmath = native "
+       "-ffast-math; lto is skipped (torch is not built from source here)",
+       choices=(DEFAULT, "O2", "O3", "native", "native_fastmath", "lto"), since=3),
     _v("attn_backend", str, "sdpa", FRAMEWORK, "attention kernel", choices=("manual", "sdpa", "sdpa_math")),
     # -- model
     _v("n_layers", int, 2, MODEL, "transformer blocks", min=1, max=256),
@@ -222,8 +230,9 @@ DERIVED_BY_NAME: dict[str, Derivation] = {d.name: d for d in DERIVATIONS}
 # What each framework can run; a value outside its tuple is a violation at enqueue.
 FRAMEWORK_VALUES: dict[str, dict[str, tuple]] = {
     "torch": {"compile": ("eager", "inductor")},
-    "jax": {"compile": ("eager", "xla"), "precision": ("fp32", "bf16", "mixed"), "task": ("pretrain", "finetune")},
-    "numpy": {"compile": ("eager",), "precision": ("fp32",), "task": ("pretrain", "finetune")},
+    "jax": {"compile": ("eager", "xla"), "precision": ("fp32", "bf16", "mixed"), "task": ("pretrain", "finetune"),
+            "cc_flags": (DEFAULT,)},
+    "numpy": {"compile": ("eager",), "precision": ("fp32",), "task": ("pretrain", "finetune"), "cc_flags": (DEFAULT,)},
 }
 TORCH_ONLY = ("attn_backend", "onednn", "fusion", "compile_cache")
 
@@ -299,6 +308,8 @@ def violations(config: dict, cpu_count: int) -> list[str]:
         why.append("fusion=off needs compile=inductor")
     if config["framework"] == "torch" and config["compile"] == "eager" and config["compile_cache"] == "cold":
         why.append("compile_cache=cold needs compile=inductor")
+    if config["framework"] == "torch" and config["compile"] == "eager" and config["cc_flags"] != DEFAULT:
+        why.append(f"cc_flags={config['cc_flags']} needs compile=inductor")
     if config["task"] != "finetune_lora" and config["lora_rank"] != BY_NAME["lora_rank"].default:
         why.append("lora_rank needs task=finetune_lora")
     if config["attention"] != "full" and config["window"] >= config["seq_len"]:

@@ -82,3 +82,17 @@ def test_an_auto_range_this_machine_cannot_give_is_kept_as_a_note_for_the_report
     assert "no cpufreq" in notes
     bench("report", "--db", db, "--out", str(tmp_path / "result"), check=True)
     assert "no cpufreq" in (tmp_path / "result" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("settings, reason", [
+    (["cc_flags=O3"], "cc_flags=O3 needs compile=inductor"),
+    (["framework=numpy", "cc_flags=O2"], "cc_flags=O2 needs framework=torch"),
+])
+def test_cc_flags_without_compiled_kernels_is_refused(db, settings, reason):
+    proc = bench("once", *settings, "--json")
+    assert proc.returncode == 2 and reason in proc.stderr and proc.stdout == ""
+    sets = [arg for s in settings for arg in ("--set", s)]
+    proc = bench("enqueue", "--db", db, *sets, check=True)  # a sweep counts its rejected configs
+    assert "added 0 new jobs" in proc.stderr and f"rejected 1: {reason}" in proc.stderr
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0

@@ -185,14 +185,14 @@ def _a_later_release(tmp_path, monkeypatch) -> None:
     _with_additions(tmp_path, monkeypatch, {
         "    temp_c_max     REAL,\n": "    power_w_avg REAL,\n",
         "    kernel            TEXT,\n": "    noise_pct         REAL NOT NULL DEFAULT 0,\n",
-        "    repeat        INTEGER NOT NULL\n": "    , cc_flags    TEXT    NOT NULL\n",
+        "    repeat        INTEGER NOT NULL\n": "    , later_knob  TEXT    NOT NULL\n",
         "    n_runs      INTEGER NOT NULL,           -- done runs the estimate rests on\n": "    p_holm      REAL,\n",
         "CREATE INDEX IF NOT EXISTS effects_by_machine ON effects (machine_id, variable);\n":
             "\nCREATE TABLE IF NOT EXISTS probes (probe_id INTEGER PRIMARY KEY AUTOINCREMENT, note TEXT);\n",
     })
-    cc_flags = variables.Variable("cc_flags", str, "default", variables.FRAMEWORK, "C++ flags",
-                                  choices=("default", "O3"))
-    catalogue = (*variables.CATALOGUE, cc_flags)
+    later_knob = variables.Variable("later_knob", str, "default", variables.FRAMEWORK, "a later switch",
+                                    choices=("default", "on"))
+    catalogue = (*variables.CATALOGUE, later_knob)
     monkeypatch.setattr(variables, "CATALOGUE", catalogue)
     monkeypatch.setattr(variables, "BY_NAME", {v.name: v for v in catalogue})
     monkeypatch.setattr(variables, "NAMES", tuple(v.name for v in catalogue))
@@ -218,9 +218,9 @@ def test_columns_tables_and_a_catalogue_variable_added_later_migrate_without_a_h
     for key in new:
         assert old[key] == new[key], key
     assert sqlite_rows(old_db, "SELECT DISTINCT noise_pct FROM machines") == [(0,)]
-    assert sqlite_rows(old_db, "SELECT DISTINCT cc_flags FROM jobs") == [("default",)]
+    assert sqlite_rows(old_db, "SELECT DISTINCT later_knob FROM jobs") == [("default",)]
     for config, config_hash in sqlite_rows(old_db, "SELECT config, config_hash FROM jobs"):
-        assert json.loads(config)["cc_flags"] == "default" and variables.config_hash(json.loads(config)) == config_hash
+        assert json.loads(config)["later_knob"] == "default" and variables.config_hash(json.loads(config)) == config_hash
     # The old release's sweep, enqueued again with the new catalogue, finds its jobs.
     again = _enqueue_the_old_sweep_again(store)
     assert (again.new, again.present) == (0, 2)
@@ -331,7 +331,7 @@ def test_on_postgresql_too_what_a_later_release_adds_migrates_to_the_fresh_schem
     Store(fresh)
     assert pg_schema(pg_db) == pg_schema(fresh)
     with store.transaction() as conn:
-        assert conn.exec_driver_sql("SELECT DISTINCT cc_flags FROM jobs").all() == [("default",)]
+        assert conn.exec_driver_sql("SELECT DISTINCT later_knob FROM jobs").all() == [("default",)]
         assert conn.exec_driver_sql("SELECT DISTINCT noise_pct FROM machines").all() == [(0,)]
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM runs").scalar_one() == 24
     again = _enqueue_the_old_sweep_again(store)

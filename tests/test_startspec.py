@@ -48,3 +48,40 @@ def test_the_read_back_is_judged_by_the_frameworks_own_settings():
     # a JAX/NumPy child that does not say how many threads it ran, or whether it compiled, has not shown it
     assert verify.not_in_force(numpy_config, spec, {"affinity": [0, 1]}) == [
         "blas_threads=None (asked 1)", "jit=None (asked False)"]
+
+
+def test_cc_flags_lto_is_unavailable_with_its_reason_and_the_ladder_is_not():
+    why = knobs.unavailable(config(compile="inductor", cc_flags="lto"), FACTS, [0, 1])
+    assert why.startswith("cc_flags=lto: link-time optimisation needs the framework built from source")
+    for value in ("default", "O2", "O3", "native", "native_fastmath"):
+        assert knobs.unavailable(config(compile="inductor", cc_flags=value), FACTS, [0, 1]) is None
+
+
+def test_the_kernel_flags_the_compiler_got_are_judged_when_cc_flags_is_set():
+    asked = config(compile="inductor", cc_flags="native_fastmath")
+    spec = startspec.spec_for(asked, FACTS, [0, 1])
+    honest = {"affinity": [0, 1], "cc_kernel_flags": ["-O3 -march=native -ffast-math"]}
+    assert verify.not_in_force(asked, spec, honest) == []
+    assert verify.not_in_force(asked, spec, {**honest, "cc_kernel_flags": ["-O3 -march=native"]}) == [
+        "cc_kernel_flags=['-O3 -march=native'] (asked ['-O3 -march=native -ffast-math'])"]
+    # a kernel built otherwise, or none reported at all, is a run under other settings
+    assert verify.not_in_force(asked, spec, {**honest, "cc_kernel_flags": ["-O2", "-O3 -march=native -ffast-math"]})
+    assert verify.not_in_force(asked, spec, {"affinity": [0, 1]}) == [
+        "cc_kernel_flags=None (asked ['-O3 -march=native -ffast-math'])"]
+    # default is inductor's own choice: read back, not judged
+    plain = config(compile="inductor")
+    assert verify.not_in_force(plain, spec, {"affinity": [0, 1], "cc_kernel_flags": ["-O3 -march=native"]}) == []
+
+
+@pytest.mark.parametrize("line, flags", [
+    ("g++ a.cpp -O3 -DNDEBUG -ffp-contract=off -march=native -fPIC -o a.so", "-O3 -march=native"),
+    ("g++ a.cpp -O2 -DNDEBUG -mavx512f -mfma -o a.so", "-O2"),
+    ("g++ a.cpp -O3 -march=native -O2 -march=x86-64 -o a.so", "-O2 -march=x86-64"),  # the last one counts
+    ("g++ a.cpp -O3 -march=native -ffast-math -o a.so", "-O3 -march=native -ffast-math"),
+    ("g++ main.cpp -O1 -march=native -o main.so", None),  # glue, not a kernel
+    ("g++ --version", None),
+])
+def test_a_compile_command_reduces_to_its_effective_flags(line, flags):
+    from worker import ccflags
+
+    assert ccflags.effective(line) == flags

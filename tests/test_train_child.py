@@ -280,3 +280,26 @@ def test_child_process_fails_loudly_without_a_result_on_bad_input(data_dir, tmp_
     del req["config"]["d_model"]
     done = child(req)
     assert done.returncode != 0 and done.stdout == "" and "Traceback" in done.stderr
+
+
+def test_cc_flags_o2_reaches_inductors_compiler_and_is_read_back_slow(data_dir, tmp_path):
+    """A real cold inductor compile (~1-2 min on 2 busy cores) in its own process: inductor's
+    compiler patch must not leak into this one."""
+    from worker import knobs, startspec
+
+    req = request(data_dir, tmp_path, compile="inductor", compile_cache="cold", cc_flags="O2", steps=2)
+    done = child(req)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["status"] == "done", result["reason"]
+    applied = result["applied"]
+    assert applied["cc_kernel_flags"] == ["-O2"]  # every kernel command: -O2 and no -march
+    assert applied["inductor"]["cpp.march"] == ""
+    spec = startspec.spec_for(req["config"], {}, applied["affinity"])  # this child's env is not the spec's:
+    assert not [w for w in knobs.not_in_force(req["config"], spec, applied) if w.startswith("cc_")]  # judge cc only
+
+
+def test_cc_flags_lto_skips_the_run_saying_why(data_dir, tmp_path):
+    result = train.run(request(data_dir, tmp_path, compile="inductor", cc_flags="lto", steps=1))
+    assert result["status"] == "skipped"
+    assert "cc_flags=lto" in result["reason"] and "built from source" in result["reason"]

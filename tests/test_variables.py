@@ -6,7 +6,7 @@ from orchestrator.errors import BadInput
 
 def test_every_variable_of_the_design_is_in_the_catalogue():
     design = """cores freq_mhz governor turbo pin_threads numa allocator omp_threads intra_threads
-    inter_threads isa onednn framework compile fusion compile_cache attn_backend n_layers d_model
+    inter_threads isa onednn framework compile fusion compile_cache cc_flags attn_backend n_layers d_model
     n_heads head_dim kv_heads mlp_ratio dropout activation attention window vocab_size seq_len
     batch_size grad_accum precision optimizer task lora_rank steps warmup_steps seed dataset repeat""".split()
     assert set(design) == set(V.NAMES)
@@ -50,6 +50,7 @@ def test_two_spellings_of_one_run_hash_alike():
     ({"fusion": False}, "fusion=off needs compile=inductor"),
     ({"compile": "xla"}, "compile=xla needs framework=jax"),
     ({"compile": "inductor", "framework": "numpy"}, "compile=inductor needs framework=torch"),
+    ({"cc_flags": "O3"}, "cc_flags=O3 needs compile=inductor"),
     ({"lora_rank": 4}, "lora_rank needs task=finetune_lora"),
     ({"lora_rank": 4, "task": "finetune"}, "lora_rank needs task=finetune_lora"),
     ({"attention": "sliding", "window": 128, "seq_len": 128}, "window >= seq_len"),
@@ -61,6 +62,15 @@ def test_constraint_violations_are_named(partial, reason):
 
 def test_lora_rank_is_free_with_finetune_lora():
     assert V.resolve({"lora_rank": 4, "task": "finetune_lora"}, 2)[1] == []
+
+
+@pytest.mark.parametrize("value", ["O2", "O3", "native", "native_fastmath", "lto"])
+def test_cc_flags_is_free_with_inductor_and_off_its_default_joins_the_identity(value):
+    config, why = V.resolve({"compile": "inductor", "cc_flags": value}, 2)
+    assert why == []
+    default, _ = V.resolve({"compile": "inductor"}, 2)
+    assert "cc_flags" not in V.canonical_json(default)  # a later release's variable at its default
+    assert V.config_hash(config) != V.config_hash(default)
 
 
 def test_explicit_head_dim_lifts_the_divisibility_constraint():
@@ -77,6 +87,8 @@ def test_explicit_head_dim_lifts_the_divisibility_constraint():
     ({"framework": "torch", "compile": "xla"}, "compile=xla needs framework=jax"),
     ({"framework": "jax", "precision": "q8"}, "precision=q8 needs framework=torch"),
     ({"framework": "numpy", "precision": "bf16"}, "precision=bf16 needs framework=torch or jax"),
+    ({"framework": "numpy", "cc_flags": "O2"}, "cc_flags=O2 needs framework=torch"),
+    ({"framework": "jax", "compile": "xla", "cc_flags": "native"}, "cc_flags=native needs framework=torch"),
 ])
 def test_a_value_that_means_nothing_for_the_framework_is_a_violation(partial, reason):
     _, why = V.resolve(partial, 2)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from orchestrator.errors import BenchError
-from worker import startspec, system
+from worker import ccflags, startspec, system
 from worker.startspec import ALLOCATOR_LIBS, ISA_CAPS, NUMA_OPTIONS, ChildSpec, allocator_lib, choose_cpus  # noqa: F401
 from worker.system import DEFAULT, restore_journal  # noqa: F401
 from worker.verify import not_in_force  # noqa: F401
@@ -47,6 +47,7 @@ def machine_knobs(facts: dict, *, sysfs_root: str = "/") -> dict[str, str | None
         out[f"allocator={word}"] = startspec.allocator_unavailable(word)
     for word in ISA_CAPS:
         out[f"isa={word}"] = startspec.isa_unavailable(word, facts)
+    out["cc_flags=lto"] = ccflags.unavailable("lto")
     return out
 
 

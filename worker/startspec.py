@@ -11,6 +11,8 @@ parent's os.environ: the worker spawns the child with the spec (worker/child.py)
     numpy   OPENBLAS_NUM_THREADS = intra_threads, OMP_NUM_THREADS; OpenBLAS runs pthreads, so no
             OpenMP binding; no ISA cap
 Shared: the CPU set (physical cores first), LD_PRELOAD allocator, numactl memory policy.
+cc_flags is applied inside the torch child (worker/trainers/torch/ccflags.py); here only whether it
+can be (lto cannot: worker/ccflags.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from worker import isa_check
+from worker import ccflags, isa_check
 
 DEFAULT = "default"
 
@@ -174,6 +176,7 @@ def unavailable(config: dict, facts: dict, cpu_pool: list[int]) -> list[str]:
               pinning_unavailable(bool(config["pin_threads"]), framework)]
     if framework == "torch":
         checks.append(onednn_unavailable(bool(config["onednn"]), facts))
+        checks.append(ccflags.unavailable(config.get("cc_flags", DEFAULT)))
     return [why for why in checks if why]
 
 

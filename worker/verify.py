@@ -5,6 +5,8 @@ trainer did not report is not judged (a framework has no such setting), except t
 a JAX or NumPy child that cannot say how many threads its library runs, or whether it compiled, has
 not shown it ran under the job's settings.
 
+    torch   with compile=inductor and cc_flags off its default: cc_kernel_flags, the effective flags
+            of every kernel compile command, is exactly [worker.ccflags.expected(cc_flags)]
     numpy   blas_threads == intra_threads (OpenBLAS through threadpoolctl), jit is False
     jax     xla_threads == cores (XLA sizes its pool from the affinity), jit == (compile == "xla")
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from worker import isa_check
+from worker import ccflags, isa_check
 from worker.startspec import DEFAULT, ISA_CAPS, ChildSpec
 
 
@@ -28,6 +30,9 @@ def _expected_torch(config: dict, spec: ChildSpec) -> dict:
     }
     if config["isa"] != DEFAULT:
         expected["cpu_capability"] = ISA_CAPS[config["isa"]][1].upper()
+    flags = ccflags.expected(config.get("cc_flags", DEFAULT)) if config["compile"] == "inductor" else None
+    if flags:  # every kernel compiled with the value's flags, and at least one (judged even if unreported)
+        expected["cc_kernel_flags"] = [flags]
     return expected
 
 
@@ -48,8 +53,9 @@ def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
     """The job's settings the child did NOT run under, each as 'key=what it read (asked what)'."""
     framework = config.get("framework", "torch")
     expected = {"affinity": sorted(spec.cpus)} | EXPECTED[framework](config, spec)
+    required = REQUIRED[framework] + (("cc_kernel_flags",) if "cc_kernel_flags" in expected else ())
     wrong = [f"{key}={child.get(key)!r} (asked {want!r})" for key, want in expected.items()
-             if (key in child or key in REQUIRED[framework]) and child.get(key) != want]
+             if (key in child or key in required) and child.get(key) != want]
     if framework == "torch":
         wrong += isa_check.disobeyed(config["isa"], child)  # the ISA MKL and oneDNN really dispatched to
     lib = child.get("allocator_lib")

@@ -2,7 +2,7 @@
 (worker/trainers/harness.py: one JSON request on stdin, one JSON result line on stdout).
 
 This module owns what is torch's: the model and optimizer, bf16/mixed/quantized precision, inductor
-(fusion switch, cold/warm cache), finetuning from a saved model, and the read-back. The timed loop,
+(fusion switch, cold/warm cache, cc_flags through ccflags.py), finetuning from a saved model, and the read-back. The timed loop,
 the metric names and the analytic FLOP/parameter counts are the harness's.
 
     setup_s       module start (before imports) to the first step: imports, data, tokenizer, model,
@@ -145,6 +145,17 @@ def _set_inductor_config(fusion: bool) -> dict:
     return applied
 
 
+def _set_cc_flags(value: str) -> dict:
+    """Apply cc_flags to inductor's C++ kernels (worker/trainers/torch/ccflags.py); lto is a skip."""
+    from worker import ccflags as meaning
+    from worker.trainers.torch import ccflags
+
+    why = meaning.unavailable(value)
+    if why:
+        raise Skip(f"unavailable here: {why}")
+    return ccflags.apply(value)
+
+
 def _check_inductor_possible() -> None:
     try:
         from torch._inductor.cpp_builder import get_cpp_compiler
@@ -251,6 +262,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     if config["compile"] == "inductor":
         _check_inductor_possible()
         applied["inductor"] = _set_inductor_config(bool(config["fusion"]))
+        applied["inductor"] |= _set_cc_flags(config.get("cc_flags", "default"))
         applied["compile_mode"] = "torch.compile(model, backend='inductor', mode=None)"
         applied["compile_cache_dir"] = cache_dir
         if config["compile_cache"] == "warm":
@@ -272,6 +284,10 @@ def _train(request: dict, cache_dir: str | None) -> dict:
 
     output_path = save_model(model, config, request, dataset_used)
     applied |= read_back()
+    if config["compile"] == "inductor":
+        from worker.trainers.torch import ccflags
+
+        applied["cc_kernel_flags"] = ccflags.read_back()
     return harness.result(metrics, applied=applied, timed_window=window, dataset_used=dataset_used,
                           output_path=output_path, torch_version=torch.__version__, build_info=build_info())
 
