@@ -44,6 +44,7 @@ import psutil
 
 from orchestrator import variables as V
 from orchestrator.errors import BadInput
+from worker.trainers import harness
 
 MIB = 2**20
 GIB = 2**30
@@ -82,43 +83,37 @@ class Estimate:
                 f"optimizer {gib(self.state)} + activations {gib(self.activations)} + logits {gib(self.logits)}))")
 
 
-def parameters(c: dict) -> int:
-    """Trainable parameters, as worker/trainers/params.param_shapes counts them (head tied to wte)."""
-    C = c["d_model"]
-    hidden = int((2 / 3 if c["activation"] == "swiglu" else 1) * c["mlp_ratio"] * C)
-    fc_out = 2 * hidden if c["activation"] == "swiglu" else hidden
-    q, kv = c["n_heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
-    per_layer = 2 * C + (q + 2 * kv) * C + C * q + fc_out * C + C * hidden
-    return (c["vocab_size"] + c["seq_len"]) * C + C + c["n_layers"] * per_layer
-
-
 def _score_copies(c: dict) -> int:
-    if c["framework"] != "torch" or c["attn_backend"] == "manual":
-        return 3
-    fused = (c["attn_backend"] == "sdpa" and c["dropout"] == 0 and c["kv_heads"] == c["n_heads"]
-             and c["attention"] == "full")
-    return 0 if fused else 2
+    """Copies of the attention scores backward keeps per layer: none in torch's fused sdpa kernel
+    (dropout 0, no GQA, full attention: it keeps O(seq_len) per head), else the probabilities."""
+    fused = (c["framework"] == "torch" and c["attn_backend"] == "sdpa" and c["dropout"] == 0
+             and c["kv_heads"] == c["n_heads"] and c["attention"] == "full")
+    return 0 if fused else 1
 
 
 def estimate(c: dict) -> Estimate:
     """The peak memory of a resolved config's training run (see the module docstring)."""
     value = 2 if c["precision"] == "bf16" else 4
-    per_param = 3 * value + (2 * value if c["optimizer"] == "adamw" else value)
-    per_param += {"mixed": 2, "q8": 4, "q4": 4, "bitnet": 4, "int8": 4}.get(c["precision"], 0)
-    per_param += value if c["task"] != "pretrain" else 0
-    state = parameters(c) * per_param
+    counts = harness.param_counts(c)
+    extra = {"mixed": 2, "q8": 4, "q4": 4, "bitnet": 4, "int8": 4}.get(c["precision"], 0)
+    extra += value if c["task"] != "pretrain" else 0  # the loaded checkpoint
+    per_trainable = value * (3 if c["optimizer"] == "adamw" else 2)  # gradient + moments / momentum
+    state = counts["params"] * (value + extra) + counts["trainable_params"] * per_trainable
 
     C, T = c["d_model"], c["seq_len"]
     tokens = c["batch_size"] * T
-    hidden = int((2 / 3 if c["activation"] == "swiglu" else 1) * c["mlp_ratio"] * C)
-    fc_out = 2 * hidden if c["activation"] == "swiglu" else hidden
+    hidden = harness.mlp_hidden(c)
+    swiglu = c["activation"] == "swiglu"
+    fc_out = 2 * hidden if swiglu else hidden
     q, kv = c["n_heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
     keys = {"full": T, "local": min(c["window"], T), "sliding": 2 * min(c["window"], T)}[c["attention"]]
     scores = c["n_heads"] * keys
-    per_token = value * (4 * C + 3 * q + 2 * kv + fc_out + 2 * hidden + _score_copies(c) * scores)
+    layer = value * (4 * C + 3 * q + 2 * kv + fc_out + (2 if swiglu else 1) * hidden)  # per token
     if c["dropout"] > 0:
-        per_token += 2 * C + scores  # bool masks: residual, MLP, attention probabilities
-    activations = tokens * (per_token * (c["n_layers"] + 1) + 2 * C * value)
+        layer += 2 * C + scores  # bool masks: residual, MLP, attention probabilities
+    saved = layer + value * _score_copies(c) * scores
+    live = layer + value * 3 * scores  # the layer being computed: scores, probabilities, their gradient
+    activations = tokens * (c["n_layers"] * saved + live + 2 * C * value)
     logits = tokens * c["vocab_size"] * LOGIT_BYTES
     return Estimate(FRAMEWORK_BASE[c["framework"]], state, activations, logits)
 

@@ -1,0 +1,68 @@
+"""Estimated duration and largest memory estimate of each preset, on 2 cores and on 16.
+
+    python benchmarks/preset_durations.py [--gflops-2c G] [--speedup-16c S] [--overhead-s O] [PRESET ...]
+
+A preset is planned as enqueue would (orchestrator.sweep.load on a 2- and a 16-CPU machine, no
+cpufreq) and each job's wall time estimated as
+
+    overhead_s + flops_per_step * (steps + warmup_steps) * slowdown(precision, framework) / gflops(cores)
+
+flops_per_step is the trainers' analytic count (worker/trainers/harness.flops_per_step); gflops(2)
+is the training throughput measured on the 2-vCPU development VM (--gflops-2c; how it was measured
+is in the README), gflops(16) = gflops(2) * --speedup-16c, an assumption (no 16-core machine was
+measured: 8x the cores at about half efficiency for these mid-size models), and cores below the
+job's (a `cores` axis) scale the same way. overhead_s (child start, data, tokenizer) is the
+per-job overhead measured by the quick preset. slowdown: bf16 and mixed 2.6x (README: bf16 is
+emulated on a CPU without AVX512_BF16), q8/q4/bitnet 1.5x (quantize on every forward), jax/numpy
+2x. Jobs the machine cannot run (skipped at run time) are counted as if they ran: an upper bound.
+Prints one line per preset; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator import memory  # noqa: E402
+from orchestrator.sweep import PRESETS_DIR, Machine, load  # noqa: E402
+from worker.trainers.harness import flops_per_step  # noqa: E402
+
+SLOWDOWN = {"bf16": 2.6, "mixed": 2.6, "q8": 1.5, "q4": 1.5, "bitnet": 1.5}
+FRAMEWORK_SLOWDOWN = {"jax": 2.0, "numpy": 2.0}
+
+
+def job_seconds(config: dict, gflops_2c: float, speedup_16c: float, overhead_s: float) -> float:
+    cores = config["cores"]
+    # throughput ~ cores^k with k from the 2 -> 16 core speedup (k = log(S) / log(8))
+    k = math.log(speedup_16c) / math.log(8)
+    gflops = gflops_2c * (cores / 2) ** k
+    slow = SLOWDOWN.get(config["precision"], 1.0) * FRAMEWORK_SLOWDOWN.get(config["framework"], 1.0)
+    flops = flops_per_step(config) * (config["steps"] + config["warmup_steps"])
+    return overhead_s + flops * slow / (gflops * 1e9)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("presets", nargs="*", default=sorted(p.stem for p in PRESETS_DIR.glob("*.toml")))
+    parser.add_argument("--gflops-2c", type=float, default=40.0, help="training GFLOP/s on 2 cores (measured)")
+    parser.add_argument("--speedup-16c", type=float, default=4.0, help="16 cores vs 2 (assumed)")
+    parser.add_argument("--overhead-s", type=float, default=3.0, help="seconds per job besides its steps")
+    args = parser.parse_args()
+    for name in args.presets:
+        line = [f"{name:9s}"]
+        for cpus in (2, 16):
+            plan = load(None, preset=name, machine=Machine(cpu_count=cpus, freq_limits=None))
+            jobs = [j["config"] for j in plan.iter_jobs()]
+            total = sum(job_seconds(c, args.gflops_2c, args.speedup_16c, args.overhead_s) for c in jobs)
+            line.append(f"{cpus:2d} cores: {len(jobs):4d} jobs {total / 60:7.1f} min")
+        worst = memory.check_plan(plan, 1 << 50, "-")
+        line.append(f"largest memory estimate {worst / memory.GIB:.1f} GiB")
+        print("  ".join(line))
+
+
+if __name__ == "__main__":
+    main()
