@@ -7,14 +7,19 @@ cpufreq) and each job's wall time estimated as
 
     overhead_s + flops_per_step * (steps + warmup_steps) * slowdown(precision, framework) / gflops(cores)
 
-flops_per_step is the trainers' analytic count (worker/trainers/harness.flops_per_step); gflops(2)
-is the training throughput measured on the 2-vCPU development VM (--gflops-2c; how it was measured
-is in the README), gflops(16) = gflops(2) * --speedup-16c, an assumption (no 16-core machine was
-measured: 8x the cores at about half efficiency for these mid-size models), and cores below the
-job's (a `cores` axis) scale the same way. overhead_s (child start, data, tokenizer) is the
-per-job overhead measured by the quick preset. slowdown: bf16 and mixed 2.6x (README: bf16 is
-emulated on a CPU without AVX512_BF16), q8/q4/bitnet 1.5x (quantize on every forward), jax/numpy
-2x. Jobs the machine cannot run (skipped at run time) are counted as if they ran: an upper bound.
+flops_per_step is the trainers' analytic count (worker/trainers/harness.flops_per_step).
+gflops(2), --gflops-2c (default 50), is the fp32 training throughput of 2 quiet cores of the
+development VM: MFU 0.2 of its measured 251 GFLOP/s fp32 GEMM peak (README). A check, not a
+measurement of it: a d512 L8 seq512 step ran at 21 GFLOP/s there under a load of 9.5 on its 2
+vCPUs, so quiet cores give more. gflops(16) = gflops(2) * --speedup-16c (default 4), an assumption:
+no 16-core machine was measured; 8x the cores at about half efficiency for these mid-size models
+(1 -> 2 cores measured 1.39x on a small step). Fewer cores than the machine's (a `cores` axis) scale
+by the same power law. overhead_s (--overhead-s, default 2) is the per-job cost besides the steps
+(child start, data, tokenizer): with it the quick preset's estimate, 8 min, matches its measured 7
+to 8.5 min. Compiling adds 30 s a job for inductor, 10 s for XLA (guesses). slowdown: bf16 and
+mixed 2.6x (README: bf16 is emulated on a CPU without AVX512_BF16), q8/q4/bitnet 1.5x (quantize on
+every forward), jax/numpy 2x (guesses). Jobs the machine cannot run (skipped at run time) are
+counted as if they ran: an upper bound.
 Prints one line per preset; asserts nothing.
 """
 
@@ -32,6 +37,7 @@ from orchestrator.sweep import PRESETS_DIR, Machine, load  # noqa: E402
 from worker.trainers.harness import flops_per_step  # noqa: E402
 
 SLOWDOWN = {"bf16": 2.6, "mixed": 2.6, "q8": 1.5, "q4": 1.5, "bitnet": 1.5}
+COMPILE_S = {"inductor": 30.0, "xla": 10.0}  # compiling the step, once per job
 FRAMEWORK_SLOWDOWN = {"jax": 2.0, "numpy": 2.0}
 
 
@@ -42,15 +48,15 @@ def job_seconds(config: dict, gflops_2c: float, speedup_16c: float, overhead_s: 
     gflops = gflops_2c * (cores / 2) ** k
     slow = SLOWDOWN.get(config["precision"], 1.0) * FRAMEWORK_SLOWDOWN.get(config["framework"], 1.0)
     flops = flops_per_step(config) * (config["steps"] + config["warmup_steps"])
-    return overhead_s + flops * slow / (gflops * 1e9)
+    return overhead_s + COMPILE_S.get(config["compile"], 0.0) + flops * slow / (gflops * 1e9)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("presets", nargs="*", default=sorted(p.stem for p in PRESETS_DIR.glob("*.toml")))
-    parser.add_argument("--gflops-2c", type=float, default=40.0, help="training GFLOP/s on 2 cores (measured)")
+    parser.add_argument("--gflops-2c", type=float, default=50.0, help="training GFLOP/s on 2 quiet cores")
     parser.add_argument("--speedup-16c", type=float, default=4.0, help="16 cores vs 2 (assumed)")
-    parser.add_argument("--overhead-s", type=float, default=3.0, help="seconds per job besides its steps")
+    parser.add_argument("--overhead-s", type=float, default=2.0, help="seconds per job besides its steps")
     args = parser.parse_args()
     for name in args.presets:
         line = [f"{name:9s}"]
