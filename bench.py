@@ -81,10 +81,12 @@ def _freq_limits():
     return (int(low), int(high)) if low and high else None
 
 
-def print_plan_result(plan, result, *, dry_run: bool) -> None:
+def print_plan_result(plan, result, *, dry_run: bool, memory_gib: tuple[float, float] | None = None) -> None:
     verb = "would add" if dry_run else "added"
     err.print(f"sweep [bold]{plan.name}[/] ({plan.mode}, {plan.source}): {verb} [green]{result.new}[/] new jobs, "
               f"{result.present} already present, {sum(plan.rejected.values())} rejected", highlight=False)
+    if memory_gib:
+        err.print(f"  largest job's memory estimate {memory_gib[0]:.1f} GiB of {memory_gib[1]:.1f} GiB", highlight=False)
     for reason, n in plan.rejected.most_common():
         err.print(f"  rejected {n}: {reason}", highlight=False)
     for note in plan.notes:
@@ -113,10 +115,11 @@ def enqueue(
     def body():
         plan = load(sweep_file, preset=preset, sets=set_, axes=axis, repeats=repeats, machine=this_machine(),
                     max_jobs=max_jobs)
-        memory.check_plan(plan, *memory.machine_limit(mem_limit_gb))
+        limit = memory.machine_limit(mem_limit_gb)
+        worst = memory.check_plan(plan, *limit)
         result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text,
                                         jobs=plan.iter_jobs(), notes=plan.notes, dry_run=dry_run)
-        print_plan_result(plan, result, dry_run=dry_run)
+        print_plan_result(plan, result, dry_run=dry_run, memory_gib=(worst / memory.GIB, limit[0] / memory.GIB))
 
     guarded(body)
 

@@ -54,7 +54,7 @@ FRAMEWORK_BASE = {"torch": 400 * MIB, "jax": 600 * MIB, "numpy": 150 * MIB}
 MARGIN = 1.5
 LOGIT_BYTES = 16  # logits, fp32 copy, log-softmax, gradient: 4 bytes each
 # The variables the estimate reads: its cache key and what a refusal names.
-SHAPE = ("framework", "precision", "optimizer", "task", "n_layers", "d_model", "n_heads", "head_dim", "kv_heads",
+SHAPE = ("framework", "precision", "optimizer", "task", "lora_rank", "n_layers", "d_model", "n_heads", "head_dim", "kv_heads",
          "mlp_ratio", "activation", "attention", "window", "attn_backend", "dropout", "vocab_size", "seq_len",
          "batch_size")
 
