@@ -20,7 +20,8 @@ The estimate (bytes; every count from the resolved config):
                  the embeddings' 2 N d_model. 2 bytes a value under bf16, else 4.
     logits       N * vocab_size * 16 bytes: the logits, their fp32 copy, log-softmax and gradient.
     FRAMEWORK_BASE   the child's RSS at a tiny config: interpreter, framework, tokenizer, data.
-    FRAMEWORK_FACTOR JAX keeps more than the counts above (1.56x measured, eager); torch and NumPy 1.
+    FRAMEWORK_FACTOR JAX keeps more than the counts above (eager 1.56x measured, XLA 1.3x); torch and
+                     NumPy 1.
     MARGIN       1.5: allocator fragmentation, temporaries no count names, and runs longer than the
                  three steps measured. Params-dominated models need it most: the d_model 2048 run
                  measured 1.02x its margin-less estimate, so a margin below ~1.2 could refuse too
@@ -28,9 +29,9 @@ The estimate (bytes; every count from the resolved config):
 
 Validated against `bench.py once ... steps=2 warmup_steps=1 dataset=builtin --json` (peak_rss_mb:
 the child's ru_maxrss) on the 2-vCPU development VM (23.5 GiB, torch 2.13.0+cpu): CALIBRATION
-below, one row per config; estimate / measured ranges from 1.38 to 2.2, median 1.66, on
-torch fp32/bf16/mixed/q8, AdamW and SGD, written-out and sliding attention, vocab 32768, d_model
-2048, 32 layers, JAX and NumPy (tests/test_memory.py keeps every ratio between 1 and 4). The
+below, one row per config; estimate / measured ranges from 1.38 to 2.2, median 1.68, over torch
+fp32/bf16/mixed/q8, AdamW and SGD, written-out and sliding attention, vocab 32768, d_model 2048,
+32 layers, JAX eager and XLA, NumPy (tests/test_memory.py keeps every ratio between 1 and 4). The
 estimate errs high on purpose: a refused job that would have fit costs a --mem-limit-gb; an
 accepted one that does not costs a swapping or OOM-killed machine.
 
@@ -76,6 +77,7 @@ CALIBRATION: tuple[tuple[dict, float], ...] = (
     (dict(_MEDIUM, precision="mixed"), 1850.2),
     (dict(_MEDIUM, precision="q8"), 2853.7),
     (dict(_MEDIUM, framework="jax"), 5147.8),
+    (dict(_MEDIUM, framework="jax", compile="xla"), 4142.5),
     (dict(d_model=256, n_layers=4, n_heads=8, seq_len=1024, batch_size=4, vocab_size=2048, attn_backend="manual"),
      1548.8),
     (dict(d_model=256, n_layers=4, n_heads=8, seq_len=2048, batch_size=4, vocab_size=2048, attn_backend="manual",
