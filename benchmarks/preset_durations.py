@@ -9,9 +9,12 @@ cpufreq) and each job's wall time estimated as
 
 flops_per_step is the trainers' analytic count (worker/trainers/harness.flops_per_step).
 gflops(2), --gflops-2c (default 50), is the fp32 training throughput of 2 quiet cores of the
-development VM: MFU 0.2 of its measured 251 GFLOP/s fp32 GEMM peak (README). A check, not a
-measurement of it: a d512 L8 seq512 step ran at 21 GFLOP/s there under a load of 9.5 on its 2
-vCPUs, so quiet cores give more. gflops(16) = gflops(2) * --speedup-16c (default 4), an assumption:
+development VM: MFU 0.2 of its measured 251 GFLOP/s fp32 GEMM peak (README). Checks, not a quiet
+measurement (none could be had: the VM ran at a load of 7-13 on its 2 vCPUs): a d512 L8 seq512 step
+ran at 21 GFLOP/s of wall time there under that load; the memory calibration runs (orchestrator/
+memory.py) did 27-88 GFLOP per CPU-second for fp32 torch models of d_model 256-2048, i.e. 38-123
+GFLOP/s on 2 cores at the 0.7 efficiency measured from 1 to 2 cores: 50 sits in the lower half, so
+the estimates lean long for the larger models. gflops(16) = gflops(2) * --speedup-16c (default 4), an assumption:
 no 16-core machine was measured; 8x the cores at about half efficiency for these mid-size models
 (1 -> 2 cores measured 1.39x on a small step). Fewer cores than the machine's (a `cores` axis) scale
 by the same power law. overhead_s (--overhead-s, default 2) is the per-job cost besides the steps
