@@ -328,10 +328,11 @@ def run(
 
     def body():
         plan = load(None, preset=preset, machine=this_machine(), max_jobs=_env_max_jobs())
-        memory.check_plan(plan, *memory.machine_limit(mem_limit_gb))
+        limit = memory.machine_limit(mem_limit_gb)
+        worst = memory.check_plan(plan, *limit)
         result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text,
                                         jobs=plan.iter_jobs(), notes=plan.notes)
-        print_plan_result(plan, result, dry_run=False)
+        print_plan_result(plan, result, dry_run=False, memory_gib=(worst / memory.GIB, limit[0] / memory.GIB))
         work_with_progress(db, _worker_options(None, None, False, timeout))
         report_and_print(db, out_dir)
 
