@@ -14,7 +14,10 @@ measurement (none could be had: the VM ran at a load of 7-13 on its 2 vCPUs): a 
 ran at 21 GFLOP/s of wall time there under that load; the memory calibration runs (orchestrator/
 memory.py) did 27-88 GFLOP per CPU-second for fp32 torch models of d_model 256-2048, i.e. 38-123
 GFLOP/s on 2 cores at the 0.7 efficiency measured from 1 to 2 cores: 50 sits in the lower half, so
-the estimates lean long for the larger models. gflops(16) = gflops(2) * --speedup-16c (default 4), an assumption:
+the estimates lean long for the larger models. Two `scale` jobs timed end to end (`/usr/bin/time
+bench.py once ...`, exec spawn, load 7.7-8.2 on the 2 vCPUs): the base 26.7 s (estimate 6.2 s quiet;
+its steps ran at 13 GFLOP/s under that load), d_model 1024 81.7 s (estimate 57 s; its steps ran at
+48 GFLOP/s even under that load). gflops(16) = gflops(2) * --speedup-16c (default 4), an assumption:
 no 16-core machine was measured; 8x the cores at about half efficiency for these mid-size models
 (1 -> 2 cores measured 1.39x on a small step). Fewer cores than the machine's (a `cores` axis) scale
 by the same power law. overhead_s (--overhead-s, default 2) is the per-job cost besides the steps
