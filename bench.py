@@ -31,6 +31,9 @@ DbOption = Annotated[str, typer.Option("--db", envvar="BENCH_DB", help="results 
 PoolOption = Annotated[Optional[str], typer.Option("--pool", help="a named pool shared by identical nodes "
                                                    "(each job once per pool); default: this machine's own")]
 JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout and nothing else there")]
+MemLimitOption = Annotated[Optional[float], typer.Option(
+    "--mem-limit-gb", envvar="BENCH_MEM_LIMIT_GB",
+    help="GiB a job may use (refused above it, by estimate); default: this machine's memory")]
 
 
 def fail(error: BenchError) -> None:
@@ -78,10 +81,12 @@ def _freq_limits():
     return (int(low), int(high)) if low and high else None
 
 
-def print_plan_result(plan, result, *, dry_run: bool) -> None:
+def print_plan_result(plan, result, *, dry_run: bool, memory_gib: tuple[float, float] | None = None) -> None:
     verb = "would add" if dry_run else "added"
     err.print(f"sweep [bold]{plan.name}[/] ({plan.mode}, {plan.source}): {verb} [green]{result.new}[/] new jobs, "
               f"{result.present} already present, {sum(plan.rejected.values())} rejected", highlight=False)
+    if memory_gib:
+        err.print(f"  largest job's memory estimate {memory_gib[0]:.1f} GiB of {memory_gib[1]:.1f} GiB", highlight=False)
     for reason, n in plan.rejected.most_common():
         err.print(f"  rejected {n}: {reason}", highlight=False)
     for note in plan.notes:
@@ -98,18 +103,23 @@ def enqueue(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="count, write nothing")] = False,
     max_jobs: Annotated[int, typer.Option("--max-jobs", envvar="BENCH_MAX_JOBS", min=1,
                                           help="refuse a sweep that plans more jobs than this")] = DEFAULT_MAX_JOBS,
+    mem_limit_gb: MemLimitOption = None,
     db: DbOption = "results.db",
 ) -> None:
     """Expand a sweep into jobs. Idempotent: re-enqueueing adds only new combinations. A sweep is
-    counted before it is expanded: one above --max-jobs is refused at once with its count."""
+    counted before it is expanded: one above --max-jobs is refused at once with its count; one with a
+    job whose estimated memory exceeds the machine's (or --mem-limit-gb) is refused with the estimate."""
+    from orchestrator import memory
     from orchestrator.sweep import load
 
     def body():
         plan = load(sweep_file, preset=preset, sets=set_, axes=axis, repeats=repeats, machine=this_machine(),
                     max_jobs=max_jobs)
+        limit = memory.machine_limit(mem_limit_gb)
+        worst = memory.check_plan(plan, *limit)
         result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text,
                                         jobs=plan.iter_jobs(), notes=plan.notes, dry_run=dry_run)
-        print_plan_result(plan, result, dry_run=dry_run)
+        print_plan_result(plan, result, dry_run=dry_run, memory_gib=(worst / memory.GIB, limit[0] / memory.GIB))
 
     guarded(body)
 
@@ -309,16 +319,20 @@ def run(
     preset: Annotated[str, typer.Option(help="the sweep preset to run")] = "quick",
     out_dir: Annotated[Path, typer.Option("--out", help="where the report goes")] = Path("result"),
     timeout: Annotated[float, typer.Option(help="seconds one job may take")] = 900.0,
+    mem_limit_gb: MemLimitOption = None,
     db: DbOption = "results.db",
 ) -> None:
     """The main job: enqueue a preset, work until it is done, write the report."""
+    from orchestrator import memory
     from orchestrator.sweep import load
 
     def body():
         plan = load(None, preset=preset, machine=this_machine(), max_jobs=_env_max_jobs())
+        limit = memory.machine_limit(mem_limit_gb)
+        worst = memory.check_plan(plan, *limit)
         result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text,
                                         jobs=plan.iter_jobs(), notes=plan.notes)
-        print_plan_result(plan, result, dry_run=False)
+        print_plan_result(plan, result, dry_run=False, memory_gib=(worst / memory.GIB, limit[0] / memory.GIB))
         work_with_progress(db, _worker_options(None, None, False, timeout))
         report_and_print(db, out_dir)
 
@@ -330,9 +344,10 @@ def once(
     settings: Annotated[list[str], typer.Argument(help="K=V settings; the catalogue's defaults fill the rest")] = [],
     as_json: JsonOption = False,
     timeout: Annotated[float, typer.Option(help="seconds the run may take")] = 900.0,
+    mem_limit_gb: MemLimitOption = None,
 ) -> None:
     """Measure one configuration in a child process, outside the queue, and print its metrics."""
-    from orchestrator import variables
+    from orchestrator import memory, variables
     from orchestrator.errors import BadInput
     from orchestrator.sweep import parse_assignment
     from worker.loop import measure_once, once_cpu_count
@@ -348,6 +363,7 @@ def once(
         config, why = variables.resolve(partial, once_cpu_count(options))
         if why:
             raise BadInput(f"this configuration cannot run: {'; '.join(why)}")
+        memory.check([config], *memory.machine_limit(mem_limit_gb), "once")
         result = measure_once(config, options)
         if as_json:
             print(json.dumps(result, default=str))
