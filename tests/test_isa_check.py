@@ -18,6 +18,8 @@ MKL_SSE = ("MKL_VERBOSE oneMKL 2024.0 Update 2 Product build 20240605 for Intel(
 MKL_FULL = ("MKL_VERBOSE oneMKL 2024.0 Update 2 Product build 20240605 for Intel(R) 64 architecture Intel(R) "
             "Advanced Vector Extensions 512 (Intel(R) AVX-512) with support for INT8, BF16, and FP16 (limited) "
             "instructions, Lnx 2.30GHz lp64 gnu_thread\n")
+MKL_NON_INTEL = ("MKL_VERBOSE oneMKL 2024.0 Update 2 Product build 20240605 for Intel(R) 64 architecture Intel(R) "
+                 "Architecture processors, Lnx 2.60GHz lp64 gnu_thread\n")  # an AMD EPYC: no ISA named
 DNN_AVX2 = "onednn_verbose,v1,info,cpu,runtime:OpenMP,nthr:2\nonednn_verbose,v1,info,cpu,isa:Intel AVX2\n"
 
 
@@ -39,6 +41,15 @@ def test_disobeyed_names_the_library():
     assert isa_check.disobeyed("avx2", {"mkl_isa": None, "onednn_isa": None}) == []  # nothing read back
 
 
+def test_a_banner_that_names_no_isa_refuses_every_cap_saying_it_cannot_be_confirmed():
+    child = {"mkl_isa": isa_check.parse_mkl(MKL_NON_INTEL), "onednn_isa": None}
+    assert isa_check.level_of(child["mkl_isa"]) is None
+    for cap in ("baseline", "avx2", "amx"):
+        (why,) = isa_check.disobeyed(cap, child)
+        assert "MKL does not name the instruction set" in why and f"isa={cap} cannot be confirmed" in why
+    assert isa_check.disobeyed("default", child) == []
+
+
 def _child(env_extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MKL_", "ONEDNN_", "ATEN_"))}
     env.update(env_extra)
@@ -52,6 +63,10 @@ def _child(env_extra):
                     reason="x86-64 with SSE4.2 only")
 def test_real_child_reads_back_the_capped_isa():
     capped = _child({**isa_check.extra_env("baseline"), "ONEDNN_MAX_CPU_ISA": "SSE41"})
+    if isa_check.level_of(capped["mkl_isa"]) is None:  # MKL names no ISA on this CPU (non-Intel)
+        (why,) = isa_check.disobeyed("baseline", capped)
+        assert "cannot be confirmed" in why and "MKL" in why
+        return
     assert isa_check.level_of(capped["mkl_isa"]) == 0, capped
     assert isa_check.disobeyed("baseline", capped) == []
     bogus = _child({"MKL_ENABLE_INSTRUCTIONS": "BOGUS"})  # MKL ignores it silently: the read-back sees it
