@@ -10,12 +10,15 @@ An `isa` cap must reach every library that runs the job's kernels, or the run is
   an unknown value silently, hence the read-back.
 
 The child reads each library's dispatch ISA around a tiny op at setup (`library_isas`), and the worker
-fails a run whose library runs above the cap (`disobeyed`). A library the child could not read back
+fails a run whose library runs above the cap (`disobeyed`). A fork server reads it once, in a probe
+child forked from itself, for all its children (`hold_library_isas`): MKL's verbose banner waits for
+the next whole second to measure the clock, up to 1 s a job. A library the child could not read back
 (say oneDNN with onednn=off: nothing reaches it) is recorded None and is not held against the run.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -94,9 +97,54 @@ def _capture_stdout(fn) -> str:
         return tmp.read().decode(errors="replace")
 
 
+# In a fork server: {oneDNN enabled: library_isas()} read in probe children forked from it (hold_library_isas).
+_HELD: dict[bool, dict] = {}
+READ_HERE = "in this process"
+READ_IN_SERVER = "once per fork server, in a probe child forked from it like this one"
+
+
+def hold_library_isas() -> None:
+    """In a fork server, before its first job: read library_isas() in probe children forked from this
+    process (one with oneDNN enabled, one without: onednn=off runs read None) and keep the answers for
+    every child forked later. Those children share the probe's binary, environment and CPU set (one
+    server per start settings, worker/forkserver.py), which is all the libraries decide their ISA
+    from; the server itself runs no kernel, so it forks no OpenMP pool. A probe that fails holds
+    nothing: the children then read it themselves."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    probes = {}
+    for enabled in (True, False):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the probe: answer on the pipe, never return into the server's code
+            code = 1
+            try:
+                os.close(r)
+                import torch
+
+                torch.backends.mkldnn.enabled = enabled
+                os.write(w, json.dumps(library_isas()).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        probes[enabled] = (pid, r)
+    for enabled, (pid, r) in probes.items():  # concurrently: both wait for the same whole second
+        with os.fdopen(r, "rb") as pipe:
+            raw = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) == 0 and raw:
+            _HELD[enabled] = json.loads(raw)
+
+
 def library_isas() -> dict:
-    """In the training child after importing torch: the ISA MKL and oneDNN dispatch to."""
+    """In the training child after importing torch: the ISA MKL and oneDNN dispatch to, and where
+    it was read (`library_isas_read`: this process, or once per fork server)."""
     import torch
+
+    held = _HELD.get(bool(torch.backends.mkldnn.enabled))
+    if held is not None:
+        return {**held, "library_isas_read": READ_IN_SERVER}
 
     def mkl():
         with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON):
@@ -116,6 +164,7 @@ def library_isas() -> dict:
             out["onednn_isa"] = parse_onednn(_capture_stdout(onednn))
     except Exception:  # noqa: BLE001
         pass
+    out["library_isas_read"] = READ_HERE
     return out
 
 
