@@ -3,6 +3,7 @@ wall time is not timed steps, and where it goes (claim, knobs, sensors, fork, ch
 after the timed steps, record...).
 
     venv/bin/python benchmarks/queue_overhead.py [--jobs 12] [--steps 5] [--rounds 1] [--tree PATH ...]
+                                                 [--set K=V ...]
 
 --tree: measure another checkout's worker too (e.g. main, for a before/after); with several trees the
 rounds alternate between them (interleaved: the machine's load hits each alike) and each tree gets its
@@ -122,7 +123,7 @@ def _worker_side(db: str, out: str) -> None:
             f.write(json.dumps({**job, "cycle_s": t1 - t0, "phases": phases}) + "\n")
 
 
-def _round(tree: Path, jobs: int, steps: int) -> list[dict]:
+def _round(tree: Path, jobs: int, steps: int, sets: list[str]) -> list[dict]:
     """One round on one tree: per timed job, its phases (seconds)."""
     tmp = Path(tempfile.mkdtemp(prefix="cpubench-overhead-"))
     db = str(tmp / "results.db")
@@ -131,7 +132,8 @@ def _round(tree: Path, jobs: int, steps: int) -> list[dict]:
     widths = ",".join(str(32 + 8 * i) for i in range(jobs + 1))
     subprocess.run([python, str(tree / "bench.py"), "enqueue", "--db", db, "--axis", f"d_model={widths}",
                     "--set", "n_layers=1", "--set", "seq_len=32", "--set", "batch_size=4", "--set", f"steps={steps}",
-                    "--set", "warmup_steps=1", "--set", "vocab_size=512"], check=True, env=env, cwd=tree,
+                    "--set", "warmup_steps=1", "--set", "vocab_size=512", *(a for kv in sets for a in ("--set", kv))],
+                   check=True, env=env, cwd=tree,
                    stdout=subprocess.DEVNULL)
     # The first job pays for the probe and the data cache: warm them with one job, then time the rest.
     subprocess.run([python, str(tree / "bench.py"), "work", "--db", db, "--max-jobs", "1"], check=True, env=env,
@@ -199,6 +201,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=12, help="timed jobs per round (one more warms the caches)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1, help="rounds per tree, interleaved across trees")
+    parser.add_argument("--set", action="append", default=[], metavar="K=V", dest="sets",
+                        help="another setting of the tiny jobs (e.g. cores=1: no OpenMP barrier on a loaded machine)")
     parser.add_argument("--tree", action="append", type=Path,
                         help="a checkout to measure (repeatable; default: this one)")
     args = parser.parse_args()
@@ -210,7 +214,7 @@ def main() -> None:
     for i in range(args.rounds):
         for tree in trees:
             t = time.perf_counter()
-            rows = _round(tree, args.jobs, args.steps)
+            rows = _round(tree, args.jobs, args.steps, args.sets)
             results[tree].append(rows)
             med = statistics.median(r["cycle"] - r["timed"] for r in rows)
             print(f"round {i + 1} {tree}: per-job overhead median {med:.3f} s ({time.perf_counter() - t:.0f} s)",
