@@ -21,8 +21,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
+import signal
 import sys
 import tempfile
+import time
 
 # Levels, lowest first: a library obeys a cap when its level is at most the cap's.
 LEVELS = {"baseline": 0, "avx2": 1, "avx512": 2, "avx512_vnni": 3, "avx512_bf16": 4, "amx": 5}
@@ -101,15 +104,16 @@ def _capture_stdout(fn) -> str:
 _HELD: dict[bool, dict] = {}
 READ_HERE = "in this process"
 READ_IN_SERVER = "once per fork server, in a probe child forked from it like this one"
+PROBE_TIMEOUT_S = 60.0
 
 
 def hold_library_isas() -> None:
     """In a fork server, before its first job: read library_isas() in probe children forked from this
-    process (one with oneDNN enabled, one without: onednn=off runs read None) and keep the answers for
-    every child forked later. Those children share the probe's binary, environment and CPU set (one
+    process (one with oneDNN enabled, one without, as a child with onednn=on/off reads it) and keep
+    the answers for every child forked later. Those children share the probe's binary, environment and CPU set (one
     server per start settings, worker/forkserver.py), which is all the libraries decide their ISA
-    from; the server itself runs no kernel, so it forks no OpenMP pool. A probe that fails holds
-    nothing: the children then read it themselves."""
+    from; the server itself runs no kernel, so it forks no OpenMP pool. A probe that fails or takes
+    longer than PROBE_TIMEOUT_S holds nothing: the children then read it themselves."""
     sys.stdout.flush()
     sys.stderr.flush()
     probes = {}
@@ -129,9 +133,20 @@ def hold_library_isas() -> None:
                 os._exit(code)
         os.close(w)
         probes[enabled] = (pid, r)
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
     for enabled, (pid, r) in probes.items():  # concurrently: both wait for the same whole second
-        with os.fdopen(r, "rb") as pipe:
-            raw = pipe.read()
+        raw = b""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:  # a stuck probe: the children read it
+                os.kill(pid, signal.SIGKILL)
+                raw = b""
+                break
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            raw += chunk
+        os.close(r)
         _, status = os.waitpid(pid, 0)
         if os.waitstatus_to_exitcode(status) == 0 and raw:
             _HELD[enabled] = json.loads(raw)
