@@ -4,7 +4,9 @@
 library (or falls back to a built-in corpus this module generates) and writes it as plain text.
 The child only calls `load_tokens()`, which reads that text file and never imports `datasets`
 (pyarrow alone costs seconds of setup), and `Batches`; neither imports orchestrator/ or torch, so
-every trainer (torch, JAX, NumPy) draws the same NumPy batches. Every file is written tmp + rename: two workers may race.
+every trainer (torch, JAX, NumPy) draws the same NumPy batches. A fork server calls `hold()` before
+forking a child, so load_tokens() finds the ids in memory. Every file is written tmp + rename: two
+workers may race.
 
 Layout under data_dir:
     <slug>/corpus.txt          one row of text per line (newlines inside a row become spaces)
