@@ -181,8 +181,9 @@ def _summary(label: str, rows: list[dict], elapsed_note: str = "") -> None:
     med = {k: statistics.median(r[k] for r in rows) for k in (*PHASES, "timed", "timed gaps", "cycle")}
     overhead = [r["cycle"] - r["timed"] for r in rows]
     print(f"\n== {label}: {len(rows)} tiny jobs{elapsed_note}")
+    per_minute = 60 / statistics.median(r["cycle"] for r in rows)
     print(f"per-job total overhead beyond timed steps (cycle - train_s): median {statistics.median(overhead):.3f} s, "
-          f"min {min(overhead):.3f}, max {max(overhead):.3f}; {60 / statistics.median([r['cycle'] for r in rows]):.1f} jobs/min")
+          f"min {min(overhead):.3f}, max {max(overhead):.3f}; {per_minute:.1f} jobs/min")
     print(f"  amortised over the whole worker (its start, the fork server's, every job; elapsed/jobs - train_s): "
           f"median {statistics.median(r['amortised'] for r in rows):.3f} s")
     print(f"  {'phase':<12} {'median s':>9} {'mean s':>8} {'max s':>7}")

@@ -110,10 +110,11 @@ PROBE_TIMEOUT_S = 60.0
 def hold_library_isas() -> None:
     """In a fork server, before its first job: read library_isas() in probe children forked from this
     process (one with oneDNN enabled, one without, as a child with onednn=on/off reads it) and keep
-    the answers for every child forked later. Those children share the probe's binary, environment and CPU set (one
-    server per start settings, worker/forkserver.py), which is all the libraries decide their ISA
-    from; the server itself runs no kernel, so it forks no OpenMP pool. A probe that fails or takes
-    longer than PROBE_TIMEOUT_S holds nothing: the children then read it themselves."""
+    the answers for every child forked later. Those children share the probe's binary, environment
+    and CPU set (one server per start settings, worker/forkserver.py), which is all the libraries
+    decide their ISA from; the server itself runs no kernel, so it forks no OpenMP pool. A probe
+    that fails or takes longer than PROBE_TIMEOUT_S holds nothing: the children then read it
+    themselves."""
     sys.stdout.flush()
     sys.stderr.flush()
     probes = {}
