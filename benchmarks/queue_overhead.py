@@ -22,7 +22,8 @@ train_s, its timed window, and `applied["setup_phases_s"]` where the trainer rep
     server       fork server (re)starts (amortised over the jobs)
     to child     request written -> child module starts (fork, redirect, runpy)
     setup        child module start -> first step (imports, data, model, optimizer)
-    warmup       the untimed warmup steps (the first step included)
+    warmup       the untimed warmup step (first_step_s; with --set warmup_steps=N the others count
+                 in "to child")
     after        end of the timed steps -> the worker has the child's reply (save, read back, exit)
     record       finish (DB), heartbeats, progress counts
     other        the rest of the worker's loop (events, outcome handling)
@@ -168,7 +169,7 @@ def _round(tree: Path, jobs: int, steps: int, sets: list[str]) -> list[dict]:
         }
         # The child's own clock starts at its module's import (setup_s): what came before it (fork,
         # redirect, runpy) is the request-to-window time less setup and the warmup steps.
-        row["warmup"] = run["first_step_s"] if steps else 0.0
+        row["warmup"] = run["first_step_s"]  # the one warmup step (with --set warmup_steps=N: its first)
         row["to child"] = warmup - row["warmup"]
         row["other"] = row["cycle"] - sum(row[k] for k in PHASES if k != "other") - row["timed"] - row["timed gaps"]
         row["amortised"] = head["elapsed_s"] / len(timed) - run["train_s"]  # worker start and all
