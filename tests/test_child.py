@@ -51,3 +51,31 @@ def test_one_fork_server_per_trainer_kept_across_alternating_frameworks(tmp_path
         assert pids[0] == pids[2] and pids[1] == pids[3] and pids[0] != pids[1]  # none restarted
     finally:
         servers.close()
+
+
+def test_a_torch_fork_server_reads_the_library_isas_once_for_its_children(tmp_path):
+    from orchestrator.variables import parse_value, resolve
+    from worker import isa_check
+
+    tiny = dict(d_model=32, n_layers=1, n_heads=2, seq_len=32, batch_size=4, vocab_size=512, steps=2,
+                warmup_steps=1, dataset="builtin", cores=1)
+    config, why = resolve({k: parse_value(k, v) for k, v in tiny.items()}, 1)
+    assert not why, why
+    repo = Path(__file__).resolve().parents[1]
+    servers = ForkServers()
+    common = dict(argv_prefix=[], env=child_env({}, repo, tmp_path / "data"), cpus=sorted(os.sched_getaffinity(0))[:1],
+                  cwd=repo, timeout_s=300, heartbeat_s=5, on_heartbeat=lambda pid: None)
+    try:
+        applied = []
+        for run_id in (1, 2):  # the second child finds the token ids the first one wrote held by the server
+            job = {"config": config, "run_id": run_id, "data_dir": str(tmp_path / "data"),
+                   "output_root": str(tmp_path / "out"), "output_dir": str(tmp_path / "out" / f"run-{run_id}"),
+                   "peak_gflops": None, "compile_cache_dir": str(tmp_path / "inductor")}
+            outcome = servers.run(job, module="worker.trainers.torch", **common)
+            assert outcome.status == "done", outcome.reason
+            applied.append(outcome.applied)
+        assert [a["library_isas_read"] for a in applied] == [isa_check.READ_IN_SERVER] * 2
+        assert applied[0]["mkl_isa"] == applied[1]["mkl_isa"] and applied[0]["onednn_isa"] == applied[1]["onednn_isa"]
+        assert applied[0]["corpus_tokens"] == applied[1]["corpus_tokens"] > 0
+    finally:
+        servers.close()

@@ -62,3 +62,29 @@ def test_batches_are_next_token_windows_deterministic_from_the_seed():
     again, _ = data.Batches(stream, seq_len=16, batch_size=4, seed=3).next()
     other, _ = data.Batches(stream, seq_len=16, batch_size=4, seed=4).next()
     assert np.array_equal(x, again) and not np.array_equal(x, other)
+
+
+def test_a_fork_server_holds_the_ids_while_their_file_is_unchanged(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "_HELD", {})
+    corpus, _ = data.prepare(tmp_path, DATASET_BUILTIN)
+    data.hold(tmp_path, DATASET_BUILTIN, 300)  # nothing on disk yet: nothing held, nothing written
+    assert data._HELD == {} and not data.tokenizer_path(corpus, 300).exists()
+    ids = data.load_tokens(corpus, 300)  # the first child writes the .npy
+    data.hold(tmp_path, DATASET_BUILTIN, 300)
+    held = data.load_tokens(corpus, 300)
+    assert np.array_equal(held, ids) and held is data.load_tokens(corpus, 300)  # from memory, not the file
+    npy = corpus.parent / "bpe-300.npy"
+    np.save(npy.with_suffix(".new.npy"), ids[:100])
+    npy.with_suffix(".new.npy").replace(npy)  # the file changed after the server held it: the file wins
+    assert len(data.load_tokens(corpus, 300)) == 100
+
+
+def test_hold_follows_the_remembered_fallback_of_an_unreachable_hub(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "_HELD", {})
+    corpus, _ = data.prepare(tmp_path, DATASET_BUILTIN)
+    ids = data.load_tokens(corpus, 300)
+    (tmp_path / data.slug(DATASET_HUB)).mkdir()
+    (tmp_path / data.slug(DATASET_HUB) / "unreachable.json").write_text("{}")
+    data.hold(tmp_path, DATASET_HUB, 300)
+    assert list(data._HELD) == [str(corpus.parent / "bpe-300.npy")]
+    assert np.array_equal(data._HELD[str(corpus.parent / "bpe-300.npy")][1], ids)

@@ -72,3 +72,54 @@ def test_real_child_reads_back_the_capped_isa():
     bogus = _child({"MKL_ENABLE_INSTRUCTIONS": "BOGUS"})  # MKL ignores it silently: the read-back sees it
     if "avx2" in Path("/proc/cpuinfo").read_text():
         assert isa_check.disobeyed("baseline", bogus), bogus
+
+
+HELD_CODE = """
+import json, os, torch
+from worker import isa_check
+threads = len(os.listdir("/proc/self/task"))
+isa_check.hold_library_isas()
+out = {"threads_added": len(os.listdir("/proc/self/task")) - threads}
+for enabled in (True, False):
+    torch.backends.mkldnn.enabled = enabled
+    out[str(enabled)] = isa_check.library_isas()
+print(json.dumps(out))
+"""
+DIRECT_CODE = """
+import json, sys, torch
+from worker import isa_check
+torch.backends.mkldnn.enabled = sys.argv[1] == "True"
+print(json.dumps(isa_check.library_isas()))
+"""
+
+
+def _run(code, env_extra, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MKL_", "ONEDNN_", "ATEN_"))}
+    env.update(env_extra)
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists() or "sse4_2" not in Path("/proc/cpuinfo").read_text(),
+                    reason="x86-64 with SSE4.2 only")
+def test_a_fork_server_reads_the_library_isas_once_as_its_children_would():
+    capped = {**isa_check.extra_env("baseline"), "ONEDNN_MAX_CPU_ISA": "SSE41"}
+    held = _run(HELD_CODE, capped)
+    assert held["threads_added"] <= 0  # the probes ran in children: the server starts no library pool
+    for enabled in (True, False):
+        direct = _run(DIRECT_CODE, capped, str(enabled))
+        assert direct["library_isas_read"] == isa_check.READ_HERE
+        assert held[str(enabled)]["library_isas_read"] == isa_check.READ_IN_SERVER
+        assert {k: held[str(enabled)][k] for k in ("mkl_isa", "onednn_isa")} == \
+            {k: direct[k] for k in ("mkl_isa", "onednn_isa")}, (enabled, held, direct)
+    assert isa_check.level_of(held["True"]["onednn_isa"]) == 0  # the probe ran under the server's (capped) env
+
+
+def test_a_stuck_probe_is_killed_and_the_children_read_the_isas_themselves(monkeypatch):
+    monkeypatch.setattr(isa_check, "_HELD", {})
+    monkeypatch.setattr(isa_check, "PROBE_TIMEOUT_S", 0.0)
+    isa_check.hold_library_isas()
+    assert isa_check._HELD == {}
+    with pytest.raises(ChildProcessError):  # both probes reaped: no zombie left behind
+        os.waitpid(-1, os.WNOHANG)

@@ -4,7 +4,9 @@
 library (or falls back to a built-in corpus this module generates) and writes it as plain text.
 The child only calls `load_tokens()`, which reads that text file and never imports `datasets`
 (pyarrow alone costs seconds of setup), and `Batches`; neither imports orchestrator/ or torch, so
-every trainer (torch, JAX, NumPy) draws the same NumPy batches. Every file is written tmp + rename: two workers may race.
+every trainer (torch, JAX, NumPy) draws the same NumPy batches. A fork server calls `hold()` before
+forking a child, so load_tokens() finds the ids in memory. Every file is written tmp + rename: two
+workers may race.
 
 Layout under data_dir:
     <slug>/corpus.txt          one row of text per line (newlines inside a row become spaces)
@@ -303,13 +305,45 @@ def train_tokenizer(corpus: Path, vocab_size: int):
     return tok
 
 
+# In a fork server: the token ids hold() loaded before forking, by .npy path -> (its stat then, the ids).
+_HELD: dict[str, tuple[tuple, np.ndarray]] = {}
+
+
+def _file_key(path: Path) -> tuple:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def hold(data_dir: str | os.PathLike, dataset: str, vocab_size: int) -> None:
+    """In a fork server, before forking a job's child: keep in memory the token ids that child's
+    locate() + load_tokens() will ask for, when prepare() and an earlier child left them on disk, so
+    every later child of the same corpus and vocabulary shares them instead of reading them again.
+    Never trains a tokenizer or writes anything here (its thread pool must not be forked)."""
+    folder = Path(data_dir) / slug(dataset)
+    if dataset == DATASET_HUB and not (folder / "corpus.txt").exists() and (folder / "unreachable.json").exists():
+        folder = Path(data_dir) / slug(DATASET_BUILTIN)  # locate()'s remembered fallback
+    npy = folder / f"bpe-{vocab_size}.npy"
+    try:
+        key = _file_key(npy)
+    except OSError:
+        return
+    if _HELD.get(str(npy), (None,))[0] != key:
+        _HELD[str(npy)] = (key, np.load(npy))
+
+
 def load_tokens(corpus: Path, vocab_size: int) -> np.ndarray:
-    """The whole corpus as one stream of token ids (rows joined by newlines), cached as .npy.
+    """The whole corpus as one stream of token ids (rows joined by newlines), cached as .npy (and
+    held in memory by a fork server, hold(), while that file is unchanged).
 
     A small corpus may give a BPE vocabulary smaller than vocab_size; ids then stay below it and the
     model's embedding still has vocab_size rows (the model's shape is the variable, not the text's).
     """
     npy = corpus.parent / f"bpe-{vocab_size}.npy"
+    held = _HELD.get(str(npy))
+    if held is not None:
+        with contextlib.suppress(OSError):
+            if _file_key(npy) == held[0]:
+                return held[1]
     if npy.exists():
         return np.load(npy)
     tok = train_tokenizer(corpus, vocab_size)

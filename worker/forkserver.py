@@ -7,6 +7,9 @@ Only jobs whose process-start settings are identical share a server: the whole c
 and the CPU set. Any difference starts a new server, so a forked child runs under exactly the
 settings a freshly executed one would. The server never trains itself: each child starts from the
 same just-imported state, sets its affinity and privileges, and runs the child module as __main__.
+What the server holds for them besides imports: the job's token ids (loaded before forking, shared
+copy-on-write) and what the trainer's `prepare_server()` reads once (the torch trainer: the library
+ISA read-back, worker/isa_check.py).
 
 Protocol on the server's stdin/stdout, one JSON object a line:
   -> {"stdin": path, "stdout": path, "stderr": path, "cpus": [...], "user": [uid, gid] | null}
@@ -55,18 +58,39 @@ def _child(module: str, request: dict, server_pid: int) -> None:
             os._exit(code)
 
 
+def _hold_data(job_path: str) -> None:
+    """Before forking: the job's token ids loaded here (worker/data.py hold()), so that every child of
+    the same corpus and vocabulary finds them in memory. Only a trainer that preloads worker.data
+    gets this; anything wrong leaves the child to load them itself."""
+    data = sys.modules.get("worker.data")
+    if data is None:
+        return
+    try:
+        with open(job_path) as f:
+            job = json.load(f)
+        data.hold(job["data_dir"], job["config"]["dataset"], int(job["config"]["vocab_size"]))
+    except Exception:  # noqa: BLE001 - the child reports any real problem with the data
+        pass
+
+
 def serve(module: str) -> None:
     """Import the child's modules once, then fork a child per request until stdin closes."""
     worker_pid = int(os.environ.pop("BENCH_FORKSERVER_PARENT"))
     set_parent_death_signal(worker_pid)
     # The module and the heavy modules it names in PRELOAD (it may import them lazily) stay cached
     # for every child.
-    for name in (module, *getattr(importlib.import_module(module), "PRELOAD", ())):
+    package = importlib.import_module(module)
+    for name in getattr(package, "PRELOAD", ()):
         importlib.import_module(name)
+    # What every child would redo and may be done once here (the torch trainer: the library ISA
+    # read-back); it must start no thread in this process, or the children would fork it.
+    if hasattr(package, "prepare_server"):
+        package.prepare_server()
     control_in, control_out = sys.stdin, sys.stdout
     print(json.dumps({"ready": os.getpid()}), file=control_out, flush=True)
     for line in control_in:
         request = json.loads(line)
+        _hold_data(request["stdin"])
         control_out.flush()
         pid = os.fork()
         if pid == 0:

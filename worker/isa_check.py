@@ -10,7 +10,9 @@ An `isa` cap must reach every library that runs the job's kernels, or the run is
   an unknown value silently, hence the read-back.
 
 The child reads each library's dispatch ISA around a tiny op at setup (`library_isas`), and the worker
-fails a run whose library runs above the cap (`disobeyed`). On a non-Intel CPU MKL's banner names no
+fails a run whose library runs above the cap (`disobeyed`). A fork server reads it once, in a probe
+child forked from itself, for all its children (`hold_library_isas`): MKL's verbose banner waits for
+the next whole second to measure the clock, up to 1 s a job. On a non-Intel CPU MKL's banner names no
 ISA ("Intel(R) Architecture processors"), and a single-thread SGEMM capped at SSE4_2 was measured on an
 AMD EPYC (Zen 4) at 57 GFLOP/s, above what SSE4.2 can reach at its clock: MKL does not honour the cap
 there, so a capped run is refused saying the cap cannot be confirmed. A library the child could not read back
@@ -19,10 +21,14 @@ there, so a capped run is refused saying the cap cannot be confirmed. A library 
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import select
+import signal
 import sys
 import tempfile
+import time
 
 # Levels, lowest first: a library obeys a cap when its level is at most the cap's.
 LEVELS = {"baseline": 0, "avx2": 1, "avx512": 2, "avx512_vnni": 3, "avx512_bf16": 4, "amx": 5}
@@ -97,9 +103,67 @@ def _capture_stdout(fn) -> str:
         return tmp.read().decode(errors="replace")
 
 
+# In a fork server: {oneDNN enabled: library_isas()} read in probe children forked from it (hold_library_isas).
+_HELD: dict[bool, dict] = {}
+READ_HERE = "in this process"
+READ_IN_SERVER = "once per fork server, in a probe child forked from it like this one"
+PROBE_TIMEOUT_S = 60.0
+
+
+def hold_library_isas() -> None:
+    """In a fork server, before its first job: read library_isas() in probe children forked from this
+    process (one with oneDNN enabled, one without, as a child with onednn=on/off reads it) and keep
+    the answers for every child forked later. Those children share the probe's binary, environment
+    and CPU set (one server per start settings, worker/forkserver.py), which is all the libraries
+    decide their ISA from; the server itself runs no kernel, so it forks no OpenMP pool. A probe
+    that fails or takes longer than PROBE_TIMEOUT_S holds nothing: the children then read it
+    themselves."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    probes = {}
+    for enabled in (True, False):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the probe: answer on the pipe, never return into the server's code
+            code = 1
+            try:
+                os.close(r)
+                import torch
+
+                torch.backends.mkldnn.enabled = enabled
+                os.write(w, json.dumps(library_isas()).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        probes[enabled] = (pid, r)
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    for enabled, (pid, r) in probes.items():  # concurrently: both wait for the same whole second
+        raw = b""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:  # a stuck probe: the children read it
+                os.kill(pid, signal.SIGKILL)
+                raw = b""
+                break
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            raw += chunk
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) == 0 and raw:
+            _HELD[enabled] = json.loads(raw)
+
+
 def library_isas() -> dict:
-    """In the training child after importing torch: the ISA MKL and oneDNN dispatch to."""
+    """In the training child after importing torch: the ISA MKL and oneDNN dispatch to, and where
+    it was read (`library_isas_read`: this process, or once per fork server)."""
     import torch
+
+    held = _HELD.get(bool(torch.backends.mkldnn.enabled))
+    if held is not None:
+        return {**held, "library_isas_read": READ_IN_SERVER}
 
     def mkl():
         with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON):
@@ -119,6 +183,7 @@ def library_isas() -> dict:
             out["onednn_isa"] = parse_onednn(_capture_stdout(onednn))
     except Exception:  # noqa: BLE001
         pass
+    out["library_isas_read"] = READ_HERE
     return out
 
 

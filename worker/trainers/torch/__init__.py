@@ -2,9 +2,20 @@
 
 PRELOAD is what this trainer's fork server imports once before forking children (the child imports
 them lazily, so a skip stays fast). torch._dynamo: the optimizers import it on construction (about
-2 s here). Importing this package itself imports nothing heavy. child.py is NOT preloaded: its
-import starts the setup_s clock, which must start in each child.
+2 s here); torch.utils.serialization: torch.save imports it (tens of ms a job). Importing this
+package itself imports nothing heavy. child.py is NOT preloaded: its import starts the setup_s
+clock, which must start in each child. prepare_server() runs in the fork server once, after
+PRELOAD, before the first child.
 """
 
-PRELOAD = ("numpy", "torch", "torch.nn.attention", "torch.optim", "torch._dynamo", "tokenizers", "worker.data",
-           "worker.trainers.harness", "worker.trainers.torch.model", "worker.trainers.torch.readback")
+PRELOAD = ("numpy", "torch", "torch.nn.attention", "torch.optim", "torch._dynamo", "torch.utils.serialization",
+           "tokenizers", "worker.data", "worker.trainers.harness", "worker.trainers.params",
+           "worker.trainers.torch.model", "worker.trainers.torch.readback")
+
+
+def prepare_server() -> None:
+    """Read the ISA MKL and oneDNN dispatch to once for every child of this server (MKL's verbose
+    banner costs up to a second a job): worker/isa_check.py hold_library_isas()."""
+    from worker import isa_check
+
+    isa_check.hold_library_isas()

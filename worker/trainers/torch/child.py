@@ -8,6 +8,8 @@ the metric names and the analytic FLOP/parameter counts are the harness's.
     setup_s       module start (before imports) to the first step: imports, data, tokenizer, model,
                   optimizer; minus the untimed extra work recorded apart in `applied`
                   (base_pretrain_s of a finetune without a saved model, prewarm_s of a warm cache)
+    applied.setup_phases_s  where a job's time outside its steps goes: imports, data, model (with any
+                  finetune start), optimizer (with compile settings and prewarm), then save, read_back
 """
 
 from __future__ import annotations
@@ -209,6 +211,8 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     apply_in_child(config)
     applied: dict = {"precision": config["precision"], "compile": config["compile"]}
     excluded_s = 0.0  # untimed extra work inside the setup window, reported apart
+    phases = applied["setup_phases_s"] = {"imports": time.perf_counter() - _T0}  # where setup and the end go
+    mark = time.perf_counter()
 
     corpus, dataset_used = data.locate(request["data_dir"], config["dataset"])
     tokens = data.load_tokens(corpus, config["vocab_size"])
@@ -216,6 +220,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     if len(tokens) < config["seq_len"] + 2:
         raise Skip(f"unavailable here: seq_len={config['seq_len']} (the corpus has only {len(tokens)} tokens)")
 
+    phases["data"], mark = time.perf_counter() - mark, time.perf_counter()
     torch.manual_seed(config["seed"])
     cfg = ModelConfig.from_config(config)
     model = GPT(cfg)
@@ -248,6 +253,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
             applied["lora"] = f"rank {config['lora_rank']} on qkv, attn proj, mlp fc, mlp proj; every other weight frozen"
     applied["lr"] = lr
 
+    phases["model"], mark = time.perf_counter() - mark, time.perf_counter()
     if config["precision"] == "bf16":
         model = model.to(torch.bfloat16)
     applied["param_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -275,6 +281,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
                 excluded_s += prewarm_s
         trained = torch.compile(model)
 
+    phases["optimizer"] = time.perf_counter() - mark  # and compile settings, prewarm
     step = make_step(trained, optimizer, config["precision"])
     metrics, window, first_step_start = harness.timed_loop(
         _first_compile_skips(step, config), lambda loss: loss, batches, config)
@@ -282,12 +289,15 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     metrics |= harness.throughput(metrics, config, request.get("peak_gflops"))
     harness.check_finite(metrics)
 
+    mark = time.perf_counter()
     output_path = save_model(model, config, request, dataset_used)
+    phases["save"], mark = time.perf_counter() - mark, time.perf_counter()
     applied |= read_back()
     if config["compile"] == "inductor":
         from worker.trainers.torch import ccflags
 
         applied["cc_kernel_flags"] = ccflags.read_back()
+    phases["read_back"] = time.perf_counter() - mark
     return harness.result(metrics, applied=applied, timed_window=window, dataset_used=dataset_used,
                           output_path=output_path, torch_version=torch.__version__, build_info=build_info())
 
