@@ -1,7 +1,7 @@
 """MFU of the d256 config, fp32 and bf16, for two source trees (before / after), interleaved.
 
     python benchmarks/mfu.py [--rounds 6] [--steps 4] [--threads N] [--before REF|DIR] [--after DIR]
-                             [--precisions fp32,bf16] [--profile]
+                             [--precisions fp32,bf16] [--nanogpt] [--profile]
 
 Config: d_model 256, 4 layers, 4 heads, seq 256, batch 8, vocab 8192, eager, AdamW (fused), the
 trainer's own make_optimizer / make_step. --before is a source tree or a git ref (default: where
@@ -15,7 +15,8 @@ process's CPU time, which on a shared machine counts the work and not the waitin
 counts OpenMP's spin-waits). Prints per variant the median over rounds of the children's median
 step, min-max over rounds, tokens/s, GFLOP/s (the after tree's flops_per_step, the same count for
 both trees) and MFU = GFLOP/s over the child's own peak (median over rounds), per clock.
-bf16 / fp32 is the ratio of median wall step times within a tree.
+bf16 / fp32 is the ratio of median wall step times within a tree. --nanogpt adds a third
+variant: a minimal nanoGPT-style model and step of the same shape (NANOGPT below), the yardstick.
 --profile prints the after tree's op breakdowns (torch.profiler, top 15 by self CPU).
 Measures and prints; asserts nothing.
 """
@@ -36,22 +37,34 @@ CHILD = r"""
 import json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
-try:
-    from worker.trainers.torch import child as train
-    from worker.trainers.torch.model import GPT, ModelConfig
-except ModuleNotFoundError:  # a tree from before the trainer layout
-    from worker import train
-    from worker.model import GPT, ModelConfig
 precision, steps, profile, threads = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
 if threads:
     torch.set_num_threads(threads)
 torch.manual_seed(0)
-model = GPT(ModelConfig(vocab_size=8192, seq_len=256, n_layers=4, d_model=256, n_heads=4, head_dim=64, kv_heads=4))
-if precision == "bf16":
-    model = model.to(torch.bfloat16)
-config = {"optimizer": "adamw"}
-opt = train.make_optimizer(model, config, 1e-4)
-step = train.make_step(model, opt, precision)
+if sys.argv[1] == "nanogpt":
+    exec(sys.argv[6])
+    model = NanoGPT()
+    if precision == "bf16":
+        model = model.to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+
+    def step(micro):
+        for x, y in micro:
+            model(x, y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+else:
+    try:
+        from worker.trainers.torch import child as train
+        from worker.trainers.torch.model import GPT, ModelConfig
+    except ModuleNotFoundError:  # a tree from before the trainer layout
+        from worker import train
+        from worker.model import GPT, ModelConfig
+    model = GPT(ModelConfig(vocab_size=8192, seq_len=256, n_layers=4, d_model=256, n_heads=4, head_dim=64, kv_heads=4))
+    if precision == "bf16":
+        model = model.to(torch.bfloat16)
+    opt = train.make_optimizer(model, {"optimizer": "adamw"}, 1e-4)
+    step = train.make_step(model, opt, precision)
 g = torch.Generator().manual_seed(0)
 micro = [(torch.randint(0, 8192, (8, 256), generator=g), torch.randint(0, 8192, (8, 256), generator=g))]
 step(micro)
@@ -80,10 +93,50 @@ print(json.dumps({"wall_s": statistics.median(t[0] for t in times), "cpu_s": sta
                   "threads": torch.get_num_threads()}))
 """
 
+# --nanogpt: a minimal nanoGPT-style model of the same shape (Karpathy's model.py, trimmed): biased
+# Linear and LayerNorm layers, erf GELU, SDPA, tied head, F.cross_entropy over the full logits,
+# fused AdamW on every parameter; the same matmul weights, so the same flops_per_step
+NANOGPT = """
+import torch.nn as nn
+import torch.nn.functional as F
+V, T, C, L, H = 8192, 256, 256, 4, 4
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.c_fc, self.mlp_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        B = x.size(0)
+        q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in self.c_attn(self.ln_1(x)).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + self.c_proj(y)
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class NanoGPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        self.h, self.ln_f = nn.ModuleList(Block() for _ in range(L)), nn.LayerNorm(C)
+        self.lm_head = nn.Linear(C, V, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(T))
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, V), targets.view(-1))
+"""
+
 
 def child(tree: str, precision: str, steps: int, threads: int, profile: bool = False) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, tree, precision, str(steps), "1" if profile else "0",
-                          str(threads)], capture_output=True, text=True, check=True)
+                          str(threads), NANOGPT], capture_output=True, text=True, check=True)
     if profile:
         print(f"\n--- profile {tree} {precision} ---\n{out.stderr}")
     return json.loads(out.stdout.splitlines()[-1])
@@ -108,6 +161,7 @@ def main() -> None:
     ap.add_argument("--after", default=str(ROOT))
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--nanogpt", action="store_true", help="add a minimal nanoGPT-style step to the rotation")
     args = ap.parse_args()
     before = args.before or subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"],
                                            capture_output=True, text=True, check=True).stdout.strip()
@@ -122,8 +176,8 @@ def main() -> None:
         for p in precisions:
             child(args.after, p, args.steps, args.threads, profile=True)
 
-    variants = [(t, p) for t in ("before", "after") for p in precisions]
-    tree = {"before": source_tree(before), "after": args.after}
+    variants = [(t, p) for t in ("before", "after") + (("nanogpt",) if args.nanogpt else ()) for p in precisions]
+    tree = {"before": source_tree(before), "after": args.after, "nanogpt": "nanogpt"}
     runs = {v: [] for v in variants}
     for r in range(args.rounds):
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:
