@@ -195,7 +195,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     import torch
 
     from worker import data
-    from worker.trainers.torch.model import GPT, ModelConfig, add_lora
+    from worker.trainers.torch.model import GPT, ModelConfig, add_lora, head_loss_path
     from worker.trainers.torch.readback import apply_in_child, read_back
 
     apply_in_child(config)
@@ -266,7 +266,10 @@ def _train(request: dict, cache_dir: str | None) -> dict:
                 excluded_s += prewarm_s
         trained = torch.compile(model)
 
-    step = make_step(trained, optimizer, config["precision"], fused_loss=config["compile"] != "inductor")
+    fused_loss = config["compile"] != "inductor"
+    applied["loss_path"] = head_loss_path(next(model.parameters()).dtype, next(model.parameters()).dtype,
+                                          config["precision"] == "mixed", fused_loss)
+    step = make_step(trained, optimizer, config["precision"], fused_loss=fused_loss)
     metrics, window, first_step_start = harness.timed_loop(
         _first_compile_skips(step, config), lambda loss: loss, batches, config)
     metrics["setup_s"] = first_step_start - _T0 - excluded_s

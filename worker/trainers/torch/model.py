@@ -283,6 +283,16 @@ class HeadCrossEntropy(torch.autograd.Function):
         return (None if dx is None else dx * scale), (None if dw is None else dw * scale), None
 
 
+def head_loss_path(weight_dtype: torch.dtype, input_dtype: torch.dtype, autocast: bool, fused: bool) -> str:
+    """How GPT.forward(return_logits=not fused) computes a training loss: 'chunked' (HeadCrossEntropy)
+    or 'logits: <why>' (the (N, vocab) logits and CrossEntropy). The trainer reads it back."""
+    if not fused:
+        return "logits: the caller asked for them (torch.compile: inductor fuses the loss itself)"
+    if weight_dtype != torch.float32 or input_dtype != torch.float32 or autocast:
+        return "logits: chunked is fp32 only (bf16 would round the head's gradient once per chunk)"
+    return f"chunked: HeadCrossEntropy, {HeadCrossEntropy.CHUNK}-row chunks, no (N, vocab) tensor"
+
+
 class GPT(nn.Module):
     """Token + learned position embeddings, n_layers blocks, a head tied to the token embedding.
 
@@ -320,8 +330,8 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         x = self.ln_f(x)
-        if (targets is not None and not return_logits and torch.is_grad_enabled() and x.dtype == torch.float32
-                and self.head.weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")):
+        path = head_loss_path(self.head.weight.dtype, x.dtype, torch.is_autocast_enabled("cpu"), not return_logits)
+        if targets is not None and torch.is_grad_enabled() and path.startswith("chunked"):
             return None, HeadCrossEntropy.apply(x.reshape(B * T, -1), self.head.weight, targets.reshape(B * T))
         logits = self.head(x)  # (B, T, vocab_size)
         if targets is None:
