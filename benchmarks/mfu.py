@@ -7,16 +7,17 @@ Config: d_model 256, 4 layers, 4 heads, seq 256, batch 8, vocab 8192, eager, Ada
 trainer's own make_optimizer / make_step. --before is a source tree or a git ref (default: where
 this branch left main), exported with git archive. Each round starts one child process per
 (tree, precision) in rotating order; a child builds the model from its tree's worker/ package,
-runs one warm-up step and `steps` timed steps, then measures its own GEMM peak (a 2048^3 torch.mm,
-best of a few, the probe's shape) at once, on the same threads, so load drift between children
-cancels in the ratio. Each step and the peak are timed on two clocks: wall (perf_counter), and the
-process's CPU time, which on a shared machine counts the work and not the waiting: with
---threads 1 it is the steady measure when other jobs load the cores (with more threads it also
-counts OpenMP's spin-waits). Prints per variant the median over rounds of the children's median
-step, min-max over rounds, tokens/s, GFLOP/s (the after tree's flops_per_step, the same count for
-both trees) and MFU = GFLOP/s over the child's own peak (median over rounds), per clock.
-bf16 / fp32 is the ratio of median wall step times within a tree. --nanogpt adds a third
-variant: a minimal nanoGPT-style model and step of the same shape (NANOGPT below), the yardstick.
+runs one warm-up step and `steps` timed steps, then measures a GEMM peak (a 2048^3 torch.mm, best
+of a few, the probe's shape) on the same threads. Steps and peak are timed on two clocks: wall
+(perf_counter), and the process's CPU time, which on a shared machine counts the work and not the
+waiting: with --threads 1 it is the steady measure when other jobs load the cores (with more
+threads it also counts OpenMP's spin-waits). Prints per variant the median over rounds of the
+children's median step, min-max over rounds, tokens/s, GFLOP/s (the after tree's flops_per_step,
+the same count for every variant) and MFU = GFLOP/s over the peak: the best any child of that
+precision measured (load only slows a GEMM, so the best is the machine's; a median step under
+load makes the MFU a lower bound), per clock. bf16x: the fp32 / bf16 ratio of median wall steps
+within a tree. --nanogpt adds a third variant: a minimal nanoGPT-style model and step of the same
+shape (NANOGPT below), the yardstick.
 --profile prints the after tree's op breakdowns (torch.profiler, top 15 by self CPU).
 Measures and prints; asserts nothing.
 """
@@ -192,8 +193,8 @@ def main() -> None:
         for clock in ("wall", "cpu"):
             steps = [c[f"{clock}_s"] for c in runs[(t, p)]]
             med = statistics.median(steps)
-            peak = statistics.median(c[f"peak_{clock}"] for c in runs[(t, p)])
-            mfu = statistics.median(flops / c[f"{clock}_s"] / 1e9 / c[f"peak_{clock}"] for c in runs[(t, p)])
+            peak = max(c[f"peak_{clock}"] for v in variants if v[1] == p for c in runs[v])
+            mfu = flops / med / 1e9 / peak
             ratio = (statistics.median(c["wall_s"] for c in runs[(t, "fp32")]) / med
                      if p == "bf16" and clock == "wall" and "fp32" in precisions else float("nan"))
             print(f"{t:<8}{p:<6}{clock:<6}{med * 1e3:>10.1f}{min(steps) * 1e3:>8.1f}{max(steps) * 1e3:>8.1f}"
