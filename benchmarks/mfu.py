@@ -25,7 +25,9 @@ Measures and prints; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -148,6 +150,7 @@ def source_tree(ref: str) -> str:
     if Path(ref).is_dir():
         return ref
     out = Path(tempfile.mkdtemp(prefix="cpubench-mfu-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "worker"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
     return str(out)
