@@ -159,6 +159,42 @@ def test_the_loss_and_its_gradient_equal_torch_cross_entropy():
     torch.testing.assert_close(ours_grad, reference_grad)
 
 
+@pytest.mark.parametrize("lora", [False, True])  # LoRA: the tied head is frozen, no dw
+@pytest.mark.parametrize("chunk", [7, 64, 4096])  # a ragged last chunk, exact chunks, one chunk
+def test_the_chunked_head_loss_equals_the_logits_loss_and_its_gradients(chunk, lora, monkeypatch):
+    from worker.trainers.torch.model import HeadCrossEntropy, add_lora
+
+    monkeypatch.setattr(HeadCrossEntropy, "CHUNK", chunk)
+    x, y = tokens(), tokens(seed=2)
+    results = []
+    for return_logits in (True, False):
+        model = tiny(n_layers=2)
+        if lora:
+            add_lora(model, 4)
+            torch.nn.init.normal_(model.blocks[1].mlp.proj.lora_b)  # nonzero: gradients reach lora_a
+        logits, loss = model(x, y, return_logits=return_logits)
+        (0.5 * loss).backward()  # a scaled loss, as under grad_accum: backward scales the saved products
+        results.append((logits, loss, {n: p.grad for n, p in model.named_parameters()}))
+    (logits, plain, plain_grads), (none, fused, fused_grads) = results
+    assert logits is not None and none is None
+    torch.testing.assert_close(fused, plain, rtol=1e-6, atol=1e-6)
+    assert [n for n, g in fused_grads.items() if g is None] == [n for n, g in plain_grads.items() if g is None]
+    assert (model.wte.weight.grad is None) == lora
+    for name, grad in plain_grads.items():
+        if grad is not None:
+            torch.testing.assert_close(fused_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_the_chunked_head_loss_is_only_taken_where_it_is_exact():
+    x, y = tokens(), tokens(seed=2)
+    bf16 = tiny().to(torch.bfloat16)
+    assert bf16(x, y, return_logits=False)[0] is not None  # bf16: logits path (dw rounded once)
+    with torch.no_grad():
+        assert tiny()(x, y, return_logits=False)[0] is not None  # no gradient to compute
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert tiny()(x, y, return_logits=False)[0] is not None
+
+
 @pytest.mark.parametrize("backend", ["manual", "sdpa", "sdpa_math"])
 @pytest.mark.parametrize("kind", ["local", "sliding"])
 @pytest.mark.parametrize("T, window, kv_heads", [(32, 8, 4), (30, 8, 2), (29, 7, 1), (12, 16, 4), (16, 1, 2)])

@@ -135,6 +135,11 @@ def test_each_precision_trains_to_a_different_loss(data_dir, tmp_path, precision
     assert math.isfinite(other["loss_last"]) and other["loss_last"] != fp32
 
 
+def test_the_loss_path_is_read_back_chunked_for_fp32_and_logits_for_bf16(data_dir, tmp_path):
+    assert metrics(data_dir, tmp_path)["applied"]["loss_path"].startswith("chunked: HeadCrossEntropy")
+    assert metrics(data_dir, tmp_path, precision="bf16")["applied"]["loss_path"].startswith("logits: chunked is fp32")
+
+
 def test_attn_backend_and_attention_kind_are_recorded_and_change_the_run(data_dir, tmp_path):
     manual = metrics(data_dir, tmp_path, attn_backend="manual", attention="sliding", window=8)
     math_ = metrics(data_dir, tmp_path, attn_backend="sdpa_math")

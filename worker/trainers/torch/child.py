@@ -113,8 +113,11 @@ def make_optimizer(model, config: dict, lr: float):
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=True)
 
 
-def make_step(model, optimizer, precision: str):
-    """One optimizer step over a list of (inputs, targets) micro-batches; returns the mean loss."""
+def make_step(model, optimizer, precision: str, fused_loss: bool = True):
+    """One optimizer step over a list of (inputs, targets) micro-batches; returns the mean loss.
+
+    fused_loss: the model skips the logits (GPT.forward return_logits=False: the chunked head +
+    cross-entropy, the same loss); off for a torch.compile'd model, where inductor fuses the loss."""
     import torch
 
     autocast = precision == "mixed"
@@ -123,7 +126,7 @@ def make_step(model, optimizer, precision: str):
         total = 0.0
         for x, y in micro_batches:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                _, loss = model(x, y)
+                _, loss = model(x, y, return_logits=not fused_loss)
             (loss / len(micro_batches)).backward()
             total += loss.detach()
         optimizer.step()
@@ -205,7 +208,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     import torch
 
     from worker import data
-    from worker.trainers.torch.model import GPT, ModelConfig, add_lora
+    from worker.trainers.torch.model import GPT, ModelConfig, add_lora, head_loss_path
     from worker.trainers.torch.readback import apply_in_child, read_back
 
     apply_in_child(config)
@@ -282,7 +285,10 @@ def _train(request: dict, cache_dir: str | None) -> dict:
         trained = torch.compile(model)
 
     phases["optimizer"] = time.perf_counter() - mark  # and compile settings, prewarm
-    step = make_step(trained, optimizer, config["precision"])
+    fused_loss = config["compile"] != "inductor"
+    applied["loss_path"] = head_loss_path(next(model.parameters()).dtype, next(model.parameters()).dtype,
+                                          config["precision"] == "mixed", fused_loss)
+    step = make_step(trained, optimizer, config["precision"], fused_loss=fused_loss)
     metrics, window, first_step_start = harness.timed_loop(
         _first_compile_skips(step, config), lambda loss: loss, batches, config)
     metrics["setup_s"] = first_step_start - _T0 - excluded_s

@@ -243,6 +243,56 @@ class CrossEntropy(torch.autograd.Function):
         return grad, None
 
 
+class HeadCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of the tied head's logits x @ w.T (fp32) against targets, written with its
+    gradient and cut into row chunks: no (N, vocab) tensor ever exists.
+
+    Each chunk of CHUNK rows computes its logits, log-softmax, softmax - onehot (in place) and both
+    products: its rows of dx and its share of dw (accumulated). The backward pass only scales
+    them, as jax/model.py's head_cross_entropy. At vocab 8192 the logits, their log-softmax and their
+    gradient were each a 64 MB tensor that glibc maps fresh on every step (page faults on first
+    touch, larger than its 32 MB mmap ceiling); a 256-row chunk is 8 MB and stays in the heap and
+    near the cache. fp32 only, without autocast: bf16 would round dw once per chunk, not once.
+    """
+
+    CHUNK = 256  # rows: measured best of 128 / 256 / 512 on the d256 config (1 thread, CPU time)
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        n = x.size(0)
+        dx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        dw = torch.zeros_like(w) if ctx.needs_input_grad[1] else None
+        total = x.new_zeros(())
+        for s in range(0, n, HeadCrossEntropy.CHUNK):
+            xc, tc = x[s:s + HeadCrossEntropy.CHUNK], targets[s:s + HeadCrossEntropy.CHUNK, None]
+            g = torch.log_softmax(xc @ w.t(), dim=-1)  # (chunk, vocab)
+            total += g.gather(1, tc).sum()
+            g.exp_().scatter_add_(1, tc, g.new_full(tc.shape, -1.0))  # softmax - onehot
+            if dx is not None:
+                torch.mm(g, w, out=dx[s:s + len(tc)])
+            if dw is not None:
+                dw.addmm_(g.t(), xc)
+        ctx.save_for_backward(dx, dw)
+        ctx.n = n
+        return -total / n
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        dx, dw = ctx.saved_tensors
+        scale = grad_loss / ctx.n
+        return (None if dx is None else dx * scale), (None if dw is None else dw * scale), None
+
+
+def head_loss_path(weight_dtype: torch.dtype, input_dtype: torch.dtype, autocast: bool, fused: bool) -> str:
+    """How GPT.forward(return_logits=not fused) computes a training loss: 'chunked' (HeadCrossEntropy)
+    or 'logits: <why>' (the (N, vocab) logits and CrossEntropy). The trainer reads it back."""
+    if not fused:
+        return "logits: the caller asked for them (torch.compile: inductor fuses the loss itself)"
+    if weight_dtype != torch.float32 or input_dtype != torch.float32 or autocast:
+        return "logits: chunked is fp32 only (bf16 would round the head's gradient once per chunk)"
+    return f"chunked: HeadCrossEntropy, {HeadCrossEntropy.CHUNK}-row chunks, no (N, vocab) tensor"
+
+
 class GPT(nn.Module):
     """Token + learned position embeddings, n_layers blocks, a head tied to the token embedding.
 
@@ -269,14 +319,21 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=0.02)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True):
+        """logits (B, T, vocab); with targets (logits, mean loss). return_logits=False: (None, loss),
+        by HeadCrossEntropy where it applies (fp32 weights, no autocast, grad on), never holding the
+        (B, T, vocab) logits."""
         B, T = idx.shape
         assert T <= self.cfg.seq_len, f"sequence of {T} tokens > seq_len {self.cfg.seq_len}"
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, d_model)
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.ln_f(x))  # (B, T, vocab_size)
+        x = self.ln_f(x)
+        path = head_loss_path(self.head.weight.dtype, x.dtype, torch.is_autocast_enabled("cpu"), not return_logits)
+        if targets is not None and torch.is_grad_enabled() and path.startswith("chunked"):
+            return None, HeadCrossEntropy.apply(x.reshape(B * T, -1), self.head.weight, targets.reshape(B * T))
+        logits = self.head(x)  # (B, T, vocab_size)
         if targets is None:
             return logits
         # the loss in fp32 also under bf16: a bf16 log-softmax over thousands of classes is too coarse
