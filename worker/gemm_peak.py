@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from worker import sensors
+from worker import jsonfile, sensors
 
 REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = ("fp32", "bf16")
@@ -93,18 +93,6 @@ def measure_set(cpus: list[int], threads_on: list[int], quick: bool, timeout_s: 
     return json.loads(done.stdout)
 
 
-def _load(file: Path) -> dict:
-    try:
-        return json.loads(file.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _save(file: Path, data: dict) -> None:
-    file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(file)  # atomic: a killed worker never leaves half a cache
 
 
 def peak_for(cpus: list[int], config: dict, facts: dict, state_dir: Path, *, quick: bool,
@@ -117,7 +105,7 @@ def peak_for(cpus: list[int], config: dict, facts: dict, state_dir: Path, *, qui
     keys = {p: set_key(cpus, config, p) for p in PRECISIONS}
     file = Path(state_dir) / CACHE_FILE
     mkey = machine_key(facts, quick)
-    cached = _load(file).get(mkey, {})
+    cached = jsonfile.read(file).get(mkey, {})
     where = f"CPUs {sorted(set(cpus))}: {len(threads_on)} thread(s), one per physical core, pinned to {threads_on}"
     if all(k in cached for k in keys.values()):
         at = time.strftime("%Y-%m-%d %H:%M", time.gmtime(cached[keys["fp32"]]["measured_at"]))
@@ -131,12 +119,12 @@ def peak_for(cpus: list[int], config: dict, facts: dict, state_dir: Path, *, qui
     why = loaded_reason(m)
     out = {p: m["gflops"][p] for p in PRECISIONS}
     if why is None:
-        all_cached = _load(file)  # re-read: another worker on other CPUs may have added its sets
+        all_cached = jsonfile.read(file)  # re-read: another worker on other CPUs may have added its sets
         entries = all_cached.setdefault(mkey, {})
         for p, k in keys.items():
             entries[k] = {"gflops": m["gflops"][p], "measured_at": time.time(), "threads_on": threads_on,
                           "window_s": m["window_s"], "other_cpu_s": m["other_cpu_s"], "steal_s": m["steal_s"]}
-        _save(file, all_cached)
+        jsonfile.write(file, all_cached)
         out.update(basis=f"GEMM peak measured on {where} (measured now on a quiet machine, cached)", provisional=None)
     else:
         out.update(basis=f"GEMM peak measured on {where} (provisional, not cached: {why})", provisional=why)

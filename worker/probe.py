@@ -27,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 
 from orchestrator.errors import BenchError
-from worker import noise, sysfs
+from worker import jsonfile, noise, sysfs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -288,18 +288,6 @@ def _measure_in_child(quick: bool) -> dict:
 
 # -- the probe ------------------------------------------------------------------------------------
 
-def _load(file: Path) -> dict:
-    try:
-        return json.loads(file.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _save(file: Path, data: dict) -> None:
-    file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(file)  # atomic: a killed probe never leaves half a cache
 
 
 def probe(state_dir: Path, *, remeasure: bool = False, quick: bool = False, sysfs_root: str = "/") -> dict:
@@ -310,13 +298,13 @@ def probe(state_dir: Path, *, remeasure: bool = False, quick: bool = False, sysf
     t0 = time.perf_counter()
     state_dir = Path(state_dir)
     static_file = state_dir / "probe-static.json"
-    cached = _load(static_file)
+    cached = jsonfile.read(static_file)
     boot_id = sysfs.read(sysfs_root, "/proc/sys/kernel/random/boot_id")
     if cached.get("boot_id") == boot_id and boot_id and cached.get("sysfs_root") == sysfs_root:
         facts = cached["facts"]
     else:
         facts = static_facts(sysfs_root)
-        _save(static_file, {"boot_id": boot_id, "sysfs_root": sysfs_root, "facts": facts})
+        jsonfile.write(static_file, {"boot_id": boot_id, "sysfs_root": sysfs_root, "facts": facts})
 
     try:
         torch_version = metadata.version("torch")  # the cache key, read without importing torch
@@ -324,13 +312,13 @@ def probe(state_dir: Path, *, remeasure: bool = False, quick: bool = False, sysf
         torch_version = None
     key = f"{facts['fingerprint']}/torch-{torch_version}/{'quick' if quick else 'full'}"
     limits_file = state_dir / "probe-limits.json"
-    all_limits = _load(limits_file)
+    all_limits = jsonfile.read(limits_file)
     limits = all_limits.get(key)
     if limits is None or remeasure or any(k not in limits for k in LIMIT_KEYS):  # an older cache lacks new figures
         limits = _measure_in_child(quick)
         limits["measured_at"] = time.time()
         all_limits[key] = limits
-        _save(limits_file, all_limits)
+        jsonfile.write(limits_file, all_limits)
 
     facts = dict(facts)
     facts.update({k: limits.get(k) for k in LIMIT_KEYS})
