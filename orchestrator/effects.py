@@ -816,8 +816,11 @@ def _repeats_needed(e: Effect, noise: Noise, family: int) -> int | None:
     if e.significant or noise.sigma is None:
         return None
     sigma = noise.sigma
-    if e.kind == "ratio" and e.se is not None and e.min_runs:
-        sigma = max(sigma, e.se * math.sqrt(e.min_runs / 2))
+    if e.se is not None and e.min_runs:  # the comparison's own noise, back from its standard error
+        # ratio: se = sigma * sqrt(2 / n); elasticity over two values: se = sigma * sqrt(2 / n) / log_range
+        # (more values fit a slope more tightly: this then overstates sigma, so it errs on the safe side)
+        own = e.se * math.sqrt(e.min_runs / 2) * (1.0 if e.kind == "ratio" else e.log_range)
+        sigma = max(sigma, own)
     size = abs(e.log_effect) if e.kind == "ratio" else abs(e.estimate) * e.log_range
     if size < 1e-6:
         return None  # no effect at all to resolve

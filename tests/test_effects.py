@@ -376,3 +376,19 @@ def test_a_done_run_whose_read_back_differs_counts_under_what_it_ran_with(store)
     assert ve.ratios[0].estimate == pytest.approx(0.5)
     assert ma.regrouped == ["1 run(s) asked for intra_threads=2 ran with intra_threads=1 (read back in the child) "
                             "and count under 1"]
+
+
+@pytest.mark.parametrize("kind", ["ratio", "elasticity"])
+def test_runs_needed_uses_the_comparisons_own_noise_when_it_is_larger_than_the_machines(kind):
+    """A comparison noisier than the probe says (outliers, a disturbed pass) must not be told that fewer
+    runs than it already has would resolve it: 20 runs per value, an unresolved effect, a quiet probe."""
+    log_range = math.log(2)
+    se = 0.10 if kind == "ratio" else 0.10 / log_range  # the same log-scale noise either way
+    e = fx.Effect(machine_id=1, variable="cores", kind=kind, value="1" if kind == "ratio" else None,
+                  baseline="2" if kind == "ratio" else None, estimate=0.9 if kind == "ratio" else -0.15,
+                  se=se, dof=38.0, n_runs=40, min_runs=20, significant=False, log_range=log_range)
+    quiet = fx.Noise(cv=0.03, cv_with_drift=0.03, configs=3, noisiest=[], probe_cv=0.037)
+    needed = fx._repeats_needed(e, quiet, family=4)
+    assert needed is not None and needed > 20, needed
+    e.se = 0.001  # a comparison quieter than the machine: the machine's noise sets the figure
+    assert fx._repeats_needed(e, quiet, family=4) <= 20
