@@ -47,6 +47,7 @@ import numpy as np
 from scipy.special import ndtri, stdtr, stdtrit
 
 from orchestrator.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
+from worker.sensors import DISTURBED_SHARE, disturbance  # noqa: F401  (DISTURBED_SHARE: the report states it)
 
 METRIC = "step_ms_median"
 ALPHA = 0.05  # family-wise error rate of the whole report
@@ -173,21 +174,10 @@ def done_runs(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("status") == "done" and r.get(METRIC) is not None and r[METRIC] > 0]
 
 
-# A run is *disturbed* when other processes (other_cpu_s) or the hypervisor (steal_s) took more than
-# this share of its CPUs' time over the timed window (window seconds x the job's CPUs). Why 5%: a
-# compute-bound step loses about the share of CPU time taken from it, and 5% is the size of the
-# smaller effects the report resolves and above a quiet machine's run-to-run noise (1-3%), so such a
-# run can move a comparison by as much as the effect it measures.
-DISTURBED_SHARE = 0.05
-# /proc/stat counts in USER_HZ ticks (10 ms): two ticks per CPU (the window's two edges) is resolution,
-# not disturbance, so a very short window needs at least this much per CPU before it is flagged.
-DISTURBED_FLOOR_S = 0.02
-
-
 def disturbed(row: dict) -> str | None:
-    """Why a done run was disturbed (other processes' CPU time or steal above DISTURBED_SHARE of the
-    window), or None. The window is applied.timed_window (train_s without one), the CPUs the
-    child's read-back affinity (else `cores`)."""
+    """Why a done run was disturbed (worker/sensors.disturbance: other processes' CPU time or steal
+    above DISTURBED_SHARE of the window), or None. The window is applied.timed_window (train_s
+    without one), the CPUs the child's read-back affinity (else `cores`)."""
     applied = _json(row.get("applied")) or {}
     window = applied.get("timed_window") or {}
     if window.get("end_unix_s") is not None and window.get("start_unix_s") is not None:
@@ -195,14 +185,7 @@ def disturbed(row: dict) -> str | None:
     else:
         window_s = float(row.get("train_s") or 0)
     cpus = len(applied.get("affinity") or []) or int(row.get("cores") or 1)
-    limit = max(DISTURBED_SHARE * window_s, DISTURBED_FLOOR_S) * cpus
-    why = [f"{what} {float(row[col]):.2f} s" for col, what in (("other_cpu_s", "other processes used"),
-                                                              ("steal_s", "the hypervisor stole"))
-           if row.get(col) is not None and float(row[col]) > limit]
-    if not why:
-        return None
-    return (f"{' and '.join(why)} of {cpus} CPU(s) x {window_s:.2f} s "
-            f"(more than {DISTURBED_SHARE:.0%}: {limit:.2f} CPU-s)")
+    return disturbance(row.get("other_cpu_s"), row.get("steal_s"), cpus, window_s)
 
 
 def provisional_peak(row: dict) -> str | None:

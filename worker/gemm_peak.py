@@ -11,7 +11,7 @@ measured at a pinned low clock never stands for the same set at the default one.
 
 A measurement is trusted only from a quiet machine: the child reads /proc/stat busy and steal ticks
 of the whole set around the timed GEMMs and takes its own CPU time out. When other processes or
-the hypervisor took more than QUIET_SHARE of the set's CPU time meanwhile, the figure is used for
+the hypervisor took more than sensors.DISTURBED_SHARE of the set's CPU time meanwhile, the figure is used for
 the run that asked, recorded as provisional with the reason, and not cached (the worker retries
 after RETRY_S). Where no measurement can be had the probe's 1-core / all-core peaks are scaled to
 the set (loop._peaks), and the basis says so.
@@ -33,11 +33,6 @@ from worker import jsonfile, sensors
 REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = ("fp32", "bf16")
 CLOCK_KNOBS = ("freq_mhz", "governor", "turbo")
-# Other processes' (or the hypervisor's) share of the set's CPU time during the measurement above
-# which the figure is not cached: 5%, the share effects.disturbed flags a run at, since a GEMM peak
-# lowered by 5% inflates every MFU taken against it by as much.
-QUIET_SHARE = 0.05
-QUIET_FLOOR_S = 0.02  # per CPU: two /proc/stat ticks (the window's edges) are resolution, not load
 MIN_WINDOW_S = 0.5  # the timed GEMMs last at least this long (quick ones are repeated)
 RETRY_S = 300.0  # a worker re-measures a provisional peak at most this often
 CACHE_FILE = "probe-peaks.json"
@@ -63,17 +58,10 @@ def machine_key(facts: dict, quick: bool) -> str:
 
 
 def loaded_reason(m: dict) -> str | None:
-    """Why a measurement was taken under load (other processes' CPU time or steal on the set above
-    QUIET_SHARE of its CPU time over the timed GEMMs), or None when the machine was quiet."""
-    n, window_s = len(m["cpus"]), float(m["window_s"])
-    limit = max(QUIET_SHARE * window_s, QUIET_FLOOR_S) * n
-    why = [f"{what} {m[k]:.2f} s" for k, what in (("other_cpu_s", "other processes used"),
-                                                    ("steal_s", "the hypervisor stole"))
-           if m.get(k) is not None and m[k] > limit]
-    if not why:
-        return None
-    return (f"{' and '.join(why)} of {n} CPU(s) x {window_s:.2f} s during the measurement "
-            f"(more than {QUIET_SHARE:.0%}: {limit:.2f} CPU-s)")
+    """Why a measurement was taken under load (sensors.disturbance over the timed GEMMs), or None
+    when the machine was quiet."""
+    return sensors.disturbance(m.get("other_cpu_s"), m.get("steal_s"), len(m["cpus"]), float(m["window_s"]),
+                               " during the measurement")
 
 
 def measure_set(cpus: list[int], threads_on: list[int], quick: bool, timeout_s: float = 300) -> dict:

@@ -288,8 +288,6 @@ def _measure_in_child(quick: bool) -> dict:
 
 # -- the probe ------------------------------------------------------------------------------------
 
-
-
 def probe(state_dir: Path, *, remeasure: bool = False, quick: bool = False, sysfs_root: str = "/") -> dict:
     """Machine facts. Cached per boot (boot_id) under state_dir; measured limits (bandwidth, GEMM)
     cached and re-measured on demand (remeasure=True). quick=True makes the measurements tiny."""
