@@ -39,7 +39,7 @@ LTO_REASON = ("cc_flags=lto: link-time optimisation needs the framework built fr
 GLUE_LEVELS = ("-O0", "-O1")
 
 
-def unavailable(value: str, framework: str = "torch") -> str | None:
+def unavailable(value: str) -> str | None:
     """Why this machine cannot run the value (the run is skipped), or None."""
     return LTO_REASON if value == "lto" else None
 

@@ -81,8 +81,6 @@ def measure_set(cpus: list[int], threads_on: list[int], quick: bool, timeout_s: 
     return json.loads(done.stdout)
 
 
-
-
 def peak_for(cpus: list[int], config: dict, facts: dict, state_dir: Path, *, quick: bool,
              provisional: dict | None = None, measure: Callable[..., dict] = measure_set) -> dict:
     """{"fp32": .., "bf16": .., "basis": .., "provisional": reason or None} for the job's CPU set:
