@@ -3,7 +3,11 @@ from the law in tests/synthetic.py (followers on their own axes, one noisy level
 runs finished through the real Store, then the effects of each checkout computed on the same rows.
 
     venv/bin/python benchmarks/effects_truth.py [--seeds 100] [--baseline /work/baseline] [--drift 0,0.12,-0.08]
-                                                [--sigma 0.02]
+                                                [--sigma 0.02] [--repeats N] [--tail] [--disturbed]
+
+--tail slows a share of runs where no sensor sees it, --disturbed as many where other_cpu_s does
+(tests/synthetic.py TAIL and DISTURBED: the heavy tails of a shared machine); --repeats sets the
+passes (the preset's 3 by default; trimming needs 5 or more runs per value to cut anything).
 
 Prints, per comparison, the true effect, the mean estimate over seeds and how often its interval
 covered the truth; then per checkout the share of seeds with at least one no-effect comparison
@@ -25,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def generate(seeds: int, out: Path, drift: tuple[float, ...], sigma: float) -> None:
+def generate(seeds: int, out: Path, drift: tuple[float, ...], sigma: float, repeats: int | None = None,
+             tail: bool = False, disturbed: bool = False) -> None:
     sys.path.insert(0, str(ROOT))
     from sqlalchemy import text
 
@@ -33,11 +38,13 @@ def generate(seeds: int, out: Path, drift: tuple[float, ...], sigma: float) -> N
     from tests import synthetic as S
 
     S.SIGMA = sigma
-    data = {"truth": [[kind, name, value, t] for (kind, name, value), t in S.truth_by_label().items()], "seeds": []}
+    data = {"truth": [[kind, name, value, t] for (kind, name, value), t in S.truth_by_label().items()],
+            "noisy": list(S.NOISY), "seeds": []}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(seeds):
             store = Store(str(Path(tmp) / f"seed{seed}.db"))
-            S.build(store, seed=seed, drift=drift)
+            S.build(store, seed=seed, drift=drift, repeats=repeats, tail=S.TAIL if tail else None,
+                    disturbed=S.DISTURBED if disturbed else None)
             with store.transaction() as conn:
                 rows = [dict(r._mapping) for r in conn.execute(text("SELECT * FROM v_results ORDER BY run_id"))]
             data["seeds"].append(rows)
@@ -69,11 +76,19 @@ def evaluate(rows_path: Path, code: Path) -> None:
     print(json.dumps(out))
 
 
-def summarise(truth: dict, seeds: list[list]) -> dict:
+def off_by_more_than_10_percent(kind: str, est: float, true: float) -> bool:
+    """As tests/test_synthetic_truth.within_10_percent: a ratio, or the factor of a doubling (and an
+    exponent of 0.5 or more within 10% of itself), more than 10% from the truth."""
+    if kind == "ratio":
+        return abs(est / true - 1) > 0.10
+    return abs(2 ** est / 2 ** true - 1) > 0.10 or (abs(true) >= 0.5 and abs(est / true - 1) > 0.10)
+
+
+def summarise(truth: dict, seeds: list[list], noisy: tuple) -> dict:
     per = {}
-    alarms = misses = 0
+    alarms = misses = offs = 0
     for found in seeds:
-        alarm = miss = False
+        alarm = miss = off = False
         for kind, name, value, est, lo, hi, called in found:
             k = (kind, name, value)
             if k not in truth:
@@ -83,6 +98,7 @@ def summarise(truth: dict, seeds: list[list]) -> dict:
             covered = lo is not None and lo <= t <= hi
             alarm |= null and called
             miss |= not covered
+            off |= (name, value) != noisy and off_by_more_than_10_percent(kind, est, t)
             p = per.setdefault(k, {"log_err": [], "covered": 0, "called": 0, "n": 0})
             p["log_err"].append(math.log(est / t) if kind == "ratio" else est - t)
             p["covered"] += covered
@@ -90,7 +106,8 @@ def summarise(truth: dict, seeds: list[list]) -> dict:
             p["n"] += 1
         alarms += alarm
         misses += miss
-    return {"per": per, "alarms": alarms, "misses": misses, "n": len(seeds)}
+        offs += off
+    return {"per": per, "alarms": alarms, "misses": misses, "offs": offs, "n": len(seeds)}
 
 
 def main() -> None:
@@ -99,6 +116,10 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, default=Path("/work/baseline"))
     parser.add_argument("--drift", default="0,0.12,-0.08", help="log shift of each repeat pass (default: the test's)")
     parser.add_argument("--sigma", type=float, default=0.02, help="run-to-run noise of log step time (default 0.02)")
+    parser.add_argument("--repeats", type=int, help="repeat passes (default: the quick preset's)")
+    parser.add_argument("--tail", action="store_true", help="slow a share of runs unseen (tests/synthetic.py TAIL)")
+    parser.add_argument("--disturbed", action="store_true",
+                        help="slow a share of runs, seen by other_cpu_s (tests/synthetic.py DISTURBED)")
     parser.add_argument("--evaluate", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--code", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -108,8 +129,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows_path = Path(tmp) / "rows.json"
         drift = tuple(float(x) for x in args.drift.split(","))
-        generate(args.seeds, rows_path, drift, args.sigma)
-        truth = {(k, n, v): t for k, n, v, t in json.loads(rows_path.read_text())["truth"]}
+        generate(args.seeds, rows_path, drift, args.sigma, args.repeats, args.tail, args.disturbed)
+        data = json.loads(rows_path.read_text())
+        truth = {(k, n, v): t for k, n, v, t in data["truth"]}
+        noisy = tuple(data["noisy"])
         results = {}
         for label, code in (("before", args.baseline), ("after", ROOT)):
             if not (code / "orchestrator" / "effects.py").exists():
@@ -117,10 +140,12 @@ def main() -> None:
                 continue
             proc = subprocess.run([sys.executable, __file__, "--evaluate", str(rows_path), "--code", str(code)],
                                   capture_output=True, text=True, cwd=code, check=True)
-            results[label] = summarise(truth, json.loads(proc.stdout))
+            results[label] = summarise(truth, json.loads(proc.stdout), noisy)
     labels = list(results)
+    extra = (f", {args.repeats or 'the preset'} repeats" + (", heavy tail" if args.tail else "")
+             + (", disturbed runs" if args.disturbed else ""))
     print(f"synthetic truth, quick preset, {args.seeds} seeds, noise {args.sigma:g} (one level {0.15:g}), "
-          f"pass drift {args.drift}; estimate = geometric mean over seeds; "
+          f"pass drift {args.drift}{extra}; estimate = geometric mean over seeds; "
           "covered = share of seeds whose interval held the truth; called = share called an effect")
     header = f"{'comparison':32s} {'true':>7s} " + " ".join(f"{lab + ' est':>11s} {'covered':>8s} {'called':>7s}"
                                                            for lab in labels)
@@ -143,7 +168,8 @@ def main() -> None:
         r = results[lab]
         print(f"{lab}: seeds with a no-effect comparison called an effect {r['alarms']}/{r['n']} "
               f"({r['alarms'] / r['n']:.0%}); seeds with an interval missing its truth {r['misses']}/{r['n']} "
-              f"({r['misses'] / r['n']:.0%})")
+              f"({r['misses'] / r['n']:.0%}); seeds with an estimate more than 10% off (the noisy level aside) "
+              f"{r['offs']}/{r['n']} ({r['offs'] / r['n']:.0%})")
 
 
 if __name__ == "__main__":

@@ -21,12 +21,17 @@ How the uncertainty is made
   pass (a robust two-way fit: configuration x pass, medians) and removed from every run's log step
   time. A pass with fewer than MIN_PASS_CONFIGS such configurations is left as it is (said in the
   effect's method).
-- Each value's noise is its own: the variance of its runs' drift-free log step times. Nothing is
-  pooled across values, so one noisy value widens only its own comparisons.
-- A *ratio* (value vs baseline): the difference of mean log step times, Welch's standard error and
-  Satterthwaite's degrees of freedom, a Student t interval and a two-sided p-value.
-- An *elasticity* (size-like numeric variables): the least-squares slope of the values' mean log step
-  time on log value (within each group), its variance summed from each value's own variance.
+- Disturbed runs (disturbed(): another process or the hypervisor took a share of the job's CPUs
+  in its timed window) are left out of every fit, unless every run of the machine was disturbed.
+- Each value's location is the TRIM-trimmed mean of its runs' drift-free log step times and its
+  noise is its own: Yuen's squared standard error (winsorized variance). Nothing is pooled across
+  values, so one noisy value widens only its own comparisons, and a few runs slowed by something no
+  sensor saw (heavy tails) move neither the estimate nor the interval.
+- A *ratio* (value vs baseline): the difference of trimmed mean log step times, Yuen's standard
+  errors combined as Welch's with Satterthwaite's degrees of freedom, a Student t interval and a
+  two-sided p-value.
+- An *elasticity* (size-like numeric variables): the least-squares slope of the values' trimmed mean
+  log step time on log value (within each group), its variance summed from each value's own.
 - Across the whole report, p-values are Holm-adjusted (family-wise error 5%): `significant` means the
   adjusted p < 0.05. The intervals shown are simultaneous (Bonferroni, each at 1 - 0.05/m), so all of
   them cover their true values together with probability at least 95%. A value that ran once has no
@@ -61,6 +66,8 @@ NOT_SIZES = ("seed", "dropout", "repeat")
 # fewer would move every run of the pass by the noise of a handful.
 MIN_PASS_CONFIGS = 5
 DERIVED_MARK = "(derived)"  # the comparison-group key of a follower at its derived value
+# Each value's location is its TRIM-trimmed mean of log step time (Yuen): 20%, the usual choice.
+TRIM = 0.2
 
 # What really ran, where a run records it: variable -> (where, read-back key). The worker records a
 # run whose read-back differs from its job as failed; done runs of older databases may still differ,
@@ -152,6 +159,7 @@ class Run:
     pass_: int
     derived: dict | None  # recorded at enqueue (jobs.derived); None for older jobs
     adj: float = 0.0  # log step time with its pass's drift removed
+    disturbed: str | None = None  # why its timed window was disturbed (disturbed()), or None
 
     @property
     def step_ms(self) -> float:
@@ -207,7 +215,7 @@ def as_ran(rows: list[dict]) -> list[Run]:
             values[n] = asked if ran is None else ran
         derived = _json(row.get("derived"))
         out.append(Run(row, values, changed, math.log(float(row[METRIC])), int(row.get("repeat") or 0),
-                       derived if isinstance(derived, dict) else None))
+                       derived if isinstance(derived, dict) else None, disturbed=disturbed(row)))
     return out
 
 
@@ -339,6 +347,43 @@ def machine_noise(runs: list[Run], varied: list[str], probe_cv: float | None = N
     noisiest = sorted(((name(rs), cv_of(float(np.var([r.adj for r in rs], ddof=1)))) for rs in repeated),
                       key=lambda x: -x[1])[:3]
     return Noise(cv_of(adj), cv_of(raw), len(repeated), noisiest, probe_cv)
+
+
+# -- robust location ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Trimmed:
+    """A value's trimmed mean of log step time and its squared standard error (Yuen 1974)."""
+
+    mean: float
+    se2: float | None  # None: fewer than 2 runs, no noise estimate of its own
+    dof: int  # h - 1, h = the runs left after trimming
+    cut: int  # runs trimmed from each end
+
+
+def trimmed(ys: np.ndarray, share: float | None = None) -> Trimmed:
+    """The `share`-trimmed mean of ys (TRIM by default: the lowest and highest floor(share * n) runs
+    left out), with Yuen's squared standard error: the winsorized variance (the cut runs set to the
+    nearest kept one) times (n - 1) / (h (h - 1)), on h - 1 degrees of freedom. With fewer than
+    1 / share runs nothing is cut and this is the mean, the sample variance / n and n - 1.
+
+    Why: step times on a shared machine are heavy-tailed (a run that met another process is 30-50%
+    slower, and no sensor saw it). A mean moves with every such run and its variance grows with it;
+    the trimmed mean of 20 runs ignores up to 4 of them at each end, at a small price in efficiency
+    when the noise is normal (about 0.94 of the mean's)."""
+    share = TRIM if share is None else share
+    y = np.sort(np.asarray(ys, dtype=float))
+    n = len(y)
+    cut = int(math.floor(share * n + 1e-9))
+    h = n - 2 * cut
+    mean = float(y[cut:n - cut].mean())
+    if n < 2:
+        return Trimmed(mean, None, 0, cut)
+    w = y.copy()
+    if cut:
+        w[:cut], w[n - cut:] = y[cut], y[n - cut - 1]
+    se2 = float(np.var(w, ddof=1)) * (n - 1) / (h * (h - 1))
+    return Trimmed(mean, se2, h - 1, cut)
 
 
 # -- effects ------------------------------------------------------------------------------------
@@ -483,12 +528,13 @@ class Level:
         return {r.pass_ for r in self.runs}
 
     @property
-    def mean(self) -> float:
-        return float(self.adj.mean())
-
-    @property
     def var(self) -> float | None:
         return float(np.var(self.adj, ddof=1)) if self.n >= 2 else None
+
+    @property
+    def trimmed(self) -> Trimmed:
+        """The robust location and its squared standard error (Yuen): what the comparisons use."""
+        return trimmed(self.adj)
 
     @property
     def cv(self) -> float | None:
@@ -638,23 +684,24 @@ def analyse_variable(runs: list[Run], name: str, varied: list[str], modal: dict,
 def _method(runs: list[Run], drift: Drift) -> str:
     skipped = sorted({r.pass_ for r in runs} & set(drift.not_estimated))
     if len({r.pass_ for r in runs}) <= 1 or len(drift.shift) <= 1:
-        base = "Welch t on log step time (one pass: no drift to remove)"
+        base = f"Yuen-Welch t on {TRIM:.0%}-trimmed log step time (one pass: no drift to remove)"
     else:
-        base = "Welch t on log step time, pass drift removed"
+        base = f"Yuen-Welch t on {TRIM:.0%}-trimmed log step time, pass drift removed"
     return base + (f" (not for pass {', '.join(map(str, skipped))}: too few shared configurations)" if skipped else "")
 
 
 def ratio(lv: Level, base: Level, name: str, machine_id: int) -> Effect:
-    """Step time at lv over the baseline's: the difference of drift-free mean log step times, each
-    value with its own variance (Welch), Satterthwaite's degrees of freedom."""
-    diff = lv.mean - base.mean
+    """Step time at lv over the baseline's: the difference of drift-free trimmed-mean log step
+    times, each value with its own variance (Yuen's test: Welch's on trimmed means), Satterthwaite's
+    degrees of freedom."""
+    a, b = lv.trimmed, base.trimmed
+    diff = a.mean - b.mean
     runs = lv.runs + base.runs
     e = Effect(machine_id, name, "ratio", lv.label, base.label, math.exp(diff), None, None, len(runs),
                min_runs=min(lv.n, base.n), n_passes=len(lv.passes | base.passes),
                job_ids=tuple(sorted({r.row["job_id"] for r in runs})))
-    if lv.n >= 2 and base.n >= 2:
-        parts = [(lv.var / lv.n, lv.n - 1), (base.var / base.n, base.n - 1)]
-        _test(e, diff, parts)
+    if a.se2 is not None and b.se2 is not None:
+        _test(e, diff, [(a.se2, a.dof), (b.se2, b.dof)])
     return e
 
 
@@ -671,10 +718,10 @@ def _test(e: Effect, estimate: float, parts: list[tuple[float, int]]) -> None:
 
 
 def elasticity(groups: dict[tuple, list[Run]], name: str, machine_id: int) -> tuple[Effect | None, int]:
-    """The least-squares slope of each value's mean drift-free log step time on log value, within
-    groups (each group its own intercept); its variance is the sum of each value's own variance
-    times its weight squared, so unequal noise is not averaged away."""
-    cells = []  # (group index, log value, mean, var/n or None, n, runs)
+    """The least-squares slope of each value's trimmed-mean drift-free log step time on log value,
+    within groups (each group its own intercept); its variance is the sum of each value's own
+    squared standard error (Yuen's) times its weight squared, so unequal noise is not averaged away."""
+    cells = []  # (group index, log value, trimmed mean, its se^2 or None, runs, its dof)
     for g, members in enumerate(groups.values()):
         by_value: dict = defaultdict(list)
         for r in members:
@@ -682,8 +729,8 @@ def elasticity(groups: dict[tuple, list[Run]], name: str, machine_id: int) -> tu
         if len(by_value) < 2:
             continue
         for v, rs in by_value.items():
-            lv = Level(v, label(name, v), rs)
-            cells.append((g, math.log(v), lv.mean, lv.var / lv.n if lv.n >= 2 else None, lv.n, rs))
+            t = Level(v, label(name, v), rs).trimmed
+            cells.append((g, math.log(v), t.mean, t.se2, rs, t.dof))
     if not cells:
         return None, 0
     used = sorted({c[0] for c in cells})
@@ -692,13 +739,13 @@ def elasticity(groups: dict[tuple, list[Run]], name: str, machine_id: int) -> tu
     sxx = float(x @ x)
     w = x / sxx
     slope = float(w @ np.array([c[2] for c in cells]))
-    runs = [r for c in cells for r in c[5]]
+    runs = [r for c in cells for r in c[4]]
     e = Effect(machine_id, name, "elasticity", None, None, slope, None, None, len(runs),
-               min_runs=min(c[4] for c in cells), n_passes=len({r.pass_ for r in runs}),
+               min_runs=min(len(c[4]) for c in cells), n_passes=len({r.pass_ for r in runs}),
                job_ids=tuple(sorted({r.row["job_id"] for r in runs})),
                log_range=max(c[1] for c in cells) - min(c[1] for c in cells))
     if all(c[3] is not None for c in cells):
-        _test(e, slope, [(wi * wi * c[3], c[4] - 1) for wi, c in zip(w, cells)])
+        _test(e, slope, [(wi * wi * c[3], c[5]) for wi, c in zip(w, cells)])
     return e, len(used)
 
 
@@ -713,8 +760,10 @@ class MachineAnalysis:
     noise: Noise
     identical: list[str]  # asked-for values that ran identically, in words
     regrouped: list[str]  # runs counted under what they ran with, in words
-    runs: list[Run]
+    runs: list[Run]  # the runs fitted
     varied: list[str]
+    disturbed: list[Run] = field(default_factory=list)  # done runs flagged disturbed (effects.disturbed)
+    disturbed_kept: bool = False  # every done run was disturbed: they are fitted, as nothing else is left
 
     @property
     def effects(self) -> list[Effect]:
@@ -755,7 +804,13 @@ def analyse(rows: list[dict], machine_ids: list[int] | None = None, *, probe_cv:
 
 
 def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (), probe_cv: float | None = None) -> MachineAnalysis:
-    """One machine's comparisons (not yet adjusted for the report's multiplicity)."""
+    """One machine's comparisons (not yet adjusted for the report's multiplicity). Disturbed runs
+    (another process or the hypervisor took a share of their CPUs during the timed window) are left
+    out of every fit, unless every run was disturbed."""
+    flagged = [r for r in runs if r.disturbed]
+    kept_all = bool(flagged) and len(flagged) == len(runs)
+    if not kept_all:
+        runs = [r for r in runs if not r.disturbed]
     drift = pass_drift(runs)
     varied = varied_variables(runs)
     noise = machine_noise(runs, varied, probe_cv)
@@ -770,7 +825,7 @@ def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (),
             for e in ve.effects:
                 e.method = _method([r for lv in ve.levels for r in lv.runs], drift)
     return MachineAnalysis(machine_id, found, together, drift, noise, _identical(runs, asked), _regrouped(runs),
-                           runs, varied)
+                           runs, varied, flagged, kept_all)
 
 
 def holm(effects: list[Effect], alpha: float = ALPHA) -> int:

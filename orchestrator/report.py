@@ -436,26 +436,38 @@ def runs_section(ctx: Context) -> list[str]:
     if failures:
         lines += ["Runs that did not finish, by reason (their metrics are empty and no average uses them):", ""]
         lines += _table(["status", "reason", "runs"], [[s, why, n] for s, why, n in failures])
-    lines += disturbed_lines(ctx.done)
+    lines += disturbed_lines(ctx.done, ctx.analysis)
     if ctx.sweep_notes:
         lines += ["Left out when the sweeps were planned on this machine (no job was made for these):", ""]
         lines += _table(["sweep", "note"], [[name, note] for name, note in ctx.sweep_notes])
     return lines
 
 
-def disturbed_lines(done: list[dict]) -> list[str]:
+def disturbed_lines(done: list[dict], analysis: Analysis) -> list[str]:
     """How many done runs were disturbed (effects.disturbed: other processes' CPU time or steal over
-    a stated share of the window), and which. They stay in the fits; the reader decides."""
+    a stated share of the window), which, and that the fits left them out (effects.analyse_machine)."""
     if not done:
         return []
     flagged = [(r["run_id"], why) for r in done if (why := fx.disturbed(r))]
     measured = sum(1 for r in done if r.get("other_cpu_s") is not None or r.get("steal_s") is not None)
     if not measured:
         return ["Disturbed runs: not known (no run measured other processes' CPU time or steal).", ""]
+    kept = [m for m in analysis.machines.values() if m.disturbed_kept]
+    if not flagged:
+        fate = "None was left out of the fits."
+    elif kept:
+        fate = (f"Every done run of {len(kept)} machine(s) was disturbed, so there they are kept in the fits (nothing "
+                f"else is left): read those effects with care, and rerun on a quiet machine. Elsewhere they are left "
+                f"out of every fit.") if len(kept) < len(analysis.machines) else (
+                "Every done run was disturbed, so they are kept in the fits (nothing else is left): read the "
+                "effects with care, and rerun on a quiet machine.")
+    else:
+        fate = ("They are left out of every fit and interval (`work --target-ci` adds repeat passes where a "
+                "comparison is left too wide).")
     lines = [f"Disturbed runs: {len(flagged)} of {len(done)} done runs: other processes (`other_cpu_s`) or the "
              f"hypervisor (`steal_s`) took more than {fx.DISTURBED_SHARE:.0%} of the job's CPU time over the "
              f"timed window (a step slows by about the share taken, as much as the smaller effects measured "
-             f"here). They are kept in the fits; rerun them on a quiet machine to be sure.", ""]
+             f"here). {fate}", ""]
     provisional = sum(1 for r in done if fx.provisional_peak(r))
     if provisional:
         lines += [f"MFU of {provisional} of {len(done)} done runs is against a provisional GEMM peak (measured under "
@@ -613,14 +625,23 @@ def method_section(ctx: Context) -> list[str]:
             "time is estimated from every configuration run in more than one pass (a two-way fit, configuration "
             f"plus pass, by medians) and removed from each run; a pass with fewer than {fx.MIN_PASS_CONFIGS} such "
             "configurations is left as it is. Comparisons made within passes are untouched by the drift.",
-            "- *Step time vs baseline*: the ratio of geometric means (the difference of mean drift-free log step "
-            "times). Each value's noise is its own (no pooling across values), combined with Welch's standard error "
-            "and Satterthwaite's degrees of freedom; a Student t interval and a two-sided p-value for no change. "
-            "A value that ran once has no noise estimate of its own: no interval, no test.",
-            "- *Power law* (numeric sizes): the least-squares slope of each value's mean drift-free log step time "
-            "on log value (within each group of runs that differ only in this variable); its variance is each "
-            "value's own variance weighted by its place in the fit, so unequal noise is not averaged away. The "
-            "exponent describes the values tried (a straight line on log-log axes through them).",
+            "- *Disturbed runs* (another process or the hypervisor took more than "
+            f"{fx.DISTURBED_SHARE:.0%} of the job's CPU time during its timed window, as measured by `other_cpu_s` "
+            "and `steal_s`) are left out of every fit; the Runs section counts and names them.",
+            f"- *Each value's step time*: the {fx.TRIM:.0%}-trimmed mean of its drift-free log step times (of n runs, "
+            f"the floor({fx.TRIM:g} n) fastest and as many slowest are set aside; below {round(1 / fx.TRIM)} runs "
+            "nothing is, and it is the plain mean). Step times on a shared machine are heavy-tailed: a run that "
+            "met another process can be 30-50% slower with no sensor seeing it, and a mean moves with every such "
+            "run while its variance swells; the trimmed mean does not, and costs little when the noise is normal.",
+            "- *Step time vs baseline*: the ratio of those geometric means (the difference of trimmed mean log step "
+            "times). Each value's noise is its own (no pooling across values): Yuen's standard error (the "
+            "winsorized variance), combined as in Welch's test with Satterthwaite's degrees of freedom; a Student "
+            "t interval and a two-sided p-value for no change. A value that ran once has no noise estimate of its "
+            "own: no interval, no test.",
+            "- *Power law* (numeric sizes): the least-squares slope of each value's trimmed mean drift-free log step "
+            "time on log value (within each group of runs that differ only in this variable); its variance is each "
+            "value's own squared standard error weighted by its place in the fit, so unequal noise is not averaged "
+            "away. The exponent describes the values tried (a straight line on log-log axes through them).",
             f"- *Adjustment for many comparisons*: this report makes {n} comparisons. Their p-values are "
             "Holm-adjusted (family-wise error 5%: the chance that even one comparison with no real effect is "
             "called an effect is at most 5%). *Clear effect*: adjusted p below 0.05. The intervals shown are "

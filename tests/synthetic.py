@@ -6,7 +6,10 @@ finished through the Store, as a worker would. The awkward cases are built in:
 - followers: threads follow cores, head_dim and kv_heads follow d_model / n_heads, and the preset
   also varies omp_threads, head_dim and kv_heads on their own axes, with effects of their own;
 - unequal noise: one level (NOISY) is far noisier than the rest;
-- correlated repeats: every run of a repeat pass shares that pass's drift (DRIFT).
+- correlated repeats: every run of a repeat pass shares that pass's drift (DRIFT);
+- heavy tails (build(tail=TAIL)): a share of runs is slowed by 20-100% and no sensor saw it;
+- disturbed runs (build(disturbed=DISTURBED)): a share of runs is slowed as much, and their
+  `other_cpu_s` says another process took 40% of the job's CPUs during the window.
 
 `truth()` says what each comparison of the report should find: the ratio of a value's step time to
 the baseline's, and the elasticity of size-like variables, with their followers at derived values.
@@ -65,6 +68,11 @@ SIGMA = 0.02  # run-to-run noise of log step time (2%): a quiet machine, apart f
 NOISY = ("precision", "bf16")  # this level's runs are far noisier
 NOISY_SIGMA = 0.15
 DRIFT = (0.0, 0.12, -0.08)  # log step time added to every run of pass 0, 1, 2 (the VM's slow drift)
+# (share of runs, lowest and highest log slow-down): slow runs no sensor saw, as on the shared VM
+# (the adaptive runs there: 5 of 20 runs of one value 40-50% slower, other_cpu_s ~0).
+TAIL = (0.06, math.log(1.2), math.log(2.0))
+DISTURBED = (0.05, math.log(1.2), math.log(2.0))  # runs slowed by another process the sensors saw
+TRAIN_S = 3.0  # every synthetic run's timed window, in seconds
 
 
 def law(config: dict) -> float:
@@ -118,6 +126,14 @@ def step_ms(config: dict, rng: random.Random, drift: tuple = DRIFT) -> float:
     return law(config) * math.exp(shift + rng.gauss(0.0, sigma_of(config)))
 
 
+def slowed(rng: random.Random, share_low_high: tuple | None) -> float | None:
+    """The log slow-down of one run: None (not hit), or with the given share a uniform draw in [low, high]."""
+    if share_low_high is None:
+        return None
+    share, low, high = share_low_high
+    return rng.uniform(low, high) if rng.random() < share else None
+
+
 def metrics(config: dict, ms: float) -> dict:
     tokens = config["seq_len"] * config["batch_size"] * config["grad_accum"]
     return {"step_ms_median": ms, "step_ms_p10": ms * 0.96, "step_ms_p90": ms * 1.05, "step_ms_std": ms * 0.03,
@@ -125,17 +141,24 @@ def metrics(config: dict, ms: float) -> dict:
 
 
 def build(store: Store, seed: int = 0, *, dataset_used=lambda config: config["dataset"], repeats: int | None = None,
-          drift: tuple = DRIFT) -> int:
+          drift: tuple = DRIFT, tail: tuple | None = None, disturbed: tuple | None = None) -> int:
     """Enqueue the quick preset into `store` and finish every job with a step time from the law;
-    the machine id. `dataset_used(config)` says what each run really trained on."""
+    the machine id. `dataset_used(config)` says what each run really trained on; `tail` and
+    `disturbed` ((share, low, high) log slow-downs, e.g. TAIL and DISTURBED) slow a share of runs,
+    unseen or seen by other_cpu_s."""
     p = load(preset="quick", repeats=repeats, machine=Machine(cpu_count=CPUS, freq_limits=None))
     store.enqueue(name=p.name, source=p.source, sweep_text=p.text, jobs=p.jobs, notes=p.notes)
     machine_id = store.register_machine(facts())
     rng = random.Random(seed)
     while (claim := store.claim(machine_id, pid=os.getpid(), host="synthetic", max_cores=CPUS)) is not None:
         c = claim.config
-        fields = {**done_fields(**metrics(c, step_ms(c, rng, drift))), "dataset_used": dataset_used(c),
+        unseen, seen = slowed(rng, tail), slowed(rng, disturbed)
+        ms = step_ms(c, rng, drift) * math.exp((unseen or 0.0) + (seen or 0.0))
+        fields = {**done_fields(**metrics(c, ms)), "dataset_used": dataset_used(c),
                   "applied": {"torch_threads": c["intra_threads"], "interop_threads": c["inter_threads"]}}
+        if tail is not None or disturbed is not None:  # the sensors' view of the window
+            other = 0.4 if seen is not None else 0.002  # share of the job's CPU time another process took
+            fields.update(train_s=TRAIN_S, steal_s=0.0, other_cpu_s=other * TRAIN_S * c["cores"])
         store.finish(claim.run_id, pid=os.getpid(), status="done", fields=fields)
     return machine_id
 

@@ -1,12 +1,15 @@
 """The fitted effects recover known laws from synthetic runs written through the real Store, including
 the awkward cases: followers set by hand, unequal noise, pass drift, incomplete passes, values that
-ran identically, and runs whose read-back says they ran under other settings."""
+ran identically, runs whose read-back says they ran under other settings, heavy-tailed noise and
+disturbed runs."""
 
 import json
 import math
 import random
 
+import numpy as np
 import pytest
+from scipy import stats
 from sqlalchemy import text
 
 from orchestrator import effects as fx
@@ -392,3 +395,62 @@ def test_runs_needed_uses_the_comparisons_own_noise_when_it_is_larger_than_the_m
     assert needed is not None and needed > 20, needed
     e.se = 0.001  # a comparison quieter than the machine: the machine's noise sets the figure
     assert fx._repeats_needed(e, quiet, family=4) <= 20
+
+
+@pytest.mark.parametrize("n_a, n_b", [(3, 4), (5, 9), (10, 13), (20, 7)])
+def test_a_ratio_is_yuens_test_on_trimmed_means_as_scipy_computes_it(n_a, n_b):
+    """Yuen-Welch on 20%-trimmed log step times: the same statistic, degrees of freedom and p-value as
+    scipy.stats.ttest_ind(trim=0.2, equal_var=False); below 5 runs nothing is cut (Welch's test)."""
+    rng = np.random.default_rng(n_a * 100 + n_b)
+    a, b = rng.normal(0.3, 0.05, n_a), rng.normal(0.0, 0.2, n_b)
+    a[0] += 1.0  # an outlier
+
+    def level(ys):
+        runs = [fx.Run({"job_id": i}, {}, {}, float(y), 0, None, adj=float(y)) for i, y in enumerate(ys)]
+        return fx.Level("v", "v", runs)
+    e = fx.ratio(level(a), level(b), "precision", 1)
+
+    ref = stats.ttest_ind(a, b, equal_var=False, trim=fx.TRIM)
+    assert math.log(e.estimate) == pytest.approx(stats.trim_mean(a, fx.TRIM) - stats.trim_mean(b, fx.TRIM), rel=1e-12)
+    assert math.log(e.estimate) / e.se == pytest.approx(ref.statistic, rel=1e-9)
+    assert e.dof == pytest.approx(ref.df, rel=1e-9)
+    assert e.p_value == pytest.approx(ref.pvalue, rel=1e-9)
+    if max(n_a, n_b) < 5:  # nothing cut: Welch's test
+        assert e.p_value == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-9)
+
+
+def test_trimming_sets_aside_the_slowest_and_fastest_fifth_and_winsorizes_the_variance():
+    ys = np.array([0.0, 0.01, -0.01, 0.02, -0.02, 0.0, 0.01, -0.01, 0.5, 0.6])  # two runs 65-80% slower
+    t = fx.trimmed(ys)
+    assert t.cut == 2 and t.dof == 5
+    assert t.mean == pytest.approx(np.mean(np.sort(ys)[2:8]))
+    assert abs(t.mean) < 0.01 < abs(ys.mean()) / 10  # the mean moved by 11%, the trimmed mean by < 1%
+    assert math.sqrt(t.se2) < 0.01 < math.sqrt(np.var(ys, ddof=1) / len(ys)) / 5
+    assert fx.trimmed(ys[:4]).cut == 0 and fx.trimmed(ys[:4]).se2 == pytest.approx(np.var(ys[:4], ddof=1) / 4)
+    assert fx.trimmed(ys[:1]).se2 is None
+
+
+def test_disturbed_runs_are_left_out_of_every_fit_and_counted(store):
+    m = store.register_machine(machine_facts("busy"))
+    enqueue(store, configs({"precision": "fp32"}, {"precision": ["fp32", "mixed"]}, repeats=4))
+    rng = random.Random(1)
+    seen = []
+
+    def outcome(c):
+        seen.append(c)
+        ms = 30 * (1.2 if c["precision"] == "mixed" else 1.0) * math.exp(rng.gauss(0, 0.01))
+        other = 0.0
+        if c["precision"] == "mixed" and len([s for s in seen if s["precision"] == "mixed"]) == 2:
+            ms, other = ms * 2.0, 0.2 * 10.0 * c["cores"]  # another process took 20% of its CPUs
+        fields = metrics(ms, c) | {"train_s": 10.0, "steal_s": 0.0, "other_cpu_s": other}
+        return "done", None, fields
+    run_all(store, m, outcome)
+
+    a = analyse(store)
+    ma = only_machine(a)
+    (gone,) = ma.disturbed
+    assert gone.values["precision"] == "mixed" and gone.step_ms > 50
+    assert len(ma.runs) == 7 and not ma.disturbed_kept
+    (mixed,) = by_variable(a)["precision"].ratios
+    assert mixed.estimate == pytest.approx(1.2, rel=0.02) and mixed.n_runs == 7
+    assert mixed.significant

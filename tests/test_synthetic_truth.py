@@ -127,3 +127,52 @@ def test_where_the_hub_is_unreachable_the_dataset_is_not_an_effect(tmp_path):
     assert "dataset" not in {e.variable for e in report.effects}
     md = report.summary_path.read_text()
     assert "**Ran identically**: `dataset`: ThomasTheMaker/Arc-Corpus-sample, builtin were asked for" in md
+
+
+HEAVY_SEEDS = 10
+HEAVY_REPEATS = 12  # trimming needs 5 or more runs per value to set any aside
+
+
+def test_heavy_tails_and_disturbed_runs_move_neither_the_estimates_nor_the_intervals(tmp_path):
+    """The shared VM's noise: 6% of runs slowed by 20-100% with no sensor seeing it (S.TAIL), 5% as
+    much with other_cpu_s showing another process (S.DISTURBED), 12 passes. Every true effect must
+    be found within 10%, inside its interval, in every seed but the few the stated error allows,
+    and the disturbed runs left out and counted. Means of log step time (the estimator before)
+    missed: a few slow runs moved a value's mean by 5-15%."""
+    truth = S.truth_by_label()
+    allowed = next(k for k in range(HEAVY_SEEDS) if binomial_tail(HEAVY_SEEDS, ALPHA, k + 1) < 0.02)
+    false_alarms = uncovered = off = 0
+    for seed in range(HEAVY_SEEDS):
+        store = Store(str(tmp_path / f"seed{seed}.db"))
+        S.build(store, seed=seed, repeats=HEAVY_REPEATS, tail=S.TAIL, disturbed=S.DISTURBED)
+        report = write_report(store, tmp_path / f"seed{seed}", plots=False)
+        rows = effects_table(store)
+        assert {key(r) for r in rows} == set(truth)
+        false_alarms += any(r["significant"] for r in rows if is_null(r, truth))
+        uncovered += any(not r["ci_adj_low"] <= truth[key(r)] <= r["ci_adj_high"] for r in rows)
+        off += any(not within_10_percent(r, truth[key(r)]) for r in rows if not is_noisy(r))
+        (ma,) = report.analysis.machines.values()
+        flagged = len(ma.disturbed)
+        assert flagged > 0 and not ma.disturbed_kept
+        assert all(not r.disturbed for r in ma.runs)
+        md = report.summary_path.read_text()
+        assert f"Disturbed runs: {flagged} of {len(ma.runs) + flagged} done runs" in md
+        assert "They are left out of every fit and interval" in md
+    print(f"{HEAVY_SEEDS} seeds, heavy tails: {false_alarms} with a false positive, {uncovered} with an interval "
+          f"missing its truth, {off} with an estimate more than 10% off (allowed {allowed} each)")
+    assert allowed == 2
+    assert false_alarms <= allowed
+    assert uncovered <= allowed
+    assert off <= allowed
+
+
+def test_a_machine_whose_every_run_was_disturbed_is_still_reported_and_says_so(tmp_path):
+    store = Store(str(tmp_path / "results.db"))
+    S.build(store, seed=3, disturbed=(1.0, 0.0, 0.0))  # every run flagged, none slowed
+
+    report = write_report(store, tmp_path / "result", plots=False)
+
+    (ma,) = report.analysis.machines.values()
+    assert ma.disturbed_kept and len(ma.runs) == len(ma.disturbed) > 0
+    assert report.effects  # the fits still run on them
+    assert "Every done run was disturbed, so they are kept in the fits" in report.summary_path.read_text()
