@@ -161,7 +161,8 @@ def test_the_loss_and_its_gradient_equal_torch_cross_entropy():
 
 @pytest.mark.parametrize("lora", [False, True])  # LoRA: the tied head is frozen, no dw
 @pytest.mark.parametrize("chunk", [7, 64, 4096])  # a ragged last chunk, exact chunks, one chunk
-def test_the_chunked_head_loss_equals_the_logits_loss_and_its_gradients(chunk, lora, monkeypatch):
+@pytest.mark.parametrize("scale", [1.0, 0.5])  # 0.5: a scaled loss, as under grad_accum
+def test_the_chunked_head_loss_equals_the_logits_loss_and_its_gradients(chunk, lora, scale, monkeypatch):
     from worker.trainers.torch.model import HeadCrossEntropy, add_lora
 
     monkeypatch.setattr(HeadCrossEntropy, "CHUNK", chunk)
@@ -173,7 +174,7 @@ def test_the_chunked_head_loss_equals_the_logits_loss_and_its_gradients(chunk, l
             add_lora(model, 4)
             torch.nn.init.normal_(model.blocks[1].mlp.proj.lora_b)  # nonzero: gradients reach lora_a
         logits, loss = model(x, y, return_logits=return_logits)
-        (0.5 * loss).backward()  # a scaled loss, as under grad_accum: backward scales the saved products
+        (scale * loss).backward()  # 1.0: backward returns the saved products, else scales them
         results.append((logits, loss, {n: p.grad for n, p in model.named_parameters()}))
     (logits, plain, plain_grads), (none, fused, fused_grads) = results
     assert logits is not None and none is None
@@ -183,6 +184,19 @@ def test_the_chunked_head_loss_equals_the_logits_loss_and_its_gradients(chunk, l
     for name, grad in plain_grads.items():
         if grad is not None:
             torch.testing.assert_close(fused_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_the_chunked_head_gradients_add_up_over_a_retained_graph():
+    # backward returns its saved products under a unit gradient: a second pass must not double them
+    x, y = tokens(), tokens(seed=2)
+    grads = []
+    for return_logits in (True, False):
+        model = tiny()
+        _, loss = model(x, y, return_logits=return_logits)
+        for retain in (True, True, False):
+            loss.backward(retain_graph=retain)
+        grads.append(model.wte.weight.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
 
 
 def test_the_chunked_head_loss_is_only_taken_where_it_is_exact():

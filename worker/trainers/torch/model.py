@@ -125,7 +125,9 @@ def windowed_attention(q, k, v, kind: str, window: int, p: float, backend: str) 
       sliding: each block's queries attend to the keys of the previous block and its own (2W keys),
                masked to j <= i and i - j < W (sliding_block_mask): n attentions of W x 2W.
     Blocks go into the batch dimension, so each backend (manual, sdpa, sdpa_math) runs unchanged on
-    them; the result equals dense attention under attention_mask(kind, T, window).
+    them; the result equals dense attention under attention_mask(kind, T, window). Sliding blocks
+    of W/2 against 3 such key blocks (1.5W keys, not 2W) measured faster at W 128/256 but slower at
+    64 (README, measured table): not taken.
     """
     B, T, H, D = q.shape
     Hkv = k.size(2)
@@ -247,40 +249,49 @@ class HeadCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of the tied head's logits x @ w.T (fp32) against targets, written with its
     gradient and cut into row chunks: no (N, vocab) tensor ever exists.
 
-    Each chunk of CHUNK rows computes its logits, log-softmax, softmax - onehot (in place) and both
-    products: its rows of dx and its share of dw (accumulated). The backward pass only scales
-    them, as jax/model.py's head_cross_entropy. At vocab 8192 the logits, their log-softmax and their
-    gradient were each a 64 MB tensor that glibc maps fresh on every step (page faults on first
-    touch, larger than its 32 MB mmap ceiling); a 256-row chunk is 8 MB and stays in the heap and
-    near the cache. fp32 only, without autocast: bf16 would round dw once per chunk, not once.
+    Each chunk of CHUNK rows computes its logits into one buffer reused by every chunk, the
+    softmax by hand in place (max, exp(z - max), sum, scale; loss = log(sum) + max - z_target, as
+    jax/model.py's head_cross_entropy), then (softmax - onehot) / N and both products: its rows of dx
+    and its share of dw (the first chunk writes dw, the others accumulate). The backward pass
+    returns them as they are under a unit upstream gradient (one micro-batch), else scaled. At vocab
+    8192 the logits, their log-softmax and their gradient were each a 64 MB tensor that glibc maps
+    fresh on every step (page faults on first touch, larger than its 32 MB mmap ceiling); a chunk of
+    512 rows is 16 MB, allocated once per step. fp32 only, without autocast: bf16 would round dw
+    once per chunk, not once.
     """
 
-    CHUNK = 256  # rows: measured best of 128 / 256 / 512 on the d256 config (1 thread, CPU time)
+    # rows: measured best of 256 / 512 / 1024 on the d256 config at 1 and 2 threads (README, "The
+    # torch trainer's speed"); 256 was the 1-thread choice under log_softmax + exp_
+    CHUNK = 512
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        n = x.size(0)
+        n, chunk = x.size(0), HeadCrossEntropy.CHUNK
         dx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        dw = torch.zeros_like(w) if ctx.needs_input_grad[1] else None
+        dw = torch.empty_like(w) if ctx.needs_input_grad[1] else None
+        logits = x.new_empty(min(chunk, n), w.size(0))  # (chunk, vocab), reused by every chunk
         total = x.new_zeros(())
-        for s in range(0, n, HeadCrossEntropy.CHUNK):
-            xc, tc = x[s:s + HeadCrossEntropy.CHUNK], targets[s:s + HeadCrossEntropy.CHUNK, None]
-            g = torch.log_softmax(xc @ w.t(), dim=-1)  # (chunk, vocab)
-            total += g.gather(1, tc).sum()
-            g.exp_().scatter_add_(1, tc, g.new_full(tc.shape, -1.0))  # softmax - onehot
+        for s in range(0, n, chunk):
+            xc, tc = x[s:s + chunk], targets[s:s + chunk, None]
+            g = torch.mm(xc, w.t(), out=logits[:len(tc)])  # (rows, vocab)
+            top = g.amax(1, keepdim=True)  # (rows, 1)
+            z_target = g.gather(1, tc)
+            sums = g.sub_(top).exp_().sum(1, keepdim=True)  # g: exp(z - max)
+            total += (sums.log() - z_target.sub_(top)).sum()  # -log softmax of the targets
+            g.mul_(sums.reciprocal_().mul_(1.0 / n)).scatter_add_(1, tc, g.new_full(tc.shape, -1.0 / n))
             if dx is not None:
                 torch.mm(g, w, out=dx[s:s + len(tc)])
             if dw is not None:
-                dw.addmm_(g.t(), xc)
+                torch.mm(g.t(), xc, out=dw) if s == 0 else dw.addmm_(g.t(), xc)
         ctx.save_for_backward(dx, dw)
-        ctx.n = n
-        return -total / n
+        return total / n
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         dx, dw = ctx.saved_tensors
-        scale = grad_loss / ctx.n
-        return (None if dx is None else dx * scale), (None if dw is None else dw * scale), None
+        if grad_loss.item() == 1.0:  # the saved products are the gradients: no copies
+            return dx, dw, None
+        return (None if dx is None else dx * grad_loss), (None if dw is None else dw * grad_loss), None
 
 
 def head_loss_path(weight_dtype: torch.dtype, input_dtype: torch.dtype, autocast: bool, fused: bool) -> str:
