@@ -26,8 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "bench.py"), *args], cwd=ROOT, capture_output=True, text=True,
-                          check=True)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench.py"), *args], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bench.py {args[0]} exited {proc.returncode}: {proc.stderr.strip()}")
+    return proc
 
 
 def main() -> None:
@@ -38,6 +40,7 @@ def main() -> None:
     ap.add_argument("--db", help="database file (default: a new temporary one)")
     args = ap.parse_args()
     db = args.db or str(Path(tempfile.mkdtemp(prefix="adaptive-")) / "results.db")
+    Path(db).parent.mkdir(parents=True, exist_ok=True)
 
     from sqlalchemy import text
 

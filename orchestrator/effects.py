@@ -174,7 +174,10 @@ class Run:
         return self.values[name] == d.rule(self.values)  # older jobs, explicit spellings, read-backs
 
     def config_key(self) -> tuple:
-        return tuple(self.values[n] for n in FACTORS)
+        key = self.__dict__.get("_config_key")
+        if key is None:  # the values are fixed once the run is read: computed once
+            key = self.__dict__["_config_key"] = tuple(self.values[n] for n in FACTORS)
+        return key
 
 
 def done_runs(rows: list[dict]) -> list[dict]:
@@ -233,11 +236,19 @@ def varied_variables(runs: list[Run]) -> list[str]:
     return [n for n in FACTORS if len({r.values[n] for r in runs}) > 1]
 
 
+def _configs(runs: list[Run]) -> list[Run]:
+    """One run per distinct configuration: what the plan holds, however often each one was repeated
+    (work --target-ci repeats only some, and must not move the baseline by doing so)."""
+    return list({r.config_key(): r for r in runs}.values())
+
+
 def modal_config(runs: list[Run], names) -> dict:
-    """Per variable, the value most runs share (ties: the catalogue default, then the lowest)."""
+    """Per variable, the value most configurations share, counting each configuration once however
+    many runs it has (ties: the catalogue default, then the lowest)."""
     out = {}
+    configs = _configs(runs)
     for n in names:
-        counts = Counter(r.values[n] for r in runs)
+        counts = Counter(r.values[n] for r in configs)
         top = max(counts.values())
         tied = sorted((v for v, c in counts.items() if c == top), key=lambda v: sort_key(n, v))
         default = BY_NAME[n].default
@@ -634,20 +645,23 @@ def _groups(runs: list[Run], free: set[str], varied: list[str]) -> tuple[list[st
 
 
 def _best_group(groups: dict[tuple, list[Run]], distinct) -> tuple | None:
-    """The group with the most distinct values of the free variables, then closest to the modal key."""
+    """The group with the most distinct values of the free variables, then closest to the modal key,
+    then with the most configurations (each counted once, so repeats added to some do not move it;
+    ties: the group seen first)."""
     if not groups:
         return None
     width = len(next(iter(groups)))
+    n_configs = {key: len({r.config_key() for r in members}) for key, members in groups.items()}
     modal = []
     for i in range(width):
         counts = Counter()
-        for key, members in groups.items():
-            counts[key[i]] += len(members)
+        for key in groups:
+            counts[key[i]] += n_configs[key]
         modal.append(counts.most_common(1)[0][0])
 
     def score(item):
         key, members = item
-        return (distinct(members), sum(1 for a, b in zip(key, modal) if a == b), len(members))
+        return (distinct(members), sum(1 for a, b in zip(key, modal) if a == b), n_configs[key])
     return max(groups.items(), key=score)[0]
 
 

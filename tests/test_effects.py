@@ -454,3 +454,24 @@ def test_disturbed_runs_are_left_out_of_every_fit_and_counted(store):
     (mixed,) = by_variable(a)["precision"].ratios
     assert mixed.estimate == pytest.approx(1.2, rel=0.02) and mixed.n_runs == 7
     assert mixed.significant
+
+
+def test_repeats_added_to_some_configurations_move_neither_the_baseline_nor_the_group(store):
+    """work --target-ci repeats only the jobs of wide comparisons, so some configurations gain runs.
+    The baseline and the comparison group count each configuration once: they stay where the plan
+    put them (the adaptive run on the VM flipped 'd_model=64 vs 128' to '128 vs 64' mid-run)."""
+    m = store.register_machine(machine_facts("alpha"))
+    grid = configs({"d_model": 96, "n_layers": 2}, {"d_model": [96, 160], "n_layers": [2, 3]}, repeats=3, grid=True)
+    extra = [c for c in configs({"d_model": 160, "n_layers": 3}, {}, repeats=9) if c["repeat"] >= 3]
+    enqueue(store, grid + extra)
+    rng = random.Random(2)
+    run_all(store, m, lambda c: ("done", None, metrics(
+        10 * (c["d_model"] / 96) * (c["n_layers"] / 2) * math.exp(rng.gauss(0, 0.01)), c)))
+
+    a = analyse(store)
+    ve = by_variable(a)["d_model"]
+
+    assert ve.baseline.label == "96"  # 2 configurations each (neither the default): the lower, not the most run
+    assert ve.fixed == {"n_layers": "2"}  # the group at n_layers=2, though n_layers=3 has 9 runs per value
+    (r,) = ve.ratios
+    assert r.value == "160" and r.estimate == pytest.approx(160 / 96, rel=0.02)
