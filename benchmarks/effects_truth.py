@@ -7,7 +7,7 @@ runs finished through the real Store, then the effects of each checkout computed
 
 --tail slows a share of runs where no sensor sees it, --disturbed as many where other_cpu_s does
 (tests/synthetic.py TAIL and DISTURBED: the heavy tails of a shared machine); --repeats sets the
-passes (the preset's 3 by default; trimming needs 5 or more runs per value to cut anything).
+passes (the preset's 3 by default; trimming starts at 8 runs per value, effects.TRIM_FROM).
 
 Prints, per comparison, the true effect, the mean estimate over seeds and how often its interval
 covered the truth; then per checkout the share of seeds with at least one no-effect comparison

@@ -629,8 +629,8 @@ def method_section(ctx: Context) -> list[str]:
             f"{fx.DISTURBED_SHARE:.0%} of the job's CPU time during its timed window, as measured by `other_cpu_s` "
             "and `steal_s`) are left out of every fit; the Runs section counts and names them.",
             f"- *Each value's step time*: the {fx.TRIM:.0%}-trimmed mean of its drift-free log step times (of n runs, "
-            f"the floor({fx.TRIM:g} n) fastest and as many slowest are set aside; below {round(1 / fx.TRIM)} runs "
-            "nothing is, and it is the plain mean). Step times on a shared machine are heavy-tailed: a run that "
+            f"the floor({fx.TRIM:g} n) fastest and as many slowest are set aside; below {fx.TRIM_FROM} runs "
+            "nothing is, and it is the plain mean: so few runs cannot tell an outlier from noise). Step times on a shared machine are heavy-tailed: a run that "
             "met another process can be 30-50% slower with no sensor seeing it, and a mean moves with every such "
             "run while its variance swells; the trimmed mean does not, and costs little when the noise is normal.",
             "- *Step time vs baseline*: the ratio of those geometric means (the difference of trimmed mean log step "

@@ -130,7 +130,7 @@ def test_where_the_hub_is_unreachable_the_dataset_is_not_an_effect(tmp_path):
 
 
 HEAVY_SEEDS = 10
-HEAVY_REPEATS = 12  # trimming needs 5 or more runs per value to set any aside
+HEAVY_REPEATS = 12  # trimming starts at effects.TRIM_FROM (8) runs per value
 
 
 def test_heavy_tails_and_disturbed_runs_move_neither_the_estimates_nor_the_intervals(tmp_path):
