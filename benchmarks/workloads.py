@@ -4,7 +4,8 @@
 
 tasks:     d_model 256, 4 layers, 4 heads, seq 256, batch 8, vocab 8192, fp32, AdamW (the d256
            config); pretrain and finetune run the same step (all weights); finetune_lora (rank 8)
-           freezes the base: no weight-gradient GEMMs, an optimizer over the adapters only.
+           freezes the base: no weight-gradient GEMMs, an optimizer over the adapters only;
+           "lora two-path" is the same without MergedLoRA (x W^T + (x A^T) B^T), for comparison.
 precision: d_model 512, 4 layers, 8 heads, seq 256, batch 8, vocab 8192: fp32, int8 (int8 forward
            GEMMs in the blocks, fp32 backward), bf16 (weights and activations in bf16).
 Each round runs every variant for `steps` timed steps in rotating order (one warm-up step first),
@@ -24,17 +25,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker.trainers.torch.model import GPT, ModelConfig, add_lora, flops_per_step, trainable_params  # noqa: E402
+from worker.trainers.torch.model import (GPT, LoRALinear, ModelConfig, add_lora, flops_per_step,  # noqa: E402
+                                        trainable_params)
 
 T, B, VOCAB = 256, 8, 8192
 
 
-def build(d, layers, heads, precision="fp32", lora_rank=0):
+def build(d, layers, heads, precision="fp32", lora_rank=0, merged=True):
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=VOCAB, seq_len=T, n_layers=layers, d_model=d, n_heads=heads,
                             head_dim=d // heads, kv_heads=heads, precision="int8" if precision == "int8" else "fp32"))
     if lora_rank:
         add_lora(model, lora_rank)
+        for m in model.modules():
+            if isinstance(m, LoRALinear):
+                m.merged = merged
     if precision == "bf16":
         model = model.to(torch.bfloat16)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -85,7 +90,8 @@ def main() -> None:
     ap.add_argument("--only", choices=("tasks", "precision"))
     args = ap.parse_args()
     if args.only != "precision":
-        run({"pretrain": build(256, 4, 4), "finetune": build(256, 4, 4), "finetune_lora r8": build(256, 4, 4, lora_rank=8)},
+        run({"pretrain": build(256, 4, 4), "finetune": build(256, 4, 4), "finetune_lora r8": build(256, 4, 4, lora_rank=8),
+             "lora two-path": build(256, 4, 4, lora_rank=8, merged=False)},
             args.rounds, args.steps, "tasks on the d256 config (finetune = pretrain's step on loaded weights)")
     if args.only != "tasks":
         run({"fp32": build(512, 4, 8), "int8": build(512, 4, 8, "int8"), "bf16": build(512, 4, 8, "bf16")},

@@ -346,3 +346,29 @@ def test_int8_model_runs_int_mm_in_every_block_linear_and_learns():
         opt.zero_grad()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_merged_lora_equals_the_two_path_form_in_outputs_and_gradients():
+    """MergedLoRA (x (W + B A)^T, the gradients LoRA needs) against x W^T + (x A^T) B^T: the same
+    output, input gradient and adapter gradients, no gradient for the frozen W; gradcheck in float64."""
+    from worker.trainers.torch.model import LoRALinear, MergedLoRA
+
+    torch.manual_seed(0)
+    base = torch.nn.Linear(32, 48, bias=False)
+    m = LoRALinear(base, 4)
+    torch.nn.init.normal_(m.lora_b)
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    g = torch.randn(2, 5, 48)
+    outs = {}
+    for merged in (True, False):
+        m.merged = merged
+        x.grad = m.lora_a.grad = m.lora_b.grad = None
+        y = m(x)
+        y.backward(g)
+        outs[merged] = (y.detach(), x.grad, m.lora_a.grad, m.lora_b.grad)
+    for a, b in zip(outs[True], outs[False]):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert base.weight.grad is None
+    args = (torch.randn(3, 4, 6, dtype=torch.double, requires_grad=True), torch.randn(5, 6, dtype=torch.double),
+            torch.randn(2, 6, dtype=torch.double, requires_grad=True), torch.randn(5, 2, dtype=torch.double, requires_grad=True))
+    assert torch.autograd.gradcheck(MergedLoRA.apply, args)

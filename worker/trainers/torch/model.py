@@ -367,11 +367,45 @@ class LoRALinear(nn.Module):
         self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))
         nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
 
+    merged = True  # MergedLoRA where it applies (benchmarks/workloads.py turns it off to compare)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + F.linear(F.linear(x, self.lora_a), self.lora_b)
+        if self.merged and type(self.base) is nn.Linear and self.base.bias is None \
+                and not torch.is_autocast_enabled("cpu") and x.dtype == self.base.weight.dtype == self.lora_a.dtype:
+            return MergedLoRA.apply(x, self.base.weight, self.lora_a, self.lora_b)
+        return self.base(x) + F.linear(F.linear(x, self.lora_a), self.lora_b)  # quantized bases, autocast
 
     def merged_weight(self) -> torch.Tensor:
         return self.base.weight + self.lora_b @ self.lora_a
+
+
+class MergedLoRA(torch.autograd.Function):
+    """x (W + B A)^T with the gradients LoRA needs, and no more: equal to x W^T + (x A^T) B^T.
+
+    The two-path form reads and writes the (tokens, out) output twice more in the forward pass and
+    the (tokens, in) input gradient twice more in the backward pass (the adapter's own product and
+    the sums): memory-bound passes that ate most of what the frozen dW GEMMs saved. Here the
+    forward pass is one GEMM with the merged weight (B A costs out x r x in once a step, not per
+    token) plus x A^T (tokens x r, kept for dB); the backward pass is the input gradient's GEMM
+    against the merged weight, then dB = g^T (x A^T) and dA = (g B)^T x. The frozen W gets no
+    gradient; x's gradient is g (W + B A), as in the two-path form.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        merged = torch.addmm(w, b, a)  # W + B A, (out, in)
+        xa = F.linear(x, a)  # (..., r)
+        ctx.save_for_backward(x, xa, merged, a, b)
+        return F.linear(x, merged)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        x, xa, merged, a, b = ctx.saved_tensors
+        g2, x2, xa2 = g.reshape(-1, g.size(-1)), x.reshape(-1, x.size(-1)), xa.reshape(-1, xa.size(-1))
+        dx = g @ merged if ctx.needs_input_grad[0] else None
+        db = g2.t() @ xa2 if ctx.needs_input_grad[3] else None  # (out, r)
+        da = (g2 @ b).t() @ x2 if ctx.needs_input_grad[2] else None  # (r, in)
+        return dx, None, da, db
 
 
 def add_lora(model: GPT, rank: int) -> GPT:
