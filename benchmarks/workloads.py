@@ -90,7 +90,8 @@ def main() -> None:
     ap.add_argument("--only", choices=("tasks", "precision"))
     args = ap.parse_args()
     if args.only != "precision":
-        run({"pretrain": build(256, 4, 4), "finetune": build(256, 4, 4), "finetune_lora r8": build(256, 4, 4, lora_rank=8),
+        run({"pretrain": build(256, 4, 4), "finetune": build(256, 4, 4),
+             "finetune_lora r8": build(256, 4, 4, lora_rank=8),
              "lora two-path": build(256, 4, 4, lora_rank=8, merged=False)},
             args.rounds, args.steps, "tasks on the d256 config (finetune = pretrain's step on loaded weights)")
     if args.only != "tasks":

@@ -24,10 +24,10 @@ How the uncertainty is made
 - Disturbed runs (disturbed(): another process or the hypervisor took a share of the job's CPUs
   in its timed window) are left out of every fit, unless every run of the machine was disturbed.
 - Each value's location is the TRIM-trimmed mean of its runs' drift-free log step times (from
-  TRIM_FROM runs on; below, the mean) and its
-  noise is its own: Yuen's squared standard error (winsorized variance). Nothing is pooled across
-  values, so one noisy value widens only its own comparisons, and a few runs slowed by something no
-  sensor saw (heavy tails) move neither the estimate nor the interval.
+  TRIM_FROM runs on; below, the mean) and its noise is its own: Yuen's squared standard error
+  (winsorized variance). Nothing is pooled across values, so one noisy value widens only its own
+  comparisons, and a few runs slowed by something no sensor saw (heavy tails) move neither the
+  estimate nor the interval.
 - A *ratio* (value vs baseline): the difference of trimmed mean log step times, Yuen's standard
   errors combined as Welch's with Satterthwaite's degrees of freedom, a Student t interval and a
   two-sided p-value.
@@ -48,6 +48,7 @@ import math
 import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from scipy.special import ndtri, stdtr, stdtrit
@@ -73,6 +74,7 @@ DERIVED_MARK = "(derived)"  # the comparison-group key of a follower at its deri
 # effects, for protection against outliers that so few runs cannot tell from noise anyway.
 TRIM = 0.2
 TRIM_FROM = 8  # runs; 8 cut 1 at each end and keep 6 (5 degrees of freedom), 10 cut 2
+TRIMMING = f"{TRIM:.0%}-trimmed means from {TRIM_FROM} runs per value (plain means below)"
 
 # What really ran, where a run records it: variable -> (where, read-back key). The worker records a
 # run whose read-back differs from its job as failed; done runs of older databases may still differ,
@@ -178,11 +180,13 @@ class Run:
             return True  # the job says so: resolve() filled it in
         return self.values[name] == d.rule(self.values)  # older jobs, explicit spellings, read-backs
 
+    @cached_property
+    def _key(self) -> tuple:
+        return tuple(self.values[n] for n in FACTORS)
+
     def config_key(self) -> tuple:
-        key = self.__dict__.get("_config_key")
-        if key is None:  # the values are fixed once the run is read: computed once
-            key = self.__dict__["_config_key"] = tuple(self.values[n] for n in FACTORS)
-        return key
+        """The values of every factor: the configuration (computed once; the values never change)."""
+        return self._key
 
 
 def done_runs(rows: list[dict]) -> list[dict]:
@@ -377,21 +381,19 @@ class Trimmed:
     cut: int  # runs trimmed from each end
 
 
-def trimmed(ys: np.ndarray, share: float | None = None, start: int | None = None) -> Trimmed:
-    """The `share`-trimmed mean of ys (TRIM by default: the lowest and highest floor(share * n) runs
-    left out), with Yuen's squared standard error: the winsorized variance (the cut runs set to the
-    nearest kept one) times (n - 1) / (h (h - 1)), on h - 1 degrees of freedom. With fewer than
-    `start` runs (TRIM_FROM by default) nothing is cut: the mean, the sample variance / n and n - 1.
+def trimmed(ys: np.ndarray) -> Trimmed:
+    """The TRIM-trimmed mean of ys (the lowest and highest floor(TRIM * n) runs left out), with
+    Yuen's squared standard error: the winsorized variance (the cut runs set to the nearest kept
+    one) times (n - 1) / (h (h - 1)), on h - 1 degrees of freedom. With fewer than TRIM_FROM runs
+    nothing is cut: the mean, the sample variance / n and n - 1.
 
     Why: step times on a shared machine are heavy-tailed (a run that met another process is 30-50%
     slower, and no sensor saw it). A mean moves with every such run and its variance grows with it;
     the trimmed mean of 20 runs ignores up to 4 of them at each end, at a small price in efficiency
     when the noise is normal."""
-    share = TRIM if share is None else share
-    start = TRIM_FROM if start is None else start
     y = np.sort(np.asarray(ys, dtype=float))
     n = len(y)
-    cut = int(math.floor(share * n + 1e-9)) if n >= start else 0
+    cut = int(math.floor(TRIM * n + 1e-9)) if n >= TRIM_FROM else 0
     h = n - 2 * cut
     mean = float(y[cut:n - cut].mean())
     if n < 2:
@@ -657,7 +659,7 @@ def _best_group(groups: dict[tuple, list[Run]], distinct) -> tuple | None:
     if not groups:
         return None
     width = len(next(iter(groups)))
-    n_configs = {key: len({r.config_key() for r in members}) for key, members in groups.items()}
+    n_configs = {key: len(_configs(members)) for key, members in groups.items()}
     modal = []
     for i in range(width):
         counts = Counter()
@@ -704,9 +706,9 @@ def analyse_variable(runs: list[Run], name: str, varied: list[str], modal: dict,
 def _method(runs: list[Run], drift: Drift) -> str:
     skipped = sorted({r.pass_ for r in runs} & set(drift.not_estimated))
     if len({r.pass_ for r in runs}) <= 1 or len(drift.shift) <= 1:
-        base = f"Yuen-Welch t on {TRIM:.0%}-trimmed log step time (one pass: no drift to remove)"
+        base = f"Yuen-Welch t on log step time, {TRIMMING} (one pass: no drift to remove)"
     else:
-        base = f"Yuen-Welch t on {TRIM:.0%}-trimmed log step time, pass drift removed"
+        base = f"Yuen-Welch t on log step time, {TRIMMING}, pass drift removed"
     return base + (f" (not for pass {', '.join(map(str, skipped))}: too few shared configurations)" if skipped else "")
 
 

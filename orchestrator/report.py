@@ -448,22 +448,24 @@ def disturbed_lines(done: list[dict], analysis: Analysis) -> list[str]:
     a stated share of the window), which, and that the fits left them out (effects.analyse_machine)."""
     if not done:
         return []
-    flagged = [(r["run_id"], why) for r in done if (why := fx.disturbed(r))]
     measured = sum(1 for r in done if r.get("other_cpu_s") is not None or r.get("steal_s") is not None)
     if not measured:
         return ["Disturbed runs: not known (no run measured other processes' CPU time or steal).", ""]
-    kept = [m for m in analysis.machines.values() if m.disturbed_kept]
+    machines = analysis.machines.values()
+    flagged = sorted((r.row["run_id"], r.disturbed) for m in machines for r in m.disturbed)
+    kept = sum(1 for m in machines if m.disturbed_kept)
     if not flagged:
         fate = "None was left out of the fits."
-    elif kept:
-        fate = (f"Every done run of {len(kept)} machine(s) was disturbed, so there they are kept in the fits (nothing "
-                f"else is left): read those effects with care, and rerun on a quiet machine. Elsewhere they are left "
-                f"out of every fit.") if len(kept) < len(analysis.machines) else (
-                "Every done run was disturbed, so they are kept in the fits (nothing else is left): read the "
-                "effects with care, and rerun on a quiet machine.")
-    else:
+    elif not kept:
         fate = ("They are left out of every fit and interval (`work --target-ci` adds repeat passes where a "
                 "comparison is left too wide).")
+    elif kept == len(machines):
+        fate = ("Every done run was disturbed, so they are kept in the fits (nothing else is left): read the "
+                "effects with care, and rerun on a quiet machine.")
+    else:
+        fate = (f"Every done run of {kept} machine(s) was disturbed, so there they are kept in the fits (nothing "
+                "else is left): read those effects with care, and rerun on a quiet machine. Elsewhere they are "
+                "left out of every fit.")
     lines = [f"Disturbed runs: {len(flagged)} of {len(done)} done runs: other processes (`other_cpu_s`) or the "
              f"hypervisor (`steal_s`) took more than {fx.DISTURBED_SHARE:.0%} of the job's CPU time over the "
              f"timed window (a step slows by about the share taken, as much as the smaller effects measured "
@@ -630,9 +632,10 @@ def method_section(ctx: Context) -> list[str]:
             "and `steal_s`) are left out of every fit; the Runs section counts and names them.",
             f"- *Each value's step time*: the {fx.TRIM:.0%}-trimmed mean of its drift-free log step times (of n runs, "
             f"the floor({fx.TRIM:g} n) fastest and as many slowest are set aside; below {fx.TRIM_FROM} runs "
-            "nothing is, and it is the plain mean: so few runs cannot tell an outlier from noise). Step times on a shared machine are heavy-tailed: a run that "
-            "met another process can be 30-50% slower with no sensor seeing it, and a mean moves with every such "
-            "run while its variance swells; the trimmed mean does not, and costs little when the noise is normal.",
+            "nothing is, and it is the plain mean: so few runs cannot tell an outlier from noise). Step times on "
+            "a shared machine are heavy-tailed: a run that met another process can be 30-50% slower with no "
+            "sensor seeing it, and a mean moves with every such run while its variance swells; the trimmed mean "
+            "does not, and costs little when the noise is normal.",
             "- *Step time vs baseline*: the ratio of those geometric means (the difference of trimmed mean log step "
             "times). Each value's noise is its own (no pooling across values): Yuen's standard error (the "
             "winsorized variance), combined as in Welch's test with Satterthwaite's degrees of freedom; a Student "

@@ -369,6 +369,8 @@ def test_merged_lora_equals_the_two_path_form_in_outputs_and_gradients():
     for a, b in zip(outs[True], outs[False]):
         assert torch.allclose(a, b, atol=1e-5)
     assert base.weight.grad is None
-    args = (torch.randn(3, 4, 6, dtype=torch.double, requires_grad=True), torch.randn(5, 6, dtype=torch.double),
-            torch.randn(2, 6, dtype=torch.double, requires_grad=True), torch.randn(5, 2, dtype=torch.double, requires_grad=True))
+    x64, w64 = torch.randn(3, 4, 6, dtype=torch.double, requires_grad=True), torch.randn(5, 6, dtype=torch.double)
+    a64 = torch.randn(2, 6, dtype=torch.double, requires_grad=True)
+    b64 = torch.randn(5, 2, dtype=torch.double, requires_grad=True)
+    args = (x64, w64, a64, b64)
     assert torch.autograd.gradcheck(MergedLoRA.apply, args)
