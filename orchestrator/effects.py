@@ -1,13 +1,15 @@
-"""The statistics of the report: how step time changes with each variable, fitted from done runs.
+"""The comparisons of the report: how step time changes with each variable, from one model of the runs.
 
-Pure functions over run rows (dicts with the columns of v_results); numpy and scipy.special, no I/O.
+Pure functions over run rows (dicts with the columns of v_results); numpy and scipy, no I/O. The
+statistical model itself (configuration + block + residual, fitted once per machine) is
+step_model.py; the words a reader sees are report.py's.
 
 What is compared
 - Runs are grouped on what really ran: `dataset_used` rather than `dataset`, and the settings read
   back in the child (`applied`) where they differ from the job's (RAN_FROM). Asked-for values that
   ran identically (the hub dataset unreachable, so both values trained on `builtin`) are one value.
-- A variable is *varied* when its done runs ran with more than one value (`repeat` is the pass index,
-  never a factor).
+- A variable is *varied* when its done runs ran with more than one value (`repeat` and `block`
+  place a run in the run order, never a factor).
 - The *comparison group* of a variable holds the runs that differ in that variable alone: every other
   varied variable at one value, and the variables that follow it (variables.DERIVATIONS: threads
   follow cores, head_dim and kv_heads follow d_model / n_heads) at their derived values. A run whose
@@ -16,29 +18,29 @@ What is compared
   the one closest to the modal configuration; its most common value is the *baseline*.
 
 How the uncertainty is made
-- Repeats are passes: all of pass 0 runs before pass 1, so a slow drift of the machine is shared by
-  the runs of a pass. Each pass's drift is estimated from every configuration seen in more than one
-  pass (a robust two-way fit: configuration x pass, medians) and removed from every run's log step
-  time. A pass with fewer than MIN_PASS_CONFIGS such configurations is left as it is (said in the
-  effect's method).
+- One model per machine (step_model.fit): log step time = configuration + block + residual. Blocks
+  are the run order's (pass, jobs.block): drift and correlated noise are estimated inside the
+  model and their degrees of freedom paid. The residual variance is shared by every configuration
+  (stratified by the number of CPUs where a stratum has enough runs), so a value with 3 runs borrows
+  the degrees of freedom of the whole sweep. A slow mode (bimodal or heavy-tailed runs) is fitted
+  where the residuals clearly show one; the effects are then the fast mode's.
 - Disturbed runs (disturbed(): another process or the hypervisor took a share of the job's CPUs
   in its timed window) are left out of every fit, unless every run of the machine was disturbed.
-- Each value's location is the TRIM-trimmed mean of its runs' drift-free log step times (from
-  TRIM_FROM runs on; below, the mean) and its noise is its own: Yuen's squared standard error
-  (winsorized variance). Nothing is pooled across values, so one noisy value widens only its own
-  comparisons, and a few runs slowed by something no sensor saw (heavy tails) move neither the
-  estimate nor the interval.
-- A *ratio* (value vs baseline): the difference of trimmed mean log step times, Yuen's standard
-  errors combined as Welch's with Satterthwaite's degrees of freedom, a Student t interval and a
-  two-sided p-value.
-- An *elasticity* (size-like numeric variables): the least-squares slope of the values' trimmed mean
-  log step time on log value (within each group), its variance summed from each value's own.
-- Across the whole report, p-values are Holm-adjusted (family-wise error 5%): `significant` means the
-  adjusted p < 0.05. The intervals shown are simultaneous (Bonferroni, each at 1 - 0.05/m), so all of
-  them cover their true values together with probability at least 95%. A value that ran once has no
-  variance of its own: its comparisons get no interval and no test.
-- Variables are ranked by how clearly they change step time: by the p-value of their headline effect
-  (an effect relative to its uncertainty), not by its size.
+- A *ratio* (value vs baseline) is exp of the difference of the two configurations' effects; an
+  *elasticity* (size-like numeric variables with three or more values) the least-squares slope of
+  the configurations' effects on log value within each group. Both are contrasts of the one fit:
+  standard error sqrt(a' A^-1 a), Satterthwaite's degrees of freedom over the noise strata, a
+  Student t test. A size variable with two values has only its ratio (the same test twice would be
+  counted twice).
+- Where a variable varies in several groups (a grid), the groups' effects are tested for equality
+  (a Wald F test, in the family); where they differ, the effect is reported per group and no pooled
+  number is given.
+- One procedure for verdicts and intervals: single-step Bonferroni over every test of the report
+  (family-wise error 5%): `significant` means p * m < 0.05, which is exactly when the shown
+  (simultaneous) interval excludes no change. "Runs needed" and "target met" use the same quantile
+  and standard error.
+- Values that were asked for and have no usable run are named with why (failed, skipped, disturbed,
+  not run yet), never dropped silently.
 """
 
 from __future__ import annotations
@@ -51,30 +53,23 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
-from scipy.special import ndtri, stdtr, stdtrit
+from scipy.special import fdtrc, ndtri, stdtr, stdtrit
 
+from orchestrator import step_model as sm
 from orchestrator.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
 from worker.sensors import DISTURBED_SHARE, disturbance  # noqa: F401  (DISTURBED_SHARE: the report states it)
 
 METRIC = "step_ms_median"
 ALPHA = 0.05  # family-wise error rate of the whole report
 POWER = 0.8  # for "how many repeats would resolve it"
-# Not factors: repeat indexes the pass (the noise).
-NOT_FACTORS = ("repeat",)
+# Not factors: repeat indexes the pass, block the comparison a job was run beside (the run order).
+NOT_FACTORS = ("repeat", "block")
 FACTORS = tuple(n for n in NAMES if n not in NOT_FACTORS)
 # Numeric, but not sizes: a log-log slope means nothing for them.
 NOT_SIZES = ("seed", "dropout", "repeat")
-# A pass's drift is estimated only from at least this many configurations also run in another pass;
-# fewer would move every run of the pass by the noise of a handful.
-MIN_PASS_CONFIGS = 5
 DERIVED_MARK = "(derived)"  # the comparison-group key of a follower at its derived value
-# Each value's location is its TRIM-trimmed mean of log step time (Yuen): 20%, the usual choice,
-# from TRIM_FROM runs on; below, the mean. Trimming 6 runs leaves 4 and 3 degrees of freedom: at the
-# quick preset's 3-6 runs per value that widened every family-wise interval by half and lost real
-# effects, for protection against outliers that so few runs cannot tell from noise anyway.
-TRIM = 0.2
-TRIM_FROM = 8  # runs; 8 cut 1 at each end and keep 6 (5 degrees of freedom), 10 cut 2
-TRIMMING = f"{TRIM:.0%}-trimmed means from {TRIM_FROM} runs per value (plain means below)"
+METHOD = ("one model of log step time (configuration + block + residual), residual variance shared "
+          "across configurations, single-step Bonferroni")
 
 # What really ran, where a run records it: variable -> (where, read-back key). The worker records a
 # run whose read-back differs from its job as failed; done runs of older databases may still differ,
@@ -165,7 +160,8 @@ class Run:
     log_ms: float  # log step time
     pass_: int
     derived: dict | None  # recorded at enqueue (jobs.derived); None for older jobs
-    adj: float = 0.0  # log step time with its pass's drift removed
+    adj: float = 0.0  # log step time with its block's effect removed (the model's)
+    slow: float = 0.0  # the model's probability that the run was in the slow mode
     disturbed: str | None = None  # why its timed window was disturbed (disturbed()), or None
 
     @property
@@ -266,68 +262,110 @@ def modal_config(runs: list[Run], names) -> dict:
     return out
 
 
-# -- pass drift and noise -----------------------------------------------------------------------
+
+
+# -- the model's view of a machine: blocks, drift and noise ----------------------------------------
+
+@dataclass
+class Model:
+    """One machine's fitted step_model, and how its runs map onto it."""
+
+    fit: sm.Fit
+    config_index: dict  # config key -> index in the fit
+    block_index: dict  # (pass, block) -> index in the fit
+
+    def weights(self, levels: list[list[Run]], coefs: list[float]) -> dict[int, float]:
+        """The contrast sum_k coefs[k] * (mean effect of the configurations of level k): each
+        configuration counted once, however many runs it has."""
+        out: dict[int, float] = defaultdict(float)
+        for runs, c in zip(levels, coefs):
+            idx = sorted({self.config_index[r.config_key()] for r in runs})
+            for i in idx:
+                out[i] += c / len(idx)
+        return dict(out)
+
+
+def block_of(r: Run) -> tuple:
+    """A run's block in the run order: its pass and jobs.block (NULL: the whole pass is the block)."""
+    return (r.pass_, r.row.get("block"))
+
+
+def stratum_of(r: Run):
+    """A run's noise stratum: the number of CPUs it ran on."""
+    return r.values.get("cores")
+
+
+def fit_model(runs: list[Run]) -> Model:
+    configs: dict = {}
+    blocks: dict = {}
+    for r in runs:
+        configs.setdefault(r.config_key(), len(configs))
+        blocks.setdefault(block_of(r), len(blocks))
+    f = sm.fit([r.log_ms for r in runs], [configs[r.config_key()] for r in runs], [blocks[block_of(r)] for r in runs],
+               [stratum_of(r) for r in runs], n_configs=len(configs), n_blocks=len(blocks))
+    for r, slow in zip(runs, f.slow_prob):
+        r.adj = r.log_ms - float(f.gamma[blocks[block_of(r)]])
+        r.slow = float(slow)
+    return Model(f, configs, blocks)
+
 
 @dataclass
 class Drift:
-    """Each pass's shift of log step time, estimated from configurations run in several passes."""
+    """How much slower each repeat pass ran than the first: the mean of its blocks' effects."""
 
-    shift: dict[int, float]  # pass -> log shift removed from its runs (mean 0 over the estimated ones)
-    configs: dict[int, int]  # pass -> configurations it shares with other passes
-    not_estimated: list[int]  # passes left as they are (too few shared configurations)
+    shift: dict[int, float]  # pass -> mean log block effect, relative to the first pass
+    configs: dict[int, int]  # pass -> configurations it ran
+    not_estimated: list[int]  # passes that share no configuration with the first (not comparable)
 
     def relative(self) -> dict[int, float]:
-        """Each estimated pass's step time relative to the first estimated one (1.10 = 10% slower)."""
+        """Each estimated pass's step time relative to the first (1.10 = 10% slower)."""
         est = sorted(p for p in self.shift if p not in self.not_estimated)
         return {p: math.exp(self.shift[p] - self.shift[est[0]]) for p in est} if est else {}
 
 
-def pass_drift(runs: list[Run]) -> Drift:
-    """A robust two-way fit of log step time: configuration + pass. Medians, so one noisy
-    configuration cannot move a pass."""
-    cells: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+def pass_drift(runs: list[Run], model: Model) -> Drift:
+    f = model.fit
+    by_pass: dict[int, list[int]] = defaultdict(list)
+    for (p, _), b in model.block_index.items():
+        by_pass[p].append(b)
+    passes = sorted(by_pass)
+    if not passes:
+        return Drift({}, {}, [])
+    configs = {p: len({r.config_key() for r in runs if r.pass_ == p}) for p in passes}
+    part = {}
     for r in runs:
-        cells[r.config_key()][r.pass_].append(r.log_ms)
-    means = {c: {p: float(np.mean(ys)) for p, ys in by_pass.items()} for c, by_pass in cells.items() if len(by_pass) > 1}
-    passes = sorted({r.pass_ for r in runs})
-    shared = {p: sum(1 for m in means.values() if p in m) for p in passes}
-    est = [p for p in passes if shared[p] >= MIN_PASS_CONFIGS]
-    shift = {p: 0.0 for p in passes}
-    if len(est) >= 2:
-        for _ in range(25):
-            level = {c: float(np.mean([y - shift[p] for p, y in m.items()])) for c, m in means.items()}
-            new = {p: float(np.median([m[p] - level[c] for c, m in means.items() if p in m])) for p in est}
-            centre = float(np.mean(list(new.values())))
-            moved = max(abs(new[p] - centre - shift[p]) for p in est)
-            shift.update({p: new[p] - centre for p in est})
-            if moved < 1e-9:
-                break
-    else:
-        est = []
-    for r in runs:
-        r.adj = r.log_ms - shift[r.pass_]
-    return Drift(shift, shared, [p for p in passes if p not in est] if len(passes) > 1 else [])
+        part.setdefault(r.pass_, int(f.component[model.config_index[r.config_key()]]))
+    shift = {p: float(np.mean(f.gamma[by_pass[p]])) for p in passes}
+    return Drift({p: v - shift[passes[0]] for p, v in shift.items()}, configs,
+                 [p for p in passes if part.get(p) != part.get(passes[0])])
 
 
 @dataclass
 class Noise:
     """How much the same configuration's step time varies from run to run on one machine."""
 
-    cv: float | None  # typical CV of step time between repeats, pass drift removed (None: no repeats)
-    cv_with_drift: float | None  # the same without removing the drift
-    configs: int  # configurations with two or more runs it rests on
+    cv: float | None  # the model's residual noise (fast mode, blocks removed); None: nothing repeated
+    cv_with_drift: float | None  # the typical CV of one configuration's repeats, blocks left in
+    configs: int  # configurations with two or more runs
     noisiest: list[tuple[str, float]]  # (configuration as text, its CV) of the noisiest ones
     probe_cv: float | None = None  # the machine probe's measured figure (machines.noise_cv), if any
+    dof: float = 0.0  # the model's residual degrees of freedom
+    block_cv: float | None = None  # how much blocks (stretches of time) vary beyond the runs in them
+    strata: list = field(default_factory=list)  # step_model.Stratum per noise stratum
 
     @property
     def source(self) -> str:
-        return "probe" if self.probe_cv is not None else "repeats" if self.cv is not None else "none"
+        return "model" if self.cv is not None else "probe" if self.probe_cv is not None else "none"
 
     @property
     def sigma(self) -> float | None:
-        """The log-scale noise used to say which effects the machine can resolve."""
-        cv = self.probe_cv if self.probe_cv is not None else self.cv
+        """The log-scale run-to-run noise."""
+        cv = self.cv if self.cv is not None else self.probe_cv
         return None if cv is None else math.sqrt(math.log1p(cv * cv))
+
+    @property
+    def slow_modes(self) -> list:
+        return [s for s in self.strata if s.bimodal]
 
 
 def _typical_variance(groups: list[np.ndarray]) -> float | None:
@@ -348,15 +386,14 @@ def _chi2_median(df: int) -> float:
 
 
 def cv_of(var: float | None) -> float | None:
-    return None if var is None else math.sqrt(math.expm1(var))
+    return None if var is None or not math.isfinite(var) else math.sqrt(math.expm1(var))
 
 
-def machine_noise(runs: list[Run], varied: list[str], probe_cv: float | None = None) -> Noise:
+def machine_noise(runs: list[Run], varied: list[str], model: Model | None, probe_cv: float | None = None) -> Noise:
     by_config: dict[tuple, list[Run]] = defaultdict(list)
     for r in runs:
         by_config[r.config_key()].append(r)
     repeated = [rs for rs in by_config.values() if len(rs) >= 2]
-    adj = _typical_variance([np.array([r.adj for r in rs]) for rs in repeated])
     raw = _typical_variance([np.array([r.log_ms for r in rs]) for rs in repeated])
     modal = modal_config(runs, varied) if runs else {}
 
@@ -366,43 +403,11 @@ def machine_noise(runs: list[Run], varied: list[str], probe_cv: float | None = N
         return ", ".join(differ) or "the baseline"
     noisiest = sorted(((name(rs), cv_of(float(np.var([r.adj for r in rs], ddof=1)))) for rs in repeated),
                       key=lambda x: -x[1])[:3]
-    return Noise(cv_of(adj), cv_of(raw), len(repeated), noisiest, probe_cv)
-
-
-# -- robust location ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Trimmed:
-    """A value's trimmed mean of log step time and its squared standard error (Yuen 1974)."""
-
-    mean: float
-    se2: float | None  # None: fewer than 2 runs, no noise estimate of its own
-    dof: int  # h - 1, h = the runs left after trimming
-    cut: int  # runs trimmed from each end
-
-
-def trimmed(ys: np.ndarray) -> Trimmed:
-    """The TRIM-trimmed mean of ys (the lowest and highest floor(TRIM * n) runs left out), with
-    Yuen's squared standard error: the winsorized variance (the cut runs set to the nearest kept
-    one) times (n - 1) / (h (h - 1)), on h - 1 degrees of freedom. With fewer than TRIM_FROM runs
-    nothing is cut: the mean, the sample variance / n and n - 1.
-
-    Why: step times on a shared machine are heavy-tailed (a run that met another process is 30-50%
-    slower, and no sensor saw it). A mean moves with every such run and its variance grows with it;
-    the trimmed mean of 20 runs ignores up to 4 of them at each end, at a small price in efficiency
-    when the noise is normal."""
-    y = np.sort(np.asarray(ys, dtype=float))
-    n = len(y)
-    cut = int(math.floor(TRIM * n + 1e-9)) if n >= TRIM_FROM else 0
-    h = n - 2 * cut
-    mean = float(y[cut:n - cut].mean())
-    if n < 2:
-        return Trimmed(mean, None, 0, cut)
-    w = y.copy()
-    if cut:
-        w[:cut], w[n - cut:] = y[cut], y[n - cut - 1]
-    se2 = float(np.var(w, ddof=1)) * (n - 1) / (h * (h - 1))
-    return Trimmed(mean, se2, h - 1, cut)
+    f = model.fit if model else None
+    has = f is not None and f.dof >= 1 and f.sigma2 is not None and math.isfinite(f.sigma2)
+    return Noise(cv_of(f.sigma2) if has else None, cv_of(raw), len(repeated), noisiest, probe_cv,
+                 dof=f.dof if has else 0.0, block_cv=cv_of(f.block_variance()) if has else None,
+                 strata=f.distinct_strata() if has else [])
 
 
 # -- effects ------------------------------------------------------------------------------------
@@ -420,6 +425,11 @@ def two_sided_p(t: float, dof: float) -> float:
     if math.isinf(t):
         return 0.0
     return float(2 * stdtr(dof, -abs(t)))
+
+
+def family_quantile(family: int, dof: float) -> float:
+    """The t quantile of the report's simultaneous intervals and tests (Bonferroni over `family`)."""
+    return t_quantile(1 - ALPHA / (2 * max(1, family)), dof)
 
 
 @dataclass
@@ -440,12 +450,14 @@ class Effect:
     method: str = ""
     job_ids: tuple = ()  # the jobs of the runs it rests on (what --target-ci repeats)
     p_value: float | None = None
-    p_adjusted: float | None = None  # Holm, across the whole report
-    significant: bool | None = None  # p_adjusted < ALPHA; None when not tested
+    p_adjusted: float | None = None  # Bonferroni, across the whole report
+    significant: bool | None = None  # p_adjusted < ALPHA (the shown interval excludes no change); None: not tested
     family: int = 0  # the number of tests adjusted for
     repeats_needed: int | None = None  # for an effect not resolved: repeats per value that would resolve it
-    target_met: bool | None = None  # the 95% interval's relative half-width within --target-ci
+    target_met: bool | None = None  # the shown (family-wise) interval's relative half-width within --target-ci
     log_range: float = 0.0  # elasticity: log(largest / smallest value) of the values fitted
+    group: str | None = None  # where the effect differs between groups: the group it holds in, in words
+    why_untested: str | None = None  # why there is no interval ("a value ran once", "not estimable: ...")
 
     @property
     def log_effect(self) -> float:
@@ -468,10 +480,18 @@ class Effect:
 
     @property
     def ci_adj(self) -> tuple[float | None, float | None]:
-        """The simultaneous 95% interval (Bonferroni over the report's `family` tests)."""
+        """The simultaneous 95% interval (Bonferroni over the report's `family` tests): what the
+        report shows, and excludes no change exactly when the effect is called significant."""
         if self.se is None:
             return None, None
         return self.interval(1 - ALPHA / (2 * max(1, self.family)))
+
+    @property
+    def half_log(self) -> float | None:
+        """Half-width of the shown interval on the log (or exponent) scale."""
+        if self.se is None:
+            return None
+        return family_quantile(self.family, self.dof) * self.se
 
     # the interval the report shows
     @property
@@ -484,12 +504,11 @@ class Effect:
 
     @property
     def half_width(self) -> float | None:
-        """Relative half-width of the 95% interval on the step-time scale (0.05 = +-5%); for an
-        elasticity, of the step-time factor of a doubling."""
+        """Relative half-width of the shown (family-wise) interval on the step-time scale (0.05 =
+        +-5%); for an elasticity, of the step-time factor of a doubling."""
         if self.se is None:
             return None
-        half = t975(self.dof) * self.se if self.se > 0 else 0.0
-        return math.expm1(half * (1.0 if self.kind == "ratio" else math.log(2)))
+        return math.expm1(self.half_log * (1.0 if self.kind == "ratio" else math.log(2)))
 
     @property
     def no_change(self) -> float:
@@ -497,7 +516,7 @@ class Effect:
 
     def verdict(self) -> str:
         if self.significant is None:
-            return "not tested: a value ran once"
+            return f"not tested: {self.why_untested or 'no noise estimate'}"
         if self.significant:
             return "clear effect"
         return "no detectable effect"
@@ -505,8 +524,9 @@ class Effect:
     def describe(self) -> str:
         lo, hi = self.ci_adj
         ci = f" (95% CI {lo:.2f} to {hi:.2f})" if lo is not None else ""
+        where = f" at {self.group}" if self.group else ""
         if self.kind == "elasticity":
-            return f"step time ~ {self.variable}^{self.estimate:.2f}{ci}"
+            return f"step time ~ {self.variable}^{self.estimate:.2f}{where}{ci}"
         return f"{self.variable}={self.value}: {self.estimate:.2f}x the step time of {self.baseline}{ci}"
 
     def row(self) -> tuple[str, str, str, str, str]:
@@ -514,7 +534,8 @@ class Effect:
         lo, hi = self.ci_adj
         ci = f"{lo:.2f} to {hi:.2f}" if lo is not None else "-"
         if self.kind == "elasticity":
-            return (self.variable, f"step time ~ {self.variable}^e", f"e = {self.estimate:.2f}", ci, str(self.n_runs))
+            where = f" at {self.group}" if self.group else ""
+            return (self.variable, f"step time ~ {self.variable}^e{where}", f"e = {self.estimate:.2f}", ci, str(self.n_runs))
         return (self.variable, f"{self.value} vs {self.baseline}", f"{self.estimate:.2f}x", ci, str(self.n_runs))
 
 
@@ -551,13 +572,9 @@ class Level:
         return float(np.var(self.adj, ddof=1)) if self.n >= 2 else None
 
     @property
-    def trimmed(self) -> Trimmed:
-        """The robust location and its squared standard error (Yuen): what the comparisons use."""
-        return trimmed(self.adj)
-
-    @property
     def cv(self) -> float | None:
-        """This value's own run-to-run noise (pass drift removed)."""
+        """This value's own run-to-run noise (its blocks' effects removed): descriptive only, the
+        comparisons use the model's shared variance."""
         return cv_of(self.var)
 
     @property
@@ -577,6 +594,20 @@ class Level:
 
 
 @dataclass
+class Interaction:
+    """A test that a variable's effect is the same in every group it was varied in (a grid)."""
+
+    groups: list[str]  # the groups, in words
+    statistic: float  # Wald F
+    df1: int
+    df2: float
+    p_value: float
+    p_adjusted: float | None = None
+    significant: bool | None = None
+    family: int = 0
+
+
+@dataclass
 class VariableEffect:
     """Everything the report says about one variable on one machine."""
 
@@ -591,10 +622,16 @@ class VariableEffect:
     elasticity: Effect | None = None
     n_groups: int = 1  # groups of runs the elasticity was fitted on
     left_out: int = 0  # runs at a baseline setting whose followers were set by hand
+    interaction: Interaction | None = None  # does the effect differ between groups (grids)?
+    by_group: list[Effect] = field(default_factory=list)  # per group, where it does
+
+    @property
+    def differs(self) -> bool:
+        return bool(self.interaction and self.interaction.significant)
 
     @property
     def effects(self) -> list[Effect]:
-        return ([self.elasticity] if self.elasticity else []) + self.ratios
+        return ([self.elasticity] if self.elasticity else []) + self.ratios + self.by_group
 
     @property
     def span(self) -> float:
@@ -603,7 +640,12 @@ class VariableEffect:
 
     @property
     def headline(self) -> Effect:
-        """The one effect that speaks for this variable: its elasticity, or its clearest ratio."""
+        """The one effect that speaks for this variable: its elasticity, or its clearest ratio (where
+        it differs between groups: the clearest of the groups' effects, never a pooled one)."""
+        if self.differs and self.by_group:
+            tested = [e for e in self.by_group if e.p_value is not None]
+            if tested:
+                return min(tested, key=lambda e: (e.p_value, -abs(e.log_effect)))
         if self.elasticity is not None and self.elasticity.se is not None:
             return self.elasticity
         tested = [e for e in self.ratios if e.p_value is not None]
@@ -673,9 +715,15 @@ def _best_group(groups: dict[tuple, list[Run]], distinct) -> tuple | None:
     return max(groups.items(), key=score)[0]
 
 
-def analyse_variable(runs: list[Run], name: str, varied: list[str], modal: dict, machine_id: int) -> VariableEffect | None:
-    """The comparison group, levels, ratios and elasticity of one variable; None when no two runs
-    differ in it alone."""
+
+def _group_words(keys: list[str], key: tuple) -> str:
+    return ", ".join(f"{n}={label(n, v)}" for n, v in zip(keys, key) if v != DERIVED_MARK) or "the baseline"
+
+
+def analyse_variable(runs: list[Run], name: str, varied: list[str], modal: dict, machine_id: int,
+                     model: Model) -> VariableEffect | None:
+    """The comparison group, levels, ratios, elasticity and interaction of one variable; None when
+    no two runs differ in it alone."""
     keys, groups = _groups(runs, {name}, varied)
     best = _best_group(groups, lambda ms: len({r.values[name] for r in ms}))
     members = groups[best]
@@ -686,7 +734,7 @@ def analyse_variable(runs: list[Run], name: str, varied: list[str], modal: dict,
         return None
     values = sorted(by_value, key=lambda v: sort_key(name, v))
     levels = [Level(v, label(name, v), by_value[v]) for v in values]
-    base_value = modal[name] if modal[name] in by_value else max(values, key=lambda v: len(by_value[v]))
+    base_value = modal[name] if modal[name] in by_value else max(values, key=lambda v: len(_configs(by_value[v])))
     baseline = next(lv for lv in levels if lv.value == base_value)
     follow = followers_of(name)
     followers = sorted((n for n in follow if n in varied and len({r.values[n] for r in members}) > 1), key=NAMES.index)
@@ -694,84 +742,152 @@ def analyse_variable(runs: list[Run], name: str, varied: list[str], modal: dict,
     fixed = {n: v for n, v in fixed.items() if v != "follows"}
     ve = VariableEffect(machine_id=machine_id, variable=name, size_like=is_size(name, values), baseline=baseline,
                         levels=levels, fixed=fixed, followers=followers,
-                        ratios=[ratio(lv, baseline, name, machine_id) for lv in levels if lv is not baseline])
+                        ratios=[ratio(lv, baseline, name, machine_id, model) for lv in levels if lv is not baseline])
     # Runs at the baseline's other settings that the group leaves out because a follower was set by hand.
     ve.left_out = sum(len(ms) for k, ms in groups.items() if k != best and all(
         a == b or DERIVED_MARK in (a, b) for a, b in zip(k, best)))
-    if ve.size_like:
-        ve.elasticity, ve.n_groups = elasticity(groups, name, machine_id)
+    several = {k: ms for k, ms in groups.items() if len({r.values[name] for r in ms}) >= 2}
+    if ve.size_like and any(len({r.values[name] for r in ms}) >= 3 for ms in several.values()):
+        ve.elasticity, ve.n_groups = elasticity(list(several.values()), name, machine_id, model)
+    if len(several) >= 2:
+        _interaction(ve, keys, several, model)
     return ve
 
 
-def _method(runs: list[Run], drift: Drift) -> str:
-    skipped = sorted({r.pass_ for r in runs} & set(drift.not_estimated))
-    if len({r.pass_ for r in runs}) <= 1 or len(drift.shift) <= 1:
-        base = f"Yuen-Welch t on log step time, {TRIMMING} (one pass: no drift to remove)"
-    else:
-        base = f"Yuen-Welch t on log step time, {TRIMMING}, pass drift removed"
-    return base + (f" (not for pass {', '.join(map(str, skipped))}: too few shared configurations)" if skipped else "")
+def _test(e: Effect, c: sm.Contrast | None, why: str) -> None:
+    """Fill the effect's standard error, degrees of freedom and p from a contrast of the model."""
+    if c is None:
+        e.why_untested = why
+        return
+    if c.se is None:
+        e.why_untested = "nothing was repeated, so the machine's noise is not known"
+        return
+    e.se, e.dof = c.se, c.dof
+    e.p_value = two_sided_p(c.estimate / c.se, c.dof) if c.se > 0 else (0.0 if c.estimate != 0 else 1.0)
 
 
-def ratio(lv: Level, base: Level, name: str, machine_id: int) -> Effect:
-    """Step time at lv over the baseline's: the difference of drift-free trimmed-mean log step
-    times, each value with its own variance (Yuen's test: Welch's on trimmed means), Satterthwaite's
-    degrees of freedom."""
-    a, b = lv.trimmed, base.trimmed
-    diff = a.mean - b.mean
+NOT_ESTIMABLE = "not estimable: its runs share no block with the baseline's, directly or through other configurations"
+
+
+def ratio(lv: Level, base: Level, name: str, machine_id: int, model: Model, group: str | None = None) -> Effect:
+    """Step time at lv over the baseline's: exp of the difference of their configurations' effects in
+    the model, with the model's shared variance and degrees of freedom."""
+    weights = model.weights([lv.runs, base.runs], [1.0, -1.0])
+    c = model.fit.contrast(weights)
     runs = lv.runs + base.runs
-    e = Effect(machine_id, name, "ratio", lv.label, base.label, math.exp(diff), None, None, len(runs),
-               min_runs=min(lv.n, base.n), n_passes=len(lv.passes | base.passes),
-               job_ids=tuple(sorted({r.row["job_id"] for r in runs})))
-    if a.se2 is not None and b.se2 is not None:
-        _test(e, diff, [(a.se2, a.dof), (b.se2, b.dof)])
+    est = c.estimate if c is not None else float(np.mean(lv.adj) - np.mean(base.adj))
+    e = Effect(machine_id, name, "ratio", lv.label, base.label, math.exp(est), None, None, len(runs),
+               min_runs=min(lv.n, base.n), n_passes=len(lv.passes | base.passes), method=METHOD,
+               job_ids=tuple(sorted({r.row["job_id"] for r in runs})), group=group)
+    _test(e, c, NOT_ESTIMABLE)
     return e
 
 
-def _test(e: Effect, estimate: float, parts: list[tuple[float, int]]) -> None:
-    """Standard error, Satterthwaite dof and two-sided p from variance parts (variance, dof)."""
-    var = sum(v for v, _ in parts)
-    e.se = math.sqrt(var)
-    denom = sum(v * v / d for v, d in parts if v > 0)
-    e.dof = var * var / denom if denom > 0 else float(sum(d for _, d in parts))
-    if e.se > 0:
-        e.p_value = two_sided_p(estimate / e.se, e.dof)
-    else:
-        e.p_value = 0.0 if estimate != 0 else 1.0
-
-
-def elasticity(groups: dict[tuple, list[Run]], name: str, machine_id: int) -> tuple[Effect | None, int]:
-    """The least-squares slope of each value's trimmed-mean drift-free log step time on log value,
-    within groups (each group its own intercept); its variance is the sum of each value's own
-    squared standard error (Yuen's) times its weight squared, so unequal noise is not averaged away."""
-    cells = []  # (group index, log value, trimmed mean, its se^2 or None, runs, its dof)
-    for g, members in enumerate(groups.values()):
+def _slope_cells(groups: list[list[Run]], name: str) -> list[tuple[int, float, list[Run]]]:
+    """(group, log value, runs) of every value of `name` in every group with two or more values."""
+    cells = []
+    for g, members in enumerate(groups):
         by_value: dict = defaultdict(list)
         for r in members:
             by_value[float(r.values[name])].append(r)
-        if len(by_value) < 2:
-            continue
-        for v, rs in by_value.items():
-            t = Level(v, label(name, v), rs).trimmed
-            cells.append((g, math.log(v), t.mean, t.se2, rs, t.dof))
+        if len(by_value) >= 2:
+            cells += [(g, math.log(v), rs) for v, rs in by_value.items()]
+    return cells
+
+
+def elasticity(groups: list[list[Run]], name: str, machine_id: int, model: Model,
+               group: str | None = None) -> tuple[Effect | None, int]:
+    """The least-squares slope of the values' effects in the model on log value, within groups (each
+    group its own intercept): a contrast of the one fit."""
+    cells = _slope_cells(groups, name)
     if not cells:
         return None, 0
     used = sorted({c[0] for c in cells})
     centre = {g: float(np.mean([c[1] for c in cells if c[0] == g])) for g in used}
     x = np.array([c[1] - centre[c[0]] for c in cells])
     sxx = float(x @ x)
-    w = x / sxx
-    slope = float(w @ np.array([c[2] for c in cells]))
-    runs = [r for c in cells for r in c[4]]
-    e = Effect(machine_id, name, "elasticity", None, None, slope, None, None, len(runs),
-               min_runs=min(len(c[4]) for c in cells), n_passes=len({r.pass_ for r in runs}),
+    weights = model.weights([c[2] for c in cells], list(x / sxx))
+    c = model.fit.contrast(weights)
+    runs = [r for cell in cells for r in cell[2]]
+    est = c.estimate if c is not None else float(sum(xi / sxx * np.mean([r.adj for r in cell[2]]) for xi, cell in zip(x, cells)))
+    e = Effect(machine_id, name, "elasticity", None, None, est, None, None, len(runs),
+               min_runs=min(len(cell[2]) for cell in cells), n_passes=len({r.pass_ for r in runs}), method=METHOD,
                job_ids=tuple(sorted({r.row["job_id"] for r in runs})),
-               log_range=max(c[1] for c in cells) - min(c[1] for c in cells))
-    if all(c[3] is not None for c in cells):
-        _test(e, slope, [(wi * wi * c[3], c[5]) for wi, c in zip(w, cells)])
+               log_range=max(cell[1] for cell in cells) - min(cell[1] for cell in cells), group=group)
+    _test(e, c, NOT_ESTIMABLE)
     return e, len(used)
 
 
+def _interaction(ve: VariableEffect, keys: list[str], several: dict[tuple, list[Run]], model: Model) -> None:
+    """Is the variable's effect the same in every group where it took two or more values? A Wald F
+    test on the groups' slopes (sizes) or their log ratios to the baseline value (others), with the
+    model's covariance. The per-group effects are kept for the report where the test rejects."""
+    name = ve.variable
+    base = ve.baseline.value
+    per_group: list[tuple[str, list[dict], list[Effect]]] = []
+    if ve.size_like:
+        for key, ms in several.items():
+            if len({r.values[name] for r in ms}) < 2:
+                continue
+            words = _group_words(keys, key)
+            e, _ = elasticity([ms], name, ve.machine_id, model, group=words)
+            cells = _slope_cells([ms], name)
+            lx = np.array([c[1] for c in cells])
+            x = lx - lx.mean()
+            per_group.append((words, [model.weights([c[2] for c in cells], list(x / float(x @ x)))], [e]))
+    else:
+        shared = None
+        for ms in several.values():
+            vals = {r.values[name] for r in ms}
+            if base in vals:
+                shared = vals if shared is None else shared & vals
+        shared = sorted((shared or set()) - {base}, key=lambda v: sort_key(name, v))
+        if not shared:
+            return
+        for key, ms in several.items():
+            by_value: dict = defaultdict(list)
+            for r in ms:
+                by_value[r.values[name]].append(r)
+            if base not in by_value:
+                continue
+            words = _group_words(keys, key)
+            b = Level(base, label(name, base), by_value[base])
+            effects = [ratio(Level(v, label(name, v), by_value[v]), b, name, ve.machine_id, model, group=words)
+                       for v in shared]
+            per_group.append((words, [model.weights([by_value[v], by_value[base]], [1.0, -1.0]) for v in shared], effects))
+    if len(per_group) < 2 or any(e.se is None for _, _, es in per_group for e in es):
+        return
+    f = model.fit
+    k = len(per_group[0][1])
+    # differences from the first group: (G - 1) * k contrasts, jointly zero when the effect is the same everywhere
+    vecs = []
+    for _, ws, _ in per_group[1:]:
+        for j in range(k):
+            d = dict(ws[j])
+            for i, w in per_group[0][1][j].items():
+                d[i] = d.get(i, 0.0) - w
+            vecs.append(d)
+    est = np.array([sum(w * f.mu[i] for i, w in d.items()) for d in vecs])
+    cov = f.covariance(vecs)
+    try:
+        stat = float(est @ np.linalg.solve(cov, est)) / len(vecs)
+    except np.linalg.LinAlgError:
+        return
+    df2 = min(e.dof for _, _, es in per_group for e in es)
+    ve.interaction = Interaction([w for w, _, _ in per_group], stat, len(vecs), df2, float(fdtrc(len(vecs), df2, stat)))
+    ve.by_group = [e for _, _, es in per_group for e in es]
+
+
 # -- the whole report ---------------------------------------------------------------------------
+
+@dataclass
+class Lost:
+    """A value that was asked for and has no usable run."""
+
+    variable: str
+    value: str
+    why: str
+
 
 @dataclass
 class MachineAnalysis:
@@ -786,10 +902,17 @@ class MachineAnalysis:
     varied: list[str]
     disturbed: list[Run] = field(default_factory=list)  # done runs flagged disturbed (effects.disturbed)
     disturbed_kept: bool = False  # every done run was disturbed: they are fitted, as nothing else is left
+    lost: list[Lost] = field(default_factory=list)  # values asked for with no usable run, and why
+    uncompared: dict[str, str] = field(default_factory=dict)  # variable -> why it could not be compared
+    model: Model | None = None
 
     @property
     def effects(self) -> list[Effect]:
         return [e for ve in self.variables for e in ve.effects]
+
+    @property
+    def interactions(self) -> list[Interaction]:
+        return [ve.interaction for ve in self.variables if ve.interaction is not None]
 
 
 @dataclass
@@ -807,18 +930,23 @@ class Analysis:
 
 def analyse(rows: list[dict], machine_ids: list[int] | None = None, *, probe_cv: dict[int, float] | None = None,
             target_ci: dict[int, float] | None = None) -> Analysis:
-    """Every machine's comparisons, then Holm across all of them. `probe_cv`: machine -> its
-    measured noise (machines.noise_cv); `target_ci`: machine -> the relative half-width of the 95%
-    interval that `work --target-ci` asked for there."""
+    """Every machine's comparisons, then one Bonferroni family across all of them. `probe_cv`:
+    machine -> its measured noise (machines.noise_cv); `target_ci`: machine -> the relative
+    half-width of the shown interval that `work --target-ci` asked for there."""
     runs = as_ran(rows)
     ids = machine_ids if machine_ids is not None else sorted({r["machine_id"] for r in rows})
     machines = {m: analyse_machine([r for r in runs if r.row["machine_id"] == m], m, asked=[r for r in rows if r["machine_id"] == m],
                                    probe_cv=(probe_cv or {}).get(m)) for m in ids}
     analysis = Analysis(machines, 0)
-    analysis.family = holm(analysis.effects)
+    analysis.family = adjust(analysis.effects, [i for m in machines.values() for i in m.interactions])
     for m in machines.values():
+        for ve in m.variables:
+            if ve.differs:  # never one pooled exponent where the groups disagree
+                ve.elasticity = None
+            else:  # the groups' effects stand only where the effect differs between them
+                ve.by_group = []
         for e in m.effects:
-            e.repeats_needed = _repeats_needed(e, m.noise, analysis.family)
+            e.repeats_needed = _repeats_needed(e, analysis.family)
             if target_ci and m.machine_id in target_ci:
                 e.target_met = e.half_width is not None and e.half_width <= target_ci[m.machine_id]
         m.variables.sort(key=VariableEffect.rank_key)
@@ -833,33 +961,91 @@ def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (),
     kept_all = bool(flagged) and len(flagged) == len(runs)
     if not kept_all:
         runs = [r for r in runs if not r.disturbed]
-    drift = pass_drift(runs)
+    model = fit_model(runs) if runs else None
+    drift = pass_drift(runs, model) if model else Drift({}, {}, [])
     varied = varied_variables(runs)
-    noise = machine_noise(runs, varied, probe_cv)
+    noise = machine_noise(runs, varied, model, probe_cv)
     found, together = [], []
     if runs and varied:
         modal = modal_config(runs, varied)
         for n in varied:
-            ve = analyse_variable(runs, n, varied, modal, machine_id)
+            ve = analyse_variable(runs, n, varied, modal, machine_id, model)
             (found.append(ve) if ve else together.append(n))
         for ve in found:
             ve.fixed = drop_derived(ve.fixed, together)
-            for e in ve.effects:
-                e.method = _method([r for lv in ve.levels for r in lv.runs], drift)
-    return MachineAnalysis(machine_id, found, together, drift, noise, _identical(runs, asked), _regrouped(runs),
-                           runs, varied, flagged, kept_all)
+    lost, uncompared = lost_levels(runs, flagged if not kept_all else [], list(asked), found, together)
+    return MachineAnalysis(machine_id, found, [n for n in together if n not in uncompared], drift, noise,
+                           _identical(runs, asked), _regrouped(runs), runs, varied, flagged, kept_all, lost,
+                           uncompared, model)
 
 
-def holm(effects: list[Effect], alpha: float = ALPHA) -> int:
-    """Holm's step-down adjustment over every tested effect; the family size."""
-    tested = sorted((e for e in effects if e.p_value is not None), key=lambda e: e.p_value)
-    m = len(tested)
-    running = 0.0
-    for i, e in enumerate(tested):
-        running = max(running, min(1.0, (m - i) * e.p_value))
-        e.p_adjusted = running
-        e.significant = running < alpha
-        e.family = m
+def _status_words(rows: list[dict], disturbed_ids: set) -> str:
+    """Why these rows of one value gave no usable run, in a few words."""
+    counts = Counter()
+    reasons: dict[str, str] = {}
+    for r in rows:
+        st = r.get("status") or "queued"
+        if st == "done" and r.get("run_id") in disturbed_ids:
+            st = "disturbed"
+        counts[st] += 1
+        if r.get("error") and st in ("failed", "skipped"):
+            reasons.setdefault(st, str(r["error"]).strip().splitlines()[0][:160])
+    parts = []
+    for st in ("failed", "skipped", "disturbed", "running", "queued", "done"):
+        if counts[st]:
+            why = {"disturbed": "left out: another process or the hypervisor took its CPUs",
+                   "queued": "not run yet", "running": "still running", "done": "no step time"}.get(st, reasons.get(st, ""))
+            parts.append(f"{counts[st]} {st}" + (f" ({why})" if why else ""))
+    return "; ".join(parts)
+
+
+def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found: list[VariableEffect],
+                together: list[str]) -> tuple[list[Lost], dict[str, str]]:
+    """Values that jobs asked for and that have no usable run, with why; and the varied variables
+    that could not be compared because of them (their other values, or the baseline, were lost)."""
+    usable: dict[str, set] = defaultdict(set)
+    for r in runs:
+        for n in FACTORS:
+            usable[n].add(r.values[n])
+    asked_values: dict[str, dict] = defaultdict(lambda: defaultdict(list))
+    for row in asked:
+        for n in FACTORS:
+            if n in row:
+                asked_values[n][value_of(n, row[n])].append(row)
+    d_ids = {r.row.get("run_id") for r in disturbed}
+    lost = []
+    for n, by_value in asked_values.items():
+        if len(by_value) < 2:
+            continue
+        for v, rows in sorted(by_value.items(), key=lambda kv: sort_key(n, kv[0])):
+            if v not in usable.get(n, set()):
+                lost.append(Lost(n, label(n, v), _status_words(rows, d_ids)))
+    compared = {ve.variable for ve in found}
+    uncompared = {}
+    by_var = defaultdict(list)
+    for lv in lost:
+        by_var[lv.variable].append(lv)
+    for n, ls in by_var.items():
+        if n in compared:
+            continue
+        kept = sorted(usable.get(n, set()), key=lambda v: sort_key(n, v))
+        if len(kept) <= 1 or n in together:
+            words = "; ".join(f"{x.value}: {x.why}" for x in ls)
+            uncompared[n] = (f"only {label(n, kept[0])} has usable runs" if len(kept) == 1 else
+                             "no value has a usable run alone against another") + f" ({words})"
+    return lost, uncompared
+
+
+def adjust(effects: list[Effect], interactions: list[Interaction] = (), alpha: float = ALPHA) -> int:
+    """Single-step Bonferroni over every tested effect and interaction test: p_adjusted = min(1, m p),
+    significant when below alpha, which is exactly when the effect's shown interval (at 1 - alpha/2m)
+    excludes no change. The family size."""
+    tests = [e for e in effects if e.p_value is not None] + list(interactions)
+    m = len(tests)
+    for t in tests:
+        t.p_adjusted = min(1.0, m * t.p_value)
+        t.significant = t.p_adjusted < alpha
+        t.family = m
     for e in effects:
         if e.p_value is None:
             e.family = m
@@ -869,27 +1055,30 @@ def holm(effects: list[Effect], alpha: float = ALPHA) -> int:
 MAX_REPEATS_SAID = 1000
 
 
-def _repeats_needed(e: Effect, noise: Noise, family: int) -> int | None:
-    """For an effect not resolved: about how many runs per value (two values, Welch's dof) would
-    resolve one of this size family-wise with 80% power, at the machine's noise or the comparison's
-    own where that is larger. None when resolved or unknowable; MAX_REPEATS_SAID + 1 for "more"."""
-    if e.significant or noise.sigma is None:
+def _repeats_needed(e: Effect, family: int) -> int | None:
+    """For an effect not resolved: about how many runs per value would make the shown test reject
+    an effect of this size with 80% power: the same standard error, scaled by sqrt(runs now / runs
+    then), the same family-wise quantile and degrees of freedom. None when resolved or unknowable;
+    MAX_REPEATS_SAID + 1 for "more"."""
+    if e.significant or e.se is None or not e.min_runs or e.se <= 0:
         return None
-    sigma = noise.sigma
-    if e.se is not None and e.min_runs:  # the comparison's own noise, back from its standard error
-        # ratio: se = sigma * sqrt(2 / n); elasticity over two values: se = sigma * sqrt(2 / n) / log_range
-        # (more values fit a slope more tightly: this then overstates sigma, so it errs on the safe side)
-        own = e.se * math.sqrt(e.min_runs / 2) * (1.0 if e.kind == "ratio" else e.log_range)
-        sigma = max(sigma, own)
-    size = abs(e.log_effect) if e.kind == "ratio" else abs(e.estimate) * e.log_range
+    size = abs(e.log_effect)
     if size < 1e-6:
         return None  # no effect at all to resolve
-    q_family = 1 - ALPHA / (2 * max(1, family))
-    for n in range(2, MAX_REPEATS_SAID + 1):
-        dof = 2 * (n - 1)
-        if (t_quantile(q_family, dof) + t_quantile(POWER, dof)) * sigma * math.sqrt(2 / n) <= size:
+    z = family_quantile(family, e.dof) + t_quantile(POWER, e.dof)
+    for n in range(e.min_runs + 1, MAX_REPEATS_SAID + 1):
+        if z * e.se * math.sqrt(e.min_runs / n) <= size:
             return n
     return MAX_REPEATS_SAID + 1
+
+
+def smallest_resolvable(e: Effect) -> float | None:
+    """The smallest step-time change (relative, 0.1 = 10%) the shown test detects with 80% power at
+    this effect's standard error."""
+    if e.se is None:
+        return None
+    z = family_quantile(e.family, e.dof) + t_quantile(POWER, e.dof)
+    return math.expm1(z * e.se * (1.0 if e.kind == "ratio" else math.log(2)))
 
 
 def _identical(runs: list[Run], asked: list[dict]) -> list[str]:

@@ -263,12 +263,17 @@ def effect_words(ve: VariableEffect) -> str:
     """The headline effect of a variable in one sentence, with its family-wise interval; plainly
     "no detectable effect" when the adjusted test does not reject no change."""
     h = ve.headline
+    where = f" at {h.group}" if h.group else ""
+    if ve.differs:
+        where += f" (the effect differs between {len(ve.interaction.groups)} groups: see its section)"
     if h.kind == "elasticity":
-        what = f"step time ~ {ve.variable}^{h.estimate:.2f}"
+        what = f"step time ~ {ve.variable}^{h.estimate:.2f}{where}"
         size = f"doubling it multiplies step time by {2 ** h.estimate:.2f}"
     else:
-        what = f"{h.value} vs {h.baseline}: {h.estimate:.2f}x the step time"
+        what = f"{h.value} vs {h.baseline}: {h.estimate:.2f}x the step time{where}"
         size = ""
+    if h.significant is None:
+        return f"{what}: {h.verdict()}"
     if h.significant:
         return f"{what} ({_ci(h)})" + (f": {size}" if size else "")
     words = f"no detectable effect: {what} ({_ci(h)})"
@@ -353,9 +358,9 @@ def glance_section(ctx: Context) -> list[str]:
                        _p(h.p_adjusted), _runs_per_value(ve)]
                     + ([_target_words(h, ctx.targets.get(ve.machine_id))] if adaptive else []))
     n = ctx.analysis.family
-    lines += [f"*adjusted p*: Holm-adjusted over all {n} comparisons in this report; below 0.05 is a clear effect "
-              "(family-wise error 5%). The intervals hold together: each is a 95% interval widened for the "
-              f"{n} comparisons (Bonferroni).", ""]
+    lines += [f"*adjusted p*: Bonferroni over all {n} tests in this report; below 0.05 is a clear effect "
+              "(family-wise error 5%), exactly when the interval shown excludes no change: each is a 95% interval "
+              f"widened for the {n} tests, and they hold together.", ""]
     lines += _table(header, body)
     return lines
 
@@ -370,8 +375,15 @@ def notes_section(ctx: Context) -> list[str]:
     together = ctx.together
     if together:
         lines += ["Varied, but no two finished runs differ in it alone, so its own effect cannot be separated "
-                  "(it is derived from another variable and moved with it, e.g. threads with cores): "
+                  "(it moved only together with another variable, e.g. threads that follow cores): "
                   + ", ".join(f"`{n}`" for n in together) + ".", ""]
+    for m, ma in ctx.analysis.machines.items():
+        who = f" on {ctx.names[m]}" if ctx.several else ""
+        for n, why in ma.uncompared.items():
+            lines += [f"**Not compared{who}**: `{n}`: {why}.", ""]
+        if ma.lost:
+            lines += [f"Values asked for with no usable run{who} (never averaged, never dropped silently):", ""]
+            lines += _table(["variable", "value", "why"], [[f"`{x.variable}`", x.value, x.why] for x in ma.lost])
     for m, ma in ctx.analysis.machines.items():
         who = f" on {ctx.names[m]}" if ctx.several else ""
         for note in ma.identical:
@@ -387,45 +399,55 @@ def noise_section(ctx: Context) -> list[str]:
         return []
     lines = ["## How noisy the machine is", "",
              "The same configuration run again does not take exactly the same time. *Run-to-run noise* is the "
-             "typical coefficient of variation of the median step time between repeat runs of one configuration "
-             "(a robust median over configurations, so a few noisy ones do not set it). Repeats are run in "
-             "passes (all of pass 0 before pass 1), so a slow drift of the machine moves a whole pass: it is "
-             "estimated from the configurations run in several passes and removed before any comparison.", ""]
+             "model's residual: the coefficient of variation of one run's step time around its configuration's, "
+             "once the block it ran in is accounted for (runs made side by side). *Block-to-block noise* is how "
+             "much stretches of time differ beyond that: comparisons are made inside blocks, so it does not widen "
+             "them, but it is why runs minutes apart agree less than neighbours.", ""]
     body = []
     for m, ma in machines:
         nz = ma.noise
-        if nz.probe_cv is not None:
-            source = "measured by the machine probe (identical short runs)"
-            figure = _pct(nz.probe_cv) + (f" (the repeats here: {_pct(nz.cv)})" if nz.cv is not None else "")
-        elif nz.cv is not None:
-            source = f"estimated from the repeats in this report ({nz.configs} configurations run twice or more)"
-            figure = _pct(nz.cv)
+        if nz.cv is not None:
+            figure = _pct(nz.cv) + f" ({nz.dof:.0f} degrees of freedom)"
+            if nz.probe_cv is not None:
+                figure += f"; the machine probe measured {_pct(nz.probe_cv)}"
+        elif nz.probe_cv is not None:
+            figure = f"{_pct(nz.probe_cv)} (the machine probe's: nothing here was repeated)"
         else:
-            source, figure = "not known: no configuration ran twice and the probe measured none", "-"
+            figure = "not known: no configuration ran twice and the probe measured none"
+        strata = [s for s in nz.strata if s.dof > 0 and not s.noisy_config]
+        by_stratum = "; ".join(
+            f"{_cores_words(s.members)}: {_pct(s.cv)}" + (f", {s.slow_share:.0%} of runs in a slow mode "
+                                                          f"{100 * math.expm1(s.slow_shift):.0f}% slower (effects use the fast mode)"
+                                                          if s.bimodal else "")
+            for s in strata) if len(strata) > 1 or any(s.bimodal for s in strata) else "-"
         rel = ma.drift.relative()
         drift = ", ".join(f"pass {p}: {100 * (x - 1):+.0f}%" for p, x in rel.items() if p != min(rel)) if len(rel) > 1 else "-"
         if rel and len(rel) > 1:
             drift += f" vs pass {min(rel)}"
         if ma.drift.not_estimated:
-            drift += f"; not estimated for pass {', '.join(map(str, ma.drift.not_estimated))} (too few shared configurations)"
+            drift += f"; pass {', '.join(map(str, ma.drift.not_estimated))} shares no configuration with the first"
         spreads = [r.row["step_ms_p90"] / r.row["step_ms_p10"] for r in ma.runs
                    if r.row.get("step_ms_p90") and r.row.get("step_ms_p10")]
         within = f"{np.median(spreads):.2f}" if spreads else "-"
-        noisiest = ", ".join(f"{name} ({_pct(cv)})" for name, cv in nz.noisiest) or "-"
-        sigma = nz.sigma
-        mde = "-"
-        if sigma is not None:
-            runs = Counter(len(lv.runs) for ve in ma.variables for lv in ve.levels).most_common(1)
-            n = runs[0][0] if runs else 3
-            z = fx.t_quantile(1 - fx.ALPHA / (2 * max(1, ctx.analysis.family)), math.inf) + fx.t_quantile(fx.POWER, math.inf)
-            mde = f"{_pct(math.expm1(z * sigma * math.sqrt(2 / n)))} with {n} runs per value"
-        body.append(([ctx.names[m]] if ctx.several else []) + [figure, source, _pct(nz.cv_with_drift), drift, within,
-                                                              noisiest, mde])
+        shown = [e for e in ma.effects if e.kind == "ratio" and e.se is not None]
+        if shown:
+            hw = float(np.median([e.half_width for e in shown]))
+            mde = float(np.median([fx.smallest_resolvable(e) for e in shown]))
+            widths = f"+-{_pct(hw)} (median over {len(shown)} ratios); smallest change resolvable {_pct(mde)}"
+        else:
+            widths = "-"
+        body.append(([ctx.names[m]] if ctx.several else [])
+                    + [figure, _pct(nz.block_cv), by_stratum, _pct(nz.cv_with_drift), drift, within, widths])
     header = (["machine"] if ctx.several else []) + [
-        "run-to-run noise (CV)", "source", "noise with the drift left in", "pass drift (step time vs the first pass)",
-        "within one run: p90 / p10 of step times (median over runs)", "noisiest configurations",
-        "smallest effect resolvable (family-wise, 80% power)"]
+        "run-to-run noise (CV)", "block-to-block noise (CV)", "by number of CPUs", "a configuration's repeats, blocks left in (CV)",
+        "pass drift (step time vs the first pass)", "within one run: p90 / p10 of step times (median over runs)",
+        "shown intervals (family-wise) and the smallest change they resolve (80% power)"]
     return lines + _table(header, body)
+
+
+def _cores_words(members) -> str:
+    cores = sorted(m for m in members if m is not None)
+    return ("runs on " + ", ".join(map(str, cores)) + " CPU" + ("s" if cores != [1] else "")) if cores else "runs"
 
 
 def runs_section(ctx: Context) -> list[str]:
@@ -609,7 +631,8 @@ def _fact(v) -> str:
 def method_section(ctx: Context) -> list[str]:
     n = ctx.analysis.family
     return ["## How the numbers were computed", "",
-            "- Only runs with status `done` enter any number; failed and skipped runs are only counted.",
+            "- Only runs with status `done` enter any number; failed and skipped runs are only counted, and every "
+            "value that was asked for and has no usable run is named with why.",
             "- Runs are grouped on what really ran: the dataset a run trained on (`dataset_used`), and the thread "
             "counts, oneDNN switch and allocator the child read back where they differ from the job's (today's "
             "worker records such a run as failed; older databases may hold them). Asked-for values that ran "
@@ -617,49 +640,45 @@ def method_section(ctx: Context) -> list[str]:
             "- *What is compared*: for each variable, the runs that differ from each other in that variable alone. "
             "Every other varied variable is held at one value (the baseline's, where it can be), and the variables "
             "that follow it by default (`omp_threads`, `intra_threads`, `inter_threads` follow `cores`; `head_dim` "
-            "follows `d_model` and `n_heads`; `kv_heads` follows `n_heads`) are at the values derived from it, as "
-            "recorded at enqueue (`jobs.derived`; for older jobs the same rules are applied to the config). A run "
-            "where such a follower was set by hand (say `omp_threads=1` at `cores=2`) is left out of the parent's "
-            "comparison and compared in its own. *Baseline*: the variable's most common value among the done runs "
-            "(in a one-factor-at-a-time sweep, the sweep's base).",
-            "- *Pass drift*: repeats are run in passes (all of pass 0, then all of pass 1, each in its own shuffled "
-            "order), so a slow drift of the machine is shared by the runs of a pass. Each pass's shift of log step "
-            "time is estimated from every configuration run in more than one pass (a two-way fit, configuration "
-            f"plus pass, by medians) and removed from each run; a pass with fewer than {fx.MIN_PASS_CONFIGS} such "
-            "configurations is left as it is. Comparisons made within passes are untouched by the drift.",
+            "follows `d_model` and `n_heads`; `kv_heads` follows `n_heads`; `compile` follows `framework`) are at "
+            "the values derived from it, as recorded at enqueue (`jobs.derived`). *Baseline*: the variable's most "
+            "common value among the done runs (in a one-factor-at-a-time sweep, the sweep's base; if the base "
+            "failed, another value).",
+            "- *One model per machine*: log step time = configuration effect + block effect + residual, fitted "
+            "once by least squares. A *block* is a stretch of the run order: the configurations of one comparison "
+            "(a variable's values and the baseline) run next to each other in each repeat pass (`jobs.block`; in "
+            "older sweeps the whole pass). Slow drift and the correlated noise of a stretch of time are block "
+            "effects, estimated inside the model with their degrees of freedom paid, so a comparison rests on "
+            "runs made side by side. The residual variance is shared by all configurations (one per number of "
+            "CPUs where that stratum has enough runs), so a value with 3 runs borrows the degrees of freedom of "
+            "the whole sweep. Where the residuals clearly show a slow mode (a share of runs 10-20% slower with no "
+            "sensor seeing why, as on shared VMs) it is fitted as a mixture and the effects are the fast mode's.",
             "- *Disturbed runs* (another process or the hypervisor took more than "
             f"{fx.DISTURBED_SHARE:.0%} of the job's CPU time during its timed window, as measured by `other_cpu_s` "
             "and `steal_s`) are left out of every fit; the Runs section counts and names them.",
-            f"- *Each value's step time*: the {fx.TRIM:.0%}-trimmed mean of its drift-free log step times (of n runs, "
-            f"the floor({fx.TRIM:g} n) fastest and as many slowest are set aside; below {fx.TRIM_FROM} runs "
-            "nothing is, and it is the plain mean: so few runs cannot tell an outlier from noise). Step times on "
-            "a shared machine are heavy-tailed: a run that met another process can be 30-50% slower with no "
-            "sensor seeing it, and a mean moves with every such run while its variance swells; the trimmed mean "
-            "does not, and costs little when the noise is normal.",
-            "- *Step time vs baseline*: the ratio of those geometric means (the difference of trimmed mean log step "
-            "times). Each value's noise is its own (no pooling across values): Yuen's standard error (the "
-            "winsorized variance), combined as in Welch's test with Satterthwaite's degrees of freedom; a Student "
-            "t interval and a two-sided p-value for no change. A value that ran once has no noise estimate of its "
-            "own: no interval, no test.",
-            "- *Power law* (numeric sizes): the least-squares slope of each value's trimmed mean drift-free log step "
-            "time on log value (within each group of runs that differ only in this variable); its variance is each "
-            "value's own squared standard error weighted by its place in the fit, so unequal noise is not averaged "
-            "away. The exponent describes the values tried (a straight line on log-log axes through them).",
-            f"- *Adjustment for many comparisons*: this report makes {n} comparisons. Their p-values are "
-            "Holm-adjusted (family-wise error 5%: the chance that even one comparison with no real effect is "
-            "called an effect is at most 5%). *Clear effect*: adjusted p below 0.05. The intervals shown are "
-            f"simultaneous 95% intervals (Bonferroni: each at the {100 * (1 - fx.ALPHA / max(1, n)):.2f}% level), so "
-            "they hold together; Holm rejects at least what these intervals exclude. The effects table also keeps "
-            "each comparison's own (unadjusted) 95% interval in `ci_low` / `ci_high`.",
-            "- *No detectable effect*: the adjusted test does not reject no change; the interval shows how large an "
-            "effect could still hide in the noise. It is not proof of no effect: more repeats (or "
-            "`work --target-ci`) narrow it. The *runs per value* needed is a normal-approximation estimate for "
-            "80% power at this machine's noise.",
+            "- *Step time vs baseline*: exp of the difference of the two configurations' effects in the model, with "
+            "its standard error from the model, Satterthwaite's degrees of freedom over the noise strata, a "
+            "Student t test of no change.",
+            "- *Power law* (numeric sizes with three or more values): the least-squares slope of the values' "
+            "effects in the model on log value (within each group of runs that differ only in this variable). A "
+            "size tried at two values has only its ratio (the same test twice would be counted twice).",
+            "- *Interactions*: where a variable was varied in several groups (a grid), its effect in each group is "
+            "tested for equality (Wald F test). Where the groups differ, the effect is reported per group and no "
+            "pooled number is given.",
+            f"- *One procedure for verdicts and intervals*: this report makes {n} tests. Each is judged at "
+            f"{fx.ALPHA:g}/{n} (single-step Bonferroni: family-wise error 5%, the chance that even one comparison "
+            "with no real effect is called an effect is at most 5%), and the interval shown is the matching "
+            f"simultaneous 95% interval (each at {100 * (1 - fx.ALPHA / max(1, n)):.2f}%): an effect is *clear* "
+            "exactly when its interval excludes no change. The effects table also keeps each comparison's own "
+            "(unadjusted) 95% interval in `ci_low` / `ci_high`.",
+            "- *No detectable effect*: the test does not reject no change; the interval shows how large an effect "
+            "could still hide in the noise. *Runs per value needed* and *smallest effect resolvable* use the same "
+            "standard error, quantile and degrees of freedom as the test (80% power).",
             "- *Ranking*: by the p-value of each variable's headline effect (its power law, or its clearest ratio): "
             "how clearly it changes step time relative to the uncertainty, not how large a noisy difference is.",
             "- Every run is in results.csv; the fitted effects are in the database table `effects` (estimate, "
             "standard error, degrees of freedom, p-value, adjusted p, significant, both intervals, method, runs, "
-            "passes).", ""]
+            "passes). docs/statistics.md says more.", ""]
 
 
 def pools_section(ctx: Context) -> list[str]:

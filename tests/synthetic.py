@@ -184,7 +184,8 @@ def truth(base: dict) -> dict[tuple, float]:
             config, why = V.resolve({**_partial(base), name: v}, CPUS)
             assert not why, (name, v, why)
             out[("ratio", name, v)] = law(config) / law(base)
-        if name in POWER or name in ("cores", "d_model", "n_heads"):
+        if (name in POWER or name in ("cores", "d_model", "n_heads")) and len(values | {base[name]}) >= 3:
+            # (a size tried at two values has only its ratio: the same test is not made twice)
             xs = sorted(values | {base[name]})
             ys = []
             for v in xs:

@@ -1,0 +1,423 @@
+"""The one statistical model of a machine's runs: log step time = configuration + block + residual.
+
+Every comparison the report makes (a value against its baseline, a power law, an interaction) is a
+linear contrast of the configuration effects fitted here once, so all of them share one noise
+estimate and one set of degrees of freedom:
+
+    y_i = mu[config_i] + gamma[block_i] + delta_s * z_i + e_i,     e_i ~ N(0, sigma_s^2)
+
+- mu: one effect per configuration (the fast-mode log step time).
+- gamma: one effect per block, i.e. per (repeat pass, block) of the run order (jobs.block: a
+  comparison's configurations run next to each other; NULL: the whole pass is the block). Slow drift
+  of the machine and the correlated noise of a stretch of time live here. Fixed effects: estimated
+  inside the model, one per block, their degrees of freedom paid. One block per connected part of
+  the design is the reference (its gamma is 0): only differences between configurations that share
+  blocks, directly or through other configurations, are estimable, and the others are said to be not.
+- s: the noise stratum of a run (its number of CPUs: 1-thread and 2-thread runs of a shared VM are
+  not equally noisy). Each stratum has its own residual variance sigma_s^2 when it has at least
+  MIN_STRATUM_DF degrees of freedom of its own; smaller strata share the largest one's.
+- z_i: a slow mode. Shared VMs are bimodal (about a third of 2-thread runs 12-15% slower with no
+  sensor seeing why) and heavy-tailed. Per stratum, an EM fit of a two-component mixture on the
+  residuals: a run is in the slow mode with probability pi_s and is then delta_s slower, with its
+  own spread. It is kept only where it clearly beats one normal (BIC, separated modes); the
+  configuration effects are then the fast mode's, and slow runs weigh little in them.
+
+Weighted least squares with weights 1/sigma^2 (of the component a run is in, in expectation), a
+sparse solve of the normal equations; a contrast's standard error is sqrt(a' A^-1 a), its degrees
+of freedom Satterthwaite's over the strata's residual degrees of freedom (leverages subtracted).
+
+Pure numpy/scipy; no I/O and no knowledge of variables: effects.py says which contrasts to make.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import sparse
+from scipy.sparse.csgraph import connected_components
+from scipy.sparse.linalg import splu
+
+MIN_STRATUM_DF = 10  # residual degrees of freedom a stratum needs to keep a variance of its own
+MIX_MIN_RUNS = 20  # runs a stratum needs before a slow mode is looked for
+MIX_MIN_SHARE, MIX_MAX_SHARE = 0.03, 0.5  # a slow "mode" outside these shares is not one
+MIX_SEPARATION = 2.5  # the slow mode must sit this many fast-mode sigmas above it
+EM_ITERATIONS = 60
+DENSE_LEVERAGE_MAX = 3000  # parameters up to which leverages are exact (dense inverse)
+
+
+@dataclass
+class Stratum:
+    """The residual noise of one group of runs (same number of CPUs)."""
+
+    key: object
+    runs: int
+    sigma2: float  # residual variance of log step time (fast mode)
+    dof: float  # residual degrees of freedom
+    slow_share: float = 0.0  # pi: share of runs in the slow mode (0: no slow mode)
+    slow_shift: float = 0.0  # delta: the slow mode's extra log step time
+    slow_sigma2: float = 0.0
+    members: tuple = ()  # the stratum keys merged into this one (too few runs of their own)
+
+    @property
+    def cv(self) -> float:
+        return math.sqrt(math.expm1(self.sigma2))
+
+    @property
+    def noisy_config(self) -> bool:
+        """A configuration far noisier than the rest, with a variance of its own."""
+        return isinstance(self.key, tuple) and self.key[:1] == ("noisy configuration",)
+
+    @property
+    def bimodal(self) -> bool:
+        return self.slow_share > 0
+
+
+@dataclass
+class Contrast:
+    estimate: float  # on the log scale
+    se: float | None  # None: no residual degrees of freedom (nothing repeated)
+    dof: float | None
+
+
+@dataclass
+class Fit:
+    """The fitted model of one machine's runs."""
+
+    configs: list  # config keys, in index order
+    blocks: list  # block keys, in index order
+    mu: np.ndarray  # fast-mode log step time per configuration (relative to its part's reference block)
+    gamma: np.ndarray  # per block
+    strata: dict  # stratum key -> Stratum (merged strata map to the same object)
+    component: np.ndarray  # connected part of each configuration
+    slow_prob: np.ndarray  # per run: posterior probability of the slow mode (0 where none was fitted)
+    n_runs: int
+    _solve: object = field(repr=False, default=None)
+    _design: object = field(repr=False, default=None)  # (X sparse n x p, weights, stratum index per run, dof per stratum)
+
+    @property
+    def dof(self) -> float:
+        return float(sum(s.dof for s in self.distinct_strata()))
+
+    def distinct_strata(self) -> list[Stratum]:
+        return list({id(s): s for s in self.strata.values()}.values())
+
+    @property
+    def sigma2(self) -> float | None:
+        """The pooled fast-mode residual variance (degrees-of-freedom weighted)."""
+        ss = [s for s in self.distinct_strata() if s.dof > 0]
+        if not ss:
+            return None
+        return sum(s.sigma2 * s.dof for s in ss) / sum(s.dof for s in ss)
+
+    def block_variance(self) -> float | None:
+        """Kalibera & Jones' second level: how much the blocks (stretches of time) vary beyond what the
+        runs inside them do: the variance of the fitted block effects minus their own noise."""
+        if len(self.gamma) < 3 or self.sigma2 is None:
+            return None
+        g = self.gamma - self.gamma.mean()
+        return max(0.0, float(g.var(ddof=1)) - self.sigma2 * 2.0 / max(1.0, self.n_runs / len(self.gamma)))
+
+    def contrast(self, weights: dict[int, float]) -> Contrast | None:
+        """a' mu for a = weights (configuration index -> coefficient); None when not estimable (the
+        coefficients of some connected part of the design do not sum to zero)."""
+        parts: dict[int, float] = {}
+        for c, w in weights.items():
+            parts[int(self.component[c])] = parts.get(int(self.component[c]), 0.0) + w
+        if any(abs(v) > 1e-9 for v in parts.values()):
+            return None
+        est = float(sum(w * self.mu[c] for c, w in weights.items()))
+        X, wts, s_of_run, s_dof = self._design
+        if self._solve is None or not s_dof:
+            return Contrast(est, None, None)
+        a = np.zeros(X.shape[1])
+        for c, w in weights.items():
+            a[c] = w
+        z = self._solve(a)
+        var = float(a @ z)
+        if var <= 0:
+            return Contrast(est, 0.0, float(sum(s_dof.values())))
+        # Satterthwaite over the strata: Var = sum_s sum_{i in s} (w_i x_i' z)^2 sigma_s^2.
+        contrib = (wts * (X @ z)) ** 2 / wts  # per run: w_i^2 (x_i'z)^2 * sigma_i^2, sigma_i^2 = 1 / w_i
+        parts_v: dict = {}
+        for s, v in zip(s_of_run, contrib):
+            parts_v[s] = parts_v.get(s, 0.0) + float(v)
+        total = sum(parts_v.values())
+        denom = sum(v * v / s_dof[s] for s, v in parts_v.items() if s_dof.get(s, 0) > 0 and v > 0)
+        dof = total * total / denom if denom > 0 else float(sum(s_dof.values()))
+        return Contrast(est, math.sqrt(var), dof)
+
+    def covariance(self, vectors: list[dict[int, float]]) -> np.ndarray:
+        """The covariance matrix of several contrasts (each estimable)."""
+        X, *_ = self._design
+        a = np.zeros((X.shape[1], len(vectors)))
+        for j, weights in enumerate(vectors):
+            for c, w in weights.items():
+                a[c, j] = w
+        z = np.column_stack([self._solve(a[:, j]) for j in range(len(vectors))])
+        return a.T @ z
+
+
+def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int, mixture: bool = True) -> Fit:
+    """Fit the model to log step times y; config_idx / block_idx index each run's configuration and
+    block (0..n-1); stratum_keys is each run's noise stratum (any hashable)."""
+    y = np.asarray(y, dtype=float)
+    ci = np.asarray(config_idx, dtype=int)
+    bi = np.asarray(block_idx, dtype=int)
+    n = len(y)
+    # Connected parts of the bipartite configuration-block graph: one reference block per part.
+    graph = sparse.coo_matrix((np.ones(n), (ci, n_configs + bi)), shape=(n_configs + n_blocks,) * 2)
+    n_parts, labels = connected_components(graph, directed=False)
+    component = labels[:n_configs]
+    ref_blocks = {}
+    for b in range(n_blocks):
+        ref_blocks.setdefault(int(labels[n_configs + b]), b)
+    free_blocks = [b for b in range(n_blocks) if ref_blocks.get(int(labels[n_configs + b])) != b]
+    col_of_block = {b: n_configs + k for k, b in enumerate(free_blocks)}
+    p = n_configs + len(free_blocks)
+    rows, cols = [np.arange(n)], [ci]
+    has_block = np.array([b in col_of_block for b in bi])
+    rows.append(np.arange(n)[has_block])
+    cols.append(np.array([col_of_block[b] for b in bi[has_block]], dtype=int))
+    X = sparse.csr_matrix((np.ones(sum(len(r) for r in rows)), (np.concatenate(rows), np.concatenate(cols))), shape=(n, p))
+
+    # Strata: merge those with too few residual degrees of freedom into the largest.
+    keys = list(stratum_keys)
+    distinct = sorted(set(keys), key=lambda k: -keys.count(k))
+    approx_dof = {k: keys.count(k) * (1 - p / max(n, 1)) for k in distinct}
+    big = [k for k in distinct if approx_dof[k] >= MIN_STRATUM_DF] or distinct[:1]
+    home = {k: (k if k in big else big[0]) for k in distinct}
+    s_of_run = np.array([big.index(home[k]) for k in keys]) if n else np.zeros(0, dtype=int)
+    n_strata = len(big)
+
+    sigma2 = np.full(n_strata, 1.0)
+    pi = np.zeros(n_strata)
+    delta = np.zeros(n_strata)
+    slow_sigma2 = np.ones(n_strata)
+    post = np.zeros(n)
+    theta = np.zeros(p)
+    lev = np.full(n, p / max(n, 1))
+
+    def solve_weighted(weights, target):
+        A = (X.T @ sparse.diags(weights) @ X).tocsc()
+        lu = splu(A + sparse.identity(p, format="csc") * 1e-12 * max(1.0, float(A.diagonal().max(initial=1.0))))
+        return lu, lu.solve(X.T @ (weights * target))
+
+    def variances(rounds: int):
+        nonlocal lu, theta, weights
+        for _ in range(rounds):
+            lu, theta = solve_weighted(weights, y)
+            _leverages(X, weights, lu, p, lev)
+            r = y - X @ theta
+            for s in range(n_strata):
+                m = s_of_run == s
+                dof_s = m.sum() - lev[m].sum()
+                sigma2[s] = float(r[m] @ r[m] / dof_s) if dof_s > 0.5 else float("nan")
+            weights = np.where(np.isfinite(sigma2[s_of_run]) & (sigma2[s_of_run] > 0),
+                               1.0 / np.maximum(sigma2[s_of_run], 1e-12), 1.0)
+
+    # 1. ordinary fit with one variance per stratum (two rounds: weights from the first)
+    weights = np.ones(n)
+    lu = None
+    variances(2)
+    def slow_modes():
+        nonlocal theta, post
+        for s in range(n_strata):
+            m = s_of_run == s
+            pi[s], delta[s] = 0.0, 0.0
+            post[m] = 0.0
+            if not mixture or m.sum() < MIX_MIN_RUNS or not np.isfinite(sigma2[s]) or sigma2[s] <= 0:
+                continue
+            got = _mixture(X, y, m, theta, lev, sigma2[s], weights)
+            if got is None:
+                continue
+            theta_m, post_m, pi_s, delta_s, s2, s2_slow = got
+            theta, post = theta_m, np.where(m, post_m, post)
+            pi[s], delta[s], sigma2[s], slow_sigma2[s] = pi_s, delta_s, s2, s2_slow
+
+    # 2. a slow mode per stratum, where it clearly beats one normal
+    slow_modes()
+    # 3. a configuration far noisier than its stratum's fast mode (an F test at NOISY_ALPHA over the
+    # configurations tested, slow-mode runs' shift removed) gets a variance of its own, paying its own
+    # degrees of freedom: one noisy value then widens only its own comparisons.
+    noisy = _noisy_configs(y - X @ theta - delta[s_of_run] * post, ci, s_of_run, lev, sigma2, n_configs)
+    if noisy:
+        for c in noisy:
+            big.append(("noisy configuration", c))
+        s_of_run = s_of_run.copy()
+        for c in noisy:
+            s_of_run[ci == c] = big.index(("noisy configuration", c))
+        n_strata = len(big)
+        sigma2 = np.concatenate([sigma2, np.ones(len(noisy))])
+        pi, delta = np.zeros(n_strata), np.zeros(n_strata)
+        slow_sigma2 = np.ones(n_strata)
+        post[:] = 0.0
+        variances(2)
+        slow_modes()
+        # final weights: expected precision of each run's component; targets shifted by the slow mode
+    eff_w = np.empty(n)
+    target = y.copy()
+    for s in range(n_strata):
+        m = s_of_run == s
+        if pi[s] > 0:
+            eff_w[m] = 1.0 / sigma2[s]
+            target[m] = y[m] - delta[s] * post[m]
+        else:
+            eff_w[m] = 1.0 / sigma2[s] if np.isfinite(sigma2[s]) and sigma2[s] > 0 else 1.0
+    lu, theta = solve_weighted(eff_w, target)
+    _leverages(X, eff_w, lu, p, lev)
+    s_dof = {}
+    for s in range(n_strata):
+        m = s_of_run == s
+        s_dof[s] = max(0.0, float(m.sum() - lev[m].sum()) - (3 if pi[s] > 0 else 0))
+    has_noise = all(np.isfinite(sigma2)) and sum(s_dof.values()) >= 1
+
+    strata = {}
+    objs = []
+    for s, k in enumerate(big):
+        members = tuple(d for d in distinct if home[d] == k)
+        objs.append(Stratum(k, int((s_of_run == s).sum()), float(sigma2[s]) if np.isfinite(sigma2[s]) else float("nan"),
+                            s_dof[s], float(pi[s]), float(delta[s]), float(slow_sigma2[s]) if pi[s] > 0 else 0.0, members))
+    for d in distinct:
+        strata[d] = objs[big.index(home[d])]
+    for s, k in enumerate(big):
+        strata.setdefault(k, objs[s])  # the noisy configurations' own
+    gamma = np.zeros(n_blocks)
+    for b, col in col_of_block.items():
+        gamma[b] = theta[col]
+    return Fit(list(range(n_configs)), list(range(n_blocks)), theta[:n_configs].copy(), gamma, strata, component,
+               post, n, lu.solve if has_noise else None, (X, eff_w, s_of_run, s_dof if has_noise else {}))
+
+
+NOISY_ALPHA = 0.01  # family-wise, over the configurations tested
+
+
+def _noisy_configs(r, ci, s_of_run, lev, sigma2, n_configs: int) -> list[int]:
+    """Configurations whose residual variance is far above their stratum's (F test, Bonferroni)."""
+    from scipy.special import fdtrc
+
+    tested = []
+    for c in range(n_configs):
+        m = ci == c
+        dof_c = float(m.sum() - lev[m].sum())
+        s = int(s_of_run[m][0]) if m.any() else 0
+        if dof_c < 0.9 or not np.isfinite(sigma2[s]) or sigma2[s] <= 0:
+            continue
+        f = float(r[m] @ r[m]) / dof_c / sigma2[s]
+        tested.append((c, f, dof_c, float(sum(s_of_run == s) - lev[s_of_run == s].sum())))
+    return [c for c, f, d1, d2 in tested if d2 > 0 and fdtrc(d1, d2, f) < NOISY_ALPHA / max(1, len(tested))]
+
+
+def _leverages(X, weights, lu, p: int, out: np.ndarray) -> None:
+    """h_i = w_i x_i' A^-1 x_i, exact up to DENSE_LEVERAGE_MAX parameters, else p / n each."""
+    n = X.shape[0]
+    if p > DENSE_LEVERAGE_MAX or n == 0:
+        out[:] = p / max(n, 1)
+        return
+    inv = lu.solve(np.eye(p))
+    Xd = X.toarray() if hasattr(X, "toarray") else X
+    out[:] = weights * np.einsum("ij,jk,ik->i", Xd, inv, Xd)
+
+
+def _mixture(X, y, m, theta, lev, sigma2, weights):
+    """A slow mode among the runs m, from the best of a few EM starts (the slowest 10-40% as the
+    first guess of the slow mode): (theta, posterior, pi, delta, sigma2, slow sigma2), or None where
+    one normal explains the residuals as well (BIC) or the modes are not separated."""
+    r0 = (y - X @ theta)[m]
+    n_s = int(m.sum())
+    dof0 = max(1.0, n_s - float(lev[m].sum()))
+    v0 = float(r0 @ r0) / dof0
+    ll_one = float(-0.5 * n_s * np.log(2 * np.pi * v0) - 0.5 * float(r0 @ r0) / v0)
+    u0 = r0 / np.sqrt(np.clip(1 - lev[m], 0.05, 1.0))
+    if not _two_modes(u0):
+        return None
+    best = None
+    for share in (0.1, 0.2, 0.3, 0.4):
+        got = _em(X, y, m, theta, lev, weights, u0 > np.quantile(u0, 1 - share))
+        if got is not None and (best is None or got[-1] > best[-1]):
+            best = got
+    if best is None:
+        return None
+    theta_m, post, pi, delta, s2, s2_slow, ll_mix = best
+    if not (MIX_MIN_SHARE <= pi <= MIX_MAX_SHARE and delta >= MIX_SEPARATION * math.sqrt(s2)):
+        return None
+    # which mode a run is in is itself uncertain: that uncertainty is noise in the fast-mode estimates
+    s2 += delta * delta * float(np.mean(post[m] * (1 - post[m])))
+    return theta_m, post, pi, delta, s2, s2
+
+
+def _two_modes(u: np.ndarray) -> bool:
+    """Do these standardized residuals hold a slow mode? A two-component normal mixture (one shared
+    variance, EM from a few starts) against one normal, by BIC (2 more parameters), with the modes
+    at least MIX_SEPARATION sigmas apart and the slow one's share within [MIX_MIN_SHARE, MIX_MAX_SHARE]."""
+    n = len(u)
+    v0 = float(np.var(u))
+    if n < MIX_MIN_RUNS or v0 <= 0:
+        return False
+    ll_one = -0.5 * n * (math.log(2 * math.pi * v0) + 1)
+    best = None
+    for share in (0.1, 0.2, 0.3, 0.4):
+        w = (u > np.quantile(u, 1 - share)).astype(float)
+        for _ in range(200):
+            pi = float(np.clip(w.mean(), 1e-3, 1 - 1e-3))
+            m0 = float(np.sum((1 - w) * u) / max(1e-9, (1 - w).sum()))
+            m1 = float(np.sum(w * u) / max(1e-9, w.sum()))
+            s2 = float(np.sum((1 - w) * (u - m0) ** 2 + w * (u - m1) ** 2) / n)
+            if s2 <= 1e-12:
+                break
+            lf, ls = np.log(1 - pi) - 0.5 * (u - m0) ** 2 / s2, np.log(pi) - 0.5 * (u - m1) ** 2 / s2
+            new = 1.0 / (1.0 + np.exp(np.clip(lf - ls, -50, 50)))
+            if np.max(np.abs(new - w)) < 1e-7:
+                w = new
+                break
+            w = new
+        if s2 <= 1e-12:
+            continue
+        ll = float(np.sum(np.logaddexp(lf, ls)) - 0.5 * n * math.log(2 * math.pi * s2))
+        if best is None or ll > best[0]:
+            best = (ll, pi, m1 - m0, s2)
+    if best is None:
+        return False
+    ll, pi, gap, s2 = best
+    return (2 * (ll - ll_one) > 2 * math.log(n) + 6 and MIX_MIN_SHARE <= pi <= MIX_MAX_SHARE
+            and gap >= MIX_SEPARATION * math.sqrt(s2))
+
+
+def _em(X, y, m, theta, lev, weights, slow0):
+    """EM from one start (the runs slow0 of m in the slow mode): a latent shift delta on a share pi
+    of the runs, one variance for both modes, theta refitted to the targets with each run's expected
+    shift removed. The variance divides by the residual degrees of freedom, not by n: with nearly a
+    parameter per two runs the ML variance would be half the truth and the modes would collapse."""
+    post_m = slow0.astype(float)
+    n_s = len(post_m)
+    if post_m.sum() < 2 or post_m.sum() > n_s - 2:
+        return None
+    dof = max(1.0, n_s - float(lev[m].sum()) - 2)
+    r = (y - X @ theta)[m]
+    delta = float(np.mean(r[post_m > 0]) - np.mean(r[post_m == 0])) / max(0.2, 1 - float(lev[m].mean()))
+    for _ in range(EM_ITERATIONS):
+        pi = float(np.clip(post_m.mean(), 1e-3, 1 - 1e-3))
+        target = y.copy()
+        target[m] = y[m] - delta * post_m
+        A = (X.T @ sparse.diags(weights) @ X).tocsc()
+        lu = splu(A + sparse.identity(A.shape[0], format="csc") * 1e-12 * max(1.0, float(A.diagonal().max(initial=1.0))))
+        theta = lu.solve(X.T @ (weights * target))
+        r = (y - X @ theta)[m]  # fast-mode residual; the slow mode's is r - delta
+        delta = float(np.sum(post_m * r) / max(1e-9, post_m.sum()))
+        s2 = float(np.sum((1 - post_m) * r * r + post_m * (r - delta) ** 2) / dof)
+        if delta <= 0 or s2 <= 0:
+            return None
+        lf = np.log(1 - pi) - 0.5 * r * r / s2
+        ls = np.log(pi) - 0.5 * (r - delta) ** 2 / s2
+        new = 1.0 / (1.0 + np.exp(np.clip(lf - ls, -50, 50)))
+        done = np.max(np.abs(new - post_m)) < 1e-6
+        post_m = new
+        if done:
+            break
+    pi = float(np.clip(post_m.mean(), 1e-3, 1 - 1e-3))
+    ll = float(np.sum(np.logaddexp(np.log(1 - pi) - 0.5 * r * r / s2, np.log(pi) - 0.5 * (r - delta) ** 2 / s2))
+               - 0.5 * n_s * np.log(2 * np.pi * s2))
+    post = np.zeros(len(y))
+    post[m] = post_m
+    return theta, post, pi, delta, s2, s2, ll
