@@ -217,10 +217,29 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
             weights = np.where(np.isfinite(sigma2[s_of_run]) & (sigma2[s_of_run] > 0),
                                1.0 / np.maximum(sigma2[s_of_run], 1e-12), 1.0)
 
-    # 1. ordinary fit with one variance per stratum (two rounds: weights from the first)
-    weights = np.ones(n)
-    lu = None
-    variances(2)
+    def split_noisy(noisy):
+        nonlocal s_of_run, n_strata, sigma2, pi, delta, slow_sigma2
+        for c in noisy:
+            big.append(("noisy configuration", c))
+        s_of_run = s_of_run.copy()
+        for c in noisy:
+            s_of_run[ci == c] = big.index(("noisy configuration", c))
+        n_strata = len(big)
+        sigma2 = np.concatenate([sigma2, np.ones(len(noisy))])
+        pi, delta = np.zeros(n_strata), np.zeros(n_strata)
+        slow_sigma2 = np.ones(n_strata)
+        post[:] = 0.0
+
+    # 0. configurations far noisier than the rest, judged on a fit that weighs each configuration by
+    # its own spread (so a noisy one cannot push the block effects and make its neighbours look noisy)
+    weights = _robust_weights(y, ci, n_configs)
+    lu, theta = solve_weighted(weights, y)
+    _leverages(X, weights, lu, p, lev)
+    first = _noisy_configs(y - X @ theta, ci, s_of_run, lev, sigma2 * 0 + 1, n_configs)
+    if first:
+        split_noisy(first)
+    # 1. one variance per stratum (rounds of weighted fits, starting from the robust weights)
+    variances(3)
     def slow_modes():
         nonlocal theta, post
         for s in range(n_strata):
@@ -241,18 +260,10 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     # 3. a configuration far noisier than its stratum's fast mode (an F test at NOISY_ALPHA over the
     # configurations tested, slow-mode runs' shift removed) gets a variance of its own, paying its own
     # degrees of freedom: one noisy value then widens only its own comparisons.
-    noisy = _noisy_configs(y - X @ theta - delta[s_of_run] * post, ci, s_of_run, lev, sigma2, n_configs)
+    noisy = [c for c in _noisy_configs(y - X @ theta - delta[s_of_run] * post, ci, s_of_run, lev, sigma2, n_configs)
+             if ("noisy configuration", c) not in big]
     if noisy:
-        for c in noisy:
-            big.append(("noisy configuration", c))
-        s_of_run = s_of_run.copy()
-        for c in noisy:
-            s_of_run[ci == c] = big.index(("noisy configuration", c))
-        n_strata = len(big)
-        sigma2 = np.concatenate([sigma2, np.ones(len(noisy))])
-        pi, delta = np.zeros(n_strata), np.zeros(n_strata)
-        slow_sigma2 = np.ones(n_strata)
-        post[:] = 0.0
+        split_noisy(noisy)
         variances(2)
         slow_modes()
         # final weights: expected precision of each run's component; targets shifted by the slow mode
@@ -293,20 +304,39 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
 NOISY_ALPHA = 0.01  # family-wise, over the configurations tested
 
 
+def _robust_weights(y, ci, n_configs: int) -> np.ndarray:
+    """Per run: 1 / its configuration's own variance of y, never above 1 / the median one's."""
+    var = np.full(n_configs, np.nan)
+    for c in range(n_configs):
+        yc = y[ci == c]
+        if len(yc) >= 2:
+            var[c] = float(np.var(yc, ddof=1))
+    ok = np.isfinite(var) & (var > 0)
+    floor = float(np.median(var[ok])) if ok.any() else 1.0
+    v = np.where(ok, np.maximum(var, floor), floor)
+    return 1.0 / v[ci]
+
+
 def _noisy_configs(r, ci, s_of_run, lev, sigma2, n_configs: int) -> list[int]:
     """Configurations whose residual variance is far above their stratum's (F test, Bonferroni)."""
     from scipy.special import fdtrc
 
     tested = []
+    rss = {s: float(r[s_of_run == s] @ r[s_of_run == s]) for s in set(s_of_run.tolist())}
+    dof = {s: float((s_of_run == s).sum() - lev[s_of_run == s].sum()) for s in rss}
     for c in range(n_configs):
         m = ci == c
         dof_c = float(m.sum() - lev[m].sum())
-        s = int(s_of_run[m][0]) if m.any() else 0
-        if dof_c < 0.9 or not np.isfinite(sigma2[s]) or sigma2[s] <= 0:
+        if dof_c < 0.9:
             continue
-        f = float(r[m] @ r[m]) / dof_c / sigma2[s]
-        tested.append((c, f, dof_c, float(sum(s_of_run == s) - lev[s_of_run == s].sum())))
-    return [c for c, f, d1, d2 in tested if d2 > 0 and fdtrc(d1, d2, f) < NOISY_ALPHA / max(1, len(tested))]
+        s = int(s_of_run[m][0])
+        rss_c = float(r[m] @ r[m])
+        # against the rest of its stratum (leave it out: a noisy value must not set its own yardstick)
+        dof_rest, rss_rest = dof[s] - dof_c, rss[s] - rss_c
+        if dof_rest < 0.9 or rss_rest <= 0:
+            continue
+        tested.append((c, (rss_c / dof_c) / (rss_rest / dof_rest), dof_c, dof_rest))
+    return [c for c, f, d1, d2 in tested if fdtrc(d1, d2, f) < NOISY_ALPHA / max(1, len(tested))]
 
 
 def _leverages(X, weights, lu, p: int, out: np.ndarray) -> None:
