@@ -132,7 +132,7 @@ def test_where_the_hub_is_unreachable_the_dataset_is_not_an_effect(tmp_path):
 
 
 HEAVY_SEEDS = 10
-HEAVY_REPEATS = 12  # trimming starts at effects.TRIM_FROM (8) runs per value
+HEAVY_REPEATS = 12  # enough runs per configuration for the model to see the slow runs as a mode
 
 
 def test_heavy_tails_and_disturbed_runs_move_neither_the_estimates_nor_the_intervals(tmp_path):
