@@ -57,8 +57,10 @@ n_layers = 2
 d_model = [32, 64, 128]
 n_layers = [1, 2]
 """)
-    configs = [(j["config"]["d_model"], j["config"]["n_layers"]) for j in load(path, machine=MACHINE).jobs]
-    assert sorted(configs) == sorted([(64, 2), (32, 2), (128, 2), (64, 1)])
+    configs = [(j["block"], j["config"]["d_model"], j["config"]["n_layers"]) for j in load(path, machine=MACHINE).jobs]
+    # each axis is a block holding its values and the base (once: an axis value equal to it is that job)
+    assert sorted(configs) == sorted([("d_model", 32, 2), ("d_model", 64, 2), ("d_model", 128, 2),
+                                      ("n_layers", 64, 2), ("n_layers", 64, 1)])
 
 
 def test_random_mode_draws_samples_deterministically(tmp_path):
@@ -160,9 +162,9 @@ def test_the_limit_is_the_users_to_raise_or_lower(tmp_path):
     with pytest.raises(BadInput, match="plans 12 jobs .* more than the limit of 11"):
         load(None, axes=axes, repeats=2, machine=MACHINE, max_jobs=11)
     ofat = write(tmp_path, "[sweep]\nmode = \"ofat\"\n[axes]\nd_model = [32, 64]\nn_layers = [1, 2, 3]\n")
-    assert load(ofat, machine=MACHINE).count == 1 + 2 + 3
-    with pytest.raises(BadInput, match="plans 6 jobs"):
-        load(ofat, machine=MACHINE, max_jobs=5)
+    assert load(ofat, machine=MACHINE).count == (2 + 1) + (3 + 1)  # each axis a block with its own baseline
+    with pytest.raises(BadInput, match=r"plans 7 jobs \(ofat: d_model \(2\) \+ n_layers \(3\) values"):
+        load(ofat, machine=MACHINE, max_jobs=6)
 
 
 def test_a_hundred_thousand_jobs_are_planned_in_bounded_memory(db):
