@@ -8,6 +8,10 @@ the seed documents' reference runs. Each combination is resolved and checked aga
 are counted by reason, never enqueued. Every repeat is its own job; all of repeat 0 runs first, so a
 half-finished sweep already covers every combination.
 
+An ofat axis may be a table, `precision = { values = [...], base = { d_model = 64 } }`: its block's
+baseline is [base] with those changes (a variable whose slow values need a smaller model, or
+lora_rank, which needs task = "finetune_lora").
+
 Inside a repeat pass the run order is blocked (mode ofat): a block is one comparison, an axis's
 values plus the baseline, and its jobs run next to each other, shuffled inside the block; the blocks
 are shuffled anew in every pass. On a shared machine noise is correlated in time, so neighbours
@@ -232,8 +236,11 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
         raise BadInput(f"{where}: [[configs]] entries go with sweep.mode = \"list\", and mode list needs at least one")
     notes: list[str] = []
     axes: dict[str, list] = {}
+    block_bases: dict[str, dict] = {}  # ofat: an axis's own changes to [base] (its block's baseline)
     for key, values in doc.get("axes", {}).items():
         _check_settable(key, f"axes.{key}", where)
+        if isinstance(values, dict):
+            values, block_bases[key] = _axis_table(key, values, mode, where)
         axes_values = _axis_values(key, values, where, machine, notes)
         if axes_values:
             axes[key] = axes_values
@@ -248,7 +255,7 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
                        f"the limit of {limit:,}: narrow the axes, or raise the limit with --max-jobs N (or BENCH_MAX_JOBS)")
     return SweepPlan(name=name, source=source, text=text, mode=mode, count=count, notes=notes,
                      varied=[k for k, vs in axes.items() if len(vs) > 1],
-                     combinations=lambda: _combinations(mode, base, axes, seed, samples, configs),
+                     combinations=lambda: _combinations(mode, base, axes, seed, samples, configs, block_bases),
                      repeats=repeats, seed=seed, cpu_count=machine.cpu_count,
                      blocks=list(axes) if mode == "ofat" else [])
 
@@ -266,6 +273,28 @@ def _check_settable(key: str, label: str, where: str) -> None:
     V.lookup(key, f"{label} of {where}")
     if key in V.SET_BY_SWEEP:
         raise BadInput(f"{label} in {where}: '{key}' is set by sweep.repeats, not by hand")
+
+
+def _axis_table(key: str, table: dict, mode: str, where: str) -> tuple[object, dict]:
+    """An ofat axis written as a table: `values` and `base`, the block's own changes to [base] (a
+    variable that needs another baseline: a smaller model where a value is slow, task=finetune_lora
+    for lora_rank). Its values and baseline still run side by side."""
+    label = f"axes.{key} of {where}"
+    unknown = sorted(set(table) - {"values", "base"})
+    if unknown or "values" not in table:
+        raise BadInput(f"{label}: a table axis has `values` and optionally `base` (got {', '.join(sorted(table))})")
+    if mode != "ofat" and "base" in table:
+        raise BadInput(f"{label}: an axis's own `base` needs sweep.mode = \"ofat\" (each axis a block)")
+    own = table.get("base", {})
+    if not isinstance(own, dict):
+        raise BadInput(f"{label}: base must be a table of variable = value")
+    parsed = {}
+    for name, value in own.items():
+        _check_settable(name, f"axes.{key}.base.{name}", where)
+        if name == key:
+            raise BadInput(f"{label}: its base may not set {key} itself: that is the axis")
+        parsed[name] = V.parse_value(name, value, f"axes.{key}.base.{name} of {where}")
+    return table["values"], parsed
 
 
 def _axis_values(key: str, values, where: str, machine: Machine, notes: list[str]) -> list:
@@ -304,10 +333,11 @@ def _auto_axis(key: str, spec: str, label: str, machine: Machine, notes: list[st
 
 
 def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, samples: int | None,
-                  configs: list[dict] = ()) -> Iterator[tuple[str | None, dict]]:
+                  configs: list[dict] = (), block_bases: dict[str, dict] | None = None
+                  ) -> Iterator[tuple[str | None, dict]]:
     """The partial configs of the sweep, one at a time, each with its block: in ofat the axis it
-    varies (the base config once in every block, as that block's own job); None in the other modes,
-    where a whole repeat pass is one block."""
+    varies (the base config once in every block, as that block's own job, with the axis's own
+    changes to it if it has any); None in the other modes, where a whole repeat pass is one block."""
     if mode == "list":
         keys = list(axes)
         for entry in configs:
@@ -321,9 +351,10 @@ def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, sampl
         if not axes:
             yield None, dict(base)
         for key, values in axes.items():
-            yield key, dict(base)  # the block's baseline; an axis value equal to it is the same job
+            baseline = {**base, **(block_bases or {}).get(key, {})}
+            yield key, baseline  # the block's baseline; an axis value equal to it is the same job
             for v in values:
-                yield key, {**base, key: v}
+                yield key, {**baseline, key: v}
     else:
         rng = random.Random(seed)
         for _ in range(samples):
