@@ -44,7 +44,7 @@ repeats = {repeats}
 seed = 0
 
 [base]
-d_model = 256
+d_model = 128
 n_layers = 2
 n_heads = 4
 seq_len = 64
