@@ -52,8 +52,8 @@ SELECT_FILLED = "SELECT filled FROM pools WHERE pool_id = :pool_id"
 DONE_SAMPLE = 2000
 _N_SHAPE = 9
 
-# (db, pool) -> (finished sample's key, overhead_s, s_per_work, cost per configuration)
-_fits: dict[tuple[str, int], tuple[tuple, float, float, dict]] = {}
+# (db, pool) -> (finished sample's key, learn()'s overhead_s, s_per_work and cost per configuration)
+_fits: dict[tuple[str, int], tuple[tuple, tuple[float, float, dict]]] = {}
 
 
 def params_estimate(n_layers: int, d_model: int, vocab_size: int, mlp_ratio: float = 4.0) -> float:
@@ -95,19 +95,29 @@ def estimate_remaining_s(store: Store, machine_id: int, *, pool_id: int | None =
                                    {"pool_id": pool_id}).all()
     key, sample = (store.url, pool_id), (len(finished), finished[0][0])
     cached = _fits.get(key)
-    if cached is not None and cached[0] == sample:
-        overhead_s, s_per_work, per_config = cached[1:]
-    else:
-        done = [r for r in finished if r[1] == "done" and r[2] is not None]
-        walls, works = np.array([(r[2], work(*r[3:3 + _N_SHAPE])) for r in done], dtype=float).T
-        overhead_s, s_per_work = fit(walls, works)
-        costs = defaultdict(list)
-        for r in finished:
-            costs[tuple(r[3 + _N_SHAPE:])].append(max(0.0, float(r[2] or 0.0)))
-        per_config = {k: sum(v) / len(v) for k, v in costs.items()}
-        _fits[key] = (sample, overhead_s, s_per_work, per_config)
+    if cached is None or cached[0] != sample:
+        _fits[key] = (sample, learn(finished))
+        cached = _fits[key]
+    return remaining_s(cached[1], queued_rows)
+
+
+def learn(finished: list[tuple]) -> tuple[float, float, dict]:
+    """From finished rows (run_id, status, cost, *shape, *config; SELECT_FINISHED's columns):
+    overhead_s and s_per_work fitted on the done runs, and the mean cost of each configuration."""
+    done = [r for r in finished if r[1] == "done" and r[2] is not None]
+    walls, works = np.array([(r[2], work(*r[3:3 + _N_SHAPE])) for r in done], dtype=float).reshape(-1, 2).T
+    overhead_s, s_per_work = fit(walls, works)
+    costs = defaultdict(list)
+    for r in finished:
+        costs[tuple(r[3 + _N_SHAPE:])].append(max(0.0, float(r[2] or 0.0)))
+    return overhead_s, s_per_work, {k: sum(v) / len(v) for k, v in costs.items()}
+
+
+def remaining_s(learned: tuple[float, float, dict], queued: list[tuple]) -> float:
+    """Seconds the queued rows (*shape, *config; SELECT_QUEUED's columns) should take."""
+    overhead_s, s_per_work, per_config = learned
     total = 0.0
-    for r in queued_rows:
+    for r in queued:
         known = per_config.get(tuple(r[_N_SHAPE:]))
         total += known if known is not None else overhead_s + s_per_work * work(*r[:_N_SHAPE])
     return float(total)
