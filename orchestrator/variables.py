@@ -83,7 +83,7 @@ class Variable:
 
     def describe_allowed(self) -> str:
         if self.choices:
-            return "one of " + ", ".join(map(str, self.choices))
+            return "one of " + ", ".join(map(str, self.choices + self.words))
         kind = {int: "an integer", float: "a number", bool: "on/off (true/false)", str: "text"}[self.type]
         if self.words:
             kind += " or " + " / ".join(self.words)
