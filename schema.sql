@@ -78,7 +78,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     job_id        INTEGER PRIMARY KEY AUTOINCREMENT,
     config_hash   TEXT NOT NULL UNIQUE,       -- sha256 of the canonical config JSON: enqueue is idempotent
     sweep_id      INTEGER NOT NULL REFERENCES sweeps (sweep_id),  -- the sweep that first planned it
-    run_order     INTEGER NOT NULL,           -- repeat * 2^48 + seeded hash: repeat 0 of all first
+    run_order     INTEGER NOT NULL,           -- repeat * 2^48 + (blocked) seeded hash: repeat 0 of all first
+    -- The comparison the job belongs to in its repeat pass: in an ofat sweep the axis it varies (its
+    -- values and a baseline of its own run next to each other, shuffled inside the block: run_order =
+    -- repeat << 48 | block position << 32 | hash); NULL in grid, random and list sweeps (the whole
+    -- pass is one block) and for jobs planned before blocks. Part of the job's identity (config_hash)
+    -- when not NULL, so each block's baseline is its own job. The analysis' block is (repeat, block).
+    block         TEXT,
     config        TEXT NOT NULL,              -- JSON of the full config
     -- JSON: the variables resolve() computed from others at enqueue, each with the word it was
     -- left on ({"cores": "all", "omp_threads": "auto", ...}; variables.derived_words). The report
@@ -233,7 +239,7 @@ SELECT
     j.fusion, j.compile_cache, j.cc_flags, j.attn_backend, j.n_layers, j.d_model, j.n_heads, j.head_dim,
     j.kv_heads, j.mlp_ratio, j.dropout, j.activation, j.attention, j."window", j.vocab_size,
     j.seq_len, j.batch_size, j.grad_accum, j.precision, j.optimizer, j.task, j.lora_rank, j.steps,
-    j.warmup_steps, j.seed, j.dataset, j.repeat,
+    j.warmup_steps, j.seed, j.dataset, j.repeat, j.block,
     r.setup_s, r.first_step_s, r.step_ms_median, r.step_ms_p10, r.step_ms_p90, r.step_ms_mean,
     r.step_ms_std, r.train_s, r.wall_s, r.tokens_per_s, r.samples_per_s, r.loss_first,
     r.loss_last, r.peak_rss_mb, r.cpu_user_s, r.cpu_sys_s, r.ctx_switches, r.freq_mhz_avg,

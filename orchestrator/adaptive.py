@@ -26,13 +26,13 @@ from sqlalchemy import text
 from orchestrator import effects as fx
 from orchestrator import variables as V
 from orchestrator.errors import BadInput
-from orchestrator.sweep import run_order
+from orchestrator.sweep import block_positions, block_run_order, run_order
 from orchestrator.store import Store
 
 SELECT_ROWS = "SELECT * FROM v_results WHERE machine_id = :machine_id ORDER BY run_id"
 SELECT_NOISE = "SELECT noise_cv FROM machines WHERE machine_id = :machine_id"
 SELECT_MAX_REPEAT = "SELECT MAX(repeat) FROM jobs"
-SELECT_JOB = "SELECT config, derived FROM jobs WHERE job_id = :job_id"
+SELECT_JOB = "SELECT config, derived, block FROM jobs WHERE job_id = :job_id"
 INSERT_DECISION = ("INSERT INTO adaptive_decisions (machine_id, decision, repeat, jobs, target_ci, max_repeats, wide, created) "
                    "VALUES (:machine_id, :decision, :repeat, :jobs, :target_ci, :max_repeats, :wide, {now})")
 SWEEP_NAME = "adaptive"
@@ -91,17 +91,20 @@ def next_pass(store: Store, machine_id: int, *, target_ci: float, max_repeats: i
         jobs, seen = [], set()
         with store.transaction() as conn:
             for job_id in job_ids:
-                config_text, derived = conn.execute(text(SELECT_JOB), {"job_id": job_id}).one()
+                config_text, derived, block = conn.execute(text(SELECT_JOB), {"job_id": job_id}).one()
                 # the stored JSON leaves out a later release's variables at their default
                 config = {**{v.name: v.default for v in V.CATALOGUE}, **json.loads(config_text), "repeat": repeat}
                 canonical = V.canonical_json(config)
-                if canonical in seen:  # the same configuration from two earlier passes
+                if (canonical, block) in seen:  # the same job from two earlier passes
                     continue
-                seen.add(canonical)
-                config_hash = V.config_hash(config)
-                jobs.append({"config": config, "config_hash": config_hash, "config_json": canonical,
-                             "run_order": run_order(0, repeat, config_hash),
-                             "derived": json.loads(derived) if derived else None})
+                seen.add((canonical, block))
+                jobs.append({"config": config, "config_hash": V.config_hash(config, block), "config_json": canonical,
+                             "block": block, "derived": json.loads(derived) if derived else None})
+        # the pass keeps the blocks of the jobs it repeats: each block's jobs beside each other
+        orders = block_positions(0, repeat, sorted({j["block"] for j in jobs if j["block"] is not None}))
+        for job in jobs:
+            job["run_order"] = run_order(0, repeat, job["config_hash"]) if job["block"] is None else \
+                block_run_order(0, repeat, orders[job["block"]], job["config_hash"])
         result = store.enqueue(name=SWEEP_NAME, source=f"work --target-ci (machine {machine_id})",
                                sweep_text=f"adaptive pass {repeat}: target +-{target_ci:g}, at most {max_repeats} "
                                           f"repeats\n" + "\n".join(w["what"] for w in listed),

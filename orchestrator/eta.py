@@ -1,43 +1,59 @@
 """How long the queued jobs of a machine will take, learned from its finished runs.
 
-Model: wall_s = overhead_s + s_per_work * work, where work is the training arithmetic of a job
-(about 6 * params * tokens per optimizer step, plus attention's seq_len^2 term, times the steps run,
-warm-up included) and params are estimated from the config (12 * n_layers * d_model^2 + vocab *
-d_model), so a queued job needs no measurement. Both coefficients are fitted by least squares on
-the pool's latest done runs (a sample of DONE_SAMPLE) and kept non-negative. The progress bar calls
-this every few seconds; the fit is cached until a run is done.
+Two estimates, the better one for each queued job:
+- A configuration already finished in this pool (another repeat of it, or its baseline in another
+  block) takes what it took: the mean cost of its finished runs. This is exact where the model is
+  not: compiling (inductor, XLA), emulated bf16, another framework, and skipped runs that cost
+  nothing. After the first repeat pass every queued job has such a measurement, so the estimate is
+  right however unequal the jobs are, and whatever order the blocks run in.
+- Any other job: wall_s = overhead_s + s_per_work * work, where work is the training arithmetic of
+  a job (about 6 * params * tokens per optimizer step, plus attention's seq_len^2 term, times the
+  steps run, warm-up included) and params are estimated from the config (12 * n_layers * d_model^2
+  + vocab * d_model), so a queued job needs no measurement. Both coefficients are fitted by least
+  squares on the pool's latest done runs (a sample of DONE_SAMPLE) and kept non-negative.
+A run's cost is the larger of its wall_s (the child's life) and its claim-to-finish time (the
+worker's share too: knobs, the GEMM peak of a new CPU set, data). The progress bar calls this every
+few seconds; the fit is cached until a run finishes.
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 import numpy as np
 from sqlalchemy import text
 
 from orchestrator.store import Store
+from orchestrator.variables import NAMES
 
 _SHAPE = "j.n_layers, j.d_model, j.mlp_ratio, j.vocab_size, j.seq_len, j.batch_size, j.grad_accum, j.steps, j.warmup_steps"
-# The pool's latest done runs with their wall time: the fit needs a sample, not the whole history
+# A configuration whatever its repeat (and block): every variable's column but repeat.
+_CONFIG = ", ".join(f'j."{n}"' for n in NAMES if n != "repeat")
+_COST = "CASE WHEN r.wall_s IS NULL OR r.finished - r.claimed > r.wall_s THEN r.finished - r.claimed ELSE r.wall_s END"
+# The pool's latest finished runs with their cost: the fit needs a sample, not the whole history
 # (a 100k-job sweep would read every run at every progress update).
-SELECT_DONE = f"""
-SELECT r.run_id, r.wall_s, {_SHAPE}
+SELECT_FINISHED = f"""
+SELECT r.run_id, r.status, {_COST}, {_SHAPE}, {_CONFIG}
 FROM runs r JOIN jobs j ON j.job_id = r.job_id
-WHERE r.pool_id = :pool_id AND r.status = 'done' AND r.wall_s IS NOT NULL
+WHERE r.pool_id = :pool_id AND r.status IN ('done', 'failed', 'skipped') AND r.finished IS NOT NULL
 ORDER BY r.run_id DESC LIMIT {{limit}}
 """
 # The jobs still queued for the pool: its queue rows once it has claimed, else no run row yet or a
 # row taken back as 'queued'.
 SELECT_QUEUED = f"""
-SELECT {_SHAPE} FROM queue q JOIN jobs j ON j.job_id = q.job_id WHERE q.pool_id = :pool_id
+SELECT {_SHAPE}, {_CONFIG} FROM queue q JOIN jobs j ON j.job_id = q.job_id WHERE q.pool_id = :pool_id
 """
 SELECT_QUEUED_UNFILLED = f"""
-SELECT {_SHAPE}
+SELECT {_SHAPE}, {_CONFIG}
 FROM jobs j LEFT JOIN runs r ON r.job_id = j.job_id AND r.pool_id = :pool_id
 WHERE r.run_id IS NULL OR r.status = 'queued'
 """
 SELECT_FILLED = "SELECT filled FROM pools WHERE pool_id = :pool_id"
 DONE_SAMPLE = 2000
+_N_SHAPE = 9
 
-_fits: dict[tuple[str, int], tuple[tuple, float, float]] = {}  # (db, pool) -> (done sample's key, overhead_s, s_per_work)
+# (db, pool) -> (finished sample's key, learn()'s overhead_s, s_per_work and cost per configuration)
+_fits: dict[tuple[str, int], tuple[tuple, tuple[float, float, dict]]] = {}
 
 
 def params_estimate(n_layers: int, d_model: int, vocab_size: int, mlp_ratio: float = 4.0) -> float:
@@ -71,19 +87,37 @@ def estimate_remaining_s(store: Store, machine_id: int, *, pool_id: int | None =
     if pool_id is None:
         pool_id = store.pool_id(machine_id)
     with store.transaction() as conn:
-        done_rows = conn.execute(text(SELECT_DONE.format(limit=DONE_SAMPLE)), {"pool_id": pool_id}).all()
-        if not done_rows:
+        finished = conn.execute(text(SELECT_FINISHED.format(limit=DONE_SAMPLE)), {"pool_id": pool_id}).all()
+        if not any(r[1] == "done" for r in finished):
             return None
         filled = conn.execute(text(SELECT_FILLED), {"pool_id": pool_id}).scalar_one()
         queued_rows = conn.execute(text(SELECT_QUEUED if filled is not None else SELECT_QUEUED_UNFILLED),
                                    {"pool_id": pool_id}).all()
-    queued = np.array([work(*r) for r in queued_rows], dtype=float)
-    key, sample = (store.url, pool_id), (len(done_rows), done_rows[0][0])
+    key, sample = (store.url, pool_id), (len(finished), finished[0][0])
     cached = _fits.get(key)
-    if cached is not None and cached[0] == sample:
-        overhead_s, s_per_work = cached[1:]
-    else:
-        walls, works = np.array([(r[1], work(*r[2:])) for r in done_rows], dtype=float).T
-        overhead_s, s_per_work = fit(walls, works)
-        _fits[key] = (sample, overhead_s, s_per_work)
-    return float(len(queued) * overhead_s + s_per_work * queued.sum())
+    if cached is None or cached[0] != sample:
+        _fits[key] = (sample, learn(finished))
+        cached = _fits[key]
+    return remaining_s(cached[1], queued_rows)
+
+
+def learn(finished: list[tuple]) -> tuple[float, float, dict]:
+    """From finished rows (run_id, status, cost, *shape, *config; SELECT_FINISHED's columns):
+    overhead_s and s_per_work fitted on the done runs, and the mean cost of each configuration."""
+    done = [r for r in finished if r[1] == "done" and r[2] is not None]
+    walls, works = np.array([(r[2], work(*r[3:3 + _N_SHAPE])) for r in done], dtype=float).reshape(-1, 2).T
+    overhead_s, s_per_work = fit(walls, works)
+    costs = defaultdict(list)
+    for r in finished:
+        costs[tuple(r[3 + _N_SHAPE:])].append(max(0.0, float(r[2] or 0.0)))
+    return overhead_s, s_per_work, {k: sum(v) / len(v) for k, v in costs.items()}
+
+
+def remaining_s(learned: tuple[float, float, dict], queued: list[tuple]) -> float:
+    """Seconds the queued rows (*shape, *config; SELECT_QUEUED's columns) should take."""
+    overhead_s, s_per_work, per_config = learned
+    total = 0.0
+    for r in queued:
+        known = per_config.get(tuple(r[_N_SHAPE:]))
+        total += known if known is not None else overhead_s + s_per_work * work(*r[:_N_SHAPE])
+    return float(total)

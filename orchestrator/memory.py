@@ -179,5 +179,5 @@ def check(configs: Iterable[dict], limit: int, where: str, label: str) -> int:
 
 def check_plan(plan, limit: int, where: str) -> int:
     """check() over a sweep plan's combinations (each resolved once, repeats aside; violators skipped)."""
-    resolved = (V.resolve(combo, plan.cpu_count) for combo in plan.combinations())
+    resolved = (V.resolve(combo, plan.cpu_count) for _block, combo in plan.combinations())
     return check((config for config, why in resolved if not why), limit, where, f"sweep {plan.name} ({plan.source})")

@@ -337,13 +337,14 @@ def _stage_job_completion(conn: Connection, dialect: str, fills: dict) -> str | 
     missing = [n for n in NAMES if n not in _columns(conn, dialect, "jobs")]
     if not missing:
         return None
-    rows = conn.exec_driver_sql("SELECT job_id, config FROM jobs").all()
+    block = "block" if "block" in _columns(conn, dialect, "jobs") else "NULL"  # part of the identity (version 4)
+    rows = conn.exec_driver_sql(f"SELECT job_id, config, {block} FROM jobs").all()
     staged = []
-    for job_id, config_json in rows:
+    for job_id, config_json, job_block in rows:
         old = json.loads(config_json)
         config, _ = resolve({k: v for k, v in old.items() if k in NAMES}, int(old.get("cores") or 1))
         staged.append({"job_id": job_id, "config": json.dumps(config, sort_keys=True),
-                       "config_hash": config_hash(config), **{f"v{i}": column_value(n, config[n]) for i, n in enumerate(missing)}})
+                       "config_hash": config_hash(config, job_block), **{f"v{i}": column_value(n, config[n]) for i, n in enumerate(missing)}})
     columns = ["config", "config_hash", *missing]
     conn.exec_driver_sql(f"CREATE TEMPORARY TABLE jobs_completed (job_id BIGINT PRIMARY KEY, config TEXT, "
                          f"config_hash TEXT, {', '.join(f'{_quote(n)} {_sql_type(n)}' for n in missing)})")
@@ -397,5 +398,12 @@ def _to_3(conn: Connection, dialect: str) -> str:
     return "from version 2: " + ("; ".join(done) or "views remade")
 
 
-MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3}
+def _to_4(conn: Connection, dialect: str) -> str:
+    """Version 3 -> 4: jobs.block (the comparison a job runs beside; NULL for the jobs planned
+    before, whose pass was one shuffled block) and v_results.block."""
+    done = reconcile(conn, dialect, fills={})
+    return "from version 3: " + ("; ".join(done) or "views remade")
+
+
+MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3, 4: _to_4}
 LATEST = max(MIGRATIONS)

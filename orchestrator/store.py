@@ -60,7 +60,7 @@ SELECT_MAX_JOB = "SELECT COALESCE(MAX(job_id), 0) FROM jobs"
 # The bulk insert of planned jobs uses the driver's positional marks ({mark}: ? or %s) through
 # exec_driver_sql: named parameters cost more Python per row than the insert itself (100k jobs).
 INSERT_JOBS = """
-INSERT INTO jobs (config_hash, sweep_id, run_order, config, derived, created, {columns})
+INSERT INTO jobs (config_hash, sweep_id, run_order, block, config, derived, created, {columns})
 VALUES ({marks})
 ON CONFLICT (config_hash) DO NOTHING
 """
@@ -388,14 +388,15 @@ class Store:
     def enqueue(self, *, name: str, source: str, sweep_text: str, jobs: Iterable[dict], notes: list[str] = (),
                 dry_run: bool = False, chunk: int = 2000) -> EnqueueResult:
         """Add the jobs not planned yet, in one transaction. `jobs` (any iterable, consumed once, in
-        chunks): config (full), config_hash, run_order, and optionally config_json (the canonical
-        JSON, when the planner has it) and derived (variable -> the word resolve() filled it from).
+        chunks): config (full), config_hash, run_order, and optionally block (the comparison it runs
+        beside; None: the whole pass), config_json (the canonical JSON, when the planner has it) and
+        derived (variable -> the word resolve() filled it from).
         `notes` (what expansion left out here, and why) are kept
         with the sweep for the report. New jobs join the queue of every pool that has one."""
         text_sha = _sha(sweep_text)
         m = self._mark
         insert = INSERT_JOBS.format(columns=", ".join(_quoted(n) for n in NAMES), marks=", ".join(
-            [m, m, m, m, m, self.now, *([m] * len(NAMES))]))
+            [m, m, m, m, m, m, self.now, *([m] * len(NAMES))]))
         new = total = 0
         with self.transaction(write=not dry_run) as conn:
             if dry_run:
@@ -431,7 +432,8 @@ class Store:
     def _copy_jobs(self, conn: Connection, jobs: Iterable[dict], sweep_id: int, after: int) -> tuple[int, int]:
         """PostgreSQL: the planned jobs streamed by COPY into a temporary table, then inserted (and the
         ones planned before linked to this sweep) by two statements: twice as fast as executemany."""
-        columns = ", ".join(["config_hash", "sweep_id", "run_order", "config", "derived", *(_quoted(n) for n in NAMES)])
+        columns = ", ".join(["config_hash", "sweep_id", "run_order", "block", "config", "derived",
+                             *(_quoted(n) for n in NAMES)])
         conn.exec_driver_sql(COPY_TABLE.format(columns=columns))
         total = 0
         with conn.connection.driver_connection.cursor() as cursor:
@@ -586,19 +588,19 @@ class Store:
 
 
 # Variables whose column stores NULL for a word ("default"): after resolve() only these can hold one.
-_WORDY = tuple(i for i, n in enumerate(NAMES) if BY_NAME[n].words)
+_WORDY = tuple((i, BY_NAME[n].words) for i, n in enumerate(NAMES) if BY_NAME[n].words)
 
 
 def _job_row(job: dict, sweep_id: int) -> tuple:
     """One positional row of INSERT_JOBS."""
     config = job["config"]
     values = [config[n] for n in NAMES]
-    for i in _WORDY:
-        if isinstance(values[i], str):
+    for i, words in _WORDY:
+        if isinstance(values[i], str) and values[i] in words:  # compile's values are words too: only "auto" etc.
             values[i] = None
     config_json = job.get("config_json") or json.dumps(config, sort_keys=True)
     derived = job.get("derived")
-    return (job["config_hash"], sweep_id, job["run_order"], config_json,
+    return (job["config_hash"], sweep_id, job["run_order"], job.get("block"), config_json,
             None if derived is None else json.dumps(derived, sort_keys=True), *values)
 
 

@@ -5,8 +5,19 @@ A sweep has a [sweep] table (name, mode grid|ofat|random|list, repeats, seed, sa
 values); mode = "list" takes its combinations from [[configs]] entries (each a partial config over
 [base], times the grid of any axes): configurations that differ in many variables at once, such as
 the seed documents' reference runs. Each combination is resolved and checked against the catalogue's constraints; violations
-are counted by reason, never enqueued. Every repeat is its own job; the run order is a seeded
-shuffle with all of repeat 0 first, so a half-finished sweep already covers every combination.
+are counted by reason, never enqueued. Every repeat is its own job; all of repeat 0 runs first, so a
+half-finished sweep already covers every combination.
+
+An ofat axis may be a table, `precision = { values = [...], base = { d_model = 64 } }`: its block's
+baseline is [base] with those changes (a variable whose slow values need a smaller model, or
+lora_rank, which needs task = "finetune_lora").
+
+Inside a repeat pass the run order is blocked (mode ofat): a block is one comparison, an axis's
+values plus the baseline, and its jobs run next to each other, shuffled inside the block; the blocks
+are shuffled anew in every pass. On a shared machine noise is correlated in time, so neighbours
+compare more precisely than runs minutes apart. The baseline is its own job in every block (the
+block is part of a job's identity, `jobs.block`), so each comparison has its baseline beside it. In
+grid, random and list modes a whole pass is one block (`jobs.block` NULL): a seeded shuffle.
 
 Planning is lazy: the number of jobs is counted from the axes first, and a sweep above the limit
 (DEFAULT_MAX_JOBS, raised with `enqueue --max-jobs` or BENCH_MAX_JOBS) is refused at once with its
@@ -70,14 +81,16 @@ class SweepPlan:
     repeats: int = 1
     seed: int = 0
     cpu_count: int = 1
+    blocks: list[str] = field(default_factory=list)  # ofat: the blocks (axes) in plan order; else empty
     _jobs: list[dict] | None = None
 
     def iter_jobs(self) -> Iterator[dict]:
         """The jobs one at a time, in expansion order: each a dict of config, config_hash, run_order,
-        derived and config_json (the canonical JSON the hash is taken of). Counts rejections as it goes."""
+        block, derived and config_json (the canonical JSON of the config). Counts rejections as it goes."""
         self.rejected.clear()
         seen = set()
-        for combo in self.combinations():
+        orders = block_orders(self.seed, self.repeats, self.blocks)
+        for block, combo in self.combinations():
             config, why = V.resolve(combo, self.cpu_count)
             if why:
                 self.rejected[why[0]] += self.repeats
@@ -87,15 +100,17 @@ class SweepPlan:
             derived = V.derived_words(combo)  # kept with the job: which values followed others
             for r in range(self.repeats):
                 canonical = f'{head}"repeat":{r}{tail}'
-                config_hash = hashlib.sha256(canonical.encode()).hexdigest()
+                config_hash = hashlib.sha256(V.identity_text(canonical, block).encode()).hexdigest()
                 if identity is None:  # repeat 0: the combination's identity
                     identity = config_hash
                     key = int(identity[:16], 16)
                     if key in seen:
-                        break  # two spellings of one run (an OFAT value equal to the base, say)
+                        break  # two spellings of one run in one block (an axis value equal to the base, say)
                     seen.add(key)
+                order = run_order(self.seed, r, identity) if block is None else \
+                    block_run_order(self.seed, r, orders[r][block], identity)
                 yield {"config": dict(config, repeat=r), "config_hash": config_hash, "config_json": canonical,
-                       "run_order": run_order(self.seed, r, identity), "derived": derived}
+                       "run_order": order, "block": block, "derived": derived}
 
     @property
     def jobs(self) -> list[dict]:
@@ -221,8 +236,11 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
         raise BadInput(f"{where}: [[configs]] entries go with sweep.mode = \"list\", and mode list needs at least one")
     notes: list[str] = []
     axes: dict[str, list] = {}
+    block_bases: dict[str, dict] = {}  # ofat: an axis's own changes to [base] (its block's baseline)
     for key, values in doc.get("axes", {}).items():
         _check_settable(key, f"axes.{key}", where)
+        if isinstance(values, dict):
+            values, block_bases[key] = _axis_table(key, values, mode, where)
         axes_values = _axis_values(key, values, where, machine, notes)
         if axes_values:
             axes[key] = axes_values
@@ -231,22 +249,23 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
     limit = DEFAULT_MAX_JOBS if max_jobs is None else max_jobs
     if count > limit:
         sizes = " x ".join(f"{k} ({len(v)})" for k, v in axes.items()) or "no axes"
-        shape = {"grid": sizes, "ofat": f"1 + the values of {sizes}", "random": f"{samples} samples",
+        shape = {"grid": sizes, "ofat": " + ".join(f"{k} ({len(v)})" for k, v in axes.items()) + " values, each axis with its baseline", "random": f"{samples} samples",
                  "list": f"{len(configs)} configs x {sizes}"}[mode]
         raise BadInput(f"{where}: this sweep plans {count:,} jobs ({mode}: {shape}, {repeats} repeat(s)), more than "
                        f"the limit of {limit:,}: narrow the axes, or raise the limit with --max-jobs N (or BENCH_MAX_JOBS)")
     return SweepPlan(name=name, source=source, text=text, mode=mode, count=count, notes=notes,
                      varied=[k for k, vs in axes.items() if len(vs) > 1],
-                     combinations=lambda: _combinations(mode, base, axes, seed, samples, configs),
-                     repeats=repeats, seed=seed, cpu_count=machine.cpu_count)
+                     combinations=lambda: _combinations(mode, base, axes, seed, samples, configs, block_bases),
+                     repeats=repeats, seed=seed, cpu_count=machine.cpu_count,
+                     blocks=list(axes) if mode == "ofat" else [])
 
 
 def _count(mode: str, axes: dict[str, list], samples: int | None) -> int:
     """Combinations the mode makes of these axes, without making them."""
     if mode in ("grid", "list"):
         return math.prod(len(v) for v in axes.values())
-    if mode == "ofat":
-        return 1 + sum(len(v) for v in axes.values())
+    if mode == "ofat":  # each axis a block: its values and its own baseline
+        return sum(len(v) + 1 for v in axes.values()) or 1
     return samples
 
 
@@ -254,6 +273,28 @@ def _check_settable(key: str, label: str, where: str) -> None:
     V.lookup(key, f"{label} of {where}")
     if key in V.SET_BY_SWEEP:
         raise BadInput(f"{label} in {where}: '{key}' is set by sweep.repeats, not by hand")
+
+
+def _axis_table(key: str, table: dict, mode: str, where: str) -> tuple[object, dict]:
+    """An ofat axis written as a table: `values` and `base`, the block's own changes to [base] (a
+    variable that needs another baseline: a smaller model where a value is slow, task=finetune_lora
+    for lora_rank). Its values and baseline still run side by side."""
+    label = f"axes.{key} of {where}"
+    unknown = sorted(set(table) - {"values", "base"})
+    if unknown or "values" not in table:
+        raise BadInput(f"{label}: a table axis has `values` and optionally `base` (got {', '.join(sorted(table))})")
+    if mode != "ofat" and "base" in table:
+        raise BadInput(f"{label}: an axis's own `base` needs sweep.mode = \"ofat\" (each axis a block)")
+    own = table.get("base", {})
+    if not isinstance(own, dict):
+        raise BadInput(f"{label}: base must be a table of variable = value")
+    parsed = {}
+    for name, value in own.items():
+        _check_settable(name, f"axes.{key}.base.{name}", where)
+        if name == key:
+            raise BadInput(f"{label}: its base may not set {key} itself: that is the axis")
+        parsed[name] = V.parse_value(name, value, f"axes.{key}.base.{name} of {where}")
+    return table["values"], parsed
 
 
 def _axis_values(key: str, values, where: str, machine: Machine, notes: list[str]) -> list:
@@ -292,29 +333,60 @@ def _auto_axis(key: str, spec: str, label: str, machine: Machine, notes: list[st
 
 
 def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, samples: int | None,
-                  configs: list[dict] = ()) -> Iterator[dict]:
-    """The partial configs of the sweep, one at a time."""
+                  configs: list[dict] = (), block_bases: dict[str, dict] | None = None
+                  ) -> Iterator[tuple[str | None, dict]]:
+    """The partial configs of the sweep, one at a time, each with its block: in ofat the axis it
+    varies (the base config once in every block, as that block's own job, with the axis's own
+    changes to it if it has any); None in the other modes, where a whole repeat pass is one block."""
     if mode == "list":
         keys = list(axes)
         for entry in configs:
             for values in itertools.product(*axes.values()):
-                yield {**base, **entry, **dict(zip(keys, values))}
+                yield None, {**base, **entry, **dict(zip(keys, values))}
     elif mode == "grid":
         keys = list(axes)
         for values in itertools.product(*axes.values()):
-            yield {**base, **dict(zip(keys, values))}
+            yield None, {**base, **dict(zip(keys, values))}
     elif mode == "ofat":
-        yield dict(base)
+        if not axes:
+            yield None, dict(base)
         for key, values in axes.items():
+            baseline = {**base, **(block_bases or {}).get(key, {})}
+            yield key, baseline  # the block's baseline; an axis value equal to it is the same job
             for v in values:
-                yield {**base, key: v}
+                yield key, {**baseline, key: v}
     else:
         rng = random.Random(seed)
         for _ in range(samples):
-            yield {**base, **{k: rng.choice(vs) for k, vs in axes.items()}}
+            yield None, {**base, **{k: rng.choice(vs) for k, vs in axes.items()}}
 
 
 def run_order(seed: int, repeat: int, identity: str) -> int:
     """Repeat in the high bits, a seeded hash below: all of repeat 0 first, each repeat shuffled anew."""
     digest = hashlib.sha256(f"{seed}:{repeat}:{identity}".encode()).hexdigest()
     return (repeat << 48) | int(digest[:12], 16)
+
+
+# A blocked run order: repeat << 48 | block position << 32 | a seeded 32-bit hash inside the block.
+BLOCK_BITS = 16
+
+
+def block_positions(seed: int, repeat: int, blocks: list[str]) -> dict[str, int]:
+    """Each block's position in repeat pass `repeat`: a seeded shuffle of the blocks, new in every
+    pass, so a block's time of day (and what runs before it) changes between passes."""
+    if len(blocks) >= 1 << BLOCK_BITS:
+        raise BadInput(f"{len(blocks)} blocks: at most {(1 << BLOCK_BITS) - 1} axes in one ofat sweep")
+    shuffled = sorted(blocks, key=lambda b: hashlib.sha256(f"{seed}:{repeat}:block:{b}".encode()).digest())
+    return {b: i for i, b in enumerate(shuffled)}
+
+
+def block_orders(seed: int, repeats: int, blocks: list[str]) -> list[dict[str, int]]:
+    return [block_positions(seed, r, blocks) for r in range(repeats)]
+
+
+def block_run_order(seed: int, repeat: int, position: int, identity: str) -> int:
+    """Repeat in the high bits, then the block's shuffled position, then a seeded hash of the job:
+    a pass runs block after block, each block's jobs (its values and its baseline) next to each other
+    in a shuffled order, so a comparison is made between neighbours in time."""
+    digest = hashlib.sha256(f"{seed}:{repeat}:{identity}".encode()).hexdigest()
+    return (repeat << 48) | (position << 32) | int(digest[:8], 16)

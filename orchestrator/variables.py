@@ -83,7 +83,7 @@ class Variable:
 
     def describe_allowed(self) -> str:
         if self.choices:
-            return "one of " + ", ".join(map(str, self.choices))
+            return "one of " + ", ".join(map(str, self.choices + self.words))
         kind = {int: "an integer", float: "a number", bool: "on/off (true/false)", str: "text"}[self.type]
         if self.words:
             kind += " or " + " / ".join(self.words)
@@ -139,8 +139,9 @@ CATALOGUE: tuple[Variable, ...] = (
        choices=(DEFAULT, "baseline", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")),
     _v("onednn", bool, True, FRAMEWORK, "torch.backends.mkldnn enabled; off moves convolutions and bf16/int8 matmuls off oneDNN, fp32 GEMMs stay MKL"),
     _v("framework", str, "torch", FRAMEWORK, "training framework", choices=("torch", "jax", "numpy")),
-    _v("compile", str, "eager", FRAMEWORK, "eager: op by op; inductor: torch.compile (torch); xla: jax.jit of the "
-       "whole train step (jax)", choices=("eager", "inductor", "xla")),
+    _v("compile", str, AUTO, FRAMEWORK, "eager: op by op; inductor: torch.compile (torch); xla: jax.jit of the "
+       "whole train step (jax); auto = how the framework's users train (torch eager, jax xla, numpy eager)",
+       choices=("eager", "inductor", "xla"), words=(AUTO,)),
     _v("fusion", bool, True, FRAMEWORK, "inductor fusion (only with compile=inductor)"),
     _v("compile_cache", str, "warm", FRAMEWORK, "inductor cache: cold = fresh dir per run, warm = shared, "
        "pre-warmed (only with compile=inductor)", choices=("cold", "warm")),
@@ -213,6 +214,9 @@ class Derivation:
 # In resolution order (intra_threads follows omp_threads, so omp_threads comes first). The report
 # reads the same rules to know which runs have their followers at the derived values.
 DERIVATIONS: tuple[Derivation, ...] = (
+    # compile first: fusion follows it. A framework comparison runs each framework the way its users
+    # train (JAX under jax.jit); eager JAX is its own comparison (compile=eager, xla on jax).
+    Derivation("compile", ("framework",), lambda c: COMPILE_OF[c["framework"]]),
     Derivation("omp_threads", ("cores",), lambda c: c["cores"]),
     Derivation("intra_threads", ("omp_threads",), lambda c: c["omp_threads"]),
     Derivation("inter_threads", ("cores",), lambda c: c["cores"]),
@@ -226,6 +230,9 @@ DERIVATIONS: tuple[Derivation, ...] = (
 )
 DERIVED_BY_NAME: dict[str, Derivation] = {d.name: d for d in DERIVATIONS}
 
+
+# compile=auto: the mode each framework's users train with.
+COMPILE_OF = {"torch": "eager", "jax": "xla", "numpy": "eager"}
 
 # What each framework can run; a value outside its tuple is a violation at enqueue.
 FRAMEWORK_VALUES: dict[str, dict[str, tuple]] = {
@@ -327,9 +334,17 @@ def canonical_json(config: dict) -> str:
                       sort_keys=True, separators=(",", ":"))
 
 
-def config_hash(config: dict) -> str:
-    """Identity of a job: sha256 of the canonical JSON of the full config (repeat included)."""
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
+def identity_text(canonical: str, block: str | None = None) -> str:
+    """What a job's config_hash is taken of: the canonical JSON, and the block where it has one
+    (an ofat sweep's baseline is a job of its own in every block). Jobs without a block (grid,
+    random and list sweeps, and every job planned before blocks) keep the hash of their config alone."""
+    return canonical if block is None else f"{canonical}\nblock={block}"
+
+
+def config_hash(config: dict, block: str | None = None) -> str:
+    """Identity of a job: sha256 of the canonical JSON of the full config (repeat included), and of
+    its block if it has one."""
+    return hashlib.sha256(identity_text(canonical_json(config), block).encode()).hexdigest()
 
 
 def column_value(name: str, value):

@@ -2,7 +2,8 @@
 stdin, one JSON line on stdout), sleeps steps * 50 ms, and misbehaves on purpose, chosen by the
 job's `seed`:
 0 = a quick honest result, 1 = segfault, 2 = os._exit(3), 3 = hang, 4 = raise, 5 = print garbage,
-6 = a done result with a metric the contract does not know (and without mfu).
+6 = a done result with a metric the contract does not know (and without mfu), 7 = a done result whose
+timed steps counted compilations (a trainer that recompiles every step).
 It skips torch entirely (its result is built by the harness's result(), every metric named) so the queue's tests stay fast; the real child has its own tests."""
 
 import ctypes
@@ -38,7 +39,9 @@ def main():
     metrics = dict.fromkeys(harness.TRAINER_METRICS) | {"step_ms_median": 1.0 + config["d_model"] / 100}
     now = time.time()
     result = harness.result(metrics, applied={"affinity": sorted(os.sched_getaffinity(0))},
-                            timed_window={"start_unix_s": now, "end_unix_s": now}, dataset_used="stub",
+                            timed_window={"start_unix_s": now, "end_unix_s": now,
+                                          "compilations": config["steps"] if mode == 7 else 0,
+                                          "slowest_step_x_median": 9.0 if mode == 7 else 1.0}, dataset_used="stub",
                             output_path=None, torch_version=None, build_info=None)
     if mode == 6:  # a trainer that broke the contract after harness.result (or never used it)
         del result["metrics"]["mfu"]

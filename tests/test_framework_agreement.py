@@ -278,6 +278,10 @@ def test_grad_accumulation_equals_one_big_batch_in_numpy_and_jax():
     a, b = jbig.numpy_params(), jsplit.numpy_params()
     assert all(np.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert all(np.allclose(a[k], big.params[k], atol=1e-5) for k in a)
+    eager = jax_model.Trainer(arch, init_params(config), "sgd", 0.05, "fp32", False)  # a Python loop, no scan
+    eager.step(xs, ys)
+    c = eager.numpy_params()
+    assert all(np.allclose(c[k], b[k], atol=1e-6) for k in c)
 
 
 @pytest.mark.parametrize("module, banned", [("worker.trainers.jax.model", ("torch",)),

@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator.variables import parse_value, resolve
 from worker import data
+from worker.trainers import harness
 from worker.trainers.harness import TRAINER_METRICS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,3 +86,26 @@ def test_a_request_the_child_cannot_run_is_skipped_with_its_reason(data_dir, tmp
     req["config"].update(change)
     result = run_child(framework, req)
     assert result["status"] == "skipped" and words in result["reason"]
+
+
+def test_eager_jax_with_grad_accum_compiles_nothing_while_timed_and_a_recompiling_step_is_caught(data_dir, tmp_path):
+    """compile=eager with grad_accum=2 once traced a new lax.scan every step (1.3 s a step, recorded
+    done); now its timed window counts no compilation, and a step that does compile is counted."""
+    result = run_child("jax", request(data_dir, tmp_path, framework="jax", compile="eager", grad_accum=2,
+                                      steps=3, warmup_steps=1))
+    assert result["status"] == "done", result["reason"]
+    assert result["timed_window"]["compilations"] == 0
+    assert harness.compiled_while_timed(result["timed_window"]) is None
+
+    import jax
+    import jax.numpy as jnp
+
+    from worker.trainers.jax import runtime
+
+    def recompiling_step(micro):  # a fresh closure each step: jax.jit cannot reuse the last one
+        return jax.jit(lambda x: (x * len(micro)).sum())(jnp.ones(4))
+
+    config = {"grad_accum": 1, "warmup_steps": 1, "steps": 3, "batch_size": 1, "seq_len": 4}
+    _, window, _ = harness.timed_loop(recompiling_step, float, lambda: None, config, runtime.compilations)
+    assert window["compilations"] == 3
+    assert "3 compilation(s) during the timed steps" in harness.compiled_while_timed(window)

@@ -381,3 +381,30 @@ def test_a_setting_the_child_did_not_run_under_is_named(tmp_path):
     wrong = knobs.not_in_force(config, spec, {**honest, "affinity": [0, 1], "cpu_capability": "AVX512",
                                               "allocator_lib": None})
     assert len(wrong) == 3 and any(w.startswith("cpu_capability='AVX512'") for w in wrong)
+
+
+def test_an_isa_cap_the_probe_knows_cannot_be_confirmed_is_skipped_before_setup_as_machine_says(tmp_path):
+    """MKL names no ISA on this CPU (as on AMD): the probe read its banner, so a capped run is
+    skipped at claim with the reason `bench.py machine` lists, before data, knobs or a child."""
+    from worker.loop import Worker, WorkerOptions
+
+    facts = dict(probe.static_facts(), arch="x86_64", isa_flags="sse4_2 avx2 fma",
+                 library_isas={"mkl_isa": "Architecture processors", "onednn_isa": "Intel AVX2"})
+    listed = knobs.machine_knobs(facts)["isa=avx2"]
+    assert "MKL does not name the instruction set" in listed and "isa=avx2 cannot be confirmed" in listed
+
+    config, why = resolve({"isa": "avx2", "cores": 1, "dataset": "builtin"}, 1)
+    assert not why
+    options = WorkerOptions(state_dir=tmp_path / "state", output_dir=tmp_path / "output", data_dir=tmp_path / "data",
+                            spawn="exec")
+    worker = Worker(None, options)
+    worker.facts = facts
+    outcome = worker.measure(config, run_id=7)
+    assert (outcome.status, outcome.reason) == ("skipped", listed)
+    assert not (tmp_path / "output").exists() and not (tmp_path / "data").exists()  # nothing was set up
+
+    # where MKL names its ISA the cap goes on to the run (its read-back still checks it)
+    facts["library_isas"] = {"mkl_isa": "Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors",
+                             "onednn_isa": "Intel AVX2"}
+    assert knobs.machine_knobs(facts)["isa=avx2"] is None
+    assert knobs.unavailable(config, facts, [0]) is None

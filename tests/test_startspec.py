@@ -40,11 +40,11 @@ def test_the_read_back_is_judged_by_the_frameworks_own_settings():
     honest = {"affinity": [0, 1], "blas_threads": 1, "jit": False, "omp_num_threads": "2", "allocator_lib": None}
     assert verify.not_in_force(numpy_config, spec, honest) == []
     assert verify.not_in_force(numpy_config, spec, {**honest, "blas_threads": 2}) == ["blas_threads=2 (asked 1)"]
-    jax_config = config(framework="jax")
+    jax_config = config(framework="jax")  # compile follows framework: xla, jax.jit
     # torch's keys are not judged on a jax child (it has no torch_threads), its CPUs are
     assert verify.not_in_force(jax_config, startspec.spec_for(jax_config, FACTS, [0, 1]),
                                {"affinity": [0], "torch_threads": 99, "xla_threads": jax_config["cores"],
-                                "jit": False}) == ["affinity=[0] (asked [0, 1])"]
+                                "jit": True}) == ["affinity=[0] (asked [0, 1])"]
     # a JAX/NumPy child that does not say how many threads it ran, or whether it compiled, has not shown it
     assert verify.not_in_force(numpy_config, spec, {"affinity": [0, 1]}) == [
         "blas_threads=None (asked 1)", "jit=None (asked False)"]

@@ -57,8 +57,10 @@ n_layers = 2
 d_model = [32, 64, 128]
 n_layers = [1, 2]
 """)
-    configs = [(j["config"]["d_model"], j["config"]["n_layers"]) for j in load(path, machine=MACHINE).jobs]
-    assert sorted(configs) == sorted([(64, 2), (32, 2), (128, 2), (64, 1)])
+    configs = [(j["block"], j["config"]["d_model"], j["config"]["n_layers"]) for j in load(path, machine=MACHINE).jobs]
+    # each axis is a block holding its values and the base (once: an axis value equal to it is that job)
+    assert sorted(configs) == sorted([("d_model", 32, 2), ("d_model", 64, 2), ("d_model", 128, 2),
+                                      ("n_layers", 64, 2), ("n_layers", 64, 1)])
 
 
 def test_random_mode_draws_samples_deterministically(tmp_path):
@@ -160,9 +162,9 @@ def test_the_limit_is_the_users_to_raise_or_lower(tmp_path):
     with pytest.raises(BadInput, match="plans 12 jobs .* more than the limit of 11"):
         load(None, axes=axes, repeats=2, machine=MACHINE, max_jobs=11)
     ofat = write(tmp_path, "[sweep]\nmode = \"ofat\"\n[axes]\nd_model = [32, 64]\nn_layers = [1, 2, 3]\n")
-    assert load(ofat, machine=MACHINE).count == 1 + 2 + 3
-    with pytest.raises(BadInput, match="plans 6 jobs"):
-        load(ofat, machine=MACHINE, max_jobs=5)
+    assert load(ofat, machine=MACHINE).count == (2 + 1) + (3 + 1)  # each axis a block with its own baseline
+    with pytest.raises(BadInput, match=r"plans 7 jobs \(ofat: d_model \(2\) \+ n_layers \(3\) values"):
+        load(ofat, machine=MACHINE, max_jobs=6)
 
 
 def test_a_hundred_thousand_jobs_are_planned_in_bounded_memory(db):
@@ -181,3 +183,56 @@ def test_a_hundred_thousand_jobs_are_planned_in_bounded_memory(db):
         cwd=ROOT, capture_output=True, text=True, check=True)
     assert "would add 100000 new jobs" in proc.stderr
     assert int(proc.stdout) < 120_000, f"peak RSS {int(proc.stdout) // 1024} MB"
+
+
+def test_each_ofat_block_runs_its_values_beside_its_own_baseline_in_a_new_order_every_pass(tmp_path):
+    path = write(tmp_path, """
+[sweep]
+mode = "ofat"
+repeats = 3
+[base]
+d_model = 64
+[axes]
+d_model = [32, 64, 128]
+n_layers = [1, 4]
+activation = ["relu", "silu"]
+precision = { values = ["fp32", "bf16"], base = { d_model = 32 } }
+""")
+    plan = load(path, machine=MACHINE)
+    jobs = plan.jobs  # in run order
+    # each block: its values and its baseline, an axis value equal to the baseline being that job
+    assert len(jobs) == 3 * (3 + 3 + 3 + 2) and plan.count == 3 * (4 + 3 + 3 + 3)
+    passes = [[j for j in jobs if j["config"]["repeat"] == r] for r in range(3)]
+    assert [j["config"]["repeat"] for j in jobs] == sorted(j["config"]["repeat"] for j in jobs)
+    orders = []
+    for jobs_of_pass in passes:
+        blocks = [j["block"] for j in jobs_of_pass]
+        runs_of = [b for i, b in enumerate(blocks) if i == 0 or blocks[i - 1] != b]
+        assert sorted(runs_of) == sorted(set(blocks))  # each block's jobs are neighbours
+        orders.append(runs_of)
+    assert len({tuple(o) for o in orders}) > 1  # the blocks are shuffled anew in each pass
+    # every block has its own baseline job (distinct identities), equal configs apart from the block
+    base = {j["config_hash"] for j in passes[0] if j["config"]["d_model"] == 64 and j["config"]["n_layers"] == 2
+            and j["config"]["activation"] == "gelu" and j["config"]["precision"] == "fp32"}
+    assert len(base) == 3 and len({j["config_hash"] for j in jobs}) == len(jobs)
+    # an axis table changes its own block's baseline only
+    precision = sorted((j["config"]["precision"], j["config"]["d_model"]) for j in passes[0] if j["block"] == "precision")
+    assert precision == [("bf16", 32), ("fp32", 32)]
+    # planning twice gives the same jobs and order: re-enqueue is idempotent
+    assert [j["config_hash"] for j in load(path, machine=MACHINE).jobs] == [j["config_hash"] for j in jobs]
+
+
+def test_grid_jobs_keep_the_identity_they_had_before_blocks(tmp_path):
+    from orchestrator import variables as V
+
+    plan = load(write(tmp_path, "[axes]\nd_model = [32, 64]\n"), machine=MACHINE)
+    for job in plan.jobs:
+        assert job["block"] is None and job["config_hash"] == V.config_hash(job["config"])
+
+
+def test_an_axis_base_needs_ofat_and_may_not_set_its_own_variable(tmp_path):
+    with pytest.raises(BadInput, match="needs sweep.mode"):
+        load(write(tmp_path, "[axes]\nprecision = { values = [\"fp32\"], base = { d_model = 32 } }\n"), machine=MACHINE)
+    with pytest.raises(BadInput, match="may not set precision itself"):
+        load(write(tmp_path, "[sweep]\nmode = \"ofat\"\n[axes]\nprecision = { values = [\"fp32\"], base = { precision = \"bf16\" } }\n"),
+             machine=MACHINE)

@@ -114,6 +114,7 @@ def test_a_second_worker_on_the_same_cpus_is_refused(db):
     (5, "child printed no result line"),
     (3, "timed out after 2 s"),
     (6, "the trainer's result breaks the contract: unknown field(s) steps_seen; missing metric(s) mfu"),
+    (7, "1 compilation(s) during the timed steps (the slowest timed step 9.0x the median): the run timed the compiler"),
 ])
 def test_a_child_that_crashes_or_hangs_gives_a_failed_run_with_its_reason(db, seed, reason):
     bench("enqueue", "--db", db, "--set", f"seed={seed}", "--set", "dataset=builtin", "--set", "steps=1",

@@ -187,17 +187,38 @@ def library_isas() -> dict:
     return out
 
 
+LIBRARIES = (("mkl_isa", "MKL"), ("onednn_isa", "oneDNN"))
+
+
+def unconfirmable(target: str, key: str, got: str) -> str:
+    """Why a cap cannot be confirmed when a library's banner names no ISA: the same words for the
+    run refused at claim (the probe read the banner) and for a child that read it back."""
+    lib = dict(LIBRARIES)[key]
+    return (f"{key}={got!r}: {lib} does not name the instruction set it dispatches to on this CPU "
+            f"(as on non-Intel CPUs), so the cap isa={target} cannot be confirmed")
+
+
+def unconfirmable_here(target: str, library_isas: dict | None, onednn: bool = True) -> str | None:
+    """From the probe's uncapped read of the libraries' banners: why a cap cannot be confirmed on
+    this machine before any run tries (None: it can, or nothing was read). oneDNN only counts when
+    the run uses it."""
+    for key, _lib in LIBRARIES:
+        got = (library_isas or {}).get(key)
+        if got is not None and level_of(got) is None and (onednn or key != "onednn_isa"):
+            return unconfirmable(target, key, got)
+    return None
+
+
 def disobeyed(target: str, child: dict) -> list[str]:
     """The libraries whose read-back dispatch ISA is above the cap `target` (empty for no cap)."""
     if target not in LEVELS:
         return []
     wrong = []
-    for key, lib in (("mkl_isa", "MKL"), ("onednn_isa", "oneDNN")):
+    for key, lib in LIBRARIES:
         got = child.get(key)
         level = level_of(got)
         if got is not None and level is None:
-            wrong.append(f"{key}={got!r}: {lib} does not name the instruction set it dispatches to on this CPU "
-                         f"(as on non-Intel CPUs), so the cap isa={target} cannot be confirmed")
+            wrong.append(unconfirmable(target, key, got))
         elif got is not None and level > LEVELS[target]:
             wrong.append(f"{key}={got!r}: {lib} ignored the cap isa={target}")
     return wrong

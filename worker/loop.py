@@ -28,7 +28,7 @@ from orchestrator.errors import BadInput, Busy, Stopped
 from orchestrator.store import RUN_FACTS, Claim, Store, result_problems
 from worker import gemm_peak, knobs, probe, sensors
 from worker.child import ForkServers, Outcome, child_env, run_exec
-from worker.trainers.harness import METRICS, TRAINERS, WORKER_METRICS
+from worker.trainers.harness import METRICS, TRAINERS, WORKER_METRICS, compiled_while_timed
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -286,6 +286,9 @@ class Worker:
         if wrong:
             outcome.status = "failed"
             outcome.reason = "the child did not run under the job's settings: " + "; ".join(wrong)
+        compiled = compiled_while_timed(outcome.timed_window) if outcome.status == "done" else None
+        if compiled:  # its step times are the compiler's: failed with why, never a silent done
+            outcome.status, outcome.reason = "failed", compiled
         if outcome.status == "done":
             outcome.metrics.update({k: sampled.get(k) for k in WORKER_METRICS if k != "wall_s"})
         outcome.facts["load_before"] = load_before

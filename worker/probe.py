@@ -46,7 +46,7 @@ FINGERPRINT_KEYS = ("hostname", "cpu_model", "vendor", "sockets", "physical_core
                     "numa_nodes", "isa_flags", "mem_total_gb_rounded")
 
 LIMIT_KEYS = ("mem_bw_gbs_1t", "mem_bw_gbs_all", "gemm_gflops_fp32_1c", "gemm_gflops_fp32_all",
-              "gemm_gflops_bf16_1c", "gemm_gflops_bf16_all", "noise_cv", "noise")
+              "gemm_gflops_bf16_1c", "gemm_gflops_bf16_all", "noise_cv", "noise", "library_isas")
 
 
 # -- static facts ---------------------------------------------------------------------------------
@@ -273,8 +273,21 @@ def measure(quick: bool = False) -> dict:
             out[key] = round(_gemm_gflops(torch, dtype, sizes, budget_s=0.2 if quick else 1.5), 1)
     torch.set_num_threads(cpus)
     out.update(noise.measure_noise(torch, quick))
+    out["library_isas"] = _library_isas()
     out["measure_s"] = round(time.perf_counter() - t0, 2)
     return out
+
+
+def _library_isas() -> dict:
+    """The ISAs MKL and oneDNN name in their verbose banners, uncapped: a library that names none
+    here (MKL on AMD) cannot confirm an `isa` cap, so capped runs are refused before they start."""
+    from worker import isa_check
+
+    try:
+        read = isa_check.library_isas()
+    except Exception as error:  # noqa: BLE001 - a probe fact, not a reason to fail the probe
+        return {"error": f"{type(error).__name__}: {error}"}
+    return {k: read.get(k) for k in ("mkl_isa", "onednn_isa")}
 
 
 def _measure_in_child(quick: bool) -> dict:

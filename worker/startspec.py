@@ -104,7 +104,10 @@ ISA_CAPS = {
 }
 
 
-def isa_unavailable(isa: str, facts: dict, framework: str = "torch") -> str | None:
+def isa_unavailable(isa: str, facts: dict, framework: str = "torch", onednn: bool = True) -> str | None:
+    """Why the cap cannot be applied and confirmed here: a non-torch framework, another arch, a CPU
+    without the ISA, or (known from the probe's read of the libraries' banners) a library that names
+    no ISA on this CPU, so no run could confirm the cap: refused at claim, before any setup."""
     if isa == DEFAULT:
         return None
     if framework != "torch":
@@ -114,7 +117,9 @@ def isa_unavailable(isa: str, facts: dict, framework: str = "torch") -> str | No
         return f"isa={isa}: the ISA caps are defined for x86-64 only (this is {arch})"
     flags = set((facts.get("isa_flags") or "").split())
     missing = [f for f in ISA_CAPS[isa][0] if f not in flags]
-    return f"isa={isa}: this CPU lacks {' '.join(missing)}" if missing else None
+    if missing:
+        return f"isa={isa}: this CPU lacks {' '.join(missing)}"
+    return isa_check.unconfirmable_here(isa, facts.get("library_isas"), onednn)
 
 
 # -- NUMA memory policy ---------------------------------------------------------------------------
@@ -172,7 +177,7 @@ def unavailable(config: dict, facts: dict, cpu_pool: list[int]) -> list[str]:
     """Why each of the job's start settings cannot be honoured here (empty: all can)."""
     framework = config.get("framework", "torch")
     checks = [cores_unavailable(int(config["cores"]), cpu_pool), numa_unavailable(config["numa"]),
-              allocator_unavailable(config["allocator"]), isa_unavailable(config["isa"], facts, framework),
+              allocator_unavailable(config["allocator"]), isa_unavailable(config["isa"], facts, framework, bool(config.get("onednn", True))),
               pinning_unavailable(bool(config["pin_threads"]), framework)]
     if framework == "torch":
         checks.append(onednn_unavailable(bool(config["onednn"]), facts))

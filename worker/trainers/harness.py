@@ -108,7 +108,8 @@ def result(metrics: dict, *, applied: dict, timed_window: dict, dataset_used: st
 # -- the timed loop ----------------------------------------------------------------------------
 
 
-def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dict) -> tuple[dict, dict, float]:
+def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dict,
+               compilations: Callable[[], int] | None = None) -> tuple[dict, dict, float]:
     """Warm up, then time each step on its own: (metrics, timed_window, first_step_start).
 
     `step(micro_batches)` runs one optimizer step over grad_accum (inputs, targets) micro-batches and
@@ -117,6 +118,9 @@ def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dic
     Batches are drawn before the clock starts. warmup_steps are untimed (let the loop settle:
     allocator, caches, kernel selection); the first step alone is first_step_s (compilation
     included): the first warmup step, or with warmup_steps=0 the first timed step.
+    `compilations()`: the framework's count of compilations so far (None: it has no such count);
+    timed_window records how many happened during the timed steps and the slowest step over the
+    median, so a run that timed its compiler is failed by the worker (compiled_while_timed), not done.
     """
     accum = config["grad_accum"]
     losses = []
@@ -135,11 +139,13 @@ def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dic
 
     for _ in range(config["warmup_steps"]):
         one_step()
+    compiled_before = compilations() if compilations is not None else None
     before = resource.getrusage(resource.RUSAGE_SELF)
     start_unix_s = time.time()
     times_ns = [one_step() for _ in range(config["steps"])]
     end_unix_s = time.time()
     after = resource.getrusage(resource.RUSAGE_SELF)
+    compiled = compilations() - compiled_before if compilations is not None else None
 
     ms = [t / 1e6 for t in times_ns]
     median = statistics.median(ms)
@@ -157,7 +163,22 @@ def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dic
         "cpu_user_s": after.ru_utime - before.ru_utime, "cpu_sys_s": after.ru_stime - before.ru_stime,
         "ctx_switches": after.ru_nivcsw - before.ru_nivcsw,
     }
-    return metrics, {"start_unix_s": start_unix_s, "end_unix_s": end_unix_s}, first["start"]
+    window = {"start_unix_s": start_unix_s, "end_unix_s": end_unix_s, "compilations": compiled,
+              "slowest_step_x_median": max(ms) / median if median > 0 else None}
+    return metrics, window, first["start"]
+
+
+def compiled_while_timed(window: dict | None) -> str | None:
+    """Why a run's timed steps measured a compiler (its timed_window counted compilations), or None.
+    A step far above the median alone is no proof (a shared machine has such steps); a framework's
+    own compilation count is."""
+    n = (window or {}).get("compilations")
+    if not n:
+        return None
+    slowest = window.get("slowest_step_x_median")
+    worst = f" (the slowest timed step {slowest:.1f}x the median)" if slowest else ""
+    return (f"{n} compilation(s) during the timed steps{worst}: the run timed the compiler, not training "
+            f"(a trainer that recompiles every step, or too few warm-up steps)")
 
 
 def check_finite(metrics: dict) -> None:

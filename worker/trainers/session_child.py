@@ -112,7 +112,8 @@ def _train(request: dict, child, t0: float) -> dict:
         lr *= FINETUNE_LR_FACTOR
 
     session = child.Session(config, lr, params)
-    metrics, window, first_step_start = harness.timed_loop(session.step, session.sync, batches.next, config)
+    metrics, window, first_step_start = harness.timed_loop(session.step, session.sync, batches.next, config,
+                                                           getattr(session, "compilations", None))
     metrics["setup_s"] = first_step_start - t0 - excluded_s
     metrics |= harness.throughput(metrics, config, request.get("peak_gflops"))
     harness.check_finite(metrics)

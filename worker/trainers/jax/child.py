@@ -60,6 +60,11 @@ class Session:
         return self.trainer.step(xs, ys, seed=self._steps)
 
     @staticmethod
+    def compilations() -> int:
+        """XLA compilations in this process so far (every jit and every eager op's first kernel)."""
+        return runtime.compilations()
+
+    @staticmethod
     def sync(loss) -> float:
         """Wait for the step's asynchronous work (JAX dispatch returns before XLA finishes)."""
         return float(loss.block_until_ready())

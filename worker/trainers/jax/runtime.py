@@ -28,6 +28,27 @@ def thread_names() -> dict[str, int]:
     return names
 
 
+_COMPILED = [0]
+_LISTENING = []
+# JAX's monitoring event for one XLA backend compilation (jax 0.4 and later).
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def compilations() -> int:
+    """XLA backend compilations in this process since the first call (a listener on JAX's
+    monitoring events, registered at that call): the harness counts them during the timed steps."""
+    if not _LISTENING:
+        import jax
+
+        def count(event: str, _duration_s: float, **_kw) -> None:
+            if event == COMPILE_EVENT:
+                _COMPILED[0] += 1
+
+        jax.monitoring.register_event_duration_secs_listener(count)
+        _LISTENING.append(count)
+    return _COMPILED[0]
+
+
 def read_back(jit: bool) -> dict:
     """The settings in force; call after the first step (XLA starts its pool on first use)."""
     import jax

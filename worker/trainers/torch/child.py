@@ -290,7 +290,8 @@ def _train(request: dict, cache_dir: str | None) -> dict:
                                           config["precision"] == "mixed", fused_loss)
     step = make_step(trained, optimizer, config["precision"], fused_loss=fused_loss)
     metrics, window, first_step_start = harness.timed_loop(
-        _first_compile_skips(step, config), lambda loss: loss, batches, config)
+        _first_compile_skips(step, config), lambda loss: loss, batches, config,
+        _graphs_compiled if config["compile"] == "inductor" else None)
     metrics["setup_s"] = first_step_start - _T0 - excluded_s
     metrics |= harness.throughput(metrics, config, request.get("peak_gflops"))
     harness.check_finite(metrics)
@@ -320,6 +321,13 @@ def shared_init(model, config: dict) -> str:
         return "torch module init (its weights differ from the shared layout)"
     model.load_state_dict(state)
     return "shared (worker/trainers/params.py)"
+
+
+def _graphs_compiled() -> int:
+    """Graphs dynamo captured and inductor compiled so far: a recompile (a guard that failed) adds one."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def torch_batches(tokens, config: dict, seed: int):

@@ -1,0 +1,61 @@
+"""How right the progress bar's ETA was over a finished sweep: its runs replayed in claim order.
+
+    python benchmarks/eta_replay.py RESULTS.db [--pool ID]
+
+After each finished run k, the ETA is what orchestrator/eta.py would have said then (learn() on runs
+1..k, remaining_s() of the jobs of runs k+1..n); the truth is the cost of runs k+1..n (each run's
+larger of wall_s and claim-to-finish, the estimator's own measure; waits between runs left out).
+Prints the error |ETA - truth| / truth at a quarter, half and three quarters of the sweep's time,
+and the largest error from halfway on. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sqlalchemy import text  # noqa: E402
+
+from orchestrator.eta import _CONFIG, _COST, _N_SHAPE, _SHAPE, learn, remaining_s  # noqa: E402
+from orchestrator.store import Store  # noqa: E402
+
+SELECT_RUNS = f"""
+SELECT r.run_id, r.status, {_COST}, {_SHAPE}, {_CONFIG}
+FROM runs r JOIN jobs j ON j.job_id = r.job_id
+WHERE r.pool_id = :pool_id AND r.status IN ('done', 'failed', 'skipped') AND r.finished IS NOT NULL
+ORDER BY r.claimed, r.run_id
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("db")
+    ap.add_argument("--pool", type=int, default=None, help="the pool (default: the one with most runs)")
+    args = ap.parse_args()
+    store = Store(args.db)
+    with store.transaction() as conn:
+        pool = args.pool or conn.execute(text("SELECT pool_id FROM runs GROUP BY pool_id ORDER BY COUNT(*) DESC")).scalar()
+        runs = [tuple(r) for r in conn.execute(text(SELECT_RUNS), {"pool_id": pool})]
+    costs = [max(0.0, float(r[2] or 0.0)) for r in runs]
+    total, spent, errors = sum(costs), 0.0, []
+    for k in range(1, len(runs)):
+        spent += costs[k - 1]
+        finished = runs[:k][::-1]  # the estimator reads the latest first
+        if not any(r[1] == "done" for r in finished):
+            continue
+        eta = remaining_s(learn(finished), [r[3:3 + _N_SHAPE] + r[3 + _N_SHAPE:] for r in runs[k:]])
+        truth = total - spent
+        errors.append((spent / total, (eta - truth) / truth, eta, truth))
+    print(f"{len(runs)} runs, {total / 60:.1f} min of run time")
+    for mark in (0.25, 0.5, 0.75):
+        at = next(e for e in errors if e[0] >= mark)
+        print(f"at {mark:.0%} of the time: ETA {at[2] / 60:.1f} min, truth {at[3] / 60:.1f} min, error {at[1]:+.0%}")
+    late = [abs(e[1]) for e in errors if e[0] >= 0.5]
+    print(f"largest error from halfway on: {max(late):.0%}" if late else "no run after halfway")
+
+
+if __name__ == "__main__":
+    main()
