@@ -302,7 +302,8 @@ def fit_model(runs: list[Run]) -> Model:
         configs.setdefault(r.config_key(), len(configs))
         blocks.setdefault(block_of(r), len(blocks))
     f = sm.fit([r.log_ms for r in runs], [configs[r.config_key()] for r in runs], [blocks[block_of(r)] for r in runs],
-               [stratum_of(r) for r in runs], n_configs=len(configs), n_blocks=len(blocks))
+               [stratum_of(r) for r in runs], n_configs=len(configs), n_blocks=len(blocks),
+               pass_idx=[r.pass_ for r in runs])
     for r, slow in zip(runs, f.slow_prob):
         r.adj = r.log_ms - float(f.gamma[blocks[block_of(r)]])
         r.slow = float(slow)
@@ -717,7 +718,11 @@ def _best_group(groups: dict[tuple, list[Run]], distinct) -> tuple | None:
 
 
 def _group_words(keys: list[str], key: tuple) -> str:
-    return ", ".join(f"{n}={label(n, v)}" for n, v in zip(keys, key) if v != DERIVED_MARK) or "the baseline"
+    """A group in words: the variables it holds, less those that follow another one listed."""
+    shown = [(n, v) for n, v in zip(keys, key) if v != DERIVED_MARK]
+    leaders = {n for n, _ in shown}
+    return ", ".join(f"{n}={label(n, v)}" for n, v in shown
+                     if not any(n in followers_of(m) for m in leaders if m != n)) or "the baseline"
 
 
 def analyse_variable(runs: list[Run], name: str, varied: list[str], modal: dict, machine_id: int,
@@ -746,7 +751,9 @@ def analyse_variable(runs: list[Run], name: str, varied: list[str], modal: dict,
     # Runs at the baseline's other settings that the group leaves out because a follower was set by hand.
     ve.left_out = sum(len(ms) for k, ms in groups.items() if k != best and all(
         a == b or DERIVED_MARK in (a, b) for a, b in zip(k, best)))
-    several = {k: ms for k, ms in groups.items() if len({r.values[name] for r in ms}) >= 2}
+    several = {k: ms for k, ms in sorted(groups.items(), key=lambda kv: [
+        sort_key(n, v) if v != DERIVED_MARK else (2, 0, "") for n, v in zip(keys, kv[0])])
+        if len({r.values[name] for r in ms}) >= 2}
     if ve.size_like and any(len({r.values[name] for r in ms}) >= 3 for ms in several.values()):
         ve.elasticity, ve.n_groups = elasticity(list(several.values()), name, machine_id, model)
     if len(several) >= 2:
@@ -905,6 +912,7 @@ class MachineAnalysis:
     lost: list[Lost] = field(default_factory=list)  # values asked for with no usable run, and why
     uncompared: dict[str, str] = field(default_factory=dict)  # variable -> why it could not be compared
     model: Model | None = None
+    baseline_lost: str = ""  # where the baseline configuration has no usable run: what happened, in words
 
     @property
     def effects(self) -> list[Effect]:
@@ -973,10 +981,10 @@ def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (),
             (found.append(ve) if ve else together.append(n))
         for ve in found:
             ve.fixed = drop_derived(ve.fixed, together)
-    lost, uncompared = lost_levels(runs, flagged if not kept_all else [], list(asked), found, together)
+    lost, uncompared, base_note = lost_levels(runs, flagged if not kept_all else [], list(asked), found, together)
     return MachineAnalysis(machine_id, found, [n for n in together if n not in uncompared], drift, noise,
                            _identical(runs, asked), _regrouped(runs), runs, varied, flagged, kept_all, lost,
-                           uncompared, model)
+                           uncompared, model, base_note)
 
 
 def _status_words(rows: list[dict], disturbed_ids: set) -> str:
@@ -1002,7 +1010,8 @@ def _status_words(rows: list[dict], disturbed_ids: set) -> str:
 def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found: list[VariableEffect],
                 together: list[str]) -> tuple[list[Lost], dict[str, str]]:
     """Values that jobs asked for and that have no usable run, with why; and the varied variables
-    that could not be compared because of them (their other values, or the baseline, were lost)."""
+    that could not be compared, with why (their baseline configuration or their other values lost),
+    as against those that only ever moved with another variable (followers)."""
     usable: dict[str, set] = defaultdict(set)
     for r in runs:
         for n in FACTORS:
@@ -1020,20 +1029,37 @@ def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found:
         for v, rows in sorted(by_value.items(), key=lambda kv: sort_key(n, kv[0])):
             if v not in usable.get(n, set()):
                 lost.append(Lost(n, label(n, v), _status_words(rows, d_ids)))
+    # The baseline configuration as asked: per varied variable, the value most asked-for configurations share.
+    varied = [n for n, by_value in asked_values.items() if len(by_value) > 1]
+    configs = {row.get("config_hash") or id(row): row for row in asked}.values()
+    modal = {}
+    for n in varied:
+        counts = Counter(value_of(n, row[n]) for row in configs)
+        modal[n] = counts.most_common(1)[0][0]
+    base_rows = [row for row in asked if all(value_of(n, row[n]) == modal[n] for n in varied)]
+    done_ids = {r.row.get("run_id") for r in runs}
+    base_lost = bool(base_rows) and not any(row.get("run_id") in done_ids for row in base_rows)
+    base_words = ", ".join(f"{n}={label(n, modal[n])}" for n in varied)
     compared = {ve.variable for ve in found}
+    lost_by_var = defaultdict(list)
+    for x in lost:
+        lost_by_var[x.variable].append(x)
     uncompared = {}
-    by_var = defaultdict(list)
-    for lv in lost:
-        by_var[lv.variable].append(lv)
-    for n, ls in by_var.items():
+    leaders = set(varied) | compared
+    for n in sorted(set(together) | (set(lost_by_var) - compared), key=lambda n: FACTORS.index(n) if n in FACTORS else 0):
         if n in compared:
             continue
-        kept = sorted(usable.get(n, set()), key=lambda v: sort_key(n, v))
-        if len(kept) <= 1 or n in together:
-            words = "; ".join(f"{x.value}: {x.why}" for x in ls)
-            uncompared[n] = (f"only {label(n, kept[0])} has usable runs" if len(kept) == 1 else
-                             "no value has a usable run alone against another") + f" ({words})"
-    return lost, uncompared
+        follows = any(n in followers_of(p) for p in leaders if p != n)
+        if base_lost and not follows:
+            uncompared[n] = ("its baseline configuration has no usable run, and no other two of its values ran "
+                             "with everything else equal")
+        elif lost_by_var.get(n):
+            words = "; ".join(f"{x.value}: {x.why}" for x in lost_by_var[n])
+            uncompared[n] = f"too few of its values have usable runs ({words})"
+    note = (f"The baseline configuration ({base_words}) has no usable run: {_status_words(base_rows, d_ids)}. "
+            "Variables with another two values that ran with everything else equal are compared against one of "
+            "them instead." if base_lost else "")
+    return lost, uncompared, note
 
 
 def adjust(effects: list[Effect], interactions: list[Interaction] = (), alpha: float = ALPHA) -> int:

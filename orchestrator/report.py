@@ -379,6 +379,8 @@ def notes_section(ctx: Context) -> list[str]:
                   + ", ".join(f"`{n}`" for n in together) + ".", ""]
     for m, ma in ctx.analysis.machines.items():
         who = f" on {ctx.names[m]}" if ctx.several else ""
+        if ma.baseline_lost:
+            lines += [f"**Baseline lost{who}**: {ma.baseline_lost}", ""]
         for n, why in ma.uncompared.items():
             lines += [f"**Not compared{who}**: `{n}`: {why}.", ""]
         if ma.lost:

@@ -159,9 +159,13 @@ class Fit:
         return a.T @ z
 
 
-def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int, mixture: bool = True) -> Fit:
+def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int, mixture: bool = True,
+        pass_idx=None) -> Fit:
     """Fit the model to log step times y; config_idx / block_idx index each run's configuration and
-    block (0..n-1); stratum_keys is each run's noise stratum (any hashable)."""
+    block (0..n-1); stratum_keys is each run's noise stratum (any hashable). pass_idx (each run's
+    repeat pass), where given, is where a slow mode is looked for: in a model of configuration +
+    pass, whose residuals small blocks have not averaged away (in a block of two runs the residuals
+    are +-x of each other, and a run's own slowness cannot be told from its neighbour's)."""
     y = np.asarray(y, dtype=float)
     ci = np.asarray(config_idx, dtype=int)
     bi = np.asarray(block_idx, dtype=int)
@@ -240,6 +244,19 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
         split_noisy(first)
     # 1. one variance per stratum (rounds of weighted fits, starting from the robust weights)
     variances(3)
+    coarse = None
+    if mixture and pass_idx is not None:
+        pi_ = np.asarray(pass_idx, dtype=int)
+        passes = sorted(set(pi_.tolist()))
+        col = {q: n_configs + k for k, q in enumerate(passes[1:])}
+        keep = np.array([q in col for q in pi_])
+        Xc = sparse.csr_matrix((np.ones(n + int(keep.sum())),
+                                (np.concatenate([np.arange(n), np.arange(n)[keep]]),
+                                 np.concatenate([ci, np.array([col[q] for q in pi_[keep]], dtype=int)]))),
+                               shape=(n, n_configs + len(col)))
+        if Xc.shape[1] < n - MIN_STRATUM_DF:
+            coarse = Xc
+
     def slow_modes():
         nonlocal theta, post
         for s in range(n_strata):
@@ -247,6 +264,25 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
             pi[s], delta[s] = 0.0, 0.0
             post[m] = 0.0
             if not mixture or m.sum() < MIX_MIN_RUNS or not np.isfinite(sigma2[s]) or sigma2[s] <= 0:
+                continue
+            if coarse is not None:  # found in the coarse model; the fine one takes its shifts
+                luc, thc = _solve(coarse, weights)(y)
+                levc = np.empty(n)
+                _leverages(coarse, weights, luc, coarse.shape[1], levc)
+                r = y - coarse @ thc
+                s2c = float(r[m] @ r[m]) / max(1.0, float(m.sum() - levc[m].sum()))
+                got = _mixture(coarse, y, m, thc, levc, s2c, weights)
+                if got is None:
+                    continue
+                _, post_m, pi_s, delta_s, _, _ = got
+                post = np.where(m, post_m, post)
+                pi[s], delta[s] = pi_s, delta_s
+                target = y - np.where(m, delta_s * post, 0.0)
+                _, theta = solve_weighted(weights, target)
+                r = (target - X @ theta)[m]
+                dof_s = max(1.0, float(m.sum() - lev[m].sum()) - 2)
+                sigma2[s] = float(r @ r) / dof_s + delta_s * delta_s * float(np.mean(post[m] * (1 - post[m])))
+                slow_sigma2[s] = sigma2[s]
                 continue
             got = _mixture(X, y, m, theta, lev, sigma2[s], weights)
             if got is None:
@@ -337,6 +373,13 @@ def _noisy_configs(r, ci, s_of_run, lev, sigma2, n_configs: int) -> list[int]:
             continue
         tested.append((c, (rss_c / dof_c) / (rss_rest / dof_rest), dof_c, dof_rest))
     return [c for c, f, d1, d2 in tested if fdtrc(d1, d2, f) < NOISY_ALPHA / max(1, len(tested))]
+
+
+def _solve(X, weights):
+    """A weighted least-squares solver for design X: target -> (lu, theta)."""
+    A = (X.T @ sparse.diags(weights) @ X).tocsc()
+    lu = splu(A + sparse.identity(A.shape[0], format="csc") * 1e-12 * max(1.0, float(A.diagonal().max(initial=1.0))))
+    return lambda target: (lu, lu.solve(X.T @ (weights * target)))
 
 
 def _leverages(X, weights, lu, p: int, out: np.ndarray) -> None:
