@@ -44,6 +44,7 @@ class Decision:
     repeat: int | None  # the pass added
     jobs: int  # new jobs enqueued
     wide: list[dict] = field(default_factory=list)  # comparisons wider than the target: what, half-width, runs
+    advice: str = ""  # where repeats help (effects.Noise.where_repeats_help: Kalibera & Jones)
 
     @property
     def added(self) -> bool:
@@ -55,7 +56,7 @@ class Decision:
         more = f" and {len(self.wide) - 6} more" if len(self.wide) > 6 else ""
         if self.decision == "added pass":
             return (f"target +-{target_ci * 100:g}%: added pass {self.repeat} ({self.jobs} jobs) for "
-                    f"{len(self.wide)} comparison(s) still wider: {still}{more}")
+                    f"{len(self.wide)} comparison(s) still wider: {still}{more}" + (f"; {self.advice}" if self.advice else ""))
         if self.decision == "targets met":
             return f"target +-{target_ci * 100:g}%: every comparison met it"
         return f"target +-{target_ci * 100:g}%: maximum reached; still wider: {still}{more}"
@@ -110,7 +111,8 @@ def next_pass(store: Store, machine_id: int, *, target_ci: float, max_repeats: i
                                           f"repeats\n" + "\n".join(w["what"] for w in listed),
                                jobs=sorted(jobs, key=lambda j: j["run_order"]),
                                notes=[f"repeat pass {repeat} added by work --target-ci {target_ci * 100:g}"])
-        decision = Decision("added pass", repeat, result.new, listed)
+        decision = Decision("added pass", repeat, result.new, listed,
+                            analysis.machines[machine_id].noise.where_repeats_help())
     with store.transaction(write=True) as conn:
         conn.execute(store.sql(INSERT_DECISION), {
             "machine_id": machine_id, "decision": decision.decision, "repeat": decision.repeat,

@@ -353,6 +353,22 @@ class Noise:
     dof: float = 0.0  # the model's residual degrees of freedom
     block_cv: float | None = None  # how much blocks (stretches of time) vary beyond the runs in them
     strata: list = field(default_factory=list)  # step_model.Stratum per noise stratum
+    within_cv: float | None = None  # the part of cv that is the sampling noise of a run's median step
+
+    def where_repeats_help(self) -> str:
+        """Kalibera & Jones' rule in words: repeat at the level whose noise dominates. The run-to-run
+        noise holds the sampling noise of each run's median over its timed steps; where that is most
+        of it, more steps per run narrow the intervals at less cost than more runs (each pays the
+        setup); otherwise only more runs (passes) do. Blocks cost nothing: comparisons are inside them."""
+        if self.cv is None:
+            return ""
+        within = self.within_cv or 0.0
+        share = min(1.0, (within / self.cv) ** 2) if self.cv > 0 else 0.0
+        if share >= 0.5:
+            return (f"{share:.0%} of the run-to-run noise ({self.cv:.1%}) is the sampling noise of each run's median "
+                    "step: more timed steps per run narrow the intervals at less cost than more runs")
+        return (f"the run-to-run noise ({self.cv:.1%}) is mostly between runs (the median's own sampling: "
+                f"{within:.1%}): more runs narrow the intervals, more steps per run would not")
 
     @property
     def source(self) -> str:
@@ -408,7 +424,18 @@ def machine_noise(runs: list[Run], varied: list[str], model: Model | None, probe
     has = f is not None and f.dof >= 1 and f.sigma2 is not None and math.isfinite(f.sigma2)
     return Noise(cv_of(f.sigma2) if has else None, cv_of(raw), len(repeated), noisiest, probe_cv,
                  dof=f.dof if has else 0.0, block_cv=cv_of(f.block_variance()) if has else None,
-                 strata=f.distinct_strata() if has else [])
+                 strata=f.distinct_strata() if has else [], within_cv=_median_sampling_cv(runs))
+
+
+def _median_sampling_cv(runs: list[Run]) -> float | None:
+    """The typical noise of a run's median step time from its own steps: the steps' log spread from
+    p10 and p90 (a normal's p90/p10 is 2.563 sigmas) times sqrt(pi/2 / steps), the median's."""
+    out = []
+    for r in runs:
+        p10, p90, steps = r.row.get("step_ms_p10"), r.row.get("step_ms_p90"), r.row.get("steps")
+        if p10 and p90 and steps and p90 >= p10 > 0:
+            out.append(math.log(p90 / p10) / 2.563 * math.sqrt(math.pi / 2 / int(steps)))
+    return float(np.median(out)) if out else None
 
 
 # -- effects ------------------------------------------------------------------------------------

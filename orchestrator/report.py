@@ -439,11 +439,12 @@ def noise_section(ctx: Context) -> list[str]:
         else:
             widths = "-"
         body.append(([ctx.names[m]] if ctx.several else [])
-                    + [figure, _pct(nz.block_cv), by_stratum, _pct(nz.cv_with_drift), drift, within, widths])
+                    + [figure, _pct(nz.block_cv), by_stratum, _pct(nz.cv_with_drift), drift, within, widths,
+                       nz.where_repeats_help() or "-"])
     header = (["machine"] if ctx.several else []) + [
         "run-to-run noise (CV)", "block-to-block noise (CV)", "by number of CPUs", "a configuration's repeats, blocks left in (CV)",
         "pass drift (step time vs the first pass)", "within one run: p90 / p10 of step times (median over runs)",
-        "shown intervals (family-wise) and the smallest change they resolve (80% power)"]
+        "shown intervals (family-wise) and the smallest change they resolve (80% power)", "where more repeats help"]
     return lines + _table(header, body)
 
 
