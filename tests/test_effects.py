@@ -166,7 +166,7 @@ def test_jobs_record_which_values_were_derived_and_the_rules_agree_with_the_reco
     assert len(jobs) == len(plan.jobs)
     hand = [(c, d) for c, d in jobs if c["omp_threads"] == 1 and c["cores"] == 2]
     assert hand and all("omp_threads" not in d and d["intra_threads"] == "auto" for _, d in hand)
-    base = [d for c, d in jobs if c["cores"] == 2 and c["omp_threads"] == 2 and c["head_dim"] == 16]
+    base = [d for c, d in jobs if c["cores"] == 2 and c["omp_threads"] == 2 and c["head_dim"] == 64]
     assert any(d == {"cores": "all", "compile": "auto", "omp_threads": "auto", "intra_threads": "auto", "inter_threads": "auto",
                      "head_dim": "auto", "kv_heads": "auto"} for d in base)
     for config, derived in jobs:  # the fallback for jobs without a record gives the same answer
