@@ -398,10 +398,6 @@ def _mixture(X, y, m, theta, lev, sigma2, weights):
     first guess of the slow mode): (theta, posterior, pi, delta, sigma2, slow sigma2), or None where
     one normal explains the residuals as well (BIC) or the modes are not separated."""
     r0 = (y - X @ theta)[m]
-    n_s = int(m.sum())
-    dof0 = max(1.0, n_s - float(lev[m].sum()))
-    v0 = float(r0 @ r0) / dof0
-    ll_one = float(-0.5 * n_s * np.log(2 * np.pi * v0) - 0.5 * float(r0 @ r0) / v0)
     u0 = r0 / np.sqrt(np.clip(1 - lev[m], 0.05, 1.0))
     if not _two_modes(u0):
         return None

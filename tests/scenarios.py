@@ -21,7 +21,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from orchestrator.store import Store
-from tests.reportdb import configs as ofat_configs, enqueue, machine_facts, metrics, run_all
+from tests.reportdb import machine_facts, metrics, run_all
 
 RHO = 0.7  # lag-1 autocorrelation of the slow stretches, run to run (measured 0.6-0.75 on the VM)
 SIGMA_AR = 0.04  # their log-scale spread

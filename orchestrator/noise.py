@@ -1,0 +1,186 @@
+"""One machine's runs seen through the model (step_model.py): their blocks and noise strata, the
+fitted model, each pass's drift and the machine's noise in words a report can use. Pure, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from orchestrator import step_model as sm
+from orchestrator.ran import Run, label, modal_config
+
+
+@dataclass
+class Model:
+    """One machine's fitted step_model, and how its runs map onto it."""
+
+    fit: sm.Fit
+    config_index: dict  # config key -> index in the fit
+    block_index: dict  # (pass, block) -> index in the fit
+
+    def weights(self, levels: list[list[Run]], coefs: list[float]) -> dict[int, float]:
+        """The contrast sum_k coefs[k] * (mean effect of the configurations of level k): each
+        configuration counted once, however many runs it has."""
+        out: dict[int, float] = defaultdict(float)
+        for runs, c in zip(levels, coefs):
+            idx = sorted({self.config_index[r.config_key()] for r in runs})
+            for i in idx:
+                out[i] += c / len(idx)
+        return dict(out)
+
+
+def block_of(r: Run) -> tuple:
+    """A run's block in the run order: its pass and jobs.block (NULL: the whole pass is the block)."""
+    return (r.pass_, r.row.get("block"))
+
+
+def stratum_of(r: Run):
+    """A run's noise stratum: the number of CPUs it ran on."""
+    return r.values.get("cores")
+
+
+def fit_model(runs: list[Run]) -> Model:
+    configs: dict = {}
+    blocks: dict = {}
+    for r in runs:
+        configs.setdefault(r.config_key(), len(configs))
+        blocks.setdefault(block_of(r), len(blocks))
+    f = sm.fit([r.log_ms for r in runs], [configs[r.config_key()] for r in runs], [blocks[block_of(r)] for r in runs],
+               [stratum_of(r) for r in runs], n_configs=len(configs), n_blocks=len(blocks),
+               pass_idx=[r.pass_ for r in runs])
+    for r, slow in zip(runs, f.slow_prob):
+        r.adj = r.log_ms - float(f.gamma[blocks[block_of(r)]])
+        r.slow = float(slow)
+    return Model(f, configs, blocks)
+
+
+@dataclass
+class Drift:
+    """How much slower each repeat pass ran than the first: the mean of its blocks' effects."""
+
+    shift: dict[int, float]  # pass -> mean log block effect, relative to the first pass
+    configs: dict[int, int]  # pass -> configurations it ran
+    not_estimated: list[int]  # passes that share no configuration with the first (not comparable)
+
+    def relative(self) -> dict[int, float]:
+        """Each estimated pass's step time relative to the first (1.10 = 10% slower)."""
+        est = sorted(p for p in self.shift if p not in self.not_estimated)
+        return {p: math.exp(self.shift[p] - self.shift[est[0]]) for p in est} if est else {}
+
+
+def pass_drift(runs: list[Run], model: Model) -> Drift:
+    f = model.fit
+    by_pass: dict[int, list[int]] = defaultdict(list)
+    for (p, _), b in model.block_index.items():
+        by_pass[p].append(b)
+    passes = sorted(by_pass)
+    if not passes:
+        return Drift({}, {}, [])
+    configs = {p: len({r.config_key() for r in runs if r.pass_ == p}) for p in passes}
+    part = {}
+    for r in runs:
+        part.setdefault(r.pass_, int(f.component[model.config_index[r.config_key()]]))
+    shift = {p: float(np.mean(f.gamma[by_pass[p]])) for p in passes}
+    return Drift({p: v - shift[passes[0]] for p, v in shift.items()}, configs,
+                 [p for p in passes if part.get(p) != part.get(passes[0])])
+
+
+@dataclass
+class Noise:
+    """How much the same configuration's step time varies from run to run on one machine."""
+
+    cv: float | None  # the model's residual noise (fast mode, blocks removed); None: nothing repeated
+    cv_with_drift: float | None  # the typical CV of one configuration's repeats, blocks left in
+    configs: int  # configurations with two or more runs
+    noisiest: list[tuple[str, float]]  # (configuration as text, its CV) of the noisiest ones
+    probe_cv: float | None = None  # the machine probe's measured figure (machines.noise_cv), if any
+    dof: float = 0.0  # the model's residual degrees of freedom
+    block_cv: float | None = None  # how much blocks (stretches of time) vary beyond the runs in them
+    strata: list = field(default_factory=list)  # step_model.Stratum per noise stratum
+    within_cv: float | None = None  # the part of cv that is the sampling noise of a run's median step
+
+    def where_repeats_help(self) -> str:
+        """Kalibera & Jones' rule in words: repeat at the level whose noise dominates. The run-to-run
+        noise holds the sampling noise of each run's median over its timed steps; where that is most
+        of it, more steps per run narrow the intervals at less cost than more runs (each pays the
+        setup); otherwise only more runs (passes) do. Blocks cost nothing: comparisons are inside them."""
+        if self.cv is None:
+            return ""
+        within = self.within_cv or 0.0
+        share = min(1.0, (within / self.cv) ** 2) if self.cv > 0 else 0.0
+        if share >= 0.5:
+            return (f"{share:.0%} of the run-to-run noise ({self.cv:.1%}) is the sampling noise of each run's median "
+                    "step: more timed steps per run narrow the intervals at less cost than more runs")
+        return (f"the run-to-run noise ({self.cv:.1%}) is mostly between runs (the median's own sampling: "
+                f"{within:.1%}): more runs narrow the intervals, more steps per run would not")
+
+    @property
+    def source(self) -> str:
+        return "model" if self.cv is not None else "probe" if self.probe_cv is not None else "none"
+
+    @property
+    def sigma(self) -> float | None:
+        """The log-scale run-to-run noise."""
+        cv = self.cv if self.cv is not None else self.probe_cv
+        return None if cv is None else math.sqrt(math.log1p(cv * cv))
+
+    @property
+    def slow_modes(self) -> list:
+        return [s for s in self.strata if s.bimodal]
+
+
+def _typical_variance(groups: list[np.ndarray]) -> float | None:
+    """A robust typical variance: each group's variance over the median of its chi-square, then
+    the median over groups (a few very noisy groups do not make the machine look noisy)."""
+    scaled = []
+    for g in groups:
+        if len(g) >= 2:
+            df = len(g) - 1
+            scaled.append(float(np.var(g, ddof=1)) * df / _chi2_median(df))
+    return float(np.median(scaled)) if scaled else None
+
+
+def _chi2_median(df: int) -> float:
+    from scipy.special import chdtri
+
+    return float(chdtri(df, 0.5))
+
+
+def cv_of(var: float | None) -> float | None:
+    return None if var is None or not math.isfinite(var) else math.sqrt(math.expm1(var))
+
+
+def machine_noise(runs: list[Run], varied: list[str], model: Model | None, probe_cv: float | None = None) -> Noise:
+    by_config: dict[tuple, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_config[r.config_key()].append(r)
+    repeated = [rs for rs in by_config.values() if len(rs) >= 2]
+    raw = _typical_variance([np.array([r.log_ms for r in rs]) for rs in repeated])
+    modal = modal_config(runs, varied) if runs else {}
+
+    def name(rs):
+        v = rs[0].values
+        differ = [f"{n}={label(n, v[n])}" for n in varied if v[n] != modal.get(n)]
+        return ", ".join(differ) or "the baseline"
+    noisiest = sorted(((name(rs), cv_of(float(np.var([r.adj for r in rs], ddof=1)))) for rs in repeated),
+                      key=lambda x: -x[1])[:3]
+    f = model.fit if model else None
+    has = f is not None and f.dof >= 1 and f.sigma2 is not None and math.isfinite(f.sigma2)
+    return Noise(cv_of(f.sigma2) if has else None, cv_of(raw), len(repeated), noisiest, probe_cv,
+                 dof=f.dof if has else 0.0, block_cv=cv_of(f.block_variance()) if has else None,
+                 strata=f.distinct_strata() if has else [], within_cv=_median_sampling_cv(runs))
+
+
+def _median_sampling_cv(runs: list[Run]) -> float | None:
+    """The typical noise of a run's median step time from its own steps: the steps' log spread from
+    p10 and p90 (a normal's p90/p10 is 2.563 sigmas) times sqrt(pi/2 / steps), the median's."""
+    out = []
+    for r in runs:
+        p10, p90, steps = r.row.get("step_ms_p10"), r.row.get("step_ms_p90"), r.row.get("steps")
+        if p10 and p90 and steps and p90 >= p10 > 0:
+            out.append(math.log(p90 / p10) / 2.563 * math.sqrt(math.pi / 2 / int(steps)))
+    return float(np.median(out)) if out else None

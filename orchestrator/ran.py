@@ -1,0 +1,212 @@
+"""What each run ran with, as the report groups it: the values of its variables (read back where the
+run records them), its configuration and pass, whether its timed window was disturbed. Pure, no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property
+
+from orchestrator.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
+from worker.sensors import disturbance
+
+METRIC = "step_ms_median"
+# Not factors: repeat indexes the pass, block the comparison a job was run beside (the run order).
+NOT_FACTORS = ("repeat", "block")
+FACTORS = tuple(n for n in NAMES if n not in NOT_FACTORS)
+# Numeric, but not sizes: a log-log slope means nothing for them.
+NOT_SIZES = ("seed", "dropout", "repeat")
+
+# What really ran, where a run records it: variable -> (where, read-back key). The worker records a
+# run whose read-back differs from its job as failed; done runs of older databases may still differ,
+# and they count under what they ran with.
+RAN_FROM = {
+    "dataset": ("column", "dataset_used"),
+    "omp_threads": ("applied", "omp_num_threads"),
+    "intra_threads": ("applied", "torch_threads"),
+    "inter_threads": ("applied", "interop_threads"),
+    "onednn": ("applied", "mkldnn"),
+    "allocator": ("applied", "allocator_lib"),
+}
+
+
+# -- values -------------------------------------------------------------------------------------
+
+def value_of(name: str, raw):
+    """A column value as the report groups it: booleans as bool, NULL (the word default) as 'default'."""
+    if raw is None:
+        return "default"
+    var = BY_NAME[name]
+    if var.type is bool:
+        return bool(raw)
+    if var.type is float:
+        return float(raw)
+    if var.type is int and not isinstance(raw, str):
+        return int(raw)
+    return raw
+
+
+def label(name: str, value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def sort_key(name: str, value):
+    var = BY_NAME[name]
+    if var.choices and value in var.choices:
+        return (0, var.choices.index(value), "")
+    if isinstance(value, (int, float)):
+        return (0, float(value), "")
+    return (1, 0, str(value))  # words like "default" after the numbers
+
+
+def is_size(name: str, values) -> bool:
+    var = BY_NAME[name]
+    return (var.type in (int, float) and name not in NOT_SIZES
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values))
+
+
+def followers_of(name: str) -> set[str]:
+    """The variables that follow `name` when left on "auto", directly or through another."""
+    out, todo = set(), [name]
+    while todo:
+        parent = todo.pop()
+        for d in DERIVATIONS:
+            if parent in d.parents and d.name not in out:
+                out.add(d.name)
+                todo.append(d.name)
+    return out
+
+
+def _ran_value(name: str, row: dict, applied: dict):
+    """What a run ran with for `name` according to its own record, or None where it says nothing."""
+    where, key = RAN_FROM[name]
+    raw = row.get(key) if where == "column" else applied.get(key)
+    if raw is None:
+        return None if name != "allocator" or key not in applied else "default"
+    if name == "allocator":
+        base = os.path.basename(str(raw))
+        return next((a for a in ("jemalloc", "tcmalloc") if base.startswith(f"lib{a}")), None)
+    try:
+        return BY_NAME[name].parse(raw)
+    except Exception:  # an unreadable record says nothing
+        return None
+
+
+@dataclass
+class Run:
+    """One done run as the report groups it."""
+
+    row: dict
+    values: dict  # variable -> the value it ran with
+    changed: dict  # variable -> (asked, ran) where the run's record differs from its job
+    log_ms: float  # log step time
+    pass_: int
+    derived: dict | None  # recorded at enqueue (jobs.derived); None for older jobs
+    adj: float = 0.0  # log step time with its block's effect removed (the model's)
+    slow: float = 0.0  # the model's probability that the run was in the slow mode
+    disturbed: str | None = None  # why its timed window was disturbed (disturbed()), or None
+
+    @property
+    def step_ms(self) -> float:
+        return float(self.row[METRIC])
+
+    def at_derived(self, name: str) -> bool:
+        """Is this follower at the value its rule derives from this run's other values?"""
+        d = DERIVED_BY_NAME[name]
+        touched = name in self.changed or any(p in self.changed for p in d.parents)
+        if self.derived is not None and name in self.derived and not touched:
+            return True  # the job says so: resolve() filled it in
+        return self.values[name] == d.rule(self.values)  # older jobs, explicit spellings, read-backs
+
+    @cached_property
+    def _key(self) -> tuple:
+        return tuple(self.values[n] for n in FACTORS)
+
+    def config_key(self) -> tuple:
+        """The values of every factor: the configuration (computed once; the values never change)."""
+        return self._key
+
+
+def done_runs(rows: list[dict]) -> list[dict]:
+    """The runs every aggregate uses: done, with a step time."""
+    return [r for r in rows if r.get("status") == "done" and r.get(METRIC) is not None and r[METRIC] > 0]
+
+
+def disturbed(row: dict) -> str | None:
+    """Why a done run was disturbed (worker/sensors.disturbance: other processes' CPU time or steal
+    above DISTURBED_SHARE of the window), or None. The window is applied.timed_window (train_s
+    without one), the CPUs the child's read-back affinity (else `cores`)."""
+    applied = _json(row.get("applied")) or {}
+    window = applied.get("timed_window") or {}
+    if window.get("end_unix_s") is not None and window.get("start_unix_s") is not None:
+        window_s = float(window["end_unix_s"]) - float(window["start_unix_s"])
+    else:
+        window_s = float(row.get("train_s") or 0)
+    cpus = len(applied.get("affinity") or []) or int(row.get("cores") or 1)
+    return disturbance(row.get("other_cpu_s"), row.get("steal_s"), cpus, window_s)
+
+
+def provisional_peak(row: dict) -> str | None:
+    """Why a run's MFU is against a provisional GEMM peak (worker/gemm_peak.py), or None."""
+    return ((_json(row.get("applied")) or {}).get("peak_gflops") or {}).get("provisional")
+
+
+def as_ran(rows: list[dict]) -> list[Run]:
+    """The done runs, each with the values it really ran with."""
+    out = []
+    for row in done_runs(rows):
+        applied = _json(row.get("applied")) or {}
+        values, changed = {}, {}
+        for n in NAMES:
+            asked = value_of(n, row[n])
+            ran = _ran_value(n, row, applied) if n in RAN_FROM else None
+            if ran is not None and ran != asked:
+                changed[n] = (asked, ran)
+            values[n] = asked if ran is None else ran
+        derived = _json(row.get("derived"))
+        out.append(Run(row, values, changed, math.log(float(row[METRIC])), int(row.get("repeat") or 0),
+                       derived if isinstance(derived, dict) else None, disturbed=disturbed(row)))
+    return out
+
+
+def _json(text):
+    if text is None or isinstance(text, dict):
+        return text
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def varied_variables(runs: list[Run]) -> list[str]:
+    """Variables that ran with more than one value among these runs, in catalogue order."""
+    return [n for n in FACTORS if len({r.values[n] for r in runs}) > 1]
+
+
+def _configs(runs: list[Run]) -> list[Run]:
+    """One run per distinct configuration: what the plan holds, however often each one was repeated
+    (work --target-ci repeats only some, and must not move the baseline by doing so)."""
+    return list({r.config_key(): r for r in runs}.values())
+
+
+def modal_config(runs: list[Run], names) -> dict:
+    """Per variable, the value most configurations share, counting each configuration once however
+    many runs it has (ties: the catalogue default, then the lowest)."""
+    out = {}
+    configs = _configs(runs)
+    for n in names:
+        counts = Counter(r.values[n] for r in configs)
+        top = max(counts.values())
+        tied = sorted((v for v, c in counts.items() if c == top), key=lambda v: sort_key(n, v))
+        default = BY_NAME[n].default
+        default = default if isinstance(default, str) else value_of(n, default)
+        out[n] = default if default in tied else tied[0]
+    return out
