@@ -294,14 +294,16 @@ def report_and_print(db: str, out_dir: Path) -> None:
         table.add_row(*((str(e.machine_id),) if several else ()), *e.row(), e.verdict())
     out.print(table)
     out.print(f"wrote {rep.csv_path}, {rep.summary_path} and {len(rep.plot_paths)} plots in {out_dir / 'plots'}")
+    out.print(f"the report: open {rep.html_path} in a browser (works offline)", soft_wrap=True)
 
 
 @app.command()
 def report(
-    out_dir: Annotated[Path, typer.Option("--out", help="where to write CSV, markdown and plots")] = Path("result"),
+    out_dir: Annotated[Path, typer.Option("--out", help="where to write the page, CSV, markdown and plots")] = Path("result"),
     db: DbOption = "results.db",
 ) -> None:
-    """Write result/: results.csv, summary.md, plots/*.png, fitted effects (also to the effects table)."""
+    """Write result/: index.html (the page to open), results.csv, summary.md, plots/*.png, fitted effects (also to
+    the effects table)."""
     guarded(lambda: report_and_print(db, out_dir))
 
 
