@@ -506,5 +506,26 @@ def restore() -> None:
     guarded(body)
 
 
+@app.command()
+def docs(
+    check: Annotated[bool, typer.Option("--check", help="change nothing; exit 1 if a page is out of date")] = False,
+) -> None:
+    """Regenerate the reference pages made from the code (docs/variables.md from the catalogue)."""
+    from orchestrator.docs import stale_pages, write_pages
+
+    def body():
+        if check:
+            stale = stale_pages()
+            for path in stale:
+                err.print(f"out of date: {path} (run `python bench.py docs`)", highlight=False)
+            if stale:
+                raise typer.Exit(1)
+            return
+        for path in write_pages():
+            out.print(f"wrote {path}", highlight=False)
+
+    guarded(body)
+
+
 if __name__ == "__main__":
     sys.exit(app())
