@@ -24,6 +24,7 @@ are drawn when they scroll into view.
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import html
 import json
@@ -164,7 +165,9 @@ def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
     return out
 
 
+@functools.lru_cache(maxsize=65536)
 def _val(name: str, raw) -> str:
+    """A column value as the page writes it (cached: a 100k-run page asks millions of times)."""
     return fx.label(name, fx.value_of(name, raw))
 
 
@@ -479,7 +482,13 @@ where a run differs from its machine's baseline. Click a column to sort.</p>
 
 
 def _seeds_section(ctx) -> str:
-    found = {ref.id: seeds.measured(ref, ctx.rows) for ref in seeds.PUBLISHED}
+    # Match each distinct shape once, not every run against every reference.
+    by_shape: dict[tuple, list[dict]] = defaultdict(list)
+    for r in ctx.rows:
+        by_shape[tuple(r.get(k) for k in seeds.MATCH_KEYS)].append(r)
+    found = {ref.id: seeds.measured(ref, [r for shape, rs in by_shape.items()
+                                          if seeds.matches(ref, dict(zip(seeds.MATCH_KEYS, shape))) for r in rs])
+             for ref in seeds.PUBLISHED}
     body = []
     for ref in seeds.PUBLISHED:
         mine = found[ref.id] or {None: None}
