@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator import variables as V
+from common import variables as V
 
 ROOT = Path(__file__).resolve().parent.parent
-GENERATED = "<!-- generated from the catalogue (orchestrator/variables.py) by `python bench.py docs`: edit the catalogue, then run it -->"
+GENERATED = "<!-- generated from the catalogue (common/variables.py) by `python bench.py docs`: edit the catalogue, then run it -->"
 PLACES = {  # where a variable takes effect, in words
     V.KNOB: "knob: system state the worker sets before the child starts (sysfs, affinity, numactl)",
     V.ENV: "env: the child's environment (threads, allocator, ISA caps)",

@@ -53,8 +53,8 @@ from functools import cached_property
 import numpy as np
 from scipy.special import ndtri, stdtr, stdtrit
 
-from orchestrator.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
-from worker.sensors import DISTURBED_SHARE, disturbance  # noqa: F401  (DISTURBED_SHARE: the report states it)
+from common.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
+from common.metrics import DISTURBED_SHARE, disturbance  # noqa: F401  (DISTURBED_SHARE: the report states it)
 
 METRIC = "step_ms_median"
 ALPHA = 0.05  # family-wise error rate of the whole report

@@ -37,7 +37,7 @@ import numpy as np
 
 from orchestrator import effects as fx
 from orchestrator import seeds
-from orchestrator.variables import BY_NAME, NAMES
+from common.variables import BY_NAME, NAMES
 
 DOTS_PER_LEVEL = 300  # runs drawn per value of a variable (evenly sampled beyond it; the table has them all)
 RUNS_PER_PAGE = 50

@@ -29,7 +29,7 @@ from orchestrator.effects import Analysis, Effect, Grid, VariableEffect
 from orchestrator.pool_report import pool_lines
 from orchestrator.seeds import seeds_section
 from orchestrator.store import Store
-from orchestrator.variables import BY_NAME, NAMES
+from common.variables import BY_NAME, NAMES
 
 SELECT_RESULTS = "SELECT * FROM v_results {where} ORDER BY run_id"
 SELECT_MACHINES = "SELECT * FROM machines"

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from orchestrator import variables as V
+from common import variables as V
 from orchestrator.docs import ROOT, stale_pages, variables_page
 
 

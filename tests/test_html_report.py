@@ -61,7 +61,7 @@ def varied_variables(store: Store) -> set[str]:
     """Variables with more than one value among the claimed runs, straight from the database."""
     from sqlalchemy import text
 
-    from orchestrator.variables import NAMES
+    from common.variables import NAMES
 
     with store.transaction() as conn:
         return {n for n in NAMES if n != "repeat"
