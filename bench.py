@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from orchestrator.errors import BenchError
+from common.errors import BenchError
 from orchestrator.sweep import DEFAULT_MAX_JOBS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -109,7 +109,7 @@ def enqueue(
     """Expand a sweep into jobs. Idempotent: re-enqueueing adds only new combinations. A sweep is
     counted before it is expanded: one above --max-jobs is refused at once with its count; one with a
     job whose estimated memory exceeds the machine's (or --mem-limit-gb) is refused with the estimate."""
-    from orchestrator import memory
+    from worker import memory
     from orchestrator.sweep import load
 
     def body():
@@ -181,7 +181,7 @@ def _cpu_list(text: Optional[str]) -> Optional[list[int]]:
 
 
 def _worker_options(cpus, max_jobs, wait, timeout, pool_name=None, target_ci=None, max_repeats=10):
-    from orchestrator.errors import BadInput
+    from common.errors import BadInput
     from worker.loop import WorkerOptions
 
     try:
@@ -294,19 +294,21 @@ def report_and_print(db: str, out_dir: Path) -> None:
         table.add_row(*((str(e.machine_id),) if several else ()), *e.row(), e.verdict())
     out.print(table)
     out.print(f"wrote {rep.csv_path}, {rep.summary_path} and {len(rep.plot_paths)} plots in {out_dir / 'plots'}")
+    out.print(f"the report: open {rep.html_path} in a browser (works offline)", soft_wrap=True)
 
 
 @app.command()
 def report(
-    out_dir: Annotated[Path, typer.Option("--out", help="where to write CSV, markdown and plots")] = Path("result"),
+    out_dir: Annotated[Path, typer.Option("--out", help="where to write the page, CSV, markdown and plots")] = Path("result"),
     db: DbOption = "results.db",
 ) -> None:
-    """Write result/: results.csv, summary.md, plots/*.png, fitted effects (also to the effects table)."""
+    """Write result/: index.html (the page to open), results.csv, summary.md, plots/*.png, fitted effects (also to
+    the effects table)."""
     guarded(lambda: report_and_print(db, out_dir))
 
 
 def _env_max_jobs() -> int:
-    from orchestrator.errors import BadInput
+    from common.errors import BadInput
 
     value = os.environ.get("BENCH_MAX_JOBS", str(DEFAULT_MAX_JOBS))
     if not value.isdigit() or int(value) < 1:
@@ -323,7 +325,7 @@ def run(
     db: DbOption = "results.db",
 ) -> None:
     """The main job: enqueue a preset, work until it is done, write the report."""
-    from orchestrator import memory
+    from worker import memory
     from orchestrator.sweep import load
 
     def body():
@@ -347,8 +349,9 @@ def once(
     mem_limit_gb: MemLimitOption = None,
 ) -> None:
     """Measure one configuration in a child process, outside the queue, and print its metrics."""
-    from orchestrator import memory, variables
-    from orchestrator.errors import BadInput
+    from common import variables
+    from worker import memory
+    from common.errors import BadInput
     from orchestrator.sweep import parse_assignment
     from worker.loop import measure_once, once_cpu_count
 
@@ -474,7 +477,7 @@ def submit(
 
     def body():
         if not slurm:
-            from orchestrator.errors import BadInput
+            from common.errors import BadInput
 
             raise BadInput("submit needs a scheduler: --slurm")
         job = submit_job(db, nodes=nodes, pool=pool, partition=partition, time_limit=time_limit,
@@ -500,6 +503,27 @@ def restore() -> None:
             err.print(f"restored {line}", highlight=False)
         if not lines:
             err.print("nothing to restore")
+
+    guarded(body)
+
+
+@app.command()
+def docs(
+    check: Annotated[bool, typer.Option("--check", help="change nothing; exit 1 if a page is out of date")] = False,
+) -> None:
+    """Regenerate the reference pages made from the code (docs/variables.md from the catalogue)."""
+    from orchestrator.docs import stale_pages, write_pages
+
+    def body():
+        if check:
+            stale = stale_pages()
+            for path in stale:
+                err.print(f"out of date: {path} (run `python bench.py docs`)", highlight=False)
+            if stale:
+                raise typer.Exit(1)
+            return
+        for path in write_pages():
+            out.print(f"wrote {path}", highlight=False)
 
     guarded(body)
 

@@ -9,7 +9,7 @@
 --   (job, machine). A job with no run row for a machine is queued for that machine.
 -- * A run taken back from a dead worker keeps its row as 'queued' so its attempt count survives;
 --   the claim treats it exactly like a job without a row.
--- * The variable columns of jobs are named and ordered as orchestrator/variables.py's catalogue
+-- * The variable columns of jobs are named and ordered as common/variables.py's catalogue
 --   (tests/test_schema.py keeps them in step). The word "default" (leave the machine as it is)
 --   is stored as NULL in freq_mhz; every other variable column is concrete.
 -- * "window" is a keyword in PostgreSQL: quote it there ("window").

@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator import memory  # noqa: E402
+from worker import memory  # noqa: E402
 from orchestrator.sweep import PRESETS_DIR, Machine, load  # noqa: E402
 from worker.trainers.harness import flops_per_step  # noqa: E402
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.variables import resolve  # noqa: E402
+from common.variables import resolve  # noqa: E402
 from worker import knobs, probe  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

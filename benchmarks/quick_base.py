@@ -35,7 +35,7 @@ CHILD = r"""
 import json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
-from orchestrator.variables import parse_value, resolve
+from common.variables import parse_value, resolve
 from worker.trainers import harness
 from worker.trainers.torch import child as train
 from worker.trainers.torch.model import GPT, ModelConfig

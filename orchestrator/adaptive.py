@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import text
 
 from orchestrator import effects as fx
-from orchestrator import variables as V
-from orchestrator.errors import BadInput
+from common import variables as V
+from common.errors import BadInput
 from orchestrator.sweep import block_positions, block_run_order, run_order
 from orchestrator.store import Store
 

@@ -59,8 +59,8 @@ from orchestrator.noise import Drift, Model, Noise, cv_of, fit_model, machine_no
 from orchestrator.ran import (FACTORS, METRIC, NOT_FACTORS, NOT_SIZES, RAN_FROM, Run, as_ran,  # noqa: F401
                               disturbed, done_runs, followers_of, is_size, label, modal_config,
                               provisional_peak, sort_key, value_of, varied_variables, _configs)
-from orchestrator.variables import NAMES
-from worker.sensors import DISTURBED_SHARE  # noqa: F401  (the report states it)
+from common.variables import NAMES
+from common.metrics import DISTURBED_SHARE  # noqa: F401  (the report states it)
 
 ALPHA = 0.05  # family-wise error rate of the whole report
 POWER = 0.8  # for "how many repeats would resolve it"

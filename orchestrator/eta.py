@@ -24,7 +24,7 @@ import numpy as np
 from sqlalchemy import text
 
 from orchestrator.store import Store
-from orchestrator.variables import NAMES
+from common.variables import NAMES
 
 _SHAPE = "j.n_layers, j.d_model, j.mlp_ratio, j.vocab_size, j.seq_len, j.batch_size, j.grad_accum, j.steps, j.warmup_steps"
 # A configuration whatever its repeat (and block): every variable's column but repeat.

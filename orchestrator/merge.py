@@ -28,7 +28,7 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from orchestrator.errors import BadInput
+from common.errors import BadInput
 from orchestrator.store import PG_QUEUE_LOCK, Store, database_url, safe_url
 
 FINISHED = ("done", "failed", "skipped")

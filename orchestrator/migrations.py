@@ -41,7 +41,7 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from orchestrator.errors import BenchError
+from common.errors import BenchError
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema.sql"
 
@@ -332,7 +332,7 @@ def _stage_job_completion(conn: Connection, dialect: str, fills: dict) -> str | 
     """Jobs planned before a catalogue variable existed get its default (what the old release ran
     with); config and config_hash (job identity) are recomputed. The values are staged in a
     temporary table that the fills of jobs' columns read."""
-    from orchestrator.variables import NAMES, column_value, config_hash, resolve
+    from common.variables import NAMES, column_value, config_hash, resolve
 
     missing = [n for n in NAMES if n not in _columns(conn, dialect, "jobs")]
     if not missing:
@@ -358,7 +358,7 @@ def _stage_job_completion(conn: Connection, dialect: str, fills: dict) -> str | 
 
 
 def _sql_type(name: str) -> str:
-    from orchestrator.variables import BY_NAME
+    from common.variables import BY_NAME
 
     return {"INTEGER": "BIGINT", "REAL": "DOUBLE PRECISION"}.get(BY_NAME[name].sql_type, BY_NAME[name].sql_type)
 

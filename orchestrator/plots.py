@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 from orchestrator.effects import Grid, VariableEffect
-from orchestrator.variables import BY_NAME
+from common.variables import BY_NAME
 
 # Axis labels with units; variables not listed are labelled by name alone.
 UNITS = {

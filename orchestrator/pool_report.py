@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from orchestrator.variables import NAMES
+from common.variables import NAMES
 
 METRIC = "step_ms_median"
 KEY = tuple(n for n in NAMES if n != "repeat")  # a configuration; repeats of it are its samples

@@ -11,8 +11,8 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 
-from orchestrator.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
-from worker.sensors import disturbance
+from common.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
+from common.metrics import disturbance
 
 METRIC = "step_ms_median"
 # Not factors: repeat indexes the pass, block the comparison a job was run beside (the run order).

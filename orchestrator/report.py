@@ -1,5 +1,6 @@
-"""The report people read after a sweep: results.csv (every run), summary.md (how step time changes
-with each variable, clearest first), plots/*.png, and the fitted effects written to the `effects` table.
+"""The report people read after a sweep: index.html (the page, orchestrator/html_report.py),
+results.csv (every run), summary.md (how step time changes with each variable, clearest first),
+plots/*.png, and the fitted effects written to the `effects` table.
 
 `write_report()` reads v_results once, leaves the statistics to effects.py and the pictures to
 plots.py, and returns a Report that bench.py prints; it prints nothing itself.
@@ -23,11 +24,12 @@ import numpy as np
 from sqlalchemy import text
 
 from orchestrator import effects as fx
+from orchestrator import html_report
 from orchestrator.effects import Analysis, Effect, Grid, VariableEffect
 from orchestrator.pool_report import pool_lines
 from orchestrator.seeds import seeds_section
 from orchestrator.store import Store
-from orchestrator.variables import BY_NAME, NAMES
+from common.variables import BY_NAME, NAMES
 
 SELECT_RESULTS = "SELECT * FROM v_results {where} ORDER BY run_id"
 SELECT_MACHINES = "SELECT * FROM machines"
@@ -65,6 +67,7 @@ class Report:
     machines: int  # machines with runs in the report
     effects: list[Effect]  # every effect written to the effects table
     analysis: Analysis | None = None
+    html_path: Path | None = None  # index.html, the page people open
 
 
 @dataclass
@@ -98,7 +101,7 @@ class Context:
 
 
 def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, plots: bool = True) -> Report:
-    """Write out_dir/results.csv, out_dir/summary.md and out_dir/plots/*.png for one machine (or all
+    """Write out_dir/index.html, results.csv, summary.md and plots/*.png for one machine (or all
     machines when machine_id is None), and replace those machines' rows of the effects table.
     plots=False leaves the pictures out (the statistics tests run the report many times)."""
     out_dir = Path(out_dir)
@@ -138,9 +141,10 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
                   plot_paths, out_dir, targets)
     summary_path = out_dir / "summary.md"
     summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
+    html_path = html_report.write_page(ctx, out_dir / "index.html")
     return Report(csv_path=csv_path, summary_path=summary_path, plot_paths=plot_paths, top_effects=top,
                   counts=counts, failures=failures, machines=len({r["machine_id"] for r in rows}),
-                  effects=all_effects, analysis=analysis)
+                  effects=all_effects, analysis=analysis, html_path=html_path)
 
 
 # -- files --------------------------------------------------------------------------------------

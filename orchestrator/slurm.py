@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import BadInput, BenchError
+from common.errors import BadInput, BenchError
 from orchestrator.store import database_url, safe_url
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -25,9 +25,9 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 
 from orchestrator import migrations
-from orchestrator.errors import BadInput, BenchError
-from orchestrator.variables import BY_NAME, NAMES
-from worker.trainers.harness import METRICS  # the one metric list: schema.sql's runs columns follow it
+from common.errors import BadInput, BenchError
+from common.variables import BY_NAME, NAMES
+from common.metrics import METRICS  # the one metric list: schema.sql's runs columns follow it
 
 # Enqueue and pool filling hold this PostgreSQL advisory lock, so a pool's first fill and a
 # concurrent enqueue cannot miss each other's jobs (SQLite's BEGIN IMMEDIATE serialises them anyway).

@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import variables as V
-from orchestrator.errors import BadInput
+from common import variables as V
+from common.errors import BadInput
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 MODES = ("grid", "ofat", "random", "list")

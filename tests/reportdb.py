@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 
 from orchestrator.store import Store
-from orchestrator.variables import config_hash, resolve
+from common.variables import config_hash, resolve
 from tests.conftest import done_fields
 
 CPUS = 8

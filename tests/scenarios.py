@@ -67,7 +67,7 @@ def _blocked_ofat(base: dict, axes: dict[str, list], repeats: int, seed: int = 0
     """One-factor-at-a-time configs with the run order of the blocked planner: per pass, one block
     per axis (its values and the base), blocks and configs inside them shuffled. blocked=False: the
     whole pass shuffled (the order before)."""
-    from orchestrator.variables import config_hash, resolve
+    from common.variables import config_hash, resolve
 
     rng = random.Random(seed)
     out = []
@@ -173,7 +173,7 @@ def three_vs_thirty() -> Scenario:
     jobs = []
     for rep in range(30):
         for opt in (["adamw", "sgd"] if rep < 3 else ["adamw"]):
-            from orchestrator.variables import config_hash, resolve
+            from common.variables import config_hash, resolve
 
             c, _ = resolve({"optimizer": opt, "repeat": rep}, 8)
             jobs.append({"config": c, "config_hash": config_hash(c), "run_order": len(jobs), "block": None})
@@ -190,7 +190,7 @@ def drifting_pass() -> Scenario:
     jobs, _ = _blocked_ofat(base, axes, 3, blocked=False)
     for j in jobs:
         j["block"] = None
-    from orchestrator.variables import config_hash, resolve
+    from common.variables import config_hash, resolve
 
     for v in ("adamw", "sgd"):
         c, _ = resolve({**base, "optimizer": v, "repeat": 3}, 8)
@@ -217,7 +217,7 @@ def bimodal_one_side(repeats: int = 10) -> Scenario:
 
 def interaction_grid() -> Scenario:
     """cores x d_model, the cores exponent -0.2 / -0.5 / -0.9 by width."""
-    from orchestrator.variables import config_hash, resolve
+    from common.variables import config_hash, resolve
 
     exps = {32: -0.2, 64: -0.5, 128: -0.9}
     jobs = []

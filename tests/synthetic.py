@@ -96,7 +96,7 @@ def plan():
 
 def base_config() -> dict:
     """The quick preset's [base], resolved on the 2-CPU machine (repeat left out)."""
-    from orchestrator import variables as V
+    from common import variables as V
     from orchestrator.sweep import preset_path, read_sweep_file
 
     doc, _ = read_sweep_file(preset_path("quick"))
@@ -167,7 +167,7 @@ def truth(base: dict) -> dict[tuple, float]:
     """The true effects around the quick base config (resolved): ("ratio", variable, value) -> the
     step-time ratio of that value to the base, and ("elasticity", variable, None) -> the exponent,
     with the variable's followers at their derived values."""
-    from orchestrator import variables as V
+    from common import variables as V
 
     out = {}
     p = plan()
@@ -200,7 +200,7 @@ def truth(base: dict) -> dict[tuple, float]:
 
 def _partial(base: dict) -> dict:
     """The base as the user wrote it: the derived values left on their words again."""
-    from orchestrator import variables as V
+    from common import variables as V
 
     out = dict(base)
     for name in ("omp_threads", "intra_threads", "inter_threads", "head_dim", "kv_heads"):

@@ -54,7 +54,7 @@ def test_one_fork_server_per_trainer_kept_across_alternating_frameworks(tmp_path
 
 
 def test_a_torch_fork_server_reads_the_library_isas_once_for_its_children(tmp_path):
-    from orchestrator.variables import parse_value, resolve
+    from common.variables import parse_value, resolve
     from worker import isa_check
 
     tiny = dict(d_model=32, n_layers=1, n_heads=2, seq_len=32, batch_size=4, vocab_size=512, steps=2,

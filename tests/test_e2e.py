@@ -63,3 +63,6 @@ def test_a_tiny_sweep_runs_records_and_reports(db, tmp_path, spawn):
     report = bench("report", "--db", db, "--out", str(tmp_path / "result"), check=True)
     assert "largest effects" in report.stdout
     assert (tmp_path / "result" / "summary.md").read_text().count("d_model") >= 1
+    # The last line names the page to open.
+    assert "index.html" in report.stdout.strip().splitlines()[-1]
+    assert 'id="var-d_model"' in (tmp_path / "result" / "index.html").read_text()

@@ -15,7 +15,7 @@ from sqlalchemy import text
 from orchestrator import effects as fx
 from orchestrator.store import Store
 from orchestrator.sweep import Machine, load
-from orchestrator.variables import DERIVED_BY_NAME
+from common.variables import DERIVED_BY_NAME
 from tests.reportdb import configs, enqueue, machine_facts, metrics, run_all
 
 

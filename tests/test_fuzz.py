@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from bench import app
-from orchestrator import variables
+from common import variables
 from tests.conftest import bench
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,  # same examples every run, no .hypothesis/

@@ -93,7 +93,7 @@ def test_a_busy_process_on_the_set_makes_a_real_measurement_provisional(tmp_path
 
 
 def test_a_run_records_the_peak_of_its_set_and_its_basis(tmp_path, monkeypatch):
-    from orchestrator.variables import resolve
+    from common.variables import resolve
     from worker.loop import WorkerOptions, measure_once
 
     monkeypatch.setenv("BENCH_PEAK_PER_SET", "1")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.variables import parse_value, resolve
+from common.variables import parse_value, resolve
 from worker import data
 from worker.trainers import harness
 from worker.trainers.harness import TRAINER_METRICS

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import BenchError
-from orchestrator.variables import resolve
+from common.errors import BenchError
+from common.variables import resolve
 from worker import knobs, probe, startspec, sysfs
 from tests.fake_sysfs import put
 
@@ -144,7 +144,7 @@ def test_a_killed_worker_leaves_a_journal_that_restore_journal_undoes(tree, tmp_
     script = textwrap.dedent(f"""
         import json, sys, time
         from pathlib import Path
-        from orchestrator.variables import resolve
+        from common.variables import resolve
         from worker import knobs
         config, _ = resolve({{"cores": 2, "freq_mhz": 1600, "governor": "performance", "turbo": "off"}}, 4)
         facts = json.loads(sys.argv[1])
@@ -240,7 +240,7 @@ def test_without_root_sysfs_knobs_say_they_need_root():
         tree = make_tree(Path(tmp) / "root")
         script = textwrap.dedent(f"""
             import os
-            from orchestrator.variables import resolve
+            from common.variables import resolve
             from worker import knobs, probe
             os.setgid({nobody}); os.setuid({nobody})  # after the imports: the stdlib may be root-only
             facts = probe.static_facts({str(tree)!r})

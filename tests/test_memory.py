@@ -1,13 +1,13 @@
-"""The memory estimate (orchestrator/memory.py) and the enqueue check that refuses a job too big for
+"""The memory estimate (worker/memory.py) and the enqueue check that refuses a job too big for
 the machine: exit 2, the job and its estimate in the message, nothing written."""
 
 import sqlite3
 
 import pytest
 
-from orchestrator import memory
-from orchestrator import variables as V
-from orchestrator.errors import BadInput
+from worker import memory
+from common import variables as V
+from common.errors import BadInput
 from orchestrator.sweep import PRESETS_DIR, Machine, load
 from tests.conftest import bench
 

@@ -15,8 +15,9 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from orchestrator import migrations, store as store_module, variables
-from orchestrator.errors import BenchError
+from common import variables
+from orchestrator import migrations, store as store_module
+from common.errors import BenchError
 from orchestrator.migrations import LATEST
 from orchestrator.store import Store
 from orchestrator.sweep import Machine, load

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import variables
+from common import variables
 from orchestrator.migrations import LATEST
 from orchestrator.store import Store
 from tests.conftest import bench

@@ -10,7 +10,7 @@ import threading
 import pytest
 from sqlalchemy import text
 
-from orchestrator.errors import BadInput
+from common.errors import BadInput
 from orchestrator.store import POP_QUEUE, Store
 from orchestrator.sweep import Machine, load
 from tests.conftest import bench

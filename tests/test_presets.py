@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from orchestrator import variables as V
+from common import variables as V
 from orchestrator.sweep import PRESETS_DIR, Machine, load
 
 PRESETS = sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))

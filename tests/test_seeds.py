@@ -5,11 +5,11 @@ import pytest
 
 from orchestrator import report as report_module
 from orchestrator import seeds
-from orchestrator.errors import BadInput
+from common.errors import BadInput
 from orchestrator.report import write_report
 from orchestrator.store import Store
 from orchestrator.sweep import Machine, load
-from orchestrator.variables import resolve
+from common.variables import resolve
 from tests.reportdb import enqueue, machine_facts, metrics, run_all
 
 MACHINE = Machine(cpu_count=2)

@@ -114,7 +114,7 @@ def test_a_process_spinning_on_the_jobs_cpu_shows_in_other_cpu_s(tmp_path):
     import subprocess
     import sys
 
-    from orchestrator.variables import resolve
+    from common.variables import resolve
     from worker.loop import WorkerOptions, measure_once
 
     spin = "import os,time\nos.sched_setaffinity(0,{0})\nt=time.time()\nwhile time.time()-t<30: pass\n"

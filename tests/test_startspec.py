@@ -2,7 +2,7 @@
 
 import pytest
 
-from orchestrator.variables import resolve
+from common.variables import resolve
 from worker import knobs, startspec, verify
 
 FACTS = {"arch": "x86_64", "isa_flags": "sse4_1 avx2 fma avx512f avx512bw avx512vl avx512dq", "numa_nodes": 1,

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.store import Store
 from orchestrator.sweep import Machine, load
-from orchestrator.variables import NAMES
+from common.variables import NAMES
 from tests.conftest import done_fields
 
 FACTS = {"fingerprint": "test-machine", "hostname": "here", "logical_cores": 2, "knobs": {"freq_mhz": "no cpufreq"}}

@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from orchestrator.errors import BadInput
+from common.errors import BadInput
 from orchestrator.sweep import PRESETS_DIR, Machine, load, preset_path
 
 MACHINE = Machine(cpu_count=2, freq_limits=(800, 2000))
@@ -139,7 +139,7 @@ EIGHT_AXES = [f"--axis={name}={','.join(values)}" for name, values in (
 
 
 def test_each_repeats_hash_is_the_catalogues_config_hash(tmp_path):
-    from orchestrator.variables import canonical_json, config_hash
+    from common.variables import canonical_json, config_hash
 
     plan = load(None, sets=["cores=1"], axes=["d_model=32,64", "omp_threads=auto,1"], repeats=3, machine=MACHINE)
     for job in plan.jobs:
@@ -223,7 +223,7 @@ precision = { values = ["fp32", "bf16"], base = { d_model = 32 } }
 
 
 def test_grid_jobs_keep_the_identity_they_had_before_blocks(tmp_path):
-    from orchestrator import variables as V
+    from common import variables as V
 
     plan = load(write(tmp_path, "[axes]\nd_model = [32, 64]\n"), machine=MACHINE)
     for job in plan.jobs:

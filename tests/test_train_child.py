@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.variables import parse_value, resolve
+from common.variables import parse_value, resolve
 from worker import data
 from worker.trainers import harness
 from worker.trainers.torch import child as train

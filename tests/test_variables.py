@@ -1,7 +1,7 @@
 import pytest
 
-from orchestrator import variables as V
-from orchestrator.errors import BadInput
+from common import variables as V
+from common.errors import BadInput
 
 
 def test_every_variable_of_the_design_is_in_the_catalogue():

@@ -33,9 +33,8 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-# The dataset names (the catalogue's `dataset` values; orchestrator/variables.py imports them).
-DATASET_HUB = "ThomasTheMaker/Arc-Corpus-sample"
-DATASET_BUILTIN = "builtin"
+from common.datasets import DATASET_BUILTIN, DATASET_HUB  # noqa: F401 (the names this module serves)
+
 HUB_TIMEOUT_S = 5  # an unreachable hub must cost seconds, not the minutes of default retries
 BUILTIN_ROWS = 1000  # the hub dataset's size, so both corpora give comparable runs
 
@@ -236,7 +235,7 @@ def prepare(data_dir: str | os.PathLike, dataset: str) -> tuple[Path, str]:
     reused; otherwise the hub is tried once (seconds when unreachable) and on failure the built-in
     corpus is used, loudly, and the decision is remembered in unreachable.json so runs do not retry.
     """
-    from orchestrator.errors import BenchError  # the parent's half: the child never gets here normally
+    from common.errors import BenchError  # the parent's half: the child never gets here normally
 
     data_dir = Path(data_dir)
     if dataset == DATASET_BUILTIN:

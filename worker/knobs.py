@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from orchestrator.errors import BenchError
+from common.errors import BenchError
 from worker import ccflags, startspec, system
 from worker.startspec import ALLOCATOR_LIBS, ISA_CAPS, NUMA_OPTIONS, ChildSpec, allocator_lib, choose_cpus  # noqa: F401
 from worker.system import DEFAULT, restore_journal  # noqa: F401

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from orchestrator.errors import BadInput, Busy, Stopped
+from common.errors import BadInput, Busy, Stopped
 from orchestrator.store import RUN_FACTS, Claim, Store, result_problems
 from worker import gemm_peak, knobs, probe, sensors
 from worker.child import ForkServers, Outcome, child_env, run_exec

@@ -26,7 +26,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from orchestrator.errors import BenchError
+from common.errors import BenchError
 from worker import jsonfile, noise, sysfs
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from common.metrics import DISTURBED_FLOOR_S, DISTURBED_SHARE, disturbance  # noqa: F401 (the worker's names)
 from worker import sysfs
 
 POWERCAP = "/sys/class/powercap"
@@ -186,31 +187,6 @@ class Sample:
     temp_c: float | None
     steal_ticks: int | None  # cumulative, /proc/stat
     other_ticks: int | None = None  # cumulative: busy ticks of the job's CPUs minus the child's (an offset cancels)
-
-
-# A run (or a GEMM-peak measurement) is *disturbed* when other processes (other_cpu_s) or the hypervisor
-# (steal_s) took more than this share of its CPUs' time over its timed window (window seconds x CPUs).
-# Why 5%: a compute-bound step loses about the share of CPU time taken from it, and 5% is the size of
-# the smaller effects the report resolves and above a quiet machine's run-to-run noise (1-3%); a GEMM
-# peak lowered by 5% inflates every MFU taken against it by as much.
-DISTURBED_SHARE = 0.05
-# /proc/stat counts in USER_HZ ticks (10 ms): two ticks per CPU (the window's two edges) is resolution,
-# not disturbance, so a very short window needs at least this much per CPU before it is flagged.
-DISTURBED_FLOOR_S = 0.02
-
-
-def disturbance(other_cpu_s: float | None, steal_s: float | None, cpus: int, window_s: float,
-                during: str = "") -> str | None:
-    """Why `cpus` CPUs over `window_s` seconds were disturbed (other processes' CPU time or steal above
-    DISTURBED_SHARE of it), or None. `during` names the window in the message."""
-    limit = max(DISTURBED_SHARE * window_s, DISTURBED_FLOOR_S) * cpus
-    why = [f"{what} {float(v):.2f} s" for v, what in ((other_cpu_s, "other processes used"),
-                                                      (steal_s, "the hypervisor stole"))
-           if v is not None and float(v) > limit]
-    if not why:
-        return None
-    return (f"{' and '.join(why)} of {cpus} CPU(s) x {window_s:.2f} s{during} "
-            f"(more than {DISTURBED_SHARE:.0%}: {limit:.2f} CPU-s)")
 
 
 def stat_ticks(stat: str, cpus: list[int]) -> tuple[int | None, int | None]:

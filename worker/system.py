@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from orchestrator.errors import BenchError
+from common.errors import BenchError
 from worker import sysfs
 
 DEFAULT = "default"

@@ -93,7 +93,7 @@ def _running(db: str) -> bool:
 OLD_STORE_PART = r"""
 import sys
 from orchestrator.store import Store
-from orchestrator.variables import config_hash, resolve
+from common.variables import config_hash, resolve
 from tests.reportdb import machine_facts, metrics
 
 store = Store(sys.argv[1])

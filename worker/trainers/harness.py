@@ -20,7 +20,7 @@ Result (the trainer prints it; result() and skipped() build it):
     version goes in build_info), python_version, build_info.
 On an exception: traceback on stderr, non-zero exit, no result line.
 
-Imports nothing but the standard library at module level: the store imports METRICS from here.
+Imports nothing but the standard library and common/ at module level: the children start fast.
 """
 
 from __future__ import annotations
@@ -35,19 +35,8 @@ import sys
 import time
 from collections.abc import Callable
 
-# The metric columns of `runs`, in schema.sql's order. schema.sql, the store, v_results, `once --json`
-# and the trainers all derive from this list (tests/test_harness.py fails when schema.sql drifts).
-METRICS = (
-    "setup_s", "first_step_s", "step_ms_median", "step_ms_p10", "step_ms_p90", "step_ms_mean",
-    "step_ms_std", "train_s", "wall_s", "tokens_per_s", "samples_per_s", "loss_first", "loss_last",
-    "peak_rss_mb", "cpu_user_s", "cpu_sys_s", "ctx_switches", "freq_mhz_avg", "energy_j",
-    "temp_c_max", "params", "trainable_params", "flops_per_step", "gflops", "mfu", "steal_s",
-    "other_cpu_s",
-)
-# Measured by the worker around the child (its wall clock, the sensors), merged before the store's check.
-WORKER_METRICS = ("wall_s", "freq_mhz_avg", "energy_j", "temp_c_max", "steal_s", "other_cpu_s")
-# What a trainer reports: every one of these, None where it cannot measure.
-TRAINER_METRICS = tuple(m for m in METRICS if m not in WORKER_METRICS)
+from common.metrics import METRICS, TRAINER_METRICS, WORKER_METRICS  # noqa: F401 (the contract's names)
+
 # Read back by every trainer (common_read_back()); each adds its framework's own (threads, BLAS...).
 READBACK = ("affinity", "main_thread_affinity", "allocator_lib", "uid")
 # The trainer package per `framework`; the worker starts `python -m <module>` (or forks it).

@@ -31,7 +31,7 @@ ARCH_KEYS = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_rati
 WEIGHTS = "model.npz"
 # Settings only torch's libraries act on (oneDNN, SDPA kernels, MKL/oneDNN ISA caps, OpenMP binding):
 # a JAX or NumPy run takes only what really runs there (the catalogue stores exactly this for
-# jax/numpy, orchestrator/variables.elsewhere); anything else would be a run under another name.
+# jax/numpy, common/variables.elsewhere); anything else would be a run under another name.
 TORCH_ONLY = {"onednn": False, "attn_backend": "manual", "isa": "default", "pin_threads": False}
 
 

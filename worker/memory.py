@@ -49,8 +49,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from orchestrator import variables as V
-from orchestrator.errors import BadInput
+from common import variables as V
+from common.errors import BadInput
 from worker.trainers import harness
 
 MIB = 2**20

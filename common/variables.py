@@ -31,8 +31,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator.errors import BadInput
-from worker.data import DATASET_BUILTIN, DATASET_HUB  # the names live with the data, for the children
+from common.errors import BadInput
+from common.datasets import DATASET_BUILTIN, DATASET_HUB
 
 # Where a variable takes effect; the worker checks each place can honour it.
 KNOB = "knob"  # system state the worker sets before the child starts (sysfs, affinity)

@@ -1,0 +1,858 @@
+"""result/index.html: the page people read after a sweep, one self-contained file that works offline
+from file:// (plotly's JavaScript is inlined once; no network, no CDN).
+
+What the page holds, in order: the effects as a forest plot (every effect with its family-wise
+interval and verdict, clearest first, each a link to its variable), one section per varied variable
+(its runs as dots over the fitted power law or ratios, the values that failed or were skipped and
+why, interaction plots of the grids it is part of), the machine (facts, measured peaks, noise and
+what it means for the intervals), the runs (a table sorted, filtered and paginated in JavaScript),
+the seed documents' reference runs beside this machine's, and the machines and pools side by side.
+
+Two layers, so that the statistics can change under the page:
+- `analysis_dicts()` is the one place that reads effects.py's objects (Analysis, MachineAnalysis,
+  VariableEffect, Effect, Level, Grid, Noise, Drift) and turns them into plain dicts; a change of
+  the statistics' classes is adapted there and nowhere else.
+- everything else works on those dicts and on the rows of v_results (stable: the schema's columns).
+
+Scale: a database of 100k runs must give a page under ~10 MB that opens in seconds. The runs
+travel once, column by column, gzip-compressed and base64-encoded (the browser inflates them with
+DecompressionStream); repeated text (configurations, reasons) is interned; the dots of a value are
+at most DOTS_PER_LEVEL runs, evenly sampled; the table shows one page of rows at a time, and plots
+are drawn when they scroll into view.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import gzip
+import html
+import json
+import math
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from orchestrator import effects as fx
+from orchestrator import seeds
+from common.variables import BY_NAME, NAMES
+
+DOTS_PER_LEVEL = 300  # runs drawn per value of a variable (evenly sampled beyond it; the table has them all)
+RUNS_PER_PAGE = 50
+SHARED_POINTS = 2000  # shared configurations drawn in the machines-compared scatter
+NOT_CONFIG = ("repeat",)  # the pass index: not part of what differs between configurations
+SECTIONS = (("effects", "Effects"), ("variables", "Variables"), ("machine", "Machine and noise"),
+            ("runs", "Runs"), ("seeds", "Reference runs"), ("machines", "Machines and pools"))
+
+
+# -- the adapter: effects.py's objects -> plain dicts --------------------------------------------
+
+def analysis_dicts(analysis, grids: dict[int, list], names: dict[int, str]) -> dict:
+    """The statistics as the page draws them: {"effects": [...] in rank order, "variables": [...],
+    "grids": [...], "noise": {machine: {...}}, "family": int}. The only function that touches the
+    classes of orchestrator/effects.py."""
+    family = analysis.family
+    effects, variables = [], []
+    for rank, ve in enumerate(analysis.ranked(), 1):
+        anchor = var_anchor(ve.variable, ve.machine_id, several=len(analysis.machines) > 1)
+        headline = ve.headline
+        ordered = [headline] + sorted((e for e in ve.effects if e is not headline),
+                                      key=lambda e: (e.p_value if e.p_value is not None else 2.0))
+        for e in ordered:
+            effects.append(_effect_dict(e, rank, anchor, names, headline=e is headline))
+        base = ve.baseline
+        levels = []
+        for lv in ve.levels:
+            ratio = next((r for r in ve.ratios if r.value == lv.label), None)
+            levels.append({"label": lv.label, "value": _num_or_none(lv.value), "n": lv.n,
+                           "passes": len(lv.passes), "median_ms": lv.median_step_ms,
+                           "geo_ms": float(np.exp(np.mean(np.log(lv.step_ms)))),
+                           "tokens_per_s": lv.median_tokens_per_s, "cv": lv.cv, "baseline": lv is base,
+                           "ratio": _effect_dict(ratio, rank, anchor, names) if ratio else None,
+                           "run_ids": _sample([r.row["run_id"] for r in lv.runs], DOTS_PER_LEVEL)})
+        law = None
+        if ve.elasticity is not None:
+            law = _effect_dict(ve.elasticity, rank, anchor, names)
+        variables.append({
+            "variable": ve.variable, "machine_id": ve.machine_id, "anchor": anchor, "rank": rank,
+            "size_like": bool(ve.size_like and law is not None), "levels": levels, "law": law,
+            "baseline": base.label, "fixed": dict(ve.fixed), "followers": list(ve.followers),
+            "left_out": ve.left_out, "n_groups": ve.n_groups, "headline": _effect_dict(headline, rank, anchor, names),
+        })
+    out_grids = [{"machine_id": g.machine_id, "rows": g.rows, "cols": g.cols, "row_labels": list(g.row_labels),
+                  "col_labels": list(g.col_labels), "step_ms": [list(r) for r in g.step_ms], "fixed": dict(g.fixed)}
+                 for m, gs in grids.items() for g in gs]
+    noise = {}
+    for m, ma in analysis.machines.items():
+        nz = ma.noise
+        per_value = Counter(lv.n for ve in ma.variables for lv in ve.levels).most_common(1)
+        noise[m] = {"cv": nz.cv, "cv_with_drift": nz.cv_with_drift, "probe_cv": nz.probe_cv, "configs": nz.configs,
+                    "sigma": nz.sigma, "noisiest": [list(x) for x in nz.noisiest],
+                    "drift": {int(p): x for p, x in ma.drift.relative().items()},
+                    "drift_not_estimated": list(ma.drift.not_estimated),
+                    "runs_per_value": per_value[0][0] if per_value else None,
+                    "disturbed": len(ma.disturbed), "fitted_runs": len(ma.runs), "together": list(ma.together),
+                    "identical": list(ma.identical), "regrouped": list(ma.regrouped),
+                    "varied": list(ma.varied)}
+    return {"effects": effects, "variables": variables, "grids": out_grids, "noise": noise, "family": family,
+            "alpha": fx.ALPHA}
+
+
+def _effect_dict(e, rank: int, anchor: str, names: dict[int, str], headline: bool = False) -> dict:
+    lo, hi = e.ci_adj
+    if e.kind == "elasticity":  # on the page's one axis: the step-time factor of a doubling
+        label = f"{e.variable}: power law (per doubling)"
+        factor, flo, fhi = 2 ** e.estimate, (2 ** lo if lo is not None else None), (2 ** hi if hi is not None else None)
+    else:
+        label = f"{e.variable}: {e.value} vs {e.baseline}"
+        factor, flo, fhi = e.estimate, lo, hi
+    return {"machine_id": e.machine_id, "machine": names.get(e.machine_id, str(e.machine_id)), "variable": e.variable,
+            "kind": e.kind, "value": e.value, "baseline": e.baseline, "estimate": e.estimate, "lo": lo, "hi": hi,
+            "factor": factor, "factor_lo": flo, "factor_hi": fhi, "label": label, "verdict": e.verdict(),
+            "significant": e.significant, "p_adjusted": e.p_adjusted, "n_runs": e.n_runs, "min_runs": e.min_runs,
+            "repeats_needed": e.repeats_needed, "describe": e.describe(), "rank": rank, "anchor": anchor,
+            "headline": headline}
+
+
+# -- page data from rows -----------------------------------------------------------------------
+
+def var_anchor(variable: str, machine_id: int | None = None, several: bool = False) -> str:
+    return f"var-{variable}" + (f"-m{machine_id}" if several and machine_id is not None else "")
+
+
+def _num_or_none(v):
+    if isinstance(v, bool):
+        return None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _sample(xs: list, k: int) -> list:
+    if len(xs) <= k:
+        return list(xs)
+    step = len(xs) / k
+    return [xs[int(i * step)] for i in range(k)]
+
+
+def _round(x, digits: int = 4):
+    if x is None:
+        return None
+    x = float(x)
+    if not math.isfinite(x):
+        return None
+    if x == 0:
+        return 0
+    return round(x, max(0, digits - 1 - int(math.floor(math.log10(abs(x))))))
+
+
+def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
+    """Per machine, the value of each variable most of its configurations share (each configuration
+    counted once), over every claimed run: failed and skipped ones say what differs too."""
+    out = {}
+    by_machine: dict[int, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        by_machine[r["machine_id"]].setdefault(r.get("config_hash") or r["run_id"], r)
+    for m, configs in by_machine.items():
+        modal = {}
+        for n in NAMES:
+            if n in NOT_CONFIG:
+                continue
+            counts = Counter(_val(n, c.get(n)) for c in configs.values())
+            if len(counts) > 1:
+                modal[n] = max(counts.items(), key=lambda kv: (kv[1], str(kv[0]) == str(BY_NAME[n].default)))[0]
+        out[m] = modal
+    return out
+
+
+@functools.lru_cache(maxsize=65536)
+def _val(name: str, raw) -> str:
+    """A column value as the page writes it (cached: a 100k-run page asks millions of times)."""
+    return fx.label(name, fx.value_of(name, raw))
+
+
+def config_difference(row: dict, modal: dict[str, object]) -> dict[str, str]:
+    """The variables where this run differs from its machine's baseline configuration, as labels."""
+    out = {}
+    for n, base in modal.items():
+        v = _val(n, row.get(n))
+        if v != base:
+            out[n] = v
+    return out
+
+
+def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], disturbed: set) -> dict:
+    """The runs, column by column, with repeated text interned: what the runs table and the hover
+    texts of the dots read."""
+    from orchestrator.report import short_reason
+
+    interned: dict[str, dict[str, int]] = {"machine": {}, "status": {}, "config": {}, "reason": {}}
+
+    def idx(kind: str, text: str) -> int:
+        table = interned[kind]
+        if text not in table:
+            table[text] = len(table)
+        return table[text]
+
+    cols: dict[str, list] = {k: [] for k in ("run_id", "machine", "status", "pass", "step_ms", "tokens_per_s",
+                                             "mfu", "config", "reason", "disturbed")}
+    config_vars: dict[int, list[str]] = {}
+    for r in rows:
+        diff = config_difference(r, modal.get(r["machine_id"], {}))
+        text = ", ".join(f"{k}={v}" for k, v in diff.items()) or "baseline"
+        ci = idx("config", text)
+        config_vars.setdefault(ci, list(diff))
+        cols["run_id"].append(r["run_id"])
+        cols["machine"].append(idx("machine", names.get(r["machine_id"], f"machine {r['machine_id']}")))
+        cols["status"].append(idx("status", r["status"]))
+        cols["pass"].append(int(r.get("repeat") or 0))
+        cols["config"].append(ci)
+        cols["step_ms"].append(_round(r.get("step_ms_median")))
+        cols["tokens_per_s"].append(_round(r.get("tokens_per_s")))
+        cols["mfu"].append(_round(r.get("mfu"), 3))
+        cols["reason"].append(idx("reason", short_reason(r.get("reason")) if r["status"] in ("failed", "skipped")
+                                  else ""))
+        cols["disturbed"].append(1 if r["run_id"] in disturbed else 0)
+    dicts = {k: list(v) for k, v in interned.items()}
+    return {"n": len(rows), "cols": cols, "dicts": dicts,
+            "config_vars": [config_vars[i] for i in range(len(dicts["config"]))]}
+
+
+def lost_values(rows: list[dict], modal: dict[int, dict]) -> dict[tuple[int, str], list[dict]]:
+    """(machine, variable) -> the values that failed or were skipped, with why and how many runs:
+    a run that did not finish is charged to every variable where it differs from the baseline."""
+    from orchestrator.report import short_reason
+
+    counted: dict[tuple[int, str], Counter] = defaultdict(Counter)
+    for r in rows:
+        if r["status"] not in ("failed", "skipped"):
+            continue
+        diff = config_difference(r, modal.get(r["machine_id"], {})) or {"(baseline)": "baseline"}
+        for n, v in diff.items():
+            counted[(r["machine_id"], n)][(v, r["status"], short_reason(r.get("reason")))] += 1
+    return {k: [{"value": v, "status": s, "why": why, "runs": n} for (v, s, why), n in c.most_common()]
+            for k, c in counted.items()}
+
+
+def shared_configs(rows: list[dict]) -> dict:
+    """Machines side by side: per pair (reference, other) the median step time of every configuration
+    both finished, and the geometric mean of their ratios."""
+    done = [r for r in fx.done_runs(rows)]
+    cells: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in done:
+        key = tuple(r.get(n) for n in NAMES if n not in NOT_CONFIG)
+        cells[key][r["machine_id"]].append(float(r["step_ms_median"]))
+    machines = sorted({r["machine_id"] for r in done})
+    if len(machines) < 2:
+        return {"machines": machines, "pairs": []}
+    ref = machines[0]
+    pairs = []
+    for m in machines[1:]:
+        xs, ys = [], []
+        for per in cells.values():
+            if ref in per and m in per:
+                xs.append(float(np.median(per[ref])))
+                ys.append(float(np.median(per[m])))
+        ratio = float(np.exp(np.mean(np.log(np.array(ys) / np.array(xs))))) if xs else None
+        keep = _sample(list(range(len(xs))), SHARED_POINTS)
+        pairs.append({"ref": ref, "other": m, "shared": len(xs), "ratio": ratio,
+                      "x": [_round(xs[i]) for i in keep], "y": [_round(ys[i]) for i in keep]})
+    return {"machines": machines, "pairs": pairs}
+
+
+def pools_table(rows: list[dict]) -> list[dict]:
+    per: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r.get("pool_id"), r.get("pool") or f"machine {r['machine_id']}")
+        p = per.setdefault(key, {"pool": key[1], "hosts": set(), "machines": set(), "done": 0, "failed": 0,
+                                 "skipped": 0, "running": 0})
+        p["hosts"].add(r.get("worker_host") or r.get("hostname") or "?")
+        p["machines"].add(r["machine_id"])
+        if r["status"] in p:
+            p[r["status"]] += 1
+    return [{**p, "hosts": sorted(p["hosts"]), "machines": sorted(p["machines"])} for _, p in sorted(per.items(),
+                                                                                                   key=lambda kv: str(kv[0]))]
+
+
+# -- HTML ----------------------------------------------------------------------------------------
+
+def _e(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _fmt(x, unit: str = "") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, float):
+        s = f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+    else:
+        s = f"{x:,}" if isinstance(x, int) else str(x)
+    return s + unit
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%" if x < 0.1 else f"{100 * x:.0f}%"
+
+
+def _p(p) -> str:
+    return "-" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
+
+
+def _table(header: list[str], body: list[list[str]], cls: str = "") -> str:
+    """Cells of `body` are HTML already (escape before)."""
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    rows = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in body)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+
+
+def _verdict_class(e: dict) -> str:
+    return "clear" if e["significant"] else "none" if e["significant"] is False else "untested"
+
+
+def _effect_text(e: dict) -> str:
+    lo, hi = e["lo"], e["hi"]
+    ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None else " (no interval: a value ran once)"
+    if e["kind"] == "elasticity":
+        return (f"step time ~ {_e(e['variable'])}<sup>{e['estimate']:.2f}</sup>{ci}: doubling it multiplies "
+                f"step time by {e['factor']:.2f}")
+    return f"{_e(e['value'])} vs {_e(e['baseline'])}: {e['estimate']:.2f}x the step time{ci}"
+
+
+def _head(title: str) -> str:
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_e(title)}</title>
+<style>{CSS}</style></head><body>"""
+
+
+def _nav() -> str:
+    links = "".join(f'<a href="#{sid}">{_e(name)}</a>' for sid, name in SECTIONS)
+    return f'<nav><strong>cpubench</strong>{links}</nav>'
+
+
+def _effects_section(st: dict, ctx, several: bool) -> str:
+    n = st["family"]
+    effects = st["effects"]
+    if not effects:
+        why = ("No variable took more than one value among the finished runs yet, so there is nothing to compare."
+               if ctx.done else "No run has finished yet: run <code>python bench.py work</code> first.")
+        return f'<section id="effects"><h2>Effects on step time</h2><p>{why}</p></section>'
+    heads = [e for e in effects if e["headline"]]
+    rows = []
+    for e in heads:
+        rows.append(([_e(e["machine"])] if several else [])
+                    + [str(e["rank"]), f'<a href="#{e["anchor"]}"><code>{_e(e["variable"])}</code></a>',
+                       _effect_text(e), f'<span class="v {_verdict_class(e)}">{_e(e["verdict"])}</span>',
+                       _p(e["p_adjusted"]), str(e["n_runs"])])
+    header = (["machine"] if several else []) + ["rank", "variable", "headline effect [family-wise 95% CI]",
+                                                 "verdict", "adjusted p", "runs"]
+    return f"""<section id="effects"><h2>Effects on step time, clearest first</h2>
+<p>Every comparison of this report as a step-time factor with its family-wise 95% interval
+(the {n} intervals hold together; Holm-adjusted p below {st['alpha']:g} is a <span class="v clear">clear effect</span>).
+A ratio is a value's step time over its baseline's (0.5 = twice as fast); a power law is drawn as the
+factor of a doubling (step time ~ size<sup>e</sup>: 2<sup>e</sup>). Click a row to open its variable.</p>
+<div class="plot" id="plot-forest" data-plot="forest"></div>
+{_table(header, rows, "effects")}</section>"""
+
+
+def _variable_section(v: dict | None, name: str, machine_id: int, ctx, st: dict, lost: list[dict],
+                      grids: list[tuple[int, dict]], several: bool) -> str:
+    doc = BY_NAME[name].doc
+    anchor = var_anchor(name, machine_id, several)
+    title = f"{name}" + (f" on {ctx.names.get(machine_id, machine_id)}" if several else "")
+    parts = [f'<section class="variable" id="{anchor}" data-variable="{_e(name)}"><h3>{_e(title)}</h3>'
+             f'<p class="doc">{_e(doc)}.</p>']
+    if v is None:
+        noise = st["noise"].get(machine_id, {})
+        if name in noise.get("together", []):
+            parts.append("<p>Varied, but no two finished runs differ in it alone: it moved with another variable "
+                         "(threads with cores, head_dim with d_model), so its own effect cannot be separated.</p>")
+        else:
+            parts.append("<p>No comparison: fewer than two of its values finished (see below).</p>")
+    else:
+        h = v["headline"]
+        held = ", ".join(f"{k}={x}" for k, x in v["fixed"].items()) or "nothing else varied"
+        follow = (f" {', '.join(v['followers'])} moved with it, at the values derived from it." if v["followers"] else "")
+        left = (f" {v['left_out']} runs left out: a follower was set by hand there." if v["left_out"] else "")
+        parts.append(f'<p><span class="v {_verdict_class(h)}">{_e(h["verdict"])}</span> {_effect_text(h)}. '
+                     f'Runs that differ in <code>{_e(name)}</code> alone; held: {_e(held)}.{_e(follow)}{_e(left)}</p>')
+        parts.append(f'<div class="plot" data-plot="variable" data-index="{st["variables"].index(v)}"></div>')
+        body = []
+        for lv in v["levels"]:
+            r = lv["ratio"]
+            body.append([_e(lv["label"]) + (" (baseline)" if lv["baseline"] else ""), f'{lv["n"]} ({lv["passes"]})',
+                         _fmt(lv["median_ms"]), _fmt(lv["tokens_per_s"]), _pct(lv["cv"]),
+                         (_effect_text(r) if r else "1 (baseline)"),
+                         (f'<span class="v {_verdict_class(r)}">{_e(r["verdict"])}</span>' if r else "")])
+        parts.append(_table([name, "runs (passes)", "median step (ms)", "tokens/s", "own noise (CV)",
+                             "step time vs baseline [family-wise 95% CI]", "verdict"], body))
+    if lost:
+        rows = [[_e(x["value"]), _e(x["status"]), _e(x["why"]), str(x["runs"])] for x in lost]
+        parts.append("<p>Values that did not finish (no average uses them):</p>"
+                     + _table(["value", "status", "why", "runs"], rows, "lost"))
+    for gi, g in grids:
+        held = ", ".join(f"{k}={x}" for k, x in g["fixed"].items()) or "nothing else varied"
+        parts.append(f'<h4>Interaction: {_e(g["rows"])} x {_e(g["cols"])}</h4><p>Median step time on each '
+                     f'combination; one line per {_e(g["rows"])} value. Parallel lines on these log axes mean the '
+                     f'effects multiply; lines that cross or fan out mean the effect of one depends on the other. '
+                     f'Held: {_e(held)}.</p><div class="plot" data-plot="grid" data-index="{gi}"></div>')
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _machine_section(ctx, st: dict, several: bool) -> str:
+    from orchestrator.report import FACTS
+
+    ids = list(ctx.facts)
+    if not ids:
+        return '<section id="machine"><h2>Machine and noise</h2><p>No machine has claimed a run yet.</p></section>'
+    body = [[_e(label)] + [_e(_fact(ctx.facts[m].get(col))) for m in ids] for col, label in FACTS]
+    facts = _table(["fact"] + [ctx.names[m] for m in ids], body, "facts")
+    noise_rows = []
+    for m in ids:
+        nz = st["noise"].get(m)
+        if not nz:
+            continue
+        if nz["probe_cv"] is not None:
+            figure, source = _pct(nz["probe_cv"]), "the machine probe (identical short runs)"
+        elif nz["cv"] is not None:
+            figure, source = _pct(nz["cv"]), f"repeats here ({nz['configs']} configurations run twice or more)"
+        else:
+            figure, source = "-", "not known: no configuration ran twice and the probe measured none"
+        drift = ", ".join(f"pass {p}: {100 * (x - 1):+.0f}%" for p, x in sorted(nz["drift"].items())[1:]) or "-"
+        meaning = "-"
+        if nz["sigma"] is not None:
+            n = nz["runs_per_value"] or 3
+            q = fx.t_quantile(1 - st["alpha"] / (2 * max(1, st["family"])), math.inf)
+            half = math.expm1(q * nz["sigma"] * math.sqrt(2 / n))
+            mde = math.expm1((q + fx.t_quantile(0.8, math.inf)) * nz["sigma"] * math.sqrt(2 / n))
+            meaning = (f"with {n} runs per value a ratio's family-wise interval is about ±{_pct(half)}; "
+                       f"effects smaller than about {_pct(mde)} are not resolved (80% power)")
+        noisiest = "; ".join(f"{_e(c)} ({_pct(cv)})" for c, cv in nz["noisiest"]) or "-"
+        noise_rows.append(([_e(ctx.names[m])] if several else [])
+                          + [figure, _e(source), _pct(nz["cv_with_drift"]), _e(drift), _e(meaning), noisiest,
+                             f'{nz["disturbed"]} of {nz["fitted_runs"] + nz["disturbed"]}'])
+    noise = _table((["machine"] if several else []) + [
+        "run-to-run noise (CV)", "source", "with the pass drift left in", "pass drift vs the first pass",
+        "what it means for the intervals", "noisiest configurations", "disturbed runs"], noise_rows, "noise")
+    notes = "".join(f"<p>{_e(n)}</p>" for m in ids for n in st["noise"].get(m, {}).get("identical", [])
+                    + st["noise"].get(m, {}).get("regrouped", []))
+    return f"""<section id="machine"><h2>Machine and noise</h2>
+<p>What the runs ran on: the probe's facts and measured peaks (GEMM GFLOP/s, memory bandwidth: MFU divides
+by a GEMM peak measured on the run's own CPU set).</p>{facts}
+<h3>How noisy it is, and what that means for the intervals</h3>
+<p>The same configuration run again does not take exactly the same time. Repeats run in passes
+(all of pass 0 before pass 1), so a slow drift of the machine moves a whole pass; it is removed before
+any comparison. Disturbed runs (another process or the hypervisor took more than
+{fx.DISTURBED_SHARE:.0%} of the job's CPU time) are left out of the fits.</p>{noise}{notes}</section>"""
+
+
+def _fact(v) -> str:
+    if v is None:
+        return "not measured"
+    if isinstance(v, float):
+        return f"{v:.3g}" if v < 100 else f"{v:,.0f}"
+    return " ".join(str(v).split())
+
+
+def _runs_section(ctx, runs: dict, varied: list[str]) -> str:
+    counts = ctx.counts
+    status_rows = [[s, _fmt(counts.get(s, 0))] for s in ("done", "failed", "skipped", "running", "queued")]
+    failures = [[_e(s), _e(why), _fmt(n)] for s, why, n in ctx.failures[:30]]
+    opts = "".join(f'<option value="{_e(s)}">{_e(s)}</option>' for s in runs["dicts"]["status"])
+    vopts = "".join(f'<option value="{_e(v)}">{_e(v)}</option>' for v in varied)
+    more = f"<p>... and {len(ctx.failures) - 30} more reasons (results.csv has every run).</p>" if len(ctx.failures) > 30 else ""
+    return f"""<section id="runs"><h2>Runs</h2>
+<div class="cols">{_table(["status", "runs"], status_rows, "counts")}
+{_table(["status", "reason", "runs"], failures, "reasons") if failures else "<p>Every claimed run finished.</p>"}</div>{more}
+<p>Every claimed run (results.csv and <code>v_results</code> have all their columns). <em>config</em> is
+where a run differs from its machine's baseline. Click a column to sort.</p>
+<div class="filters">
+<label>status <select id="f-status"><option value="">all</option>{opts}</select></label>
+<label>differs in <select id="f-variable"><option value="">any variable</option>{vopts}</select></label>
+<label>config contains <input id="f-text" type="search" placeholder="d_model=256"></label>
+<span id="runs-count">loading the runs...</span></div>
+<table id="runs-table" class="runs"><thead><tr>
+<th data-key="run_id">run</th><th data-key="machine">machine</th><th data-key="status">status</th>
+<th data-key="pass">pass</th><th data-key="config">config</th><th data-key="step_ms">step (ms)</th>
+<th data-key="tokens_per_s">tokens/s</th><th data-key="mfu">MFU</th><th data-key="reason">why not done</th>
+</tr></thead><tbody></tbody></table>
+<div class="pager"><button id="p-prev">previous</button><span id="p-page"></span><button id="p-next">next</button></div>
+</section>"""
+
+
+def _seeds_section(ctx) -> str:
+    # Match each distinct shape once, not every run against every reference.
+    by_shape: dict[tuple, list[dict]] = defaultdict(list)
+    for r in ctx.rows:
+        by_shape[tuple(r.get(k) for k in seeds.MATCH_KEYS)].append(r)
+    found = {ref.id: seeds.measured(ref, [r for shape, rs in by_shape.items()
+                                          if seeds.matches(ref, dict(zip(seeds.MATCH_KEYS, shape))) for r in rs])
+             for ref in seeds.PUBLISHED}
+    body = []
+    for ref in seeds.PUBLISHED:
+        mine = found[ref.id] or {None: None}
+        for m, got in sorted(mine.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+            body.append([_e(ref.id), _e(ref.model), _e(ctx.names.get(m, "-")) if got else "not run here",
+                         str(got.runs) if got else "0", _fmt(got.s_per_step) if got else "-",
+                         _fmt(got.tokens_per_s) if got else "-", _fmt(got.mfu) if got else "-", _e(ref.figure),
+                         _e(ref.hardware), _e(ref.kind)])
+    ran = any(found.values())
+    lead = ("This machine's figures (medians over its finished runs of each reference configuration) beside the "
+            "figures the source documents publish." if ran else
+            "No run here has a reference configuration yet: <code>python bench.py run --preset seeds</code> runs "
+            "them. The published figures:")
+    caveats = "".join(f"<li>{_e(ref.id)}: {_e('; '.join(x for x in (ref.nearest, ref.caveat) if x))}</li>"
+                      for ref in seeds.PUBLISHED if ref.nearest or ref.caveat)
+    return f"""<section id="seeds"><h2>The source documents' reference runs</h2><p>{lead} <strong>The hardware
+differs</strong>: the columns sit side by side, they do not say one CPU is faster. MFU carries across machines
+better than tokens/s.</p>
+{_table(["id", "model", "machine", "runs", "s/step", "tokens/s", "MFU", "published", "published hardware", "kind"], body, "seeds")}
+<details><summary>Caveats and nearest configurations</summary><ul>{caveats}</ul></details></section>"""
+
+
+def _machines_section(ctx, shared: dict, pools: list[dict]) -> str:
+    several = len(shared["machines"]) > 1
+    parts = ['<section id="machines"><h2>Machines and pools side by side</h2>']
+    if not several:
+        parts.append("<p>This database holds finished runs of one machine. Runs of others join it with "
+                     "<code>python bench.py merge OTHER.db</code>, or by pointing several workers at one "
+                     "database (<code>--db postgresql+psycopg://...</code>); they are then compared here on the "
+                     "configurations they share.</p>")
+    else:
+        words = []
+        for p in shared["pairs"]:
+            ref, other = ctx.names.get(p["ref"]), ctx.names.get(p["other"])
+            words.append(f"{_e(other)} takes <strong>{p['ratio']:.2f}x</strong> the step time of {_e(ref)} "
+                         f"(geometric mean over {p['shared']} shared configurations)" if p["ratio"] else
+                         f"{_e(other)} and {_e(ref)} share no finished configuration yet")
+        parts.append("<p>" + "; ".join(words) + ". Each dot is one configuration both finished (median step "
+                     "time); on the diagonal they are equally fast.</p>")
+        parts.append('<div class="plot" data-plot="shared"></div>')
+    body = [[_e(p["pool"]), _e(", ".join(p["hosts"])), _fmt(p["done"]), _fmt(p["failed"]), _fmt(p["skipped"])]
+            for p in pools]
+    parts.append("<p>Queues: each machine's own (it runs every job) and named pools (<code>work --pool</code>: "
+                 "identical nodes share one queue, each job once).</p>")
+    parts.append(_table(["queue", "hosts", "done", "failed", "skipped"], body, "pools"))
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _json_script(element_id: str, data) -> str:
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False, default=_jsonable).replace("</", "<\\/")
+    return f'<script type="application/json" id="{element_id}">{text}</script>'
+
+
+def _jsonable(x):
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    if isinstance(x, (set, tuple)):
+        return list(x)
+    return str(x)
+
+
+def _clean(x):
+    """NaN and infinities to None, recursively (JSON has neither)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def write_page(ctx, path: Path) -> Path:
+    """Write the page for a report's Context (orchestrator/report.py) to `path`."""
+    import plotly.offline
+
+    path = Path(path)
+    several = ctx.several
+    st = _clean(analysis_dicts(ctx.analysis, ctx.grids, ctx.names))
+    modal = baselines(ctx.rows)
+    disturbed = {r.row["run_id"] for ma in ctx.analysis.machines.values() for r in ma.disturbed}
+    runs = runs_table(ctx.rows, modal, ctx.names, disturbed)
+    lost = lost_values(ctx.rows, modal)
+    # Every variable varied on a machine (done or not) gets a section, clearest first, then the rest.
+    by_key = {(v["machine_id"], v["variable"]): v for v in st["variables"]}
+    asked = sorted({(m, n) for m, vs in modal.items() for n in vs}, key=lambda k: (k[0], NAMES.index(k[1])))
+    # A variable's sections sit together (one per machine), in the order of its clearest effect.
+    first = {}
+    for v in st["variables"]:
+        first.setdefault(v["variable"], len(first))
+    order = sorted(by_key, key=lambda k: (first[k[1]], k[0])) + [k for k in asked if k not in by_key]
+    grid_by_var: dict[tuple, list] = defaultdict(list)
+    for gi, g in enumerate(st["grids"]):
+        grid_by_var[(g["machine_id"], g["rows"])].append((gi, g))
+    varied = sorted({n for _, n in order}, key=NAMES.index)
+    var_html = "".join(_variable_section(by_key.get(k), k[1], k[0], ctx, st, lost.get(k, []),
+                                         grid_by_var.get(k, []), several) for k in order)
+    first_section: dict[str, int] = {}
+    for m, n in order:
+        first_section.setdefault(n, m)
+    index = "".join(f'<a href="#{var_anchor(n, m, several)}"><code>{_e(n)}</code></a> ' for n, m in first_section.items())
+    sweeps = sorted({r["sweep"] for r in ctx.rows if r.get("sweep")})
+    done = len(ctx.done)
+    where = (f"{len(ctx.names)} machines" if several else next(iter(ctx.names.values()), "no machine yet"))
+    intro = (f"{done:,} finished training runs (of {len(ctx.rows):,} claimed) from "
+             f"{_e(', '.join(sweeps) or 'no sweep yet')} on {_e(where)}. Each run trains a small transformer "
+             "on the CPU for a fixed number of steps and times every step; the number compared is the <strong>median "
+             "step time</strong> (lower is faster), with the tokens/s it implies. Variables differ one at a time "
+             "around a baseline where the sweep is one-factor-at-a-time.")
+    page_data = {"effects": st["effects"], "variables": st["variables"], "grids": st["grids"],
+                 "shared": shared_configs(ctx.rows), "names": {str(k): v for k, v in ctx.names.items()},
+                 "per_page": RUNS_PER_PAGE, "several": several}
+    packed = base64.b64encode(gzip.compress(json.dumps(_clean(runs), separators=(",", ":")).encode(), 6)).decode()
+    generated = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    body = "".join([
+        _head("cpubench report"), _nav(), '<main>',
+        f'<header><h1>cpubench report</h1><p>{intro}</p><p class="meta">Written {generated} by '
+        '<code>bench.py report</code>; summary.md and results.csv sit beside this file.</p></header>',
+        _effects_section(st, ctx, several),
+        f'<section id="variables"><h2>Each variable</h2><p>One section per varied variable, clearest effect first. '
+        f'Dots are runs (hover for the run); the line is the fitted power law, diamonds with bars the fitted '
+        f'ratios with their family-wise 95% intervals. Up to {DOTS_PER_LEVEL} runs per value are drawn.</p>'
+        f'<p class="index">{index}</p>{var_html}</section>',
+        _machine_section(ctx, st, several),
+        _runs_section(ctx, runs, varied),
+        _seeds_section(ctx),
+        _machines_section(ctx, page_data["shared"], pools_table(ctx.rows)),
+        '</main>',
+        _json_script("page-data", page_data),
+        f'<script type="application/octet-stream" id="runs-data">{packed}</script>',
+        f"<script>{plotly.offline.get_plotlyjs()}</script>",
+        f"<script>{JS}</script></body></html>",
+    ])
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d232a;background:#fafbfc}
+nav{position:sticky;top:0;z-index:5;background:#1d232a;color:#fff;padding:8px 16px;display:flex;gap:16px;flex-wrap:wrap}
+nav a{color:#cde;text-decoration:none}nav a:hover{color:#fff}
+main{max-width:1200px;margin:0 auto;padding:8px 20px 60px}
+section{background:#fff;border:1px solid #e3e6ea;border-radius:6px;padding:4px 18px 14px;margin:18px 0}
+section.variable{border:none;border-top:1px solid #e3e6ea;border-radius:0;padding:4px 0;margin:10px 0}
+h1{margin:14px 0 4px}h2{margin:14px 0 8px}h3{margin:12px 0 6px}
+table{border-collapse:collapse;margin:8px 0;font-size:13px}
+th,td{border-bottom:1px solid #e8eaed;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f3f5f7;position:sticky;top:36px}
+table.runs th{cursor:pointer;user-select:none}table.runs td:nth-child(n+6):nth-child(-n+8){text-align:right}
+table.effects tr:hover,table.runs tr:hover{background:#f5f9ff}
+.v{padding:1px 6px;border-radius:9px;font-size:12px;white-space:nowrap}
+.v.clear{background:#d8f1de;color:#14532d}.v.none{background:#eceff2;color:#374151}.v.untested{background:#fdf0d5;color:#7c4a03}
+.plot{width:100%;min-height:120px}.doc{color:#555;font-style:italic;margin:2px 0}
+.filters{display:flex;gap:14px;align-items:center;flex-wrap:wrap;margin:8px 0}
+.pager{display:flex;gap:10px;align-items:center}.meta{color:#666;font-size:12px}
+.cols{display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start}.index code{margin-right:4px}
+"""
+
+# The page's JavaScript: plots drawn with plotly when they scroll into view, the runs table built
+# from the compact columns. window.cpubench.ready resolves when the first screen is drawn.
+JS = r"""
+(function(){
+const data = JSON.parse(document.getElementById('page-data').textContent);
+const COLORS = {clear:'#15803d', none:'#6b7280', untested:'#b45309'};
+const fmt = (x, d) => x === null || x === undefined ? '-' : (Math.abs(x) >= 100 ? Math.round(x).toLocaleString('en') : Number(x.toPrecision(d || 3)).toString());
+const verdictClass = e => e.significant ? 'clear' : (e.significant === false ? 'none' : 'untested');
+const esc = s => String(s).replace(/[&<>"]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]));
+let runs = null;
+const rowOf = new Map();
+
+async function loadRuns(){
+  const b64 = document.getElementById('runs-data').textContent.trim();
+  const bin = atob(b64);
+  const bytes = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream('gzip'));
+  runs = await new Response(stream).json();
+  runs.cols.run_id.forEach((id, i) => rowOf.set(id, i));
+}
+
+function runHover(id){
+  const i = rowOf.get(id);
+  if (i === undefined) return 'run ' + id;
+  const c = runs.cols;
+  return 'run ' + id + ' · pass ' + c.pass[i] + (c.disturbed[i] ? ' · disturbed' : '') + '<br>' + esc(runs.dicts.config[c.config[i]]) +
+    '<br>step ' + fmt(c.step_ms[i], 4) + ' ms · ' + fmt(c.tokens_per_s[i], 4) + ' tokens/s · MFU ' + fmt(c.mfu[i], 2);
+}
+
+const layoutBase = {margin:{l:60,r:20,t:10,b:45}, font:{size:12}, hovermode:'closest', showlegend:true,
+  legend:{orientation:'h', y:-0.25}};
+const config = {displaylogo:false, responsive:true};
+
+function forest(div){
+  const es = data.effects;
+  const n = es.length;
+  const y = es.map((e, i) => n - i);
+  const cut = s => s.length > 48 ? s.slice(0, 47) + '…' : s;
+  const label = e => cut((data.several ? e.machine.split(' (')[0] + ' · ' : '') + e.label);
+  const traces = [];
+  for (const cls of ['clear', 'none', 'untested']){
+    const idx = es.map((e, i) => i).filter(i => verdictClass(es[i]) === cls);
+    if (!idx.length) continue;
+    traces.push({type:'scatter', mode:'markers', name:{clear:'clear effect', none:'no detectable effect', untested:'not tested (a value ran once)'}[cls],
+      x: idx.map(i => es[i].factor), y: idx.map(i => y[i]),
+      customdata: idx.map(i => es[i].anchor),
+      error_x: {type:'data', symmetric:false, array: idx.map(i => es[i].factor_hi === null ? 0 : es[i].factor_hi - es[i].factor),
+        arrayminus: idx.map(i => es[i].factor_lo === null ? 0 : es[i].factor - es[i].factor_lo), color: COLORS[cls], thickness:1.5, width:3},
+      marker:{color: COLORS[cls], size: idx.map(i => es[i].headline ? 9 : 6), symbol: idx.map(i => es[i].kind === 'elasticity' ? 'diamond' : 'circle')},
+      text: idx.map(i => esc(label(es[i])) + '<br>' + esc(es[i].describe) + '<br>' + es[i].verdict + ' · adjusted p ' + (es[i].p_adjusted === null ? '-' : fmt(es[i].p_adjusted, 2)) + ' · ' + es[i].n_runs + ' runs'),
+      hovertemplate: '%{text}<extra></extra>'});
+  }
+  const height = Math.max(220, 60 + 17 * n);
+  const fs = es.flatMap(e => [e.factor, e.factor_lo, e.factor_hi]).filter(x => x !== null && x > 0);
+  const lo = Math.floor(Math.log2(Math.min(...fs, 0.9))), hi = Math.ceil(Math.log2(Math.max(...fs, 1.1)));
+  const ticks = []; for (let k = lo; k <= hi; k++) { ticks.push(Math.pow(2, k)); if (hi - lo <= 3 && k < hi) ticks.push(Math.pow(2, k + 0.5)); }
+  Plotly.newPlot(div, traces, Object.assign({}, layoutBase, {height: height, margin:{l:330, r:20, t:10, b:40},
+    xaxis:{type:'log', title:{text:'step-time factor (ratio vs baseline; power laws per doubling), log scale'}, zeroline:false,
+      tickvals: ticks, ticktext: ticks.map(t => t >= 1 ? (+t.toPrecision(2)) + 'x' : '1/' + (+(1 / t).toPrecision(2)) + 'x')},
+    yaxis:{tickvals: y, ticktext: es.map(e => label(e)), range:[0.3, n + 0.7], automargin:false},
+    shapes:[{type:'line', x0:1, x1:1, yref:'paper', y0:0, y1:1, line:{color:'#999', dash:'dot'}}],
+    legend:{orientation:'h', y:1.02, yanchor:'bottom'}}), config);
+  div.on('plotly_click', ev => { const a = ev.points[0].customdata; if (a) location.hash = '#' + a; });
+}
+
+function jitter(k){ const s = Math.sin(k * 12.9898) * 43758.5453; return (s - Math.floor(s)) - 0.5; }
+
+function variable(div){
+  const v = data.variables[+div.dataset.index];
+  const numeric = v.size_like && v.levels.every(l => l.value !== null && l.value > 0);
+  const traces = [];
+  const xs = [], ys = [], hover = [];
+  v.levels.forEach((lv, li) => {
+    lv.run_ids.forEach((id, k) => {
+      const i = rowOf.get(id);
+      const y = i === undefined ? null : runs.cols.step_ms[i];
+      xs.push(numeric ? lv.value * Math.exp(0.06 * jitter(id)) : li + 0.5 * jitter(id));
+      ys.push(y); hover.push(runHover(id));
+    });
+  });
+  traces.push({type: xs.length > 3000 ? 'scattergl' : 'scatter', mode:'markers', name:'runs', x:xs, y:ys, text:hover,
+    hovertemplate:'%{text}<extra></extra>', marker:{size:6, color:'rgba(37,99,235,0.45)', line:{width:0}}});
+  const base = v.levels.find(l => l.baseline);
+  if (numeric && v.law){
+    const vals = v.levels.map(l => l.value), lx = vals.map(Math.log);
+    const ly = v.levels.map(l => Math.log(l.geo_ms));
+    const mx = lx.reduce((a, b) => a + b) / lx.length, my = ly.reduce((a, b) => a + b) / ly.length;
+    const lo = Math.min(...vals), hi = Math.max(...vals);
+    const grid = Array.from({length: 30}, (_, k) => lo * Math.pow(hi / lo, k / 29));
+    const line = e => grid.map(x => Math.exp(my + e * (Math.log(x) - mx)));
+    if (v.law.lo !== null){
+      traces.push({type:'scatter', mode:'lines', x:grid, y:line(v.law.hi), line:{width:0}, showlegend:false, hoverinfo:'skip'});
+      traces.push({type:'scatter', mode:'lines', x:grid, y:line(v.law.lo), line:{width:0}, fill:'tonexty',
+        fillcolor:'rgba(220,38,38,0.12)', name:'exponent interval', hoverinfo:'skip'});
+    }
+    traces.push({type:'scatter', mode:'lines', x:grid, y:line(v.law.estimate), name:'fitted: step time ~ ' + v.variable + '^' + v.law.estimate.toFixed(2),
+      line:{color:'#dc2626', width:2}, hoverinfo:'name'});
+  }
+  const rx = [], ry = [], up = [], down = [], rt = [];
+  v.levels.forEach((lv, li) => {
+    const r = lv.ratio;
+    const x = numeric ? lv.value : li;
+    if (lv.baseline){ rx.push(x); ry.push(base.geo_ms); up.push(0); down.push(0); rt.push(esc(lv.label) + ' (baseline): ' + fmt(base.geo_ms, 4) + ' ms, ' + lv.n + ' runs'); return; }
+    if (!r) return;
+    const y = base.geo_ms * r.estimate;
+    rx.push(x); ry.push(y);
+    up.push(r.hi === null ? 0 : base.geo_ms * r.hi - y); down.push(r.lo === null ? 0 : y - base.geo_ms * r.lo);
+    rt.push(esc(lv.label) + ' vs ' + esc(v.baseline) + ': ' + r.estimate.toFixed(3) + 'x' + (r.lo === null ? ' (no interval)' : ' [' + r.lo.toFixed(2) + ', ' + r.hi.toFixed(2) + ']') + '<br>' + r.verdict + ' · ' + lv.n + ' runs');
+  });
+  traces.push({type:'scatter', mode:'markers', name:'fitted ratio vs baseline (family-wise 95%)', x:rx, y:ry, text:rt, hovertemplate:'%{text}<extra></extra>',
+    marker:{symbol:'diamond', size:11, color:'#111827'}, error_y:{type:'data', symmetric:false, array:up, arrayminus:down, color:'#111827', thickness:1.5}});
+  const xaxis = numeric ? {type:'log', zeroline:false, title:{text:v.variable}, tickvals:v.levels.map(l => l.value), ticktext:v.levels.map(l => l.label)}
+                        : {zeroline:false, title:{text:v.variable}, tickvals:v.levels.map((l, i) => i), ticktext:v.levels.map(l => l.label), range:[-0.7, v.levels.length - 0.3]};
+  Plotly.newPlot(div, traces, Object.assign({}, layoutBase, {height:340, xaxis:xaxis, yaxis:{type:'log', title:{text:'median step time (ms)'}}}), config);
+}
+
+function grid(div){
+  const g = data.grids[+div.dataset.index];
+  const traces = g.row_labels.map((r, i) => ({type:'scatter', mode:'lines+markers', name:g.rows + '=' + r,
+    x:g.col_labels, y:g.step_ms[i], connectgaps:false, hovertemplate:g.rows + '=' + esc(r) + ', ' + g.cols + '=%{x}: %{y:.4g} ms<extra></extra>'}));
+  Plotly.newPlot(div, traces, Object.assign({}, layoutBase, {height:320, xaxis:{type:'category', title:{text:g.cols}},
+    yaxis:{type:'log', title:{text:'median step time (ms)'}}, legend:{orientation:'v'}}), config);
+}
+
+function shared(div){
+  const traces = data.shared.pairs.map(p => ({type: p.x.length > 3000 ? 'scattergl' : 'scatter', mode:'markers',
+    name:(data.names[p.other] || p.other) + ' vs ' + (data.names[p.ref] || p.ref), x:p.x, y:p.y,
+    hovertemplate:'%{x:.4g} ms vs %{y:.4g} ms<extra></extra>', marker:{size:6, opacity:0.6}}));
+  const all = data.shared.pairs.flatMap(p => p.x.concat(p.y)).filter(v => v > 0);
+  const lo = Math.min(...all) * 0.8, hi = Math.max(...all) * 1.25;
+  traces.push({type:'scatter', mode:'lines', x:[lo, hi], y:[lo, hi], name:'equally fast', line:{dash:'dot', color:'#999'}, hoverinfo:'skip'});
+  const ref = data.names[data.shared.pairs[0].ref] || 'reference';
+  Plotly.newPlot(div, traces, Object.assign({}, layoutBase, {height:420, xaxis:{type:'log', title:{text:'step time on ' + ref + ' (ms)'}},
+    yaxis:{type:'log', title:{text:'step time on the other machine (ms)'}}}), config);
+}
+
+const DRAW = {forest, variable, grid, shared};
+const drawn = new WeakSet();
+function draw(div){
+  if (drawn.has(div)) return;
+  drawn.add(div);
+  DRAW[div.dataset.plot](div);
+}
+function renderAll(){ document.querySelectorAll('.plot').forEach(draw); }
+
+// -- the runs table: filter, sort and paginate over the columns, one page of DOM rows at a time
+const state = {status:'', variable:'', text:'', key:'run_id', dir:1, page:0};
+let order = [];
+function applyFilter(){
+  const c = runs.cols, d = runs.dicts;
+  const st = state.status === '' ? -1 : d.status.indexOf(state.status);
+  const okConfig = d.config.map((text, i) => (state.variable === '' || runs.config_vars[i].includes(state.variable)) &&
+    (state.text === '' || text.toLowerCase().includes(state.text.toLowerCase())));
+  const out = [];
+  for (let i = 0; i < runs.n; i++) if ((st < 0 || c.status[i] === st) && okConfig[c.config[i]]) out.push(i);
+  const col = c[state.key], dir = state.dir;
+  const textual = {machine:d.machine, status:d.status, config:d.config, reason:d.reason}[state.key];
+  out.sort((a, b) => {
+    let x = textual ? textual[col[a]] : col[a], y = textual ? textual[col[b]] : col[b];
+    if (x === null) return 1; if (y === null) return -1;
+    return (x < y ? -1 : x > y ? 1 : c.run_id[a] - c.run_id[b]) * dir;
+  });
+  order = out;
+  state.page = 0;
+  renderRuns();
+}
+function renderRuns(){
+  const c = runs.cols, d = runs.dicts, per = data.per_page;
+  const pages = Math.max(1, Math.ceil(order.length / per));
+  state.page = Math.min(state.page, pages - 1);
+  const rows = order.slice(state.page * per, (state.page + 1) * per).map(i =>
+    '<tr data-status="' + esc(d.status[c.status[i]]) + '"><td>' + c.run_id[i] + '</td><td>' + esc(d.machine[c.machine[i]]) + '</td><td>' + esc(d.status[c.status[i]]) +
+    (c.disturbed[i] ? ' (disturbed)' : '') + '</td><td>' + c.pass[i] + '</td><td class="config">' + esc(d.config[c.config[i]]) + '</td><td>' + fmt(c.step_ms[i], 4) +
+    '</td><td>' + fmt(c.tokens_per_s[i], 4) + '</td><td>' + fmt(c.mfu[i], 2) + '</td><td>' + esc(d.reason[c.reason[i]]) + '</td></tr>');
+  document.querySelector('#runs-table tbody').innerHTML = rows.join('');
+  document.getElementById('runs-count').textContent = order.length.toLocaleString('en') + ' of ' + runs.n.toLocaleString('en') + ' runs';
+  document.getElementById('p-page').textContent = 'page ' + (state.page + 1) + ' of ' + pages;
+}
+function wireRuns(){
+  const on = (id, ev, f) => document.getElementById(id).addEventListener(ev, f);
+  on('f-status', 'change', e => { state.status = e.target.value; applyFilter(); });
+  on('f-variable', 'change', e => { state.variable = e.target.value; applyFilter(); });
+  on('f-text', 'input', e => { state.text = e.target.value; applyFilter(); });
+  on('p-prev', 'click', () => { state.page = Math.max(0, state.page - 1); renderRuns(); });
+  on('p-next', 'click', () => { state.page += 1; renderRuns(); });
+  document.querySelectorAll('#runs-table th').forEach(th => th.addEventListener('click', () => {
+    const key = th.dataset.key;
+    state.dir = state.key === key ? -state.dir : 1; state.key = key; applyFilter();
+  }));
+  applyFilter();
+}
+document.querySelectorAll('table.effects tbody tr').forEach(tr => tr.addEventListener('click', ev => {
+  const a = tr.querySelector('a'); if (a && ev.target.tagName !== 'A') location.hash = a.getAttribute('href');
+}));
+
+const ready = loadRuns().then(() => {
+  wireRuns();
+  const io = new IntersectionObserver(entries => entries.forEach(en => { if (en.isIntersecting) draw(en.target); }), {rootMargin:'400px'});
+  document.querySelectorAll('.plot').forEach(div => io.observe(div));
+  const first = document.querySelector('[data-plot="forest"]');
+  if (first) draw(first);
+  window.cpubench.loadMs = performance.now();
+  document.body.dataset.ready = '1';
+});
+window.cpubench = {ready, renderAll, state, applyFilter, runs: () => runs, order: () => order};
+})();
+"""
