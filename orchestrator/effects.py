@@ -675,10 +675,10 @@ def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found:
         for n in FACTORS:
             usable[n].add(r.values[n])
     asked_values: dict[str, dict] = defaultdict(lambda: defaultdict(list))
+    several = [n for n in FACTORS if len({row.get(n) for row in asked}) > 1]  # (raw values: cheap)
     for row in asked:
-        for n in FACTORS:
-            if n in row:
-                asked_values[n][value_of(n, row[n])].append(row)
+        for n in several:
+            asked_values[n][value_of(n, row[n])].append(row)
     d_ids = {r.row.get("run_id") for r in disturbed}
     lost = []
     for n, by_value in asked_values.items():

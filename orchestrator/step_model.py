@@ -139,10 +139,9 @@ class Fit:
         if var <= 0:
             return Contrast(est, 0.0, float(sum(s_dof.values())))
         # Satterthwaite over the strata: Var = sum_s sum_{i in s} (w_i x_i' z)^2 sigma_s^2.
-        contrib = (wts * (X @ z)) ** 2 / wts  # per run: w_i^2 (x_i'z)^2 * sigma_i^2, sigma_i^2 = 1 / w_i
-        parts_v: dict = {}
-        for s, v in zip(s_of_run, contrib):
-            parts_v[s] = parts_v.get(s, 0.0) + float(v)
+        contrib = wts * (X @ z) ** 2  # per run: w_i^2 (x_i'z)^2 * sigma_i^2, sigma_i^2 = 1 / w_i
+        sums = np.bincount(s_of_run, weights=contrib)
+        parts_v = {s: float(v) for s, v in enumerate(sums) if v > 0}
         total = sum(parts_v.values())
         denom = sum(v * v / s_dof[s] for s, v in parts_v.items() if s_dof.get(s, 0) > 0 and v > 0)
         dof = total * total / denom if denom > 0 else float(sum(s_dof.values()))
@@ -383,14 +382,28 @@ def _solve(X, weights):
 
 
 def _leverages(X, weights, lu, p: int, out: np.ndarray) -> None:
-    """h_i = w_i x_i' A^-1 x_i, exact up to DENSE_LEVERAGE_MAX parameters, else p / n each."""
+    """h_i = w_i x_i' A^-1 x_i, exact up to DENSE_LEVERAGE_MAX parameters (A^-1 dense, each x_i's few
+    entries gathered from it), else p / n each."""
     n = X.shape[0]
     if p > DENSE_LEVERAGE_MAX or n == 0:
         out[:] = p / max(n, 1)
         return
     inv = lu.solve(np.eye(p))
-    Xd = X.toarray() if hasattr(X, "toarray") else X
-    out[:] = weights * np.einsum("ij,jk,ik->i", Xd, inv, Xd)
+    X = X.tocsr()
+    counts = np.diff(X.indptr)
+    h = np.zeros(n)
+    for k in range(int(counts.max(initial=0))):  # each row's k-th entry against every entry of the row
+        has = counts > k
+        rows = np.nonzero(has)[0]
+        ck = X.indices[X.indptr[rows] + k]
+        vk = X.data[X.indptr[rows] + k]
+        for j in range(int(counts.max(initial=0))):
+            both = counts[rows] > j
+            r2 = rows[both]
+            cj = X.indices[X.indptr[r2] + j]
+            vj = X.data[X.indptr[r2] + j]
+            np.add.at(h, r2, vk[both] * vj * inv[ck[both], cj])
+    out[:] = weights * h
 
 
 def _mixture(X, y, m, theta, lev, sigma2, weights):

@@ -63,7 +63,7 @@ FACTOR = {
 FOLLOWS = {"cores": ("omp_threads", "intra_threads", "inter_threads"), "omp_threads": ("intra_threads",),
            "d_model": ("head_dim",), "n_heads": ("head_dim", "kv_heads"),
            # on jax/numpy the torch-only variables say what runs there (variables.elsewhere())
-           "framework": ("attn_backend", "onednn", "fusion", "compile_cache")}
+           "framework": ("attn_backend", "onednn", "fusion", "compile_cache", "compile")}
 SIGMA = 0.02  # run-to-run noise of log step time (2%): a quiet machine, apart from the drift
 NOISY = ("precision", "bf16")  # this level's runs are far noisier
 NOISY_SIGMA = 0.15
@@ -172,24 +172,32 @@ def truth(base: dict) -> dict[tuple, float]:
     out = {}
     p = plan()
     axes = {}
+    bases = {}  # an axis that carries its own changes to the base (lora_rank on task=finetune_lora)
     for job in p.jobs:  # each job's one varied variable; what follows it moved along
         c = job["config"]
         differ = {n for n in V.NAMES if n != "repeat" and c[n] != base[n]}
         roots = {n for n in differ if not any(n in FOLLOWS.get(m, ()) for m in differ)}
+        if roots == {"lora_rank", "task"} or (roots == {"task"} and job.get("block") == "lora_rank"):
+            bases["lora_rank"] = {"task": c["task"]}
+            roots = {"lora_rank"}
         if len(roots) == 1:
             (n,) = roots
             axes.setdefault(n, set()).add(c[n])
     for name, values in axes.items():
+        own = {**_partial(base), **bases.get(name, {})}
+        ref, _ = V.resolve(own, CPUS)
         for v in values:
-            config, why = V.resolve({**_partial(base), name: v}, CPUS)
+            config, why = V.resolve({**own, name: v}, CPUS)
             assert not why, (name, v, why)
-            out[("ratio", name, v)] = law(config) / law(base)
-        if (name in POWER or name in ("cores", "d_model", "n_heads")) and len(values | {base[name]}) >= 3:
+            if name in bases and v == V.BY_NAME[name].default:
+                continue  # the axis's own baseline
+            out[("ratio", name, v)] = law(config) / law(ref)
+        if (name in POWER or name in ("cores", "d_model", "n_heads", "lora_rank")) and len(values | {base[name]}) >= 3:
             # (a size tried at two values has only its ratio: the same test is not made twice)
             xs = sorted(values | {base[name]})
             ys = []
             for v in xs:
-                config, _ = V.resolve({**_partial(base), name: v}, CPUS)
+                config, _ = V.resolve({**own, name: v}, CPUS)
                 ys.append(math.log(law(config)))
             lx = [math.log(x) for x in xs]
             mx, my = sum(lx) / len(lx), sum(ys) / len(ys)
