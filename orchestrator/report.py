@@ -26,7 +26,7 @@ from orchestrator import effects as fx
 from orchestrator.effects import Analysis, Effect, Grid, VariableEffect
 from orchestrator.pool_report import pool_lines
 from orchestrator.seeds import seeds_section
-from orchestrator.store import Store
+from orchestrator.store import ReadOnlyDatabase, Store
 from orchestrator.variables import BY_NAME, NAMES
 
 SELECT_RESULTS = "SELECT * FROM v_results {where} ORDER BY run_id"
@@ -65,6 +65,7 @@ class Report:
     machines: int  # machines with runs in the report
     effects: list[Effect]  # every effect written to the effects table
     analysis: Analysis | None = None
+    effects_not_written: str | None = None  # why the effects table was left as it was (a read-only database)
 
 
 @dataclass
@@ -126,7 +127,11 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
 
     plot_paths = _plots(analysis, grids, names, plots_dir) if plots else []
     all_effects = analysis.effects
-    _write_effects(store, machine_ids, all_effects)
+    try:
+        _write_effects(store, machine_ids, all_effects)
+        not_written = None
+    except ReadOnlyDatabase as err:  # an archived or shared copy: the files are the report
+        not_written = str(err)
     top = [ve.headline for ve in analysis.ranked()]
 
     counts = store.counts(machine_id)
@@ -140,7 +145,7 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
     summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
     return Report(csv_path=csv_path, summary_path=summary_path, plot_paths=plot_paths, top_effects=top,
                   counts=counts, failures=failures, machines=len({r["machine_id"] for r in rows}),
-                  effects=all_effects, analysis=analysis)
+                  effects=all_effects, analysis=analysis, effects_not_written=not_written)
 
 
 # -- files --------------------------------------------------------------------------------------
