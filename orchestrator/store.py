@@ -405,9 +405,9 @@ class Store:
                               f"was written: free space on the server and run it again")
         if sqlstate == "25006":
             return ReadOnlyDatabase(f"database {self.where} is read-only ({first}): this command writes to it")
-        if sqlstate == "42501":
-            return BenchError(f"database {self.where}: permission denied ({first}): the role needs the privileges "
-                              f"docs/databases.md lists")
+        if sqlstate == "42501":  # a role that may read only: report reads it as a read-only database
+            return ReadOnlyDatabase(f"database {self.where}: permission denied ({first}): the role needs the "
+                                    f"privileges docs/databases.md lists")
         if getattr(error, "connection_invalidated", False) or _pg_may_come_back(orig, sqlstate, first):
             return DatabaseUnavailable(f"cannot reach database {self.where}: {first}")
         return BenchError(f"database {self.where}: {first}")

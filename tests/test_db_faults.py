@@ -172,13 +172,30 @@ def test_a_full_disk_gives_one_line_keeps_the_database_and_leaves_the_jobs_queue
         assert json.loads(bench("status", "--json", "--db", str(db), check=True).stdout)["done"] == 2
 
 
+def test_a_read_only_postgres_role_reads_and_a_write_says_permission_denied(pg_db, tmp_path):
+    bench("enqueue", "--db", pg_db, "--axis", "d_model=32,40", *TINY, check=True)
+    bench("work", "--db", pg_db, env=STUB, check=True)
+    role = f"reader{time.time_ns()}"
+    for statement in (f"CREATE ROLE {role} LOGIN", f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"):
+        pg_rows(pg_db, statement, fetch=False)
+    reader = pg_db.replace("bench@", f"{role}:{SECRET}@", 1)
+    assert json.loads(bench("status", "--json", "--db", reader, check=True).stdout)["done"] == 2
+    proc = bench("report", "--db", reader, "--out", str(tmp_path / "r"), check=True)
+    assert "effects table was not updated" in proc.stderr and "permission denied" in proc.stderr
+    line = one_clear_line(bench("enqueue", "--set", "d_model=48", *TINY, "--db", reader), 1, "permission denied",
+                          f"{role}:***@")
+    assert SECRET not in line
+    assert pg_rows(pg_db, "SELECT COUNT(*) FROM jobs") == [(2,)]
+
+
 # -- a sweep outlives the database going away ---------------------------------------------------
 
-def pg_rows(url: str, sql: str) -> list[tuple]:
+def pg_rows(url: str, sql: str, fetch: bool = True) -> list[tuple]:
     import psycopg
 
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
-        return conn.execute(sql).fetchall()
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+        cursor = conn.execute(sql)
+        return cursor.fetchall() if fetch else []
 
 
 def wait_for(predicate, timeout: float = 120.0) -> None:
