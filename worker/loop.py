@@ -92,18 +92,19 @@ class Event:
 
 class Patience:
     """Rides out a database outage: a call that raises DatabaseUnavailable is tried again, after
-    0.5 s, 1 s, 2 s ... (at most 5 s apart), until the outage has lasted retry_s; then the error
+    0.5 s, 1 s, then every 2 s, until the outage has lasted retry_s; then the error
     goes on, saying so. One per worker, shared with its heartbeat thread, so an outage is counted
     once from when either first saw it, and the worker knows when it ended (settled())."""
 
-    MAX_DELAY_S = 5.0
+    MAX_DELAY_S = 2.0  # a connection attempt every 2 s is nothing to a server; a worker idle longer is waste
 
     def __init__(self, retry_s: float, emit: Callable[[Event], None] = lambda e: None):
         self.retry_s = retry_s
         self.emit = emit
         self.failing_since: float | None = None  # time.monotonic() when the outage was first seen
         self.back_at = float("-inf")  # when the last outage ended
-        self.lost_s = 0.0  # outages so far, in seconds, all together
+        self.outages = 0
+        self.lost_s = 0.0  # outages so far, in seconds, all together (from first failure to first success)
 
     def call(self, fn: Callable, *args, **kwargs):
         delay = 0.5
@@ -138,6 +139,7 @@ class Patience:
         if since is not None:
             self.failing_since = None
             self.back_at = time.monotonic()
+            self.outages += 1
             self.lost_s += self.back_at - since
             self.emit(Event("note", text=f"database back after {self.back_at - since:.1f} s"))
 
@@ -262,6 +264,9 @@ class Worker:
                     done += 1
                     self.emit(Event("finished", claim=claim, outcome=outcome, counts=self._counts_now_and_then()))
                 counts = self._db(self.store.counts, pool_id=self.pool_id)
+                if self.patience.outages:
+                    self.emit(Event("note", text=f"rode out {self.patience.outages} database outage(s), "
+                                                 f"{self.patience.lost_s:.1f} s in all"))
                 self.emit(Event("stop", counts=counts))  # the progress bar ends on exact counts
                 return counts
         finally:
