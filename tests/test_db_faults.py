@@ -292,11 +292,15 @@ def test_a_worker_that_gives_up_keeps_the_result_and_the_next_worker_writes_it(p
 
 def test_a_sqlite_lock_held_past_the_busy_timeout_is_waited_out(tmp_path):
     """Another connection (a user's long transaction in sqlite3) holds the write lock for 3 s; the
-    busy timeout is 0.2 s. The worker waits it out and runs every job once."""
+    busy timeout is 0.2 s; a long reader keeps a read transaction open throughout. The worker waits
+    the writer out and runs every job once."""
     from orchestrator.store import Store
     from worker.loop import Worker, WorkerOptions
 
     db = results_db(tmp_path / "results.db", jobs=3, work=False)
+    reader = sqlite3.connect(db, isolation_level=None)
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT COUNT(*) FROM jobs").fetchone() == (3,)  # holds its snapshot until the end
     holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
     release = threading.Timer(3.0, holder.execute, ("COMMIT",))
@@ -308,6 +312,8 @@ def test_a_sqlite_lock_held_past_the_busy_timeout_is_waited_out(tmp_path):
     finally:
         release.join()
         holder.close()
+        reader.execute("COMMIT")
+        reader.close()
     notes = [e.text for e in events if e.kind == "note"]
     assert any("is locked by another connection" in n for n in notes), notes
     assert any("database back after" in n for n in notes), notes
