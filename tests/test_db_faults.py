@@ -320,3 +320,19 @@ def test_a_sqlite_lock_held_past_the_busy_timeout_is_waited_out(tmp_path):
     assert counts["done"] == 3
     assert sqlite3.connect(db).execute("SELECT DISTINCT attempts FROM runs").fetchall() == [(1,)]
     assert len(list((tmp_path / "output" / "markers").iterdir())) == 3
+
+
+def test_an_older_release_on_read_only_media_is_refused_with_the_way_out_that_works(tmp_path):
+    """A read command cannot migrate a read-only file; the line it prints names `merge`, and merge
+    does copy it (read immutable) into a current database."""
+    with tmpfs(tmp_path / "archive", "8m") as archive:
+        shutil.copy(ROOT / "tests" / "v1" / "results-v1.db", archive / "old.db")
+        remount_read_only(archive)
+        old = archive / "old.db"
+        before = sha(old)
+        one_clear_line(bench("status", "--all-machines", "--db", str(old)), 1, "read-only", f"bench.py merge {old}")
+        copy = tmp_path / "copy.db"
+        bench("merge", str(old), "--db", str(copy), check=True)
+        counts = json.loads(bench("status", "--all-machines", "--json", "--db", str(copy), check=True).stdout)
+        assert (counts["done"], counts["failed"], counts["skipped"]) == (11, 8, 3)
+        assert sha(old) == before
