@@ -54,10 +54,11 @@ def guarded(fn):
         raise typer.Exit(130) from None
 
 
-def open_store(db: str):
+def open_store(db: str, *, read_only: bool = False):
+    """The results database; read_only for the commands that only read (nothing is created there)."""
     from orchestrator.store import Store
 
-    return Store(db)
+    return Store(db, read_only=read_only)
 
 
 def this_machine():
@@ -180,7 +181,7 @@ def _cpu_list(text: Optional[str]) -> Optional[list[int]]:
     return sorted(cpus)
 
 
-def _worker_options(cpus, max_jobs, wait, timeout, pool_name=None, target_ci=None, max_repeats=10):
+def _worker_options(cpus, max_jobs, wait, timeout, pool_name=None, target_ci=None, max_repeats=10, db_retry=None):
     from common.errors import BadInput
     from worker.loop import WorkerOptions
 
@@ -194,10 +195,19 @@ def _worker_options(cpus, max_jobs, wait, timeout, pool_name=None, target_ci=Non
         raise BadInput(f"--target-ci {target_ci:g}: expected a percentage between 0 and 100 (5 = +-5%)")
     if max_repeats < 2:
         raise BadInput(f"--max-repeats {max_repeats}: an interval needs at least 2 runs per value")
+    if db_retry is None:
+        db_retry = os.environ.get("BENCH_DB_RETRY_S", "600")
+    try:
+        db_retry_s = float(db_retry)
+    except ValueError:
+        db_retry_s = -1.0
+    if not db_retry_s >= 0:
+        raise BadInput(f"--db-retry / BENCH_DB_RETRY_S {db_retry!r}: expected seconds >= 0")
     return WorkerOptions(cpus=pool, max_jobs=max_jobs, wait=wait, timeout_s=timeout, pool_name=pool_name,
                          heartbeat_s=float(os.environ.get("BENCH_HEARTBEAT_S", "5")),
                          max_attempts=int(os.environ.get("BENCH_MAX_ATTEMPTS", "3")),
-                         target_ci=None if target_ci is None else target_ci / 100, max_repeats=max_repeats)
+                         target_ci=None if target_ci is None else target_ci / 100, max_repeats=max_repeats,
+                         db_retry_s=db_retry_s)
 
 
 @app.command()
@@ -211,12 +221,16 @@ def work(
         "--target-ci", help="PCT: when the queue is empty, add repeat passes for comparisons whose 95% interval "
                             "is wider than +-PCT%")] = None,
     max_repeats: Annotated[int, typer.Option(help="with --target-ci: at most this many runs per value")] = 10,
+    db_retry: Annotated[Optional[float], typer.Option(
+        "--db-retry", help="seconds to ride out a lost database (a server restart, a held lock) before giving up "
+                           "[default: BENCH_DB_RETRY_S or 600]")] = None,
     db: DbOption = "results.db",
 ) -> None:
     """Claim and run queued jobs, one at a time, until none is left: this machine's own (every job,
     to compare machines), or with --pool those of a pool of identical nodes (each job once)."""
     def body():
-        counts = work_with_progress(db, _worker_options(cpus, max_jobs, wait, timeout, pool, target_ci, max_repeats))
+        counts = work_with_progress(db, _worker_options(cpus, max_jobs, wait, timeout, pool, target_ci, max_repeats,
+                                                        db_retry))
         err.print(f"queued {counts['queued']}, done {counts['done']}, failed {counts['failed']}, "
                   f"skipped {counts['skipped']}")
         if counts["queued"] and max_jobs is None:
@@ -238,13 +252,15 @@ def status(
 ) -> None:
     """Queued / running / done / failed / skipped per sweep, for this machine (or a --pool, or all)."""
     def body():
-        store = open_store(db)
+        from orchestrator.store import NO_POOL
+
+        store = open_store(db, read_only=True)
         machine_id = pool_id = None
         if pool is not None:
             pool_id = store.pool_id(None, pool, create=False)
-        elif not all_machines:
-            machine_id = _machine_id(store)
-            pool_id = store.pool_id(machine_id)
+        elif not all_machines:  # looked up, not registered: status writes nothing
+            machine_id = store.find_machine(probe_here()["fingerprint"])
+            pool_id = store.pool_id(machine_id) if machine_id is not None else NO_POOL
         counts = store.counts(pool_id=pool_id)
         per_pool = {}
         if pool_id is None:
@@ -283,7 +299,7 @@ def status(
 def report_and_print(db: str, out_dir: Path) -> None:
     from orchestrator.report import write_report
 
-    store = open_store(db)
+    store = open_store(db, read_only=True)
     rep = write_report(store, out_dir)
     table = Table(title="largest effects on median step time, relative to their uncertainty (clearest first)")
     several = rep.machines > 1
@@ -294,6 +310,8 @@ def report_and_print(db: str, out_dir: Path) -> None:
         table.add_row(*((str(e.machine_id),) if several else ()), *e.row(), e.verdict())
     out.print(table)
     out.print(f"wrote {rep.csv_path}, {rep.summary_path} and {len(rep.plot_paths)} plots in {out_dir / 'plots'}")
+    if rep.effects_not_written:
+        err.print(f"[yellow]note[/]: the effects table was not updated: {rep.effects_not_written}", highlight=False)
     out.print(f"the report: open {rep.html_path} in a browser (works offline)", soft_wrap=True)
 
 

@@ -23,3 +23,11 @@ class Stopped(BenchError):
     """SIGTERM asked the worker to stop: settings restored, the unfinished run put back."""
 
     exit_code = 143  # 128 + SIGTERM, as a shell reports a process ended by it
+
+
+class DatabaseUnavailable(BenchError):
+    """The database cannot be used for now: the connection was lost, the server is restarting, or
+    (SQLite) another connection holds the lock past the busy timeout. It may come back: a worker
+    retries for a while (worker/loop.py); any other command reports it at once. Exit code 1."""
+
+    exit_code = 1

@@ -19,6 +19,7 @@ run its (job, pool). Decisions:
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import tempfile
@@ -121,7 +122,9 @@ class _opened:
         self.tmp = Path(tempfile.mkdtemp(prefix="cpubench-merge-"))
         copy = self.tmp / path.name
         try:
-            with sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True) as src, sqlite3.connect(copy) as dst:
+            # On read-only media SQLite cannot make the -shm file a WAL reader needs: read it immutable.
+            flags = "mode=ro" if os.access(path.resolve().parent, os.W_OK) else "mode=ro&immutable=1"
+            with sqlite3.connect(f"file:{path.resolve()}?{flags}", uri=True) as src, sqlite3.connect(copy) as dst:
                 src.backup(dst)  # a consistent copy, WAL included
                 if not dst.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone():
                     raise BadInput(f"merge: {path} is not a cpubench results database (no jobs table)")

@@ -145,21 +145,39 @@ def table_names(conn: Connection, dialect: str) -> set[str]:
     return {row[0] for row in conn.exec_driver_sql(query)}
 
 
+# The tables of version 1, the release before schema_version: all of them, or it is not ours.
+V1_TABLES = {"machines", "sweeps", "jobs", "runs"}
+
+
+class ForeignDatabase(BenchError):
+    """The database holds another application's tables: refused before anything is written."""
+
+    exit_code = 2
+
+
 def current_version(conn: Connection, dialect: str) -> int | None:
-    """The database's version; None for an empty database (no cpubench table at all)."""
+    """The database's version; None for an empty database (no table at all). A database with tables
+    but neither a schema_version nor version 1's tables is another application's: ForeignDatabase."""
     tables = table_names(conn, dialect)
     if "schema_version" in tables:
         return conn.exec_driver_sql(SELECT_VERSION).scalar_one() or 1
-    if "jobs" in tables or "runs" in tables:
+    if V1_TABLES <= tables:
         return 1
+    if tables:
+        shown = ", ".join(sorted(tables)[:6]) + (f" and {len(tables) - 6} more" if len(tables) > 6 else "")
+        raise ForeignDatabase(f"is not a cpubench database: it holds the table(s) {shown} and no schema_version; "
+                              f"left as it was (give --db a new file, or a cpubench results database)")
     return None
 
 
 def upgrade(store) -> str | None:
     """Bring the store's database to LATEST. Returns what was done ("created", "migrated from
     version N"), or None when it was up to date (then only one SELECT ran)."""
-    with store.transaction() as conn:
-        version = current_version(conn, store.dialect)
+    try:
+        with store.transaction() as conn:
+            version = current_version(conn, store.dialect)
+    except ForeignDatabase as err:
+        raise ForeignDatabase(f"{store.where} {err}") from None
     _refuse_newer(store, version)
     if version == LATEST:
         return None

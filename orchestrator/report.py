@@ -28,7 +28,7 @@ from orchestrator import html_report
 from orchestrator.effects import Analysis, Effect, Grid, VariableEffect
 from orchestrator.pool_report import pool_lines
 from orchestrator.seeds import seeds_section
-from orchestrator.store import Store
+from orchestrator.store import ReadOnlyDatabase, Store
 from common.variables import BY_NAME, NAMES
 
 SELECT_RESULTS = "SELECT * FROM v_results {where} ORDER BY run_id"
@@ -68,6 +68,7 @@ class Report:
     effects: list[Effect]  # every effect written to the effects table
     analysis: Analysis | None = None
     html_path: Path | None = None  # index.html, the page people open
+    effects_not_written: str | None = None  # why the effects table was left as it was (a read-only database)
 
 
 @dataclass
@@ -129,7 +130,11 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
 
     plot_paths = _plots(analysis, grids, names, plots_dir) if plots else []
     all_effects = analysis.effects
-    _write_effects(store, machine_ids, all_effects)
+    try:
+        _write_effects(store, machine_ids, all_effects)
+        not_written = None
+    except ReadOnlyDatabase as err:  # an archived or shared copy: the files are the report
+        not_written = str(err)
     top = [ve.headline for ve in analysis.ranked()]
 
     counts = store.counts(machine_id)
@@ -144,7 +149,7 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
     html_path = html_report.write_page(ctx, out_dir / "index.html")
     return Report(csv_path=csv_path, summary_path=summary_path, plot_paths=plot_paths, top_effects=top,
                   counts=counts, failures=failures, machines=len({r["machine_id"] for r in rows}),
-                  effects=all_effects, analysis=analysis, html_path=html_path)
+                  effects=all_effects, analysis=analysis, html_path=html_path, effects_not_written=not_written)
 
 
 # -- files --------------------------------------------------------------------------------------

@@ -8,24 +8,36 @@ first row of the pool's `queue` in run order: O(log n) however much of the plan 
 atomic: on SQLite it runs inside BEGIN IMMEDIATE (one writer at a time); on PostgreSQL the row is
 taken with FOR UPDATE SKIP LOCKED, so concurrent workers take different rows without waiting on
 each other. Times come from the database's clock.
+
+The database is the user's (docs/databases.md): a file that is not a cpubench database is refused
+before anything is written (migrations.current_version); a read command opens the store with
+`read_only=True` and writes nothing (a missing file is not created; a file on read-only media is
+read as immutable); every driver error leaves `transaction()` as one BenchError whose message names
+the file or URL (password hidden) and what is wrong, never the statement or its parameters; the
+ones that may pass (a lost connection, a restarting server, SQLite's lock held past the busy
+timeout) are DatabaseUnavailable, which a worker retries (worker/loop.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import shutil
+import sqlite3
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from orchestrator import migrations
-from common.errors import BadInput, BenchError
+from common.errors import BadInput, BenchError, DatabaseUnavailable
 from common.variables import BY_NAME, NAMES
 from common.metrics import METRICS  # the one metric list: schema.sql's runs columns follow it
 
@@ -93,6 +105,8 @@ ON CONFLICT (pool_id, job_id) DO NOTHING
 """
 
 SELECT_MACHINE = "SELECT machine_id FROM machines WHERE fingerprint = :fingerprint"
+# No pool has this id (ids start at 1): the counts of a machine that never worked on this database.
+NO_POOL = 0
 INSERT_MACHINE = """
 INSERT INTO machines (fingerprint, facts, first_seen, last_seen, {columns})
 VALUES (:fingerprint, :facts, {now}, {now}, {params})
@@ -165,10 +179,25 @@ FINISH_RUN = """
 UPDATE runs SET status = :status, finished = {now}, reason = :reason, {assignments}
 WHERE run_id = :run_id AND status = 'running' AND worker_pid = :pid
 """
+# {server_start}: when the PostgreSQL server (re)started: heartbeats missed while it was down were
+# not the workers' fault, so staleness counts from the later of the last beat and the start.
 SELECT_RUNNING = """
-SELECT run_id, worker_pid, worker_host, worker_started, heartbeat, attempts, {now} AS now
+SELECT run_id, worker_pid, worker_host, worker_started, heartbeat, attempts, {now} AS now, {server_start} AS server_start
 FROM runs WHERE pool_id = :pool_id AND status = 'running'
 """
+SERVER_START = {
+    "sqlite": "NULL",
+    "postgresql": "CAST(extract(epoch from pg_postmaster_start_time()) AS DOUBLE PRECISION)",
+}
+# A run this worker holds: after a connection lost during the claim's commit, the claim may have
+# been written without the worker hearing it.
+SELECT_OWN_RUNNING = """
+SELECT r.run_id, r.job_id, r.attempts, r.worker_started, j.config FROM runs r JOIN jobs j ON j.job_id = r.job_id
+WHERE r.pool_id = :pool_id AND r.status = 'running' AND r.worker_pid = :pid AND r.worker_host = :host
+ORDER BY r.run_id
+"""
+# What a finish whose answer was lost left: written already when it is ours and finished.
+SELECT_RUN_STATE = "SELECT status, worker_pid, finished FROM runs WHERE run_id = :run_id"
 # Taken back only if nobody touched it since we looked (the heartbeat is the version).
 TAKE_BACK = """
 UPDATE runs SET status = CASE WHEN attempts >= :max_attempts THEN 'failed' ELSE 'queued' END,
@@ -250,17 +279,38 @@ def safe_url(url: str) -> str:
 schema_statements = migrations.schema_statements  # kept importable from here
 
 
+class ReadOnlyDatabase(BenchError):
+    """The database cannot be written (a read-only file or medium, a read-only PostgreSQL role or
+    transaction): reading it works; a command that writes says so in one line. Exit code 1."""
+
+
 class Store:
     """The results database. Open it with `Store(db)`; an empty database gets the schema, an older
-    one is migrated (orchestrator/migrations.py), an up-to-date one costs one SELECT."""
+    one is migrated (orchestrator/migrations.py), an up-to-date one costs one SELECT, a database that
+    is not cpubench's is refused untouched.
 
-    def __init__(self, db: str, *, busy_timeout_s: float = 60.0):
+    `read_only=True` is for the commands that only read (status, report): a missing file is not
+    created, SQLite's journal mode is left as it is, and a file in a folder this process cannot
+    write (read-only media, an archive) is opened immutable, without the -wal and -shm files SQLite
+    would otherwise need to create there. Only an empty database's schema or an older release's
+    migration is ever written by such a store, and only where the database can be written."""
+
+    def __init__(self, db: str, *, busy_timeout_s: float = 60.0, read_only: bool = False):
         self.url = database_url(db)
         self.display_url = safe_url(self.url)
+        self.read_only = read_only
+        self.busy_timeout_s = busy_timeout_s
+        self.path: Path | None = None  # the SQLite file
+        url = self.url
         try:
-            self.engine: Engine = create_engine(self.url, connect_args=self._connect_args(busy_timeout_s))
+            parsed = make_url(self.url)
+            if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+                self.path = Path(parsed.database)
+                url = self._sqlite_open_url(parsed)
+            self.engine: Engine = create_engine(url, connect_args=self._connect_args(busy_timeout_s))
         except (SQLAlchemyError, ImportError, ValueError) as err:
             raise BenchError(f"cannot open database {safe_url(db)!r}: {err}") from err
+        self.where = str(self.path) if self.path is not None else self.display_url  # how messages name it
         self.dialect = self.engine.dialect.name
         if self.dialect not in NOW:
             raise BenchError(f"database {safe_url(db)!r}: only SQLite and PostgreSQL are supported, not {self.dialect}")
@@ -268,12 +318,43 @@ class Store:
         self._mark = "?" if self.dialect == "sqlite" else "%s"
         self._filled: set[int] = set()  # pools whose queue exists (it never goes away)
         self._own_pools: dict[int, int] = {}  # machine -> its own pool
+        self._driver_errors = _driver_errors(self.dialect)
         if self.dialect == "sqlite":
             self._sqlite_setup(busy_timeout_s)
         try:
-            self.migrated = migrations.upgrade(self)
-        except OperationalError as err:
-            raise BenchError(f"cannot use database {self.display_url}: {err.orig}") from err
+            try:
+                self.migrated = migrations.upgrade(self)
+            except (DBAPIError, *self._driver_errors) as err:  # the migration's own transaction
+                raise self.fault(err) from None
+        except ReadOnlyDatabase:
+            raise ReadOnlyDatabase(
+                f"database {self.where} is read-only, and this release must first give it the schema of version "
+                f"{migrations.LATEST} (an empty or older database is brought up to date on open): "
+                f"`bench.py merge {self.where} --db COPY.db` makes a current copy to read") from None
+        if self.dialect == "sqlite" and not read_only:
+            # Only now that the file is known to be ours: WAL is written into the file's header
+            # (outside a transaction: SQLite changes the journal mode only there).
+            try:
+                with self.engine.connect() as conn:
+                    conn.connection.dbapi_connection.execute("PRAGMA journal_mode=WAL")
+            except (DBAPIError, *self._driver_errors) as err:
+                raise self.fault(err) from None
+
+    def _sqlite_open_url(self, parsed) -> str:
+        """The URL to open the SQLite file with, after the checks SQLite would answer obscurely."""
+        path = self.path
+        if path.is_dir():
+            raise BadInput(f"--db {path} is a directory, not a database file")
+        if not path.parent.is_dir():
+            raise BadInput(f"--db {path}: its folder {path.parent} does not exist")
+        if self.read_only and not path.exists():
+            raise BadInput(f"no database file {path}: nothing was enqueued there (`bench.py enqueue --db {path}` "
+                           f"creates it)")
+        if self.read_only and not os.access(path.parent, os.W_OK):
+            # A WAL reader needs a -shm file next to the database; on read-only media it cannot make
+            # one, and nobody can be writing there: read the file as immutable.
+            return f"sqlite:///file:{quote(str(path))}?mode=ro&immutable=1&uri=true"
+        return parsed.render_as_string(hide_password=False)
 
     def _connect_args(self, busy_timeout_s: float) -> dict:
         if self.url.startswith("sqlite"):
@@ -283,11 +364,11 @@ class Store:
     def _sqlite_setup(self, busy_timeout_s: float) -> None:
         # pysqlite's own transaction handling would defer BEGIN; we emit it ourselves so that
         # write transactions are BEGIN IMMEDIATE and take the write lock before reading.
+        # No journal_mode here: a pragma that writes must not touch a file before it is known to be ours.
         @event.listens_for(self.engine, "connect")
         def _on_connect(dbapi_conn, _record):
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
             cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA synchronous=NORMAL")
@@ -300,12 +381,61 @@ class Store:
 
     @contextmanager
     def transaction(self, *, write: bool = False) -> Iterator[Connection]:
-        """The one way to talk to the database: commits on success, rolls back on error, closes."""
-        with self.engine.connect() as conn:
-            if write:
-                conn = conn.execution_options(immediate=True)
-            with conn.begin():
-                yield conn
+        """The one way to talk to the database: commits on success, rolls back on error, closes. A
+        driver error leaves it as one BenchError (fault())."""
+        try:
+            with self.engine.connect() as conn:
+                if write:
+                    conn = conn.execution_options(immediate=True)
+                with conn.begin():
+                    yield conn
+        except (DBAPIError, *self._driver_errors) as err:
+            raise self.fault(err) from None
+
+    def fault(self, error: BaseException) -> BenchError:
+        """A driver error as one line a user can act on: the file or URL (password hidden), what is
+        wrong, the driver's first line; never the statement or its parameters (a machine's facts)."""
+        orig = getattr(error, "orig", None) or error
+        first = (str(orig).strip().splitlines() or [type(orig).__name__])[0].strip()
+        if self.dialect == "sqlite":
+            return self._sqlite_fault(first)
+        sqlstate = getattr(orig, "sqlstate", None) or ""
+        if sqlstate == "53100":
+            return BenchError(f"database {self.where}: the server's disk is full ({first}); nothing of this command "
+                              f"was written: free space on the server and run it again")
+        if sqlstate == "25006":
+            return ReadOnlyDatabase(f"database {self.where} is read-only ({first}): this command writes to it")
+        if sqlstate == "42501":  # a role that may read only: report reads it as a read-only database
+            return ReadOnlyDatabase(f"database {self.where}: permission denied ({first}): the role needs the "
+                                    f"privileges docs/databases.md lists")
+        if getattr(error, "connection_invalidated", False) or _pg_may_come_back(orig, sqlstate, first):
+            return DatabaseUnavailable(f"cannot reach database {self.where}: {first}")
+        return BenchError(f"database {self.where}: {first}")
+
+    def _sqlite_fault(self, first: str) -> BenchError:
+        low = first.lower()
+        where = self.where
+        if "locked" in low or "busy" in low:
+            return DatabaseUnavailable(f"database {where} is locked by another connection past the "
+                                       f"{self.busy_timeout_s:g} s busy timeout ({first})")
+        if "readonly" in low or "read-only" in low:
+            return ReadOnlyDatabase(f"database {where} is read-only ({first}): this command writes to it; "
+                                    f"status and report read it as it is")
+        if "full" in low or ("i/o error" in low and _nearly_full(self.path)):
+            return BenchError(f"database {where}: the disk is full ({first}); nothing of this command was written: "
+                              f"free space and run it again")
+        if "i/o error" in low:
+            return BenchError(f"database {where}: the file system failed to read or write it ({first}); "
+                              f"check the disk (dmesg)")
+        if "not a database" in low:
+            return BadInput(f"{where} is not an SQLite database (another kind of file, or a damaged one): "
+                            f"left as it was")
+        if "malformed" in low or "corrupt" in low:
+            return BenchError(f"database {where} is damaged ({first}): left as it was; restore it from a copy, or "
+                              f"recover its rows with `sqlite3 {where} .recover`")
+        if "unable to open" in low:
+            return BenchError(f"cannot open database {where}: {_why_not_opened(self.path)}")
+        return BenchError(f"database {where}: {first}")
 
     def sql(self, statement: str, **parts: str):
         return text(statement.format(now=self.now, **parts))
@@ -336,6 +466,11 @@ class Store:
                              {**params, "machine_id": machine_id})
             conn.execute(self.sql(INSERT_OWN_POOL), {"machine_id": machine_id})
             return machine_id
+
+    def find_machine(self, fingerprint: str) -> int | None:
+        """The machine's id if it was registered here, without registering it (read commands)."""
+        with self.transaction() as conn:
+            return conn.execute(text(SELECT_MACHINE), {"fingerprint": fingerprint}).scalar_one_or_none()
 
     def pool_id(self, machine_id: int | None, name: str | None = None, *, create: bool = True) -> int:
         """The queue a worker of this machine claims from: the machine's own pool, or the named pool
@@ -498,8 +633,25 @@ class Store:
         with self.transaction(write=True) as conn:
             changed = conn.execute(self.sql(FINISH_RUN, assignments=assignments),
                                    {"run_id": run_id, "pid": pid, "status": status, "reason": reason, **fields}).rowcount
+        if changed != 1 and self._finished_by(run_id, pid, status):
+            return  # an earlier try was written, its answer lost with the connection
         if changed != 1:
             raise BenchError(f"run {run_id} was taken back from this worker before it finished (heartbeat too old?)")
+
+    def _finished_by(self, run_id: int, pid: int, status: str) -> bool:
+        with self.transaction() as conn:
+            row = conn.execute(text(SELECT_RUN_STATE), {"run_id": run_id}).first()
+        return row is not None and row[0] == status and row[1] == pid and row[2] is not None
+
+    def own_running(self, pool_id: int, *, pid: int, host: str, started: float | None) -> Claim | None:
+        """The run of the pool this worker (pid, host and start time) holds, if any: a claim written
+        before the connection was lost, its answer with it."""
+        with self.transaction() as conn:
+            for run_id, job_id, attempts, run_started, config in conn.execute(
+                    text(SELECT_OWN_RUNNING), {"pool_id": pool_id, "pid": pid, "host": host}):
+                if started is None or run_started is None or same_start(started, run_started):
+                    return Claim(run_id=run_id, job_id=job_id, attempts=attempts, config=json.loads(config))
+        return None
 
     def release(self, run_id: int, *, pid: int, reason: str) -> None:
         with self.transaction(write=True) as conn:
@@ -507,28 +659,33 @@ class Store:
             conn.execute(text(REQUEUE.format(which="r.run_id = :run_id")), {"run_id": run_id})
 
     def take_back_stale(self, machine_id: int, *, host: str, grace_s: float, max_attempts: int, is_alive,
-                        pool_id: int | None = None, started_at=None) -> list[int]:
+                        pool_id: int | None = None, started_at=None, other_hosts: bool = True) -> list[int]:
         """Put back in the queue the running runs of the pool (the machine's own unless given) whose
         worker is gone. On this host the worker's pid decides, never the heartbeat's age: a run is
         taken back when is_alive(pid) is False, or when started_at(pid) (the live process's start
         time; None if gone) is not the start time recorded at claim (the pid was reused). A live
         worker keeps its run however long its child takes to start. On other hosts, whose pids we
-        cannot see, a heartbeat older than grace_s means gone. After max_attempts claims a run is
-        failed instead."""
+        cannot see, a heartbeat older than grace_s means gone, counted from the later of the beat and
+        the server's (re)start: beats missed while the server was down were nobody's fault.
+        other_hosts=False leaves other hosts' runs alone (a worker just back from an outage gives
+        them a grace period to beat again). After max_attempts claims a run is failed instead."""
         if pool_id is None:
             pool_id = self.pool_id(machine_id)
         taken = []
         with self.transaction(write=True) as conn:
-            running = conn.execute(self.sql(SELECT_RUNNING), {"pool_id": pool_id}).all()
-            for run_id, pid, run_host, started, beat, attempts, now in running:
+            running = conn.execute(self.sql(SELECT_RUNNING, server_start=SERVER_START[self.dialect]),
+                                   {"pool_id": pool_id}).all()
+            for run_id, pid, run_host, started, beat, attempts, now, server_start in running:
                 if run_host == host and pid is not None:
                     if not is_alive(pid):
                         why = f"worker pid {pid} on {host} died"
-                    elif started is not None and started_at is not None and not _same_start(started_at(pid), started):
+                    elif started is not None and started_at is not None and not same_start(started_at(pid), started):
                         why = f"worker pid {pid} on {host} died (the pid was reused by another process)"
                     else:
                         continue  # alive: it heartbeats, or it is busy starting its child
-                elif beat is None or now - beat > grace_s:
+                elif not other_hosts:
+                    continue
+                elif beat is None or now - max(beat, server_start or beat) > grace_s:
                     why = f"no heartbeat from worker {pid}@{run_host} for {grace_s:g} s"
                 else:
                     continue
@@ -587,6 +744,57 @@ class Store:
         return out
 
 
+def _driver_errors(dialect: str) -> tuple[type[BaseException], ...]:
+    """The driver's own exception classes: raised where SQLAlchemy does not wrap them (a raw
+    connection's pragma, psycopg's COPY)."""
+    if dialect == "postgresql":
+        import psycopg
+
+        return (sqlite3.Error, psycopg.Error)
+    return (sqlite3.Error,)
+
+
+# Connection failures that no retry mends: the URL or the role is wrong.
+_PG_FOR_GOOD = ("password", "authentication", "does not exist", "pg_hba.conf", "role ", "invalid")
+
+
+def _pg_may_come_back(orig: BaseException, sqlstate: str, first: str) -> bool:
+    """A lost connection or a server shutting down, starting up or failing over: SQLSTATE class 08
+    (connection exception) or 57P01-57P03 (admin/crash shutdown, cannot connect now); or a
+    connection refused or reset (psycopg gives those no SQLSTATE)."""
+    if sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03"):
+        return True
+    import psycopg
+
+    low = first.lower()
+    return isinstance(orig, psycopg.OperationalError) and not sqlstate and not any(w in low for w in _PG_FOR_GOOD)
+
+
+def _nearly_full(path: Path | None) -> bool:
+    """Whether the file system of the database has less room than SQLite needs for a page of WAL
+    (SQLite reports a write to a full disk as "disk I/O error" when the -wal or -shm file fails)."""
+    if path is None:
+        return False
+    try:
+        return shutil.disk_usage(path.parent).free < 1 << 20
+    except OSError:
+        return False
+
+
+def _why_not_opened(path: Path | None) -> str:
+    """Why SQLite said "unable to open database file", as far as the file system tells."""
+    if path is None:
+        return "unable to open database file"
+    if path.exists() and not os.access(path, os.R_OK):
+        return f"permission denied: this user cannot read {path}"
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        return (f"permission denied: this user cannot write in {path.parent} (SQLite keeps its -wal and -shm "
+                f"files next to the database)")
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"permission denied: this user cannot write {path}"
+    return "unable to open database file (SQLite's words; the file system allows it: a full disk?)"
+
+
 # Variables whose column stores NULL for a word ("default"): after resolve() only these can hold one.
 _WORDY = tuple((i, BY_NAME[n].words) for i, n in enumerate(NAMES) if BY_NAME[n].words)
 
@@ -640,7 +848,7 @@ def _chunks(items: Iterable, n: int) -> Iterator[list]:
         yield chunk
 
 
-def _same_start(now_started: float | None, recorded: float) -> bool:
+def same_start(now_started: float | None, recorded: float) -> bool:
     """Whether a live pid's start time is the one recorded at claim. Start times come from the
     kernel in clock ticks (10 ms) plus the boot time: the same process always reads the same value;
     a reused pid started at least as late as its predecessor died, well over a tick later."""

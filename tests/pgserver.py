@@ -10,6 +10,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -26,9 +27,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass
+class Server:
+    """A running throwaway server that a test may stop, start and restart (a maintenance restart,
+    a failover) while workers use it."""
+
+    url: str
+    pg: Path
+    data: Path
+    log: Path
+    settings: str  # the postgres command line options it started with
+    run_as: list[str]
+
+    def ctl(self, *args: str) -> None:
+        subprocess.run([*self.run_as, str(self.pg / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", *args],
+                       check=True, capture_output=True)
+
+    def stop(self, mode: str = "fast") -> None:
+        self.ctl("-m", mode, "stop")
+
+    def start(self) -> None:
+        self.ctl("-o", self.settings, "start")
+
+    def restart(self) -> None:
+        self.ctl("-m", "fast", "-o", self.settings, "restart")
+
+
 @contextmanager
-def throwaway_postgres(*options: str) -> Iterator[str]:
-    """Start a server in a temp dir; yield its SQLAlchemy URL; stop it and remove everything.
+def postgres_server(*options: str) -> Iterator[Server]:
+    """Start a server in a temp dir; yield it; stop it and remove everything.
     `options`: extra server settings, e.g. "-c max_connections=200"."""
     pg = pg_bin()
     if pg is None:
@@ -43,15 +70,21 @@ def throwaway_postgres(*options: str) -> Iterator[str]:
     port = _free_port()
     subprocess.run([*run_as, str(pg / "initdb"), "-D", str(data), "-A", "trust", "-U", "bench"],
                    check=True, capture_output=True)
-    log = base / "log"
-    subprocess.run([*run_as, str(pg / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-o",
-                    f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off {' '.join(options)}", "start"],
-                   check=True, capture_output=True)
+    settings = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off {' '.join(options)}"
+    server = Server(f"postgresql+psycopg://bench@127.0.0.1:{port}/postgres", pg, data, base / "log", settings, run_as)
+    server.start()
     try:
-        yield f"postgresql+psycopg://bench@127.0.0.1:{port}/postgres"
+        yield server
     finally:
         subprocess.run([*run_as, str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@contextmanager
+def throwaway_postgres(*options: str) -> Iterator[str]:
+    """Start a server in a temp dir; yield its SQLAlchemy URL; stop it and remove everything."""
+    with postgres_server(*options) as server:
+        yield server.url
 
 
 def create_database(url: str, name: str) -> str:

@@ -5,12 +5,21 @@ One worker per CPU: each worker locks the CPUs of its pool, so a second worker o
 waits or stops with a clear message, while workers on disjoint CPUs (`work --cpus`) may share a
 machine. Knobs are restored after every job, on error and on SIGTERM; a kill -9 leaves a journal
 that the next worker (or `bench.py restore`) restores.
+
+A worker outlives a database outage (a PostgreSQL restart or failover, SQLite's lock held past the
+busy timeout): every database call, the heartbeat thread's too, is retried with backoff for up to
+`--db-retry` seconds (Patience); a finished run's result is kept on local disk (state dir, kept/)
+until the database has it, and written by the next worker on this machine if this one gives up; a
+claim whose answer was lost is found again (Store.own_running), a finish whose answer was lost is
+not written twice (Store.finish). docs/databases.md tells the whole story.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -20,12 +29,13 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import psutil
 
-from common.errors import BadInput, Busy, Stopped
-from orchestrator.store import RUN_FACTS, Claim, Store, result_problems
+from common.errors import BadInput, BenchError, Busy, DatabaseUnavailable, Stopped
+from orchestrator.store import RUN_FACTS, Claim, Store, same_start, result_problems
 from worker import gemm_peak, knobs, probe, sensors
 from worker.child import ForkServers, Outcome, child_env, run_exec
 from worker.trainers.harness import METRICS, TRAINERS, WORKER_METRICS, compiled_while_timed
@@ -50,6 +60,7 @@ class WorkerOptions:
     max_attempts: int = 3
     target_ci: float | None = None  # `work --target-ci`: add repeat passes until intervals are this narrow (0.05 = +-5%)
     max_repeats: int = 10
+    db_retry_s: float = 600.0  # how long a database outage is ridden out before the worker gives up
     state_dir: Path = field(default_factory=default_state_dir)
     sysfs_root: str = "/"
     data_dir: Path = field(default_factory=lambda: Path(os.environ.get("BENCH_DATA_DIR", PROJECT_ROOT / "data")))
@@ -77,6 +88,65 @@ class Event:
     outcome: Outcome | None = None
     counts: dict | None = None
     text: str = ""
+
+
+class Patience:
+    """Rides out a database outage: a call that raises DatabaseUnavailable is tried again, after
+    0.5 s, 1 s, then every 2 s, until the outage has lasted retry_s; then the error
+    goes on, saying so. One per worker, shared with its heartbeat thread, so an outage is counted
+    once from when either first saw it, and the worker knows when it ended (settled())."""
+
+    MAX_DELAY_S = 2.0  # a connection attempt every 2 s is nothing to a server; a worker idle longer is waste
+
+    def __init__(self, retry_s: float, emit: Callable[[Event], None] = lambda e: None):
+        self.retry_s = retry_s
+        self.emit = emit
+        self.failing_since: float | None = None  # time.monotonic() when the outage was first seen
+        self.back_at = float("-inf")  # when the last outage ended
+        self.outages = 0
+        self.lost_s = 0.0  # outages so far, in seconds, all together (from first failure to first success)
+
+    def call(self, fn: Callable, *args, **kwargs):
+        delay = 0.5
+        while True:
+            try:
+                result = fn(*args, **kwargs)
+            except DatabaseUnavailable as error:
+                waited = time.monotonic() - self.failed(error)
+                if waited + delay > self.retry_s:
+                    raise DatabaseUnavailable(f"{error}; gave up after {waited:.0f} s of retries "
+                                              f"(--db-retry {self.retry_s:g})") from None
+                time.sleep(delay)
+                delay = min(2 * delay, self.MAX_DELAY_S)
+                continue
+            self.ok()
+            return result
+
+    def failed(self, error: BenchError) -> float:
+        """Note an outage (once); when it began."""
+        since = self.failing_since
+        if since is None:
+            since = self.failing_since = time.monotonic()
+            self.emit(Event("note", text=f"{error}; retrying for up to {self.retry_s:g} s"))
+        return since
+
+    def gave_up(self) -> bool:
+        since = self.failing_since
+        return since is not None and time.monotonic() - since > self.retry_s
+
+    def ok(self) -> None:
+        since = self.failing_since
+        if since is not None:
+            self.failing_since = None
+            self.back_at = time.monotonic()
+            self.outages += 1
+            self.lost_s += self.back_at - since
+            self.emit(Event("note", text=f"database back after {self.back_at - since:.1f} s"))
+
+    def settled(self, for_s: float) -> bool:
+        """The database has answered for for_s since the last outage: other workers have had time to
+        beat again, so a run whose heartbeat is old now is a dead worker's."""
+        return self.failing_since is None and time.monotonic() - self.back_at >= for_s
 
 
 def allowed_cpus(requested: list[int] | None) -> list[int]:
@@ -141,6 +211,10 @@ class Worker:
         self._counted_at = float("-inf")
         self._datasets: dict[str, str] = {}
         self._provisional_peaks: dict = {}  # loaded GEMM peak measurements, never cached (gemm_peak.peak_for)
+        self.patience = Patience(options.db_retry_s, on_event)
+        # Finished results not yet in the database, one file per run, named by the database they belong to.
+        self.kept_dir = options.state_dir / "kept"
+        self._kept_prefix = hashlib.sha256(store.url.encode()).hexdigest()[:16] if store is not None else ""
         if options.spawn not in ("fork", "exec"):
             raise BadInput(f"BENCH_SPAWN={options.spawn!r}: expected fork or exec")
         self.forkserver = ForkServers() if options.spawn == "fork" else None
@@ -149,11 +223,15 @@ class Worker:
         if self.forkserver is not None:
             self.forkserver.close()
 
+    def _db(self, fn: Callable, *args, **kwargs):
+        """A database call, patiently (through an outage of up to --db-retry seconds)."""
+        return self.patience.call(fn, *args, **kwargs)
+
     def start(self) -> int:
         """Probe, register and restore; the machine id."""
         self.facts = probe.probe(self.opts.state_dir, quick=self.opts.probe_quick, sysfs_root=self.opts.sysfs_root)
-        self.machine_id = self.store.register_machine(self.facts)
-        self.pool_id = self.store.pool_id(self.machine_id, self.opts.pool_name)
+        self.machine_id = self._db(self.store.register_machine, self.facts)
+        self.pool_id = self._db(self.store.pool_id, self.machine_id, self.opts.pool_name)
         for line in restore_left_behind(self.opts.state_dir, self.opts.sysfs_root):
             self.emit(Event("restored", text=line))
         return self.machine_id
@@ -164,13 +242,12 @@ class Worker:
         try:
             with cpu_locks(self.opts.state_dir, self.pool, wait=self.opts.wait):
                 self.start()
-                self.emit(Event("start", counts=self.store.counts(pool_id=self.pool_id)))
+                self.emit(Event("start", counts=self._db(self.store.counts, pool_id=self.pool_id)))
                 done = 0
                 settled = False
                 while self.opts.max_jobs is None or done < self.opts.max_jobs:
                     self._take_back_stale()
-                    claim = self.store.claim(self.machine_id, pid=self.pid, host=self.host, max_cores=len(self.pool),
-                                             pool_id=self.pool_id, started=self.started)
+                    claim = self._claim()
                     if claim is None and self.opts.target_ci is not None and not settled:
                         if self._adapt():
                             continue
@@ -178,7 +255,7 @@ class Worker:
                     if claim is None:
                         if not self.opts.wait:
                             break
-                        self.emit(Event("idle", counts=self.store.counts(pool_id=self.pool_id)))
+                        self.emit(Event("idle", counts=self._db(self.store.counts, pool_id=self.pool_id)))
                         time.sleep(self.opts.poll_s)
                         continue
                     settled = False
@@ -186,7 +263,10 @@ class Worker:
                     outcome = self._run_claim(claim)
                     done += 1
                     self.emit(Event("finished", claim=claim, outcome=outcome, counts=self._counts_now_and_then()))
-                counts = self.store.counts(pool_id=self.pool_id)
+                counts = self._db(self.store.counts, pool_id=self.pool_id)
+                if self.patience.outages:
+                    self.emit(Event("note", text=f"rode out {self.patience.outages} database outage(s), "
+                                                 f"{self.patience.lost_s:.1f} s in all"))
                 self.emit(Event("stop", counts=counts))  # the progress bar ends on exact counts
                 return counts
         finally:
@@ -198,7 +278,8 @@ class Worker:
         (orchestrator/adaptive.py); True when jobs were added."""
         from orchestrator.adaptive import next_pass
 
-        decision = next_pass(self.store, self.machine_id, target_ci=self.opts.target_ci, max_repeats=self.opts.max_repeats)
+        decision = self._db(next_pass, self.store, self.machine_id, target_ci=self.opts.target_ci,
+                            max_repeats=self.opts.max_repeats)
         self.emit(Event("note", text=decision.words(self.opts.target_ci)))
         return decision.added
 
@@ -209,36 +290,112 @@ class Worker:
         if now - self._counted_at < every_s:
             return None
         self._counted_at = now
-        return self.store.counts(pool_id=self.pool_id)
+        return self._db(self.store.counts, pool_id=self.pool_id)
+
+    def _claim(self) -> Claim | None:
+        """The next job; after a connection lost during the claim, the run it may have written for
+        this worker is taken up again rather than left 'running' for nobody."""
+        claim = partial(self.store.claim, self.machine_id, pid=self.pid, host=self.host, max_cores=len(self.pool),
+                        pool_id=self.pool_id, started=self.started)
+        try:
+            return claim()
+        except DatabaseUnavailable as error:
+            self.patience.failed(error)
+
+        def again() -> Claim | None:
+            mine = self.store.own_running(self.pool_id, pid=self.pid, host=self.host, started=self.started)
+            return mine if mine is not None else claim()
+
+        return self._db(again)
 
     def _take_back_stale(self) -> None:
-        taken = self.store.take_back_stale(self.machine_id, host=self.host, grace_s=self.opts.grace_s,
-                                           max_attempts=self.opts.max_attempts, is_alive=_alive_other,
-                                           pool_id=self.pool_id, started_at=_start_time)
+        self._db(self._write_kept)
+        # Just after an outage, other hosts' workers get a grace period to beat again: their missed
+        # beats were the database's fault (Store.take_back_stale also counts from a server restart).
+        taken = self._db(self.store.take_back_stale, self.machine_id, host=self.host, grace_s=self.opts.grace_s,
+                         max_attempts=self.opts.max_attempts, is_alive=_alive_other, pool_id=self.pool_id,
+                         started_at=_start_time, other_hosts=self.patience.settled(self.opts.grace_s))
         if taken:
             self.emit(Event("requeued", text=f"took back {len(taken)} run(s) of dead workers: {taken}"))
 
     def _run_claim(self, claim: Claim) -> Outcome:
         seen = set()
 
-        def child_started(child_pid: int) -> None:  # the child's pid, once (the heartbeat thread beats)
-            if child_pid not in seen:
-                seen.add(child_pid)
-                self.store.heartbeat(claim.run_id, child_pid)
-
         try:
-            with heartbeating(self.store, claim.run_id, self.opts.heartbeat_s):
+            with heartbeating(self.store, claim.run_id, self.opts.heartbeat_s, self.patience) as beat:
+                def child_started(child_pid: int) -> None:  # the child's pid, once (the heartbeat thread beats)
+                    if child_pid not in seen:
+                        seen.add(child_pid)
+                        beat.child_pid = child_pid
+                        try:
+                            self.store.heartbeat(claim.run_id, child_pid)
+                        except DatabaseUnavailable as error:  # the heartbeat thread writes it once the database is back
+                            self.patience.failed(error)
+
                 outcome = self.measure(claim.config, run_id=claim.run_id, on_heartbeat=child_started)
         except (Stopped, KeyboardInterrupt):
-            self.store.release(claim.run_id, pid=self.pid, reason="worker stopped before the run finished")
+            try:
+                self.store.release(claim.run_id, pid=self.pid, reason="worker stopped before the run finished")
+            except DatabaseUnavailable:
+                pass  # the run names this pid, gone in a moment: the next worker takes it back
             raise
         fields = {**outcome.metrics, **outcome.facts, "applied": outcome.applied}
         problems = result_problems(outcome.status, fields)
         if problems:  # a trainer that breaks the contract: a failed run saying how, never a silent drop
             outcome.status, outcome.reason = "failed", f"the trainer's result breaks the contract: {problems}"
             fields = {k: v for k, v in fields.items() if k in RUN_FACTS or k in METRICS}
-        self.store.finish(claim.run_id, pid=self.pid, status=outcome.status, reason=outcome.reason, fields=fields)
+        self._finish(claim.run_id, outcome.status, outcome.reason, fields)
         return outcome
+
+    def _finish(self, run_id: int, status: str, reason: str | None, fields: dict) -> None:
+        """Write the run's result; kept on local disk until the database has it."""
+        kept = self.kept_dir / f"{self._kept_prefix}-run-{run_id}.json"
+        try:
+            self.kept_dir.mkdir(parents=True, exist_ok=True)
+            partial_path = kept.with_suffix(".part")
+            partial_path.write_text(json.dumps({
+                "database": self.store.display_url, "run_id": run_id, "pid": self.pid, "started": self.started,
+                "status": status, "reason": reason, "fields": fields}, default=str))
+            partial_path.replace(kept)
+        except OSError as error:  # a full local disk: the database may still take it
+            self.emit(Event("note", text=f"run {run_id}'s result could not be kept on disk ({error})"))
+            kept = None
+        try:
+            self._db(self.store.finish, run_id, pid=self.pid, status=status, reason=reason, fields=fields)
+        except DatabaseUnavailable as error:
+            if kept is None:
+                raise
+            raise DatabaseUnavailable(f"{error}; run {run_id}'s result is kept in {kept}: the next `bench.py work` "
+                                      f"on this machine writes it") from None
+        except BenchError:
+            if kept is not None:
+                kept.unlink(missing_ok=True)  # taken back: another worker runs it; never written twice
+            raise
+        if kept is not None:
+            kept.unlink(missing_ok=True)
+
+    def _write_kept(self) -> None:
+        """Write the results that workers of this machine finished and could not write (the database
+        was away when they gave up): before anything takes their runs back."""
+        for path in sorted(self.kept_dir.glob(f"{self._kept_prefix}-run-*.json")):
+            try:
+                kept = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # being written, or not ours to read
+            if _alive_other(kept["pid"]) and same_start(_start_time(kept["pid"]), kept["started"]):
+                continue  # its worker is alive and still trying
+            if kept["pid"] == self.pid and kept["started"] == self.started:
+                continue  # our own, being written
+            try:
+                self.store.finish(kept["run_id"], pid=kept["pid"], status=kept["status"], reason=kept["reason"],
+                                  fields=kept["fields"])
+                self.emit(Event("note", text=f"wrote run {kept['run_id']}'s result, kept on disk by worker pid "
+                                             f"{kept['pid']} through a database outage"))
+            except DatabaseUnavailable:
+                raise
+            except BenchError as error:
+                self.emit(Event("note", text=f"run {kept['run_id']}'s kept result not written: {error}"))
+            path.unlink(missing_ok=True)
 
     def measure(self, config: dict, *, run_id: int | None, on_heartbeat: Callable[[int], None] = lambda pid: None) -> Outcome:
         """Check, apply, spawn, restore: one configuration measured in a fresh child."""
@@ -339,25 +496,40 @@ def _trainer_missing(module: str) -> str | None:
     return None if spec is not None else f"unavailable: no trainer {module} in this checkout"
 
 
+@dataclass
+class Beat:
+    child_pid: int | None = None  # written with the next beat once the child has started
+
+
 @contextmanager
-def heartbeating(store: Store, run_id: int, every_s: float):
+def heartbeating(store: Store, run_id: int, every_s: float, patience: Patience | None = None):
     """Beat for the run from claim to finish, whatever the worker is doing meanwhile (data, knobs, a
-    fork server's start, the child): a thread of its own, on its own pooled connection. A failed
-    beat (database briefly away) is retried at the next one; a run taken back stops nothing here,
-    finish() says so."""
+    fork server's start, the child): a thread of its own, on its own pooled connection. A beat lost
+    to a database outage is tried again at the next one, until the outage has lasted the worker's
+    --db-retry (patience: shared with the worker, which is told when the outage began and ended);
+    a run taken back stops nothing here, finish() says so."""
     stop = threading.Event()
+    state = Beat()
 
     def beat() -> None:
         while not stop.wait(every_s):
             try:
-                store.heartbeat(run_id)
+                store.heartbeat(run_id, state.child_pid)
+            except DatabaseUnavailable as error:
+                if patience is not None:
+                    patience.failed(error)
+                    if patience.gave_up():
+                        return  # the worker's own next call gives up too, and says so
+                continue
             except Exception:  # noqa: BLE001 - the next beat tries again; the worker's own calls report errors
-                pass
+                continue
+            if patience is not None:
+                patience.ok()
 
     thread = threading.Thread(target=beat, name=f"heartbeat-run-{run_id}", daemon=True)
     thread.start()
     try:
-        yield
+        yield state
     finally:
         stop.set()
         thread.join()
