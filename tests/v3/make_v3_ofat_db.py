@@ -1,9 +1,9 @@
-"""How tests/v3/results-v3.db was made: with the last release of schema version 3 (commit c6a4c6a,
+"""How tests/v3/results-v3-ofat.db was made: with the last release of schema version 3 (commit c6a4c6a,
 before jobs.block), run from a pristine checkout of it. Kept for the record; the tests use the
 file, never this script (a clean clone has no old checkout to run it with).
 
     git worktree add --detach /tmp/rel3 c6a4c6a
-    venv/bin/python tests/v3/make_v3_db.py --release /tmp/rel3
+    venv/bin/python tests/v3/make_v3_ofat_db.py --release /tmp/rel3
 
 An ofat sweep of that release (SWEEP: its order a shuffle of each whole pass, no blocks) with two
 repeats, enqueued and worked by the old code's own commands with the stub child (tests/stub_child.py
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--release", type=Path, required=True, help="checkout of the version-3 release")
     args = parser.parse_args()
     release = args.release.resolve()
-    out = HERE / "results-v3.db"
+    out = HERE / "results-v3-ofat.db"
     out.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         sweep = Path(tmp) / "v3-ofat.toml"

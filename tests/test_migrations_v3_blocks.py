@@ -1,5 +1,5 @@
 """A database written by the last release before blocks (version 3: tests/v3, made by
-tests/v3/make_v3_db.py from commit c6a4c6a: an ofat sweep, shuffled passes) opens in this release,
+tests/v3/make_v3_ofat_db.py from commit c6a4c6a: an ofat sweep, shuffled passes) opens in this release,
 keeps every run and job identity with block NULL (its passes were one shuffled block), and takes the
 same sweep again as a blocked plan of new jobs beside the old ones."""
 
@@ -23,7 +23,7 @@ V3 = Path(__file__).resolve().parent / "v3"
 @pytest.fixture
 def v3_db(tmp_path) -> str:
     path = tmp_path / "v3.db"
-    shutil.copyfile(V3 / "results-v3.db", path)
+    shutil.copyfile(V3 / "results-v3-ofat.db", path)
     return str(path)
 
 
@@ -41,7 +41,7 @@ def test_a_version_3_database_keeps_its_jobs_unblocked_and_plans_the_same_sweep_
     assert sqlite_rows(v3_db, "SELECT COUNT(*), COUNT(block) FROM v_results") == [(len(runs_before), 0)]
 
     sweep = tmp_path / "v3-ofat.toml"
-    sweep.write_text((V3 / "make_v3_db.py").read_text().split('SWEEP = """')[1].split('"""')[0])
+    sweep.write_text((V3 / "make_v3_ofat_db.py").read_text().split('SWEEP = """')[1].split('"""')[0])
     proc = bench("enqueue", str(sweep), "--db", v3_db, check=True)
     assert "added 14 new jobs, 0 already present" in proc.stderr  # every job of the blocked plan is new: its identity has its block
     blocks = sqlite_rows(v3_db, "SELECT block, COUNT(*) FROM jobs WHERE block IS NOT NULL GROUP BY block ORDER BY block")
