@@ -365,9 +365,15 @@ def _noisy_configs(r, ci, s_of_run, lev, sigma2, n_configs: int) -> list[int]:
         if dof_c < 0.9:
             continue
         s = int(s_of_run[m][0])
-        rss_c = float(r[m] @ r[m])
+        rc = np.sort(np.abs(r[m]))
+        # a few slow runs (a heavy tail, a slow mode) are not a noisy configuration: from 5 runs on,
+        # its largest fifth of residuals is left out of its own variance (its yardstick keeps them)
+        cut = len(rc) // 5 if len(rc) >= 5 else 0
+        if cut:
+            dof_c *= (len(rc) - cut) / len(rc)
+        rss_c = float(rc[:len(rc) - cut] @ rc[:len(rc) - cut])
         # against the rest of its stratum (leave it out: a noisy value must not set its own yardstick)
-        dof_rest, rss_rest = dof[s] - dof_c, rss[s] - rss_c
+        dof_rest, rss_rest = dof[s] - float(m.sum() - lev[m].sum()), rss[s] - float(r[m] @ r[m])
         if dof_rest < 0.9 or rss_rest <= 0:
             continue
         tested.append((c, (rss_c / dof_c) / (rss_rest / dof_rest), dof_c, dof_rest))
