@@ -397,5 +397,12 @@ def _to_3(conn: Connection, dialect: str) -> str:
     return "from version 2: " + ("; ".join(done) or "views remade")
 
 
-MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3}
+def _to_4(conn: Connection, dialect: str) -> str:
+    """Version 3 -> 4: the variables compiler and blas (jobs get them from the catalogue: gcc, and the
+    library their framework ran), and runs.gemm_format (NULL in old runs: they did not record it)."""
+    done = reconcile(conn, dialect, fills={})
+    return "from version 3: " + ("; ".join(done) or "views remade")
+
+
+MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3, 4: _to_4}
 LATEST = max(MIGRATIONS)

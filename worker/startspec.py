@@ -11,8 +11,8 @@ parent's os.environ: the worker spawns the child with the spec (worker/child.py)
     numpy   OPENBLAS_NUM_THREADS = intra_threads, OMP_NUM_THREADS; OpenBLAS runs pthreads, so no
             OpenMP binding; no ISA cap
 Shared: the CPU set (physical cores first), LD_PRELOAD allocator, numactl memory policy.
-cc_flags is applied inside the torch child (worker/trainers/torch/ccflags.py); here only whether it
-can be (lto cannot: worker/ccflags.py).
+cc_flags and compiler are applied inside the torch child (worker/trainers/torch/ccflags.py); here only
+whether they can be (lto cannot; clang needs LLVM's omp.h: worker/ccflags.py).
 """
 
 from __future__ import annotations
@@ -177,6 +177,8 @@ def unavailable(config: dict, facts: dict, cpu_pool: list[int]) -> list[str]:
     if framework == "torch":
         checks.append(onednn_unavailable(bool(config["onednn"]), facts))
         checks.append(ccflags.unavailable(config.get("cc_flags", DEFAULT)))
+        if config.get("compile") == "inductor" and config.get("compiler", "gcc") != "gcc":
+            checks.append(ccflags.compiler_unavailable(config["compiler"]))
     return [why for why in checks if why]
 
 
