@@ -594,7 +594,7 @@ def _job_row(job: dict, sweep_id: int) -> tuple:
     config = job["config"]
     values = [config[n] for n in NAMES]
     for i in _WORDY:
-        if isinstance(values[i], str):
+        if isinstance(values[i], str) and values[i] in BY_NAME[NAMES[i]].words:
             values[i] = None
     config_json = job.get("config_json") or json.dumps(config, sort_keys=True)
     derived = job.get("derived")
