@@ -57,6 +57,9 @@ TRAINERS = {"torch": "worker.trainers.torch", "jax": "worker.trainers.jax", "num
 # rather than a ratio against the fp32 peak they are not bound by).
 PEAK_KEY = {"fp32": "fp32", "q8": "fp32", "q4": "int4", "bitnet": "int8", "int8": "int8", "bf16": "bf16",
             "mixed": "bf16"}
+# Precisions whose arithmetic is still a simulation, and what really runs: every place that names the
+# mode (the report's tables, the plots) says so next to it; runs.gemm_format records each run's own words.
+SIMULATED = {"q8": "simulated: fp32 GEMMs"}
 # The int4 weight-only CPU kernel (torch.ops.aten._weight_int4pack_mm_for_cpu, precision=q4) packs
 # each Linear's weight in groups of INT4_GROUP inputs and needs output widths divisible by
 # INT4_N_MULTIPLE; a config whose widths it cannot take is refused at enqueue (int4_unsupported).
