@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from orchestrator.errors import BadInput
 from worker.data import DATASET_BUILTIN, DATASET_HUB  # the names live with the data, for the children
-from worker.trainers.harness import int4_unsupported  # the int4 kernel's shapes, known to the trainer
+from worker.trainers.harness import NOT_OFFERED, int4_unsupported  # noqa: F401  (NOT_OFFERED: re-exported)
 
 # Where a variable takes effect; the worker checks each place can honour it.
 KNOB = "knob"  # system state the worker sets before the child starts (sysfs, affinity)
@@ -252,11 +252,7 @@ FRAMEWORK_VALUES: dict[str, dict[str, tuple]] = {
     "numpy": {"compile": ("eager",), "precision": ("fp32",), "task": ("pretrain", "finetune"), "cc_flags": (DEFAULT,),
               "compiler": ("gcc",), "blas": ("openblas", "mkl", "blis")},
 }
-# Offered nowhere, and why: `bench.py machine` and docs/variables.md say so rather than nothing.
-NOT_OFFERED = {
-    "ipex": "Intel Extension for PyTorch: its last release targets torch 2.8 and this project pins torch 2.13 "
-            "(an IPEX built for another torch refuses to load), so its kernels are not a value of any variable",
-}
+# Offered nowhere (harness.NOT_OFFERED: IPEX), and why: `bench.py machine` and docs/backends.md say so.
 TORCH_ONLY = ("attn_backend", "onednn", "fusion", "compile_cache")
 
 

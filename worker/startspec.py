@@ -160,6 +160,21 @@ def onednn_unavailable(on: bool, facts: dict) -> str | None:
     return None
 
 
+def blas_unavailable(name: str) -> str | None:
+    """Why the NumPy trainer cannot load this GEMM library here (PyPI's mkl / blis not installed), or
+    None; the child confirms it (worker/trainers/numpy/blas.py: a library that does not load, or
+    cannot run the job's threads, is a skip there)."""
+    import importlib.util
+    import sys
+
+    if name == "mkl" and not any(os.path.exists(os.path.join(sys.prefix, "lib", f"libmkl_rt.so{s}"))
+                                 for s in ("", ".2", ".3")):
+        return f"blas=mkl: no libmkl_rt in {os.path.join(sys.prefix, 'lib')} (pip install the mkl of requirements.txt)"
+    if name == "blis" and importlib.util.find_spec("blis") is None:
+        return "blas=blis: the blis package is not installed (pip install the blis of requirements.txt)"
+    return None
+
+
 def pinning_unavailable(pin: bool, framework: str) -> str | None:
     if pin and framework != "torch":
         why = ("XLA's pool follows the CPU set; no per-thread binding" if framework == "jax"
@@ -174,6 +189,8 @@ def unavailable(config: dict, facts: dict, cpu_pool: list[int]) -> list[str]:
     checks = [cores_unavailable(int(config["cores"]), cpu_pool), numa_unavailable(config["numa"]),
               allocator_unavailable(config["allocator"]), isa_unavailable(config["isa"], facts, framework),
               pinning_unavailable(bool(config["pin_threads"]), framework)]
+    if framework == "numpy" and config.get("blas", "openblas") != "openblas":
+        checks.append(blas_unavailable(config["blas"]))
     if framework == "torch":
         checks.append(onednn_unavailable(bool(config["onednn"]), facts))
         checks.append(ccflags.unavailable(config.get("cc_flags", DEFAULT)))

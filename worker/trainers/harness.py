@@ -57,6 +57,11 @@ TRAINERS = {"torch": "worker.trainers.torch", "jax": "worker.trainers.jax", "num
 # rather than a ratio against the fp32 peak they are not bound by).
 PEAK_KEY = {"fp32": "fp32", "q8": "fp32", "q4": "int4", "bitnet": "int8", "int8": "int8", "bf16": "bf16",
             "mixed": "bf16"}
+# What no variable offers, and why: `bench.py machine` and docs/backends.md say so.
+NOT_OFFERED = {
+    "ipex": "Intel Extension for PyTorch is not offered: its last release targets torch 2.8, and an IPEX built "
+            "for another torch refuses to load into this project's torch 2.13",
+}
 # Precisions whose arithmetic is still a simulation, and what really runs: every place that names the
 # mode (the report's tables, the plots) says so next to it; runs.gemm_format records each run's own words.
 SIMULATED = {"q8": "simulated: fp32 GEMMs"}
