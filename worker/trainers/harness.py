@@ -111,8 +111,9 @@ def skipped(reason: str, applied: dict | None = None, torch_version: str | None 
 
 
 def result(metrics: dict, *, applied: dict, timed_window: dict, dataset_used: str | None, output_path: str | None,
-           torch_version: str | None, build_info: dict | None, gemm_format: str) -> dict:
-    """A done result; raises if a trainer metric is missing or an unknown one is present."""
+           torch_version: str | None, build_info: dict | None, gemm_format: str | None = None) -> dict:
+    """A done result; raises if a trainer metric is missing or an unknown one is present. gemm_format:
+    what the GEMMs computed (every trainer says; None only from test stubs that train nothing)."""
     missing = [m for m in TRAINER_METRICS if m not in metrics]
     unknown = [m for m in metrics if m not in TRAINER_METRICS]
     if missing or unknown:
