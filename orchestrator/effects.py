@@ -87,6 +87,7 @@ RAN_FROM = {
     "inter_threads": ("applied", "interop_threads"),
     "onednn": ("applied", "mkldnn"),
     "allocator": ("applied", "allocator_lib"),
+    "blas": ("applied", "blas"),  # the library the GEMMs ran on (torch's build: mkl; jax: eigen)
 }
 
 
