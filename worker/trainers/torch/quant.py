@@ -41,7 +41,6 @@ import torch.nn.functional as F
 from worker.trainers.harness import INT4_GROUP
 
 QUANT_MODES = ("q8",)  # still simulated: fake quantization, fp32 GEMMs
-INT_MODES = ("q4", "bitnet", "int8")  # their forward GEMMs really run in an integer format
 _EPS = 1e-8  # keeps an all-zero channel from dividing by zero
 
 
