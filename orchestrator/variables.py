@@ -350,6 +350,16 @@ def canonical_json(config: dict) -> str:
                       sort_keys=True, separators=(",", ":"))
 
 
+def complete(stored: dict) -> dict:
+    """A job's stored config (canonical_json leaves out a later release's variables at their unset
+    value) with every catalogue variable back: those left out take that value."""
+    config = {v.name: v.default for v in CATALOGUE} | stored
+    for var in CATALOGUE:
+        if var.name not in stored:
+            config[var.name] = unset_value(var, config)
+    return config
+
+
 def unset_value(var: Variable, config: dict):
     """The value `var` takes in this config when a sweep leaves it unset: its default, or for a derived
     one on auto (blas) the value its rule gives."""
