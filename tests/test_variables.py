@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from orchestrator import variables as V
@@ -147,3 +149,11 @@ def test_q4_is_refused_where_the_int4_kernel_cannot_take_the_linear_widths():
     assert V.resolve({"precision": "q4"}, 2)[1] == []
     assert V.resolve({"precision": "q4", "activation": "swiglu"}, 2)[1] == [
         "precision=q4 needs Linear outputs divisible by 16 and inputs by 32 (the int4 CPU kernel)"]
+
+
+def test_a_stored_config_is_completed_with_the_values_its_variables_take_unset():
+    for framework, runs in (("torch", "mkl"), ("numpy", "openblas")):
+        config, _ = V.resolve({"framework": framework}, 2)
+        stored = json.loads(V.canonical_json(config))  # what jobs.config holds: blas, compiler left out
+        assert "blas" not in stored and V.complete(stored) == config
+        assert V.complete(stored)["blas"] == runs
