@@ -110,6 +110,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     fusion        BOOLEAN NOT NULL,
     compile_cache TEXT    NOT NULL,
     cc_flags      TEXT    NOT NULL DEFAULT 'default',
+    compiler      TEXT    NOT NULL DEFAULT 'gcc',
+    -- what the framework runs its GEMMs with (variables.BLAS_OF): migrated jobs get it from the catalogue
+    blas          TEXT    NOT NULL,
     attn_backend  TEXT    NOT NULL,
     n_layers      INTEGER NOT NULL,
     d_model       INTEGER NOT NULL,
@@ -176,6 +179,7 @@ CREATE TABLE IF NOT EXISTS runs (
     torch_version TEXT,
     python_version TEXT,
     build_info    TEXT,                       -- JSON: BLAS, oneDNN, OpenMP, CPU capability
+    gemm_format   TEXT,                       -- what the run's GEMMs compute, e.g. "q8 (simulated: fp32 GEMMs)"
     load_before   REAL,                       -- 1-minute load average when the child started
     -- metrics: NULL when this machine cannot measure them, never a made-up number
     setup_s        REAL,                      -- child start to first step: imports, data, model
@@ -236,7 +240,7 @@ SELECT
     j.job_id, j.config_hash, j.derived,
     j.cores, j.freq_mhz, j.governor, j.turbo, j.pin_threads, j.numa, j.allocator,
     j.omp_threads, j.intra_threads, j.inter_threads, j.isa, j.onednn, j.framework, j.compile,
-    j.fusion, j.compile_cache, j.cc_flags, j.attn_backend, j.n_layers, j.d_model, j.n_heads, j.head_dim,
+    j.fusion, j.compile_cache, j.cc_flags, j.compiler, j.blas, j.attn_backend, j.n_layers, j.d_model, j.n_heads, j.head_dim,
     j.kv_heads, j.mlp_ratio, j.dropout, j.activation, j.attention, j."window", j.vocab_size,
     j.seq_len, j.batch_size, j.grad_accum, j.precision, j.optimizer, j.task, j.lora_rank, j.steps,
     j.warmup_steps, j.seed, j.dataset, j.repeat, j.block,
@@ -245,7 +249,7 @@ SELECT
     r.loss_last, r.peak_rss_mb, r.cpu_user_s, r.cpu_sys_s, r.ctx_switches, r.freq_mhz_avg,
     r.energy_j, r.temp_c_max, r.params, r.trainable_params, r.flops_per_step, r.gflops, r.mfu,
     r.steal_s, r.other_cpu_s,
-    r.dataset_used, r.output_path, r.applied, r.torch_version, r.python_version, r.load_before,
+    r.gemm_format, r.dataset_used, r.output_path, r.applied, r.torch_version, r.python_version, r.load_before,
     m.machine_id, m.fingerprint, m.hostname, m.cpu_model, m.vendor, m.sockets, m.physical_cores,
     m.logical_cores, m.numa_nodes, m.smt, m.isa_flags, m.l1d_kb, m.l2_kb, m.l3_kb,
     m.mem_total_gb, m.mem_bw_gbs_1t, m.mem_bw_gbs_all, m.gemm_gflops_fp32_1c,

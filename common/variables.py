@@ -13,6 +13,11 @@ a constraint violation at enqueue (a counted reason), never a duplicate job nor 
   refused too, although XLA_FLAGS carries LLVM options (--xla_backend_optimization_level,
   --xla_cpu_enable_fast_math...): those are not C++ compiler flags and are neither mapped nor read
   back here; numpy compiles nothing. Off its default with compile=eager: "needs compile=inductor".
+  `compiler` (gcc | clang, inductor's C++ compiler) follows the same rules.
+- `blas` (the GEMM library) is a choice only in the NumPy trainer (openblas, mkl, blis); torch runs
+  MKL for its fp32 GEMMs and JAX XLA's Eigen kernels, so there it is recorded as what runs
+  (BLAS_OF, the value auto resolves to) and any other value is a violation ("blas=openblas needs
+  framework=numpy"), never a run under another library's name.
 - `attn_backend`, `onednn`, `fusion`, `compile_cache` mean something only for torch. On jax and numpy
   resolve() sets them to the one value that describes what really runs there (elsewhere()): manual
   attention (softmax(QK^T)V written out), no oneDNN, fusion only under XLA (compile=xla), and a cold
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 
 from common.errors import BadInput
 from common.datasets import DATASET_BUILTIN, DATASET_HUB
+from common.compute import NOT_OFFERED, int4_unsupported  # noqa: F401  (NOT_OFFERED: re-exported)
 
 # Where a variable takes effect; the worker checks each place can honour it.
 KNOB = "knob"  # system state the worker sets before the child starts (sysfs, affinity)
@@ -42,6 +48,9 @@ MODEL = "model"  # the architecture
 TRAINING = "training"  # the training loop and data
 
 AUTO = "auto"
+# The GEMM library each framework runs when `blas` is left on auto; only the NumPy trainer can switch.
+BLAS_OF = {"torch": "mkl", "jax": "eigen", "numpy": "openblas"}
+BLAS_CHOICES = ("openblas", "mkl", "blis", "eigen")
 DEFAULT = "default"
 ALL = "all"
 
@@ -149,6 +158,13 @@ CATALOGUE: tuple[Variable, ...] = (
        "inductor's own; O2/O3 = that level, no -march; native = -O3 -march=native; native_fastmath = native "
        "-ffast-math; lto is skipped (torch is not built from source here)",
        choices=(DEFAULT, "O2", "O3", "native", "native_fastmath", "lto"), since=3),
+    _v("compiler", str, "gcc", FRAMEWORK, "C++ compiler of inductor's kernels (only with compile=inductor): gcc = "
+       "inductor's own g++, clang = clang++; read back from the compile commands, combinable with cc_flags",
+       choices=("gcc", "clang"), since=4),
+    _v("blas", str, AUTO, FRAMEWORK, "GEMM library: the NumPy trainer's choice of openblas (NumPy's own), mkl or "
+       "blis (PyPI's mkl and blis, called through their C interfaces); torch runs mkl and jax XLA's eigen, "
+       "recorded, never varied; auto = what the framework runs by default", choices=BLAS_CHOICES,
+       words=(AUTO,), since=4),
     _v("attn_backend", str, "sdpa", FRAMEWORK, "attention kernel", choices=("manual", "sdpa", "sdpa_math")),
     # -- model
     _v("n_layers", int, 2, MODEL, "transformer blocks", min=1, max=256),
@@ -222,6 +238,7 @@ DERIVATIONS: tuple[Derivation, ...] = (
     Derivation("inter_threads", ("cores",), lambda c: c["cores"]),
     Derivation("head_dim", ("d_model", "n_heads"), lambda c: max(1, c["d_model"] // c["n_heads"])),
     Derivation("kv_heads", ("n_heads",), lambda c: c["n_heads"]),
+    Derivation("blas", ("framework",), lambda c: BLAS_OF[c["framework"]]),
     # The torch-only variables follow the framework: on jax/numpy, what really runs there (elsewhere());
     # on torch they are free, and "at the derived value" means at their default.
     *(Derivation(name, ("framework", "compile") if name == "fusion" else ("framework",),
@@ -236,11 +253,13 @@ COMPILE_OF = {"torch": "eager", "jax": "xla", "numpy": "eager"}
 
 # What each framework can run; a value outside its tuple is a violation at enqueue.
 FRAMEWORK_VALUES: dict[str, dict[str, tuple]] = {
-    "torch": {"compile": ("eager", "inductor")},
+    "torch": {"compile": ("eager", "inductor"), "blas": ("mkl",)},
     "jax": {"compile": ("eager", "xla"), "precision": ("fp32", "bf16", "mixed"), "task": ("pretrain", "finetune"),
-            "cc_flags": (DEFAULT,)},
-    "numpy": {"compile": ("eager",), "precision": ("fp32",), "task": ("pretrain", "finetune"), "cc_flags": (DEFAULT,)},
+            "cc_flags": (DEFAULT,), "compiler": ("gcc",), "blas": ("eigen",)},
+    "numpy": {"compile": ("eager",), "precision": ("fp32",), "task": ("pretrain", "finetune"), "cc_flags": (DEFAULT,),
+              "compiler": ("gcc",), "blas": ("openblas", "mkl", "blis")},
 }
+# Offered nowhere (harness.NOT_OFFERED: IPEX), and why: `bench.py machine` and docs/backends.md say so.
 TORCH_ONLY = ("attn_backend", "onednn", "fusion", "compile_cache")
 
 
@@ -317,6 +336,10 @@ def violations(config: dict, cpu_count: int) -> list[str]:
         why.append("compile_cache=cold needs compile=inductor")
     if config["framework"] == "torch" and config["compile"] == "eager" and config["cc_flags"] != DEFAULT:
         why.append(f"cc_flags={config['cc_flags']} needs compile=inductor")
+    if config["framework"] == "torch" and config["compile"] == "eager" and config["compiler"] != "gcc":
+        why.append(f"compiler={config['compiler']} needs compile=inductor")
+    if config["precision"] == "q4" and (why_int4 := int4_unsupported(config)):
+        why.append(why_int4)
     if config["task"] != "finetune_lora" and config["lora_rank"] != BY_NAME["lora_rank"].default:
         why.append("lora_rank needs task=finetune_lora")
     if config["attention"] != "full" and config["window"] >= config["seq_len"]:
@@ -330,8 +353,26 @@ def canonical_json(config: dict) -> str:
     """The text a job's identity is taken of: every catalogue variable, sorted, compact. A variable a
     later release added is left out while at its default, so the jobs of older databases and sweeps
     keep their hashes (they ran with that default)."""
-    return json.dumps({v.name: config[v.name] for v in CATALOGUE if v.since == 1 or config[v.name] != v.default},
+    return json.dumps({v.name: config[v.name] for v in CATALOGUE if v.since == 1 or config[v.name] != unset_value(v, config)},
                       sort_keys=True, separators=(",", ":"))
+
+
+def complete(stored: dict) -> dict:
+    """A job's stored config (canonical_json leaves out a later release's variables at their unset
+    value) with every catalogue variable back: those left out take that value."""
+    config = {v.name: v.default for v in CATALOGUE} | stored
+    for var in CATALOGUE:
+        if var.name not in stored:
+            config[var.name] = unset_value(var, config)
+    return config
+
+
+def unset_value(var: Variable, config: dict):
+    """The value `var` takes in this config when a sweep leaves it unset: its default, or for a derived
+    one on auto (blas) the value its rule gives."""
+    if var.default == AUTO and var.name in DERIVED_BY_NAME:
+        return DERIVED_BY_NAME[var.name].rule(config)
+    return var.default
 
 
 def identity_text(canonical: str, block: str | None = None) -> str:

@@ -94,7 +94,7 @@ def next_pass(store: Store, machine_id: int, *, target_ci: float, max_repeats: i
             for job_id in job_ids:
                 config_text, derived, block = conn.execute(text(SELECT_JOB), {"job_id": job_id}).one()
                 # the stored JSON leaves out a later release's variables at their default
-                config = {**{v.name: v.default for v in V.CATALOGUE}, **json.loads(config_text), "repeat": repeat}
+                config = V.complete(json.loads(config_text)) | {"repeat": repeat}
                 canonical = V.canonical_json(config)
                 if (canonical, block) in seen:  # the same job from two earlier passes
                     continue

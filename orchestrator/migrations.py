@@ -423,5 +423,12 @@ def _to_4(conn: Connection, dialect: str) -> str:
     return "from version 3: " + ("; ".join(done) or "views remade")
 
 
-MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3, 4: _to_4}
+def _to_5(conn: Connection, dialect: str) -> str:
+    """Version 4 -> 5: the variables compiler and blas (jobs get them from the catalogue: gcc, and the
+    library their framework ran), and runs.gemm_format (NULL in old runs: they did not record it)."""
+    done = reconcile(conn, dialect, fills={})
+    return "from version 4: " + ("; ".join(done) or "views remade")
+
+
+MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3, 4: _to_4, 5: _to_5}
 LATEST = max(MIGRATIONS)

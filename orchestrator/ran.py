@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from common.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
+from common.compute import SIMULATED
 from common.metrics import disturbance
 
 METRIC = "step_ms_median"
@@ -31,6 +32,7 @@ RAN_FROM = {
     "inter_threads": ("applied", "interop_threads"),
     "onednn": ("applied", "mkldnn"),
     "allocator": ("applied", "allocator_lib"),
+    "blas": ("applied", "blas"),  # the library the GEMMs ran on (torch's build: mkl; jax: eigen)
 }
 
 
@@ -51,6 +53,8 @@ def value_of(name: str, raw):
 
 
 def label(name: str, value) -> str:
+    if name == "precision" and value in SIMULATED:  # never shown as if it were that format's arithmetic
+        return f"{value} ({SIMULATED[value]})"
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, float):

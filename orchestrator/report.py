@@ -552,10 +552,23 @@ def variables_section(ctx: Context) -> list[str]:
             if target is not None:
                 words = "; ".join(f"{e.value or 'power law'}: {_target_words(e, target)}" for e in ve.effects)
                 lines += [f"Target +-{_pct(target[0])} (95% interval, `work --target-ci`): {words}.", ""]
+        if name == "precision":
+            lines += gemm_formats(ctx.done)
         plot = ctx.out_dir / "plots" / f"{name}.png"
         if plot in ctx.plot_paths:
             lines += [f"![{name}](plots/{name}.png)", ""]
     return lines
+
+
+def gemm_formats(done: list[dict]) -> list[str]:
+    """What each precision's GEMMs computed, as the runs recorded it (runs.gemm_format), per framework."""
+    seen = sorted({(r["precision"], r["framework"], r.get("gemm_format") or "not recorded (an older release)")
+                   for r in done}, key=lambda t: (fx.sort_key("precision", t[0]), t[1], t[2]))
+    if not seen:
+        return []
+    return ["What each mode's GEMMs computed, as its runs recorded it (`gemm_format`; docs/precision.md has "
+            "the table):", ""] + _table(["precision", "framework", "GEMMs"],
+                                        [[fx.label("precision", p), f, g] for p, f, g in seen])
 
 
 def _held(fixed: dict[str, str], ma) -> str:

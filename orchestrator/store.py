@@ -47,7 +47,7 @@ PG_QUEUE_LOCK = migrations.PG_SCHEMA_LOCK + 1
 
 # Columns of runs a finished child fills besides the metrics.
 RUN_FACTS = ("dataset_used", "output_path", "torch_version", "python_version", "build_info",
-             "applied", "load_before", "child_pid")
+             "gemm_format", "applied", "load_before", "child_pid")
 MACHINE_COLUMNS = (
     "hostname", "cpu_model", "vendor", "sockets", "physical_cores", "logical_cores", "numa_nodes",
     "smt", "isa_flags", "l1d_kb", "l2_kb", "l3_kb", "mem_total_gb", "mem_bw_gbs_1t", "mem_bw_gbs_all",

@@ -62,8 +62,9 @@ FACTOR = {
 # Written out here, not taken from the code under test: what follows what when left on "auto".
 FOLLOWS = {"cores": ("omp_threads", "intra_threads", "inter_threads"), "omp_threads": ("intra_threads",),
            "d_model": ("head_dim",), "n_heads": ("head_dim", "kv_heads"),
-           # on jax/numpy the torch-only variables say what runs there (variables.elsewhere())
-           "framework": ("attn_backend", "onednn", "fusion", "compile_cache", "compile")}
+           # on jax/numpy the torch-only variables say what runs there (variables.elsewhere()); blas
+           # is each framework's own library (variables.BLAS_OF)
+           "framework": ("attn_backend", "onednn", "fusion", "compile_cache", "compile", "blas")}
 SIGMA = 0.02  # run-to-run noise of log step time (2%): a quiet machine, apart from the drift
 NOISY = ("precision", "bf16")  # this level's runs are far noisier
 NOISY_SIGMA = 0.15
@@ -211,7 +212,7 @@ def _partial(base: dict) -> dict:
     from common import variables as V
 
     out = dict(base)
-    for name in ("omp_threads", "intra_threads", "inter_threads", "head_dim", "kv_heads"):
+    for name in ("omp_threads", "intra_threads", "inter_threads", "head_dim", "kv_heads", "blas"):
         out[name] = V.AUTO
     for name in V.TORCH_ONLY:  # left unset, as the preset does: they follow the framework
         out.pop(name)

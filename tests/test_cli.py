@@ -87,8 +87,12 @@ def test_an_auto_range_this_machine_cannot_give_is_kept_as_a_note_for_the_report
 @pytest.mark.parametrize("settings, reason", [
     (["cc_flags=O3"], "cc_flags=O3 needs compile=inductor"),
     (["framework=numpy", "cc_flags=O2"], "cc_flags=O2 needs framework=torch"),
+    (["compiler=clang"], "compiler=clang needs compile=inductor"),
+    (["framework=jax", "compile=xla", "compiler=clang"], "compiler=clang needs framework=torch"),
+    (["blas=openblas"], "blas=openblas needs framework=numpy"),  # torch runs MKL: never another name
+    (["framework=jax", "blas=mkl"], "blas=mkl needs framework=torch or numpy"),
 ])
-def test_cc_flags_without_compiled_kernels_is_refused(db, settings, reason):
+def test_cc_flags_compiler_and_blas_where_they_mean_nothing_are_refused(db, settings, reason):
     proc = bench("once", *settings, "--json")
     assert proc.returncode == 2 and reason in proc.stderr and proc.stdout == ""
     sets = [arg for s in settings for arg in ("--set", s)]

@@ -89,7 +89,7 @@ def test_a_catalogue_config_has_everything_the_counts_need():
 def test_result_refuses_a_missing_or_unknown_metric():
     full = {m: 1.0 for m in harness.TRAINER_METRICS}
     kwargs = dict(applied={}, timed_window=None, dataset_used=None, output_path=None, torch_version=None,
-                  build_info=None)
+                  build_info=None, gemm_format="fp32 GEMMs")
     assert harness.result(full, **kwargs)["metrics"] == full
     with pytest.raises(RuntimeError, match="missing metrics \\['mfu'\\]"):
         harness.result({k: v for k, v in full.items() if k != "mfu"}, **kwargs)

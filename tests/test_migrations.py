@@ -337,3 +337,25 @@ def test_on_postgresql_too_what_a_later_release_adds_migrates_to_the_fresh_schem
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM runs").scalar_one() == 24
     again = _enqueue_the_old_sweep_again(store)
     assert (again.new, again.present) == (0, 2)
+
+
+def test_a_version_3_database_gets_compiler_blas_and_gemm_format_keeping_its_jobs_and_runs(tmp_path):
+    path = tmp_path / "v3.db"
+    shutil.copyfile(Path(__file__).resolve().parent / "v3" / "results-v3.db", path)
+    db = str(path)
+    runs_before = sqlite_rows(db, "SELECT * FROM runs ORDER BY run_id")
+    jobs_before = sqlite_rows(db, "SELECT job_id, config_hash FROM jobs ORDER BY job_id")
+    assert sqlite_rows(db, "SELECT MAX(version) FROM schema_version") == [(3,)]
+    Store(db)  # opening migrates
+    assert sqlite_rows(db, "SELECT MAX(version) FROM schema_version") == [(LATEST,)]
+    assert sqlite_rows(db, "SELECT job_id, config_hash FROM jobs ORDER BY job_id") == jobs_before
+    # each framework's jobs get the library it ran (variables.BLAS_OF) and inductor's own compiler
+    assert sqlite_rows(db, "SELECT framework, blas, compiler FROM jobs ORDER BY job_id") == [
+        ("torch", "mkl", "gcc"), ("numpy", "openblas", "gcc"), ("jax", "eigen", "gcc")]
+    old_columns = [c for c in sqlite_schema(db)["table runs"]["columns"] if c[1] != "gemm_format"]
+    kept = sqlite_rows(db, f"SELECT {', '.join(c[1] for c in old_columns)} FROM runs ORDER BY run_id")
+    assert kept == runs_before
+    assert sqlite_rows(db, "SELECT DISTINCT gemm_format FROM v_results") == [(None,)]  # not recorded then
+    fresh = tmp_path / "fresh.db"
+    Store(str(fresh))
+    assert sqlite_schema(db) == sqlite_schema(str(fresh))

@@ -131,10 +131,11 @@ def test_quantized_weights_and_inputs_take_few_values_per_channel_or_tensor(mode
     assert all(len(torch.unique(g)) <= act_levels for g in groups)
 
 
-@pytest.mark.parametrize("mode", ["q8", "q4", "bitnet"])
-def test_gradients_flow_through_every_quantized_layer(mode):
+@pytest.mark.parametrize("mode, kind", [("q8", "QuantLinear"), ("q4", "Int4Linear"), ("bitnet", "Int8Linear"),
+                                        ("int8", "Int8Linear")])
+def test_gradients_flow_through_every_quantized_layer(mode, kind):
     model = tiny(precision=mode)
-    layers = [m for m in model.blocks.modules() if isinstance(m, QuantLinear)]
+    layers = [m for m in model.blocks.modules() if type(m).__name__ == kind]
     assert len(layers) == 4  # qkv, attention proj, mlp fc, mlp proj
     _, loss = model(tokens(), tokens(seed=2))
     loss.backward()
@@ -287,8 +288,13 @@ def test_lora_flops_drop_the_frozen_weight_gradients_and_add_the_adapters():
     attention = flops_per_step(full, 8, 1) - 6 * matmul_params(full) * tokens_
     qkv_0 = 96 * 32
     n_lora = 4 * ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32))
-    expected = (4 * matmul_params(full) - 2 * qkv_0 + 6 * n_lora - 2 * 4 * 32) * tokens_ + attention
+    # merged adapters: 4 FLOPs per adapter weight per token, and the merge W + B A once per micro-batch
+    merges = 2 * 4 * (96 * 32 + 32 * 32 + 128 * 32 + 32 * 128)
+    expected = (4 * matmul_params(full) - 2 * qkv_0 + 4 * n_lora) * tokens_ + merges + attention
     assert flops_per_step(lora, 8, 1) == expected < flops_per_step(full, 8, 1)
+    # two paths (quantized bases, autocast): 6 per adapter weight, less the first qkv adapter's input gradient
+    two_paths = (4 * matmul_params(full) - 2 * qkv_0 + 6 * n_lora - 2 * 4 * 32) * tokens_ + attention
+    assert flops_per_step(lora, 8, 1, merged=False) == two_paths
 
 
 def test_lora_saved_state_merges_the_adapters_into_a_plain_gpt():
@@ -374,3 +380,66 @@ def test_merged_lora_equals_the_two_path_form_in_outputs_and_gradients():
     b64 = torch.randn(5, 2, dtype=torch.double, requires_grad=True)
     args = (x64, w64, a64, b64)
     assert torch.autograd.gradcheck(MergedLoRA.apply, args)
+
+
+def test_bitnet_matmul_is_the_int32_product_of_ternary_weights_and_int8_inputs():
+    from worker.trainers.torch.quant import Int8Matmul
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 40, 64, generator=g, requires_grad=True)
+    w = torch.randn(24, 64, generator=g, requires_grad=True)
+    y = Int8Matmul.apply(x, w, True)
+    sx = x.detach().abs().amax(-1, keepdim=True) / 127
+    sw = w.detach().abs().mean()
+    xq, wq = torch.round(x.detach() / sx), torch.round(w.detach() / sw).clamp(-1, 1)
+    assert set(wq.unique().tolist()) == {-1.0, 0.0, 1.0}
+    torch.testing.assert_close(y, (xq @ wq.t()) * sx * sw)
+    upstream = torch.randn(2, 40, 24, generator=g)
+    gx, gw = torch.autograd.grad((y * upstream).sum(), (x, w))
+    rx, rw = torch.autograd.grad(((x @ w.t()) * upstream).sum(), (x, w))
+    torch.testing.assert_close(gx, rx)  # straight-through: the fp32 backward of the master weight
+    torch.testing.assert_close(gw, rw)
+
+
+def test_int4_matmul_multiplies_by_the_dequantized_int4_weight_with_fp32_gradients():
+    from worker.trainers.harness import INT4_GROUP
+    from worker.trainers.torch.quant import Int4Matmul
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 40, 64, generator=g, requires_grad=True)
+    w = torch.randn(32, 64, generator=g, requires_grad=True)
+    y = Int4Matmul.apply(x, w)
+    wg = w.detach().reshape(32, 64 // INT4_GROUP, INT4_GROUP)  # the same grid by hand: 16 levels per group
+    lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+    scale = (hi - lo) / 15
+    w4 = (torch.round((wg - lo) / scale) * scale + lo).reshape(32, 64)
+    assert all(len(row.unique()) <= 16 for row in w4.reshape(-1, INT4_GROUP))
+    exact = x.detach().bfloat16().float() @ w4.t()
+    assert (y - exact).abs().max() < 0.02 * exact.abs().max()  # bf16 activations, bf16 scales
+    assert (y - x.detach() @ w.detach().t()).abs().max() > 1e-3  # really rounded: not the fp32 product
+    upstream = torch.randn(2, 40, 32, generator=g)
+    gx, gw = torch.autograd.grad((y * upstream).sum(), (x, w))
+    rx, rw = torch.autograd.grad(((x @ w.t()) * upstream).sum(), (x, w))
+    torch.testing.assert_close(gx, rx)
+    torch.testing.assert_close(gw, rw)
+
+
+@pytest.mark.parametrize("mode, op", [("q4", "aten::_weight_int4pack_mm_for_cpu"), ("bitnet", "aten::_int_mm")])
+def test_real_low_bit_modes_run_their_integer_kernel_in_every_block_linear(mode, op):
+    from torch.profiler import profile
+
+    model = tiny(precision=mode)
+    with profile() as prof:
+        model(tokens(), tokens(seed=2))
+    assert sum(e.count for e in prof.key_averages() if e.key == op) == 4  # qkv, proj, fc, proj
+
+
+def test_each_precision_says_what_its_gemms_compute_and_simulated_modes_say_so():
+    from worker.trainers.torch.quant import gemm_format
+
+    avx2 = {"avx2", "fma"}
+    assert gemm_format("q8", avx2).startswith("q8 (simulated: fp32 GEMMs")
+    assert "simulated" not in gemm_format("q4", avx2) and "int4" in gemm_format("q4", avx2)
+    assert "ternary" in gemm_format("bitnet", avx2) and "(no VNNI/AMX here)" in gemm_format("bitnet", avx2)
+    assert "(no VNNI/AMX here)" not in gemm_format("int8", avx2 | {"avx512_vnni"})
+    assert "no AVX512_BF16" in gemm_format("bf16", avx2) and "no AVX512_BF16" not in gemm_format("bf16", {"amx_bf16"})

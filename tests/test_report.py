@@ -269,3 +269,22 @@ def test_the_summary_counts_and_names_the_disturbed_runs(store, tmp_path):
     assert "Disturbed runs: 1 of 6 done runs" in text_
     assert "| 2 | other processes used 8.00 s of 8 CPU(s) x 10.00 s" in text_
     assert "MFU of 1 of 6 done runs is against a provisional GEMM peak" in text_
+
+
+def test_a_simulated_precision_is_labelled_so_and_the_report_says_what_each_mode_computed(store, tmp_path):
+    m = store.register_machine(machine_facts("alpha"))
+    enqueue(store, configs({"precision": "fp32"}, {"precision": ["fp32", "q8", "q4"]}, repeats=3))
+    speed = {"fp32": 100.0, "q8": 110.0, "q4": 300.0}
+    formats = {"fp32": "fp32 GEMMs", "q8": "q8 (simulated: fp32 GEMMs on fake-quantized weights and inputs)",
+               "q4": "int4 weight-only x bf16 forward GEMMs (aten._weight_int4pack_mm_for_cpu), fp32 backward"}
+    run_all(store, m, lambda c: ("done", None, metrics(speed[c["precision"]] * (1 + 0.01 * c["repeat"]), c)
+                                 | {"gemm_format": formats[c["precision"]]}))
+
+    report = write_report(store, tmp_path / "result")
+
+    md = report.summary_path.read_text()
+    assert "| q8 (simulated: fp32 GEMMs) |" in md and "| q8 |" not in md  # in the effect's own table
+    assert f"| q4 | torch | {formats['q4']} |" in md  # what each mode computed, as its runs recorded it
+    with open(report.csv_path) as f:
+        rows = list(csv.DictReader(f))
+    assert {r["precision"]: r["gemm_format"] for r in rows} == formats  # v_results carries the record

@@ -37,9 +37,13 @@ def test_settings_only_torch_can_honour_are_unavailable_elsewhere_saying_so(fram
 def test_the_read_back_is_judged_by_the_frameworks_own_settings():
     numpy_config = config(framework="numpy", cores=2, intra_threads=1)
     spec = startspec.spec_for(numpy_config, FACTS, [0, 1])
-    honest = {"affinity": [0, 1], "blas_threads": 1, "jit": False, "omp_num_threads": "2", "allocator_lib": None}
+    honest = {"affinity": [0, 1], "blas": "openblas", "blas_threads": 1, "jit": False, "omp_num_threads": "2",
+              "allocator_lib": None}
     assert verify.not_in_force(numpy_config, spec, honest) == []
     assert verify.not_in_force(numpy_config, spec, {**honest, "blas_threads": 2}) == ["blas_threads=2 (asked 1)"]
+    mkl_config = config(framework="numpy", cores=2, intra_threads=1, blas="mkl")  # products on MKL, or failed
+    assert verify.not_in_force(mkl_config, spec, honest) == ["blas='openblas' (asked 'mkl')"]
+    assert verify.not_in_force(mkl_config, spec, {**honest, "blas": "mkl"}) == []
     jax_config = config(framework="jax")  # compile follows framework: xla, jax.jit
     # torch's keys are not judged on a jax child (it has no torch_threads), its CPUs are
     assert verify.not_in_force(jax_config, startspec.spec_for(jax_config, FACTS, [0, 1]),
@@ -47,7 +51,7 @@ def test_the_read_back_is_judged_by_the_frameworks_own_settings():
                                 "jit": True}) == ["affinity=[0] (asked [0, 1])"]
     # a JAX/NumPy child that does not say how many threads it ran, or whether it compiled, has not shown it
     assert verify.not_in_force(numpy_config, spec, {"affinity": [0, 1]}) == [
-        "blas_threads=None (asked 1)", "jit=None (asked False)"]
+        "blas=None (asked 'openblas')", "blas_threads=None (asked 1)", "jit=None (asked False)"]
 
 
 def test_cc_flags_lto_is_unavailable_with_its_reason_and_the_ladder_is_not():
@@ -85,3 +89,34 @@ def test_a_compile_command_reduces_to_its_effective_flags(line, flags):
     from worker import ccflags
 
     assert ccflags.effective(line) == flags
+
+
+def test_the_kernel_compiler_is_judged_from_the_compile_commands():
+    clang = config(compile="inductor", compiler="clang", cc_flags="O2")
+    spec = startspec.spec_for(clang, FACTS, [0, 1])
+    honest = {"affinity": [0, 1], "cc_kernel_flags": ["-O2"], "cc_kernel_compilers": ["clang++"]}
+    assert verify.not_in_force(clang, spec, honest) == []
+    assert verify.not_in_force(clang, spec, {**honest, "cc_kernel_compilers": ["g++"]}) == [
+        "cc_kernel_compilers=['g++'] (asked ['clang++'])"]
+    assert verify.not_in_force(clang, spec, {"affinity": [0, 1], "cc_kernel_flags": ["-O2"]}) == [
+        "cc_kernel_compilers=None (asked ['clang++'])"]  # clang asked, nothing shown: not shown it ran
+    gcc = config(compile="inductor")
+    assert verify.not_in_force(gcc, spec, {"affinity": [0, 1]}) == []
+    assert verify.not_in_force(gcc, spec, {"affinity": [0, 1], "cc_kernel_compilers": ["clang++"]}) == [
+        "cc_kernel_compilers=['clang++'] (asked ['g++'])"]
+
+
+def test_a_compiler_without_its_openmp_headers_is_unavailable_saying_why(tmp_path, monkeypatch):
+    from worker import ccflags
+
+    fake = tmp_path / "clang++"  # a driver that cannot preprocess omp.h
+    fake.write_text("#!/bin/sh\necho 'fatal error: omp.h file not found' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    ccflags.compiler_unavailable.cache_clear()
+    try:
+        why = knobs.unavailable(config(compile="inductor", compiler="clang"), FACTS, [0, 1])
+    finally:
+        ccflags.compiler_unavailable.cache_clear()
+    assert why == ("compiler=clang: clang++ finds no omp.h with -fopenmp, which every inductor kernel includes "
+                   "(apt install libomp-dev)")

@@ -304,6 +304,26 @@ def test_cc_flags_o2_reaches_inductors_compiler_and_is_read_back_slow(data_dir, 
     assert not [w for w in knobs.not_in_force(req["config"], spec, applied) if w.startswith("cc_")]  # judge cc only
 
 
+def test_compiler_clang_builds_every_kernel_with_clang_and_is_read_back_slow(data_dir, tmp_path):
+    """A real cold inductor compile by clang++ (with cc_flags=O3: the two combine), in its own process."""
+    from worker import ccflags, knobs, startspec
+
+    if ccflags.compiler_unavailable("clang"):
+        pytest.skip(ccflags.compiler_unavailable("clang"))
+    req = request(data_dir, tmp_path, compile="inductor", compile_cache="cold", compiler="clang", cc_flags="O3",
+                  steps=2)
+    done = child(req)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["status"] == "done", result["reason"]
+    applied = result["applied"]
+    assert applied["cc_kernel_compilers"] == ["clang++"] and applied["cc_kernel_flags"] == ["-O3"]
+    assert applied["inductor"]["cpp.cxx"] == "clang++" and "clang" in applied["inductor"]["cxx_version"]
+    assert result["gemm_format"] == "fp32 GEMMs" and applied["blas"] == "mkl"
+    spec = startspec.spec_for(req["config"], {}, applied["affinity"])
+    assert not [w for w in knobs.not_in_force(req["config"], spec, applied) if w.startswith("cc_")]
+
+
 def test_cc_flags_lto_skips_the_run_saying_why(data_dir, tmp_path):
     result = train.run(request(data_dir, tmp_path, compile="inductor", cc_flags="lto", steps=1))
     assert result["status"] == "skipped"

@@ -51,6 +51,42 @@ def test_numpy_child_runs_openblas_with_the_jobs_threads_and_names_its_blas():
     assert free["blas_architecture"] and free["jit"] is False
 
 
+LIBRARY_READ_BACK = """
+import json
+from worker.trainers.harness import Skip
+from worker.trainers.numpy import blas, runtime
+from worker.trainers.numpy.model import mm
+import numpy as np
+try:
+    runtime.apply_in_child({{"intra_threads": {threads}, "blas": "{blas}"}})
+except Skip as why:
+    print(json.dumps({{"skip": str(why)}}))
+else:
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.arange(20, dtype=np.float32).reshape(5, 4)
+    same = bool(np.array_equal(mm(a, b.T), a @ b.T)) and bool(np.array_equal(mm(a[None], b.T[None]), (a @ b.T)[None]))
+    print(json.dumps(runtime.read_back() | {{"build": runtime.build_info(), "same": same, "active": blas.active.name}}))
+"""
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs to tell 1 thread from all")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_mkl_runs_the_products_with_the_jobs_threads_read_back_by_threadpoolctl(threads):
+    got = child_read_back(LIBRARY_READ_BACK.format(threads=threads, blas="mkl"))
+    assert (got["active"], got["blas"], got["blas_threads"], got["same"]) == ("mkl", "mkl", threads, True)
+    assert got["blas_version"].startswith("Intel(R) oneAPI Math Kernel Library") and got["blas_lib"].endswith(
+        tuple(f"libmkl_rt.so{s}" for s in ("", ".2", ".3")))
+
+
+def test_blis_runs_one_thread_and_refuses_two_saying_why():
+    got = child_read_back(LIBRARY_READ_BACK.format(threads=1, blas="blis"))
+    assert (got["active"], got["blas"], got["blas_threads"], got["same"]) == ("blis", "blis", 1, True)
+    assert got["blas_version"].startswith("BLIS 0.") and got["blas_architecture"]
+    refused = child_read_back(LIBRARY_READ_BACK.format(threads=2, blas="blis"))
+    assert refused["skip"].startswith("unavailable here: blas=blis: PyPI's BLIS")
+    assert "built without threading; intra_threads=2 cannot run on it" in refused["skip"]
+
+
 JAX_READ_BACK = """
 import json
 import jax.numpy as jnp
@@ -70,9 +106,12 @@ def test_xla_sizes_its_pool_from_the_affinity_and_the_read_back_counts_it():
 
 
 @pytest.mark.parametrize("config, child, wrong", [
-    ({"framework": "numpy", "intra_threads": 2}, {"blas_threads": 2, "jit": False}, []),
-    ({"framework": "numpy", "intra_threads": 1}, {"blas_threads": 2, "jit": False}, ["blas_threads=2 (asked 1)"]),
-    ({"framework": "numpy", "intra_threads": 1}, {"jit": False}, ["blas_threads=None (asked 1)"]),
+    ({"framework": "numpy", "intra_threads": 2}, {"blas": "openblas", "blas_threads": 2, "jit": False}, []),
+    ({"framework": "numpy", "intra_threads": 1}, {"blas": "openblas", "blas_threads": 2, "jit": False},
+     ["blas_threads=2 (asked 1)"]),
+    ({"framework": "numpy", "intra_threads": 1}, {"blas": "openblas", "jit": False}, ["blas_threads=None (asked 1)"]),
+    ({"framework": "numpy", "intra_threads": 1, "blas": "blis"}, {"blas": "openblas", "blas_threads": 1, "jit": False},
+     ["blas='openblas' (asked 'blis')"]),
     ({"framework": "jax", "cores": 2, "compile": "xla"}, {"xla_threads": 2, "jit": True}, []),
     ({"framework": "jax", "cores": 1, "compile": "xla"}, {"xla_threads": 2, "jit": True}, ["xla_threads=2 (asked 1)"]),
     ({"framework": "jax", "cores": 2, "compile": "eager"}, {"xla_threads": 2, "jit": True}, ["jit=True (asked False)"]),

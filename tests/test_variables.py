@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from common import variables as V
@@ -6,7 +8,7 @@ from common.errors import BadInput
 
 def test_every_variable_of_the_design_is_in_the_catalogue():
     design = """cores freq_mhz governor turbo pin_threads numa allocator omp_threads intra_threads
-    inter_threads isa onednn framework compile fusion compile_cache cc_flags attn_backend n_layers d_model
+    inter_threads isa onednn framework compile fusion compile_cache cc_flags compiler blas attn_backend n_layers d_model
     n_heads head_dim kv_heads mlp_ratio dropout activation attention window vocab_size seq_len
     batch_size grad_accum precision optimizer task lora_rank steps warmup_steps seed dataset repeat""".split()
     assert set(design) == set(V.NAMES)
@@ -118,3 +120,40 @@ def test_the_quick_presets_framework_axis_gives_one_job_per_framework():
             by_framework[job["config"]["framework"]] = by_framework.get(job["config"]["framework"], 0) + 1
     assert by_framework["jax"] == by_framework["numpy"] == 1
     assert not [reason for reason in plan.rejected if "framework=" in reason]
+
+
+@pytest.mark.parametrize("framework, runs", [("torch", "mkl"), ("jax", "eigen"), ("numpy", "openblas")])
+def test_blas_left_unset_is_the_library_the_framework_runs_and_keeps_old_hashes(framework, runs):
+    config, why = V.resolve({"framework": framework}, 2)
+    assert not why and config["blas"] == runs and config["compiler"] == "gcc"
+    assert V.derived_words({"framework": framework})["blas"] == "auto"
+    assert '"blas"' not in V.canonical_json(config) and '"compiler"' not in V.canonical_json(config)
+
+
+def test_blas_is_a_choice_of_the_numpy_trainer_only_and_joins_its_identity():
+    chosen, why = V.resolve({"framework": "numpy", "blas": "blis"}, 2)
+    assert not why and '"blas":"blis"' in V.canonical_json(chosen)
+    assert V.config_hash(chosen) != V.config_hash(V.resolve({"framework": "numpy"}, 2)[0])
+    assert V.resolve({"framework": "numpy", "blas": "eigen"}, 2)[1] == ["blas=eigen needs framework=jax"]
+    assert V.resolve({"blas": "mkl"}, 2)[1] == []  # torch's own library, spelled out: the same job
+    assert V.config_hash(V.resolve({"blas": "mkl"}, 2)[0]) == V.config_hash(V.resolve({}, 2)[0])
+
+
+def test_compiler_needs_inductor_and_combines_with_cc_flags():
+    config, why = V.resolve({"compile": "inductor", "compiler": "clang", "cc_flags": "O2"}, 2)
+    assert not why and '"compiler":"clang"' in V.canonical_json(config)
+    assert V.resolve({"compiler": "clang"}, 2)[1] == ["compiler=clang needs compile=inductor"]
+
+
+def test_q4_is_refused_where_the_int4_kernel_cannot_take_the_linear_widths():
+    assert V.resolve({"precision": "q4"}, 2)[1] == []
+    assert V.resolve({"precision": "q4", "activation": "swiglu"}, 2)[1] == [
+        "precision=q4 needs Linear outputs divisible by 16 and inputs by 32 (the int4 CPU kernel)"]
+
+
+def test_a_stored_config_is_completed_with_the_values_its_variables_take_unset():
+    for framework, runs in (("torch", "mkl"), ("numpy", "openblas")):
+        config, _ = V.resolve({"framework": framework}, 2)
+        stored = json.loads(V.canonical_json(config))  # what jobs.config holds: blas, compiler left out
+        assert "blas" not in stored and V.complete(stored) == config
+        assert V.complete(stored)["blas"] == runs

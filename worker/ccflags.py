@@ -1,7 +1,8 @@
-"""What each `cc_flags` value means for compiled kernels, without importing a framework: the worker's
-availability check (lto), the effective flags a kernel's compile command must show, and how those
-are read off a command line. The torch child applies a value to inductor and reads the commands back
-(worker/trainers/torch/ccflags.py); worker/verify.py compares.
+"""What each `cc_flags` and `compiler` value means for compiled kernels, without importing a framework:
+the worker's availability checks (lto; a compiler without its OpenMP headers), the effective flags and
+the compiler a kernel's compile command must show, and how those are read off a command line. The
+torch child applies a value to inductor and reads the commands back (worker/trainers/torch/ccflags.py);
+worker/verify.py compares.
 
 Only inductor's C++ kernels take such flags. Inductor's own choice on Linux x86 (`default`) is
 -O3 -march=native plus its fast-math subset (no unsafe math, -ffp-contract=off); the ladder:
@@ -18,9 +19,17 @@ target, not the instruction set the vector code is written for.
 
 from __future__ import annotations
 
+import functools
+import os
 import shlex
+import shutil
+import subprocess
 
 DEFAULT = "default"
+
+# `compiler` -> the C++ driver inductor is given (torch._inductor.config.cpp.cxx); gcc is inductor's own
+# choice on Linux. Clang needs LLVM's OpenMP headers (Debian: libomp-dev) for inductor's kernels.
+COMPILERS = {"gcc": "g++", "clang": "clang++"}
 
 # value -> (optimisation level, -march value or "" for none, -ffast-math)
 LADDER = {
@@ -42,6 +51,31 @@ GLUE_LEVELS = ("-O0", "-O1")
 def unavailable(value: str) -> str | None:
     """Why this machine cannot run the value (the run is skipped), or None."""
     return LTO_REASON if value == "lto" else None
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_unavailable(value: str) -> str | None:
+    """Why inductor cannot compile its kernels with this `compiler` here (the run is skipped), or None:
+    the driver must be on PATH and find omp.h with -fopenmp (every inductor kernel includes it)."""
+    driver = COMPILERS[value]
+    path = shutil.which(driver)
+    if path is None:
+        return f"compiler={value}: no {driver} on PATH (Debian: apt install {'g++' if value == 'gcc' else 'clang libomp-dev'})"
+    try:
+        probe = subprocess.run([path, "-fopenmp", "-E", "-x", "c++", "-", "-o", os.devnull],
+                               input="#include <omp.h>\n", capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"compiler={value}: {driver} could not be run ({e})"
+    if probe.returncode != 0:
+        return (f"compiler={value}: {driver} finds no omp.h with -fopenmp, which every inductor kernel includes "
+                f"({'apt install libomp-dev' if value == 'clang' else 'install libgomp'})")
+    return None
+
+
+def compiler_of(command_line: str) -> str | None:
+    """The compiler driver a compile command runs (its first word's file name: g++, clang++)."""
+    words = shlex.split(command_line)
+    return os.path.basename(words[0]) if words else None
 
 
 def expected(value: str) -> str | None:

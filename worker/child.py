@@ -150,7 +150,8 @@ def _outcome(rc: int, out: bytes, err: bytes, *, wall_s: float, timed_out: bool,
         return Outcome("failed", f"child printed no result line\n{tail}".strip(), base, {"child_pid": child_pid},
                        stderr_tail=tail)
     metrics = {**(result.get("metrics") or {}), **base}
-    facts = {k: result.get(k) for k in ("dataset_used", "output_path", "torch_version", "python_version", "build_info")}
+    facts = {k: result.get(k) for k in ("dataset_used", "output_path", "torch_version", "python_version", "build_info",
+                                        "gemm_format")}
     facts["child_pid"] = child_pid
     return Outcome(status, result.get("reason"), metrics, facts, result.get("applied") or {}, stderr_tail=tail,
                    timed_window=result.get("timed_window"))

@@ -20,6 +20,7 @@ from common.errors import BenchError
 from worker import ccflags, startspec, system
 from worker.startspec import ALLOCATOR_LIBS, ISA_CAPS, NUMA_OPTIONS, ChildSpec, allocator_lib, choose_cpus  # noqa: F401
 from worker.system import DEFAULT, restore_journal  # noqa: F401
+from worker.trainers.harness import NOT_OFFERED
 from worker.verify import not_in_force  # noqa: F401
 
 
@@ -48,6 +49,10 @@ def machine_knobs(facts: dict, *, sysfs_root: str = "/") -> dict[str, str | None
     for word in ISA_CAPS:
         out[f"isa={word}"] = startspec.isa_unavailable(word, facts)
     out["cc_flags=lto"] = ccflags.unavailable("lto")
+    out["compiler=clang"] = ccflags.compiler_unavailable("clang")
+    for word in ("mkl", "blis"):
+        out[f"blas={word}"] = startspec.blas_unavailable(word)
+    out.update(NOT_OFFERED)  # never available: what it is and why not
     return out
 
 

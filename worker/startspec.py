@@ -11,8 +11,8 @@ parent's os.environ: the worker spawns the child with the spec (worker/child.py)
     numpy   OPENBLAS_NUM_THREADS = intra_threads, OMP_NUM_THREADS; OpenBLAS runs pthreads, so no
             OpenMP binding; no ISA cap
 Shared: the CPU set (physical cores first), LD_PRELOAD allocator, numactl memory policy.
-cc_flags is applied inside the torch child (worker/trainers/torch/ccflags.py); here only whether it
-can be (lto cannot: worker/ccflags.py).
+cc_flags and compiler are applied inside the torch child (worker/trainers/torch/ccflags.py); here only
+whether they can be (lto cannot; clang needs LLVM's omp.h: worker/ccflags.py).
 """
 
 from __future__ import annotations
@@ -165,6 +165,21 @@ def onednn_unavailable(on: bool, facts: dict) -> str | None:
     return None
 
 
+def blas_unavailable(name: str) -> str | None:
+    """Why the NumPy trainer cannot load this GEMM library here (PyPI's mkl / blis not installed), or
+    None; the child confirms it (worker/trainers/numpy/blas.py: a library that does not load, or
+    cannot run the job's threads, is a skip there)."""
+    import importlib.util
+    import sys
+
+    if name == "mkl" and not any(os.path.exists(os.path.join(sys.prefix, "lib", f"libmkl_rt.so{s}"))
+                                 for s in ("", ".2", ".3")):
+        return f"blas=mkl: no libmkl_rt in {os.path.join(sys.prefix, 'lib')} (pip install the mkl of requirements.txt)"
+    if name == "blis" and importlib.util.find_spec("blis") is None:
+        return "blas=blis: the blis package is not installed (pip install the blis of requirements.txt)"
+    return None
+
+
 def pinning_unavailable(pin: bool, framework: str) -> str | None:
     if pin and framework != "torch":
         why = ("XLA's pool follows the CPU set; no per-thread binding" if framework == "jax"
@@ -179,9 +194,13 @@ def unavailable(config: dict, facts: dict, cpu_pool: list[int]) -> list[str]:
     checks = [cores_unavailable(int(config["cores"]), cpu_pool), numa_unavailable(config["numa"]),
               allocator_unavailable(config["allocator"]), isa_unavailable(config["isa"], facts, framework, bool(config.get("onednn", True))),
               pinning_unavailable(bool(config["pin_threads"]), framework)]
+    if framework == "numpy" and config.get("blas", "openblas") != "openblas":
+        checks.append(blas_unavailable(config["blas"]))
     if framework == "torch":
         checks.append(onednn_unavailable(bool(config["onednn"]), facts))
         checks.append(ccflags.unavailable(config.get("cc_flags", DEFAULT)))
+        if config.get("compile") == "inductor" and config.get("compiler", "gcc") != "gcc":
+            checks.append(ccflags.compiler_unavailable(config["compiler"]))
     return [why for why in checks if why]
 
 

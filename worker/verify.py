@@ -6,9 +6,14 @@ a JAX or NumPy child that cannot say how many threads its library runs, or wheth
 not shown it ran under the job's settings.
 
     torch   with compile=inductor and cc_flags off its default: cc_kernel_flags, the effective flags
-            of every kernel compile command, is exactly [worker.ccflags.expected(cc_flags)]
-    numpy   blas_threads == intra_threads (OpenBLAS through threadpoolctl), jit is False
+            of every kernel compile command, is exactly [worker.ccflags.expected(cc_flags)]; with
+            compile=inductor, cc_kernel_compilers (the driver of every kernel command) is exactly the
+            `compiler`'s (required for clang; for gcc, judged where any kernel was built)
+    numpy   blas == the job's blas (the library every product ran on) and blas_threads ==
+            intra_threads (threadpoolctl for OpenBLAS and MKL, BLIS's own API), jit is False
     jax     xla_threads == cores (XLA sizes its pool from the affinity), jit == (compile == "xla")
+torch and jax record `blas` (applied.blas: BLAS_INFO of torch's build, XLA's Eigen) without it being
+judged: it is their build's, not the job's choice (a torch wheel for ARM runs OpenBLAS).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ def _expected_torch(config: dict, spec: ChildSpec) -> dict:
     flags = ccflags.expected(config.get("cc_flags", DEFAULT)) if config["compile"] == "inductor" else None
     if flags:  # every kernel compiled with the value's flags, and at least one (judged even if unreported)
         expected["cc_kernel_flags"] = [flags]
+    if config["compile"] == "inductor":
+        expected["cc_kernel_compilers"] = [ccflags.COMPILERS[config.get("compiler", "gcc")]]
     return expected
 
 
@@ -41,19 +48,23 @@ def _expected_jax(config: dict, spec: ChildSpec) -> dict:
 
 
 def _expected_numpy(config: dict, spec: ChildSpec) -> dict:
-    return {"blas_threads": int(config["intra_threads"]), "jit": False,
+    return {"blas": config.get("blas", "openblas"), "blas_threads": int(config["intra_threads"]), "jit": False,
             "omp_num_threads": spec.env.get("OMP_NUM_THREADS")}
 
 
 EXPECTED = {"torch": _expected_torch, "jax": _expected_jax, "numpy": _expected_numpy}
-REQUIRED = {"torch": (), "jax": ("xla_threads", "jit"), "numpy": ("blas_threads", "jit")}
+REQUIRED = {"torch": (), "jax": ("xla_threads", "jit"), "numpy": ("blas", "blas_threads", "jit")}
 
 
 def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
     """The job's settings the child did NOT run under, each as 'key=what it read (asked what)'."""
     framework = config.get("framework", "torch")
     expected = {"affinity": sorted(spec.cpus)} | EXPECTED[framework](config, spec)
-    required = REQUIRED[framework] + (("cc_kernel_flags",) if "cc_kernel_flags" in expected else ())
+    required = REQUIRED[framework] + (("cc_kernel_flags",) if "cc_kernel_flags" in expected else ()) + (
+        ("cc_kernel_compilers",) if framework == "torch" and config.get("compiler", "gcc") != "gcc"
+        and "cc_kernel_compilers" in expected else ())
+    if framework == "torch" and "cc_kernel_compilers" not in required and not child.get("cc_kernel_compilers"):
+        expected.pop("cc_kernel_compilers", None)  # gcc, no kernel seen: nothing to judge
     wrong = [f"{key}={child.get(key)!r} (asked {want!r})" for key, want in expected.items()
              if (key in child or key in required) and child.get(key) != want]
     if framework == "torch":

@@ -14,7 +14,7 @@ Request (the worker writes it):
     compile_cache_dir  a shared compiler cache (torch inductor's warm cache)
 Result (the trainer prints it; result() and skipped() build it):
     status "done" | "skipped", reason, metrics (EVERY name of TRAINER_METRICS, None where it cannot
-    measure), applied (the settings read back, at least READBACK), timed_window ({start_unix_s,
+    measure), gemm_format (what the run's GEMMs computed, in words; a simulated format says so), applied (the settings read back, at least READBACK), timed_window ({start_unix_s,
     end_unix_s}: time.time() around the timed steps, for sensors averaged over exactly that window),
     dataset_used, output_path, torch_version (None where torch did not run: the framework's own
     version goes in build_info), python_version, build_info.
@@ -35,16 +35,22 @@ import sys
 import time
 from collections.abc import Callable
 
+from common.compute import (INT4_GROUP, INT4_N_MULTIPLE, NOT_OFFERED, SIMULATED, int4_unsupported,  # noqa: F401
+                            linear_shapes, mlp_hidden)
 from common.metrics import METRICS, TRAINER_METRICS, WORKER_METRICS  # noqa: F401 (the contract's names)
 
 # Read back by every trainer (common_read_back()); each adds its framework's own (threads, BLAS...).
 READBACK = ("affinity", "main_thread_affinity", "allocator_lib", "uid")
 # The trainer package per `framework`; the worker starts `python -m <module>` (or forks it).
 TRAINERS = {"torch": "worker.trainers.torch", "jax": "worker.trainers.jax", "numpy": "worker.trainers.numpy"}
-# The GEMM peak each precision's MFU is taken against; int8 waits for an int8 GEMM peak in the probe
-# (no "int8" key yet: its mfu is NULL rather than a ratio against the fp32 peak it is not bound by).
-PEAK_KEY = {"fp32": "fp32", "q8": "fp32", "q4": "fp32", "bitnet": "fp32", "int8": "int8", "bf16": "bf16",
+# The GEMM peak each precision's MFU is taken against; int8 and bitnet (integer forward GEMMs) and q4
+# (int4 weights x bf16) wait for peaks of their own in the probe (no such key yet: their mfu is NULL
+# rather than a ratio against the fp32 peak they are not bound by).
+PEAK_KEY = {"fp32": "fp32", "q8": "fp32", "q4": "int4", "bitnet": "int8", "int8": "int8", "bf16": "bf16",
             "mixed": "bf16"}
+# The precisions whose LoRA adapters run merged into the frozen weight (model.py's MergedLoRA: plain
+# Linear bases of the weights' own dtype, no autocast); the others run the adapter as a second path.
+MERGED_LORA_PRECISIONS = ("fp32", "bf16")
 LOSS_LAST_STEPS = 3  # loss_last averages this many final steps: one step's loss is noisy
 
 
@@ -76,20 +82,22 @@ def serve(run: Callable[[dict], dict]) -> None:
 
 
 def skipped(reason: str, applied: dict | None = None, torch_version: str | None = None) -> dict:
-    return {"status": "skipped", "reason": reason, "metrics": {}, "applied": applied or {}, "timed_window": None,
+    return {"status": "skipped", "reason": reason, "metrics": {}, "gemm_format": None, "applied": applied or {},
+            "timed_window": None,
             "dataset_used": None, "output_path": None, "torch_version": torch_version,
             "python_version": platform.python_version(), "build_info": None}
 
 
 def result(metrics: dict, *, applied: dict, timed_window: dict, dataset_used: str | None, output_path: str | None,
-           torch_version: str | None, build_info: dict | None) -> dict:
-    """A done result; raises if a trainer metric is missing or an unknown one is present."""
+           torch_version: str | None, build_info: dict | None, gemm_format: str | None = None) -> dict:
+    """A done result; raises if a trainer metric is missing or an unknown one is present. gemm_format:
+    what the GEMMs computed (every trainer says; None only from test stubs that train nothing)."""
     missing = [m for m in TRAINER_METRICS if m not in metrics]
     unknown = [m for m in metrics if m not in TRAINER_METRICS]
     if missing or unknown:
         raise RuntimeError(f"trainer result: missing metrics {missing}, unknown metrics {unknown}")
     return {"status": "done", "reason": None, "metrics": {m: metrics[m] for m in TRAINER_METRICS},
-            "applied": applied, "timed_window": timed_window, "dataset_used": dataset_used,
+            "gemm_format": gemm_format, "applied": applied, "timed_window": timed_window, "dataset_used": dataset_used,
             "output_path": output_path, "torch_version": torch_version,
             "python_version": platform.python_version(), "build_info": build_info}
 
@@ -224,14 +232,6 @@ def common_read_back() -> dict:
 # -- analytic counts: from the config alone, the same for every framework ----------------------
 
 
-def mlp_hidden(config: dict) -> int:
-    """MLP hidden width. swiglu has three matrices instead of two, so its hidden width is 2/3 of
-    mlp_ratio * d_model: the parameter count stays that of the two-matrix MLP (LLaMA's rule)."""
-    if config["activation"] == "swiglu":
-        return int(2 / 3 * config["mlp_ratio"] * config["d_model"])
-    return int(config["mlp_ratio"] * config["d_model"])
-
-
 def block_matmul_params(config: dict) -> int:
     """The weights of one block's Linear layers: fused QKV, attention out, MLP in (x2 for swiglu), MLP out."""
     d, hidden = config["d_model"], mlp_hidden(config)
@@ -301,12 +301,19 @@ def flops_per_step(config: dict) -> int:
     GQA shrinks the K/V projections (fewer matmul weights) but not the score/sum work: that follows
     the query heads. Elementwise work (softmax, norms, activations, optimizer) is not counted.
 
-    With task=finetune_lora only what runs is counted:
-        flops_per_step = (4 * N_matmul - 2 * qkv_0 + 6 * N_lora - 2 * r * d_model) * tokens + attention
-    every frozen matrix does its forward (2) and input-gradient (2) GEMMs but no weight-gradient
-    GEMM; the first block's qkv (qkv_0 weights) needs no input gradient either, since nothing below
-    it trains; each adapter pair (N_lora = lora_params()) runs forward, input and weight gradients
-    (6), except the first qkv adapter's input gradient (2 r d).
+    With task=finetune_lora only what runs is counted. Every frozen matrix does its forward (2) and
+    input-gradient (2) GEMMs but no weight-gradient GEMM; the first block's qkv (qkv_0 weights) needs
+    no input gradient either, since nothing below it trains. The adapters (N_lora = lora_params()
+    weights, rank r) run in one of two forms (worker/trainers/torch/model.py, LoRALinear):
+      merged (fp32, bf16: MergedLoRA), x (W + B A)^T: per token x A^T forward (2 r in), and dB, g B,
+        dA backward (2 r out, 2 r out, 2 r in): 4 FLOPs per adapter weight, no input gradient of
+        their own (it is folded into the merged GEMM); plus the merge W + B A itself, 2 r in out per
+        adapted matrix once per micro-batch (M_blocks = n_layers * block_matmul_params()):
+            (4 N_matmul - 2 qkv_0 + 4 N_lora) * tokens + 2 r M_blocks * grad_accum + attention
+      two paths (mixed's autocast, quantized bases), x W^T + (x A^T) B^T: forward, input and weight
+        gradients of both factors (6 per adapter weight), less the first qkv adapter's input
+        gradient (2 r d):
+            (4 N_matmul - 2 qkv_0 + 6 N_lora - 2 r d_model) * tokens + attention
     """
     sequences = config["batch_size"] * config["grad_accum"]
     tokens = sequences * config["seq_len"]
@@ -315,8 +322,11 @@ def flops_per_step(config: dict) -> int:
     n_lora = lora_params(config)
     if not n_lora:
         return 6 * matmul_params(config) * tokens + attention
-    d = config["d_model"]
+    d, r = config["d_model"], config["lora_rank"]
     qkv_0 = d * (config["n_heads"] + 2 * config["kv_heads"]) * config["head_dim"]
-    per_token = 4 * matmul_params(config) - 2 * qkv_0 + 6 * n_lora - 2 * config["lora_rank"] * d
+    if config["precision"] in MERGED_LORA_PRECISIONS:
+        merges = 2 * r * config["n_layers"] * block_matmul_params(config) * config["grad_accum"]
+        return (4 * matmul_params(config) - 2 * qkv_0 + 4 * n_lora) * tokens + merges + attention
+    per_token = 4 * matmul_params(config) - 2 * qkv_0 + 6 * n_lora - 2 * r * d
     return per_token * tokens + attention
 

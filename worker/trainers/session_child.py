@@ -121,7 +121,8 @@ def _train(request: dict, child, t0: float) -> dict:
     output_path = _save(session, config, request, dataset_used)
     applied |= session.read_back()
     return harness.result(metrics, applied=applied, timed_window=window, dataset_used=dataset_used,
-                          output_path=output_path, torch_version=None, build_info=session.build_info())
+                          output_path=output_path, torch_version=None, build_info=session.build_info(),
+                          gemm_format=session.gemm_format())
 
 
 def _save(session, config: dict, request: dict, dataset_used: str) -> str | None:

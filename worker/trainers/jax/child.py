@@ -72,6 +72,10 @@ class Session:
     def params(self) -> dict[str, np.ndarray]:
         return self.trainer.numpy_params()
 
+    def gemm_format(self) -> str:
+        return {"fp32": "fp32 GEMMs", "bf16": "bf16 GEMMs",
+                "mixed": "bf16 GEMMs, fp32 master weights"}[self.config["precision"]]
+
     def read_back(self) -> dict:
         return self.applied | runtime.read_back(self.jit)
 

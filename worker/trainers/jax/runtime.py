@@ -59,6 +59,9 @@ def read_back(jit: bool) -> dict:
         "affinity": threads_affinity(),
         "main_thread_affinity": sorted(os.sched_getaffinity(0)),
         "xla_threads": thread_names().get(XLA_POOL_THREAD, 0),
+        # XLA CPU emits its dots as calls into Eigen's tensor contraction, run on the Eigen pool
+        # counted above: the `blas` a jax run records (variables.BLAS_OF), never a choice
+        "blas": "eigen",
         "jit": jit,
         "jax_backend": jax.default_backend(),
         "jax_devices": len(jax.devices()),

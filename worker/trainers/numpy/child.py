@@ -54,6 +54,12 @@ class Session:
         return self.applied | runtime.read_back()
 
     @staticmethod
+    def gemm_format() -> str:
+        from worker.trainers.numpy import blas
+
+        return f"fp32 GEMMs ({blas.active.name} sgemm)"
+
+    @staticmethod
     def build_info() -> dict:
         return runtime.build_info()
 

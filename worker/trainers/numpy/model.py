@@ -2,7 +2,7 @@
 
 Reads bottom-up: elementwise functions, LayerNorm, attention, MLP, the whole model's loss and
 gradients last. Every activation is kept flat as (N, C) with N = batch * seq_len tokens, so each
-projection is one 2-D SGEMM over the whole batch (OpenBLAS's fastest path); attention runs as
+projection is one 2-D SGEMM over the whole batch (mm(): on the run's `blas` library, blas.py); attention runs as
 batched GEMMs over (batch, kv head, block) with the query heads that share a K/V head stacked into
 one matrix (GQA costs no copies of K and V). NumPy's elementwise ufuncs run on one thread, so the
 code keeps their passes few: in-place operations, the scale folded into Q, the softmax and the
@@ -19,9 +19,15 @@ import math
 import numpy as np
 
 from worker.trainers.masks import BlockLayout, block_layout
+from worker.trainers.numpy import blas
 from worker.trainers.params import LN_EPS, Arch
 
 F32 = np.float32
+
+
+def mm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Every matrix product of the model: a @ b on the run's GEMM library (blas.py: OpenBLAS, MKL, BLIS)."""
+    return blas.active.matmul(a, b, out)
 
 # -- elementwise ---------------------------------------------------------------------------------
 
@@ -175,12 +181,12 @@ class Attention:
     def forward(self, x: np.ndarray, w_qkv: np.ndarray, w_proj: np.ndarray, rng=None):
         a, L = self.arch, self.layout
         qw, kvw = a.q_width, a.kv_width
-        qkv = x @ w_qkv.T  # (N, qw + 2 kvw)
+        qkv = mm(x, w_qkv.T)  # (N, qw + 2 kvw)
         q = qkv[:, :qw] * self.scale  # the 1/sqrt(hd) folded into Q: a pass over N x qw, not over the scores
         qb = self.q_blocks(q)  # (B, KV, n, R*W, hd)
         kb = self.kv_blocks(qkv[:, qw:qw + kvw])  # (B, KV, n, K, hd)
         vb = self.kv_blocks(qkv[:, qw + kvw:])
-        s = qb @ kb.swapaxes(-1, -2)  # (B, KV, n, R*W, K)
+        s = mm(qb, kb.swapaxes(-1, -2))  # (B, KV, n, R*W, K)
         s6 = s.reshape(self.B, a.kv_heads, L.n_blocks, self.R, L.block, L.keys)
         s6 += self.mask
         s -= s.max(axis=-1, keepdims=True)
@@ -189,30 +195,30 @@ class Attention:
         p = s
         drop = dropout_mask(rng, a.dropout, p.shape)
         p_used = p * drop if drop is not None else p
-        y = self.from_q_blocks(p_used @ vb)  # (N, n_heads * hd)
-        out = y @ w_proj.T  # (N, C)
+        y = self.from_q_blocks(mm(p_used, vb))  # (N, n_heads * hd)
+        out = mm(y, w_proj.T)  # (N, C)
         return out, (x, qb, kb, vb, p, drop, y)
 
     def backward(self, dout: np.ndarray, cache, w_qkv, w_proj, dw_qkv, dw_proj) -> np.ndarray:
         x, qb, kb, vb, p, drop, y = cache
-        np.matmul(dout.T, y, out=dw_proj)  # (C, qw)
-        dyb = self.q_blocks(dout @ w_proj)  # (B, KV, n, R*W, hd)
+        mm(dout.T, y, out=dw_proj)  # (C, qw)
+        dyb = self.q_blocks(mm(dout, w_proj))  # (B, KV, n, R*W, hd)
         p_used = p * drop if drop is not None else p
-        dvb = p_used.swapaxes(-1, -2) @ dyb  # (B, KV, n, K, hd)
-        dp = dyb @ vb.swapaxes(-1, -2)  # (B, KV, n, R*W, K)
+        dvb = mm(p_used.swapaxes(-1, -2), dyb)  # (B, KV, n, K, hd)
+        dp = mm(dyb, vb.swapaxes(-1, -2))  # (B, KV, n, R*W, K)
         if drop is not None:
             dp *= drop
         # softmax backward: ds = p * (dp - sum(dp * p)), written over dp
         dp -= np.einsum("...k,...k->...", dp, p)[..., None]
         dp *= p
         ds = dp
-        dq = self.from_q_blocks(ds @ kb)
+        dq = self.from_q_blocks(mm(ds, kb))
         dq *= self.scale
-        dk = self.from_kv_blocks(ds.swapaxes(-1, -2) @ qb)  # qb is already scaled
+        dk = self.from_kv_blocks(mm(ds.swapaxes(-1, -2), qb))  # qb is already scaled
         dv = self.from_kv_blocks(dvb)
         dqkv = np.concatenate([dq, dk, dv], axis=1)  # (N, qw + 2 kvw)
-        np.matmul(dqkv.T, x, out=dw_qkv)
-        return dqkv @ w_qkv
+        mm(dqkv.T, x, out=dw_qkv)
+        return mm(dqkv, w_qkv)
 
 
 # -- MLP --------------------------------------------------------------------------------------------
@@ -224,7 +230,7 @@ class MLP:
         self.hidden = arch.mlp_hidden
 
     def forward(self, x: np.ndarray, w_fc: np.ndarray, w_proj: np.ndarray):
-        h = x @ w_fc.T  # (N, hidden), or (N, 2 hidden) for swiglu
+        h = mm(x, w_fc.T)  # (N, hidden), or (N, 2 hidden) for swiglu
         if self.activation == "gelu":
             cdf, pdf = normal_cdf_pdf(h)
             act = h * cdf
@@ -242,13 +248,13 @@ class MLP:
             silu = gate * s
             act = silu * up
             saved = (gate, up, s, silu)
-        out = act @ w_proj.T  # (N, C)
+        out = mm(act, w_proj.T)  # (N, C)
         return out, (x, act, saved)
 
     def backward(self, dout: np.ndarray, cache, w_fc, w_proj, dw_fc, dw_proj) -> np.ndarray:
         x, act, saved = cache
-        np.matmul(dout.T, act, out=dw_proj)
-        dact = dout @ w_proj  # (N, hidden)
+        mm(dout.T, act, out=dw_proj)
+        dact = mm(dout, w_proj)  # (N, hidden)
         if self.activation == "gelu":
             h, cdf, pdf = saved
             pdf *= h
@@ -268,8 +274,8 @@ class MLP:
             np.multiply(dact, silu, out=dh[:, self.hidden:])
             np.multiply(dact, up, out=dh[:, :self.hidden])
             dh[:, :self.hidden] *= silu_grad(gate, s)
-        np.matmul(dh.T, x, out=dw_fc)
-        return dh @ w_fc
+        mm(dh.T, x, out=dw_fc)
+        return mm(dh, w_fc)
 
 
 def silu_grad(x: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -342,15 +348,15 @@ class GPT:
             x += m  # x is this block's own array now: in place is safe
             caches.append((ln1, att_cache, drop_att, ln2, mlp_cache, drop_mlp))
         xf, lnf = layernorm(x, params["ln_f.weight"])
-        logits = xf @ wte.T  # (N, vocab): the tied head
+        logits = mm(xf, wte.T)  # (N, vocab): the tied head
         loss, dlogits = cross_entropy(logits, targets.reshape(N))
 
         # backward
         if scale != 1.0:
             dlogits *= F32(scale)
         g = _Grads(grads)
-        g.add("wte.weight", dlogits.T @ xf)  # head part of the tied weight
-        dx = layernorm_backward(dlogits @ wte, lnf, g.buffer("ln_f.weight"))
+        g.add("wte.weight", mm(dlogits.T, xf))  # head part of the tied weight
+        dx = layernorm_backward(mm(dlogits, wte), lnf, g.buffer("ln_f.weight"))
         g.commit("ln_f.weight")
         for i in reversed(range(a.n_layers)):
             pre = f"blocks.{i}."

@@ -1,48 +1,46 @@
-"""What the NumPy trainer runs under: OpenBLAS's threads, set before start and in the child, read back.
+"""What the NumPy trainer runs under: its GEMM library (`blas`: blas.py) and that library's threads,
+set in the child and read back.
 
-NumPy's wheel carries its own OpenBLAS (scipy-openblas, pthreads); torch's wheel uses MKL. Which
-BLAS, which of its kernels (`architecture`: the CPU type OpenBLAS dispatched to) and how many
-threads are read back through threadpoolctl and recorded per run: the "MKL vs OpenBLAS" axis.
-NumPy's elementwise ufuncs run on the calling thread; only the GEMMs are threaded.
+NumPy's wheel carries its own OpenBLAS (scipy-openblas, pthreads); blas=mkl and blas=blis call PyPI's
+MKL and BLIS for every product of the model instead. Which library, its version, its kernel set
+(`blas_architecture`) and how many threads it runs are read back and recorded per run (threadpoolctl
+sees OpenBLAS and MKL; BLIS answers through its own API). NumPy's elementwise ufuncs run on the
+calling thread; only the GEMMs are threaded.
 """
 
 from __future__ import annotations
 
 import os
 
-_LIMITS = []  # the threadpoolctl limiter stays alive (and in force) for the child's lifetime
+from worker.trainers.harness import Skip
+from worker.trainers.numpy import blas
+
+_LIMITS = []  # the threadpoolctl limiter of NumPy's own OpenBLAS stays alive (and in force)
 
 
 def apply_in_child(config: dict) -> None:
-    """Set OpenBLAS's pool to intra_threads through threadpoolctl (also where the variable was not set)."""
+    """NumPy's OpenBLAS pool to intra_threads (also when another library runs the GEMMs: nothing then
+    wakes its threads), and the job's GEMM library active at intra_threads; a library that cannot
+    run so here is a skip."""
     import numpy  # noqa: F401  (threadpoolctl limits only the libraries already loaded)
     from threadpoolctl import threadpool_limits
 
-    _LIMITS.append(threadpool_limits(limits=int(config["intra_threads"]), user_api="blas"))
-
-
-def blas_info() -> dict | None:
-    """threadpoolctl's entry for the BLAS NumPy loaded, or None."""
-    import numpy  # noqa: F401  (loads the BLAS)
-    from threadpoolctl import threadpool_info
-
-    for entry in threadpool_info():
-        if entry.get("user_api") == "blas":
-            return entry
-    return None
+    threads = int(config["intra_threads"])
+    _LIMITS.append(threadpool_limits(limits=threads, user_api="blas"))
+    try:
+        blas.use(config.get("blas", "openblas"), threads)
+    except blas.Unavailable as why:
+        raise Skip(f"unavailable here: {why}") from None
 
 
 def read_back() -> dict:
-    """The settings in force, by the names runs.applied uses."""
+    """The settings in force, by the names runs.applied uses (blas: the library every product ran on)."""
     from worker.trainers.harness import loaded_allocator, threads_affinity
 
-    blas = blas_info() or {}
     return {
         "affinity": threads_affinity(),
         "main_thread_affinity": sorted(os.sched_getaffinity(0)),
-        "blas": blas.get("internal_api"),
-        "blas_threads": blas.get("num_threads"),
-        "blas_architecture": blas.get("architecture"),
+        **blas.active.info(),
         "allocator_lib": loaded_allocator(),
         "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
@@ -54,11 +52,11 @@ def read_back() -> dict:
 def build_info() -> dict:
     import numpy
 
-    blas = blas_info() or {}
+    info = blas.active.info()
     return {"framework": f"numpy {numpy.__version__}",
-            "blas": " ".join(str(blas[k]) for k in ("internal_api", "version") if blas.get(k)) or None,
-            "blas_threading": blas.get("threading_layer"),
-            "blas_architecture": blas.get("architecture"),
+            "blas": " ".join(str(info[k]) for k in ("blas", "blas_version") if info.get(k)) or None,
+            "blas_threading": info.get("blas_threading"),
+            "blas_architecture": info.get("blas_architecture"),
             "numpy_simd": _numpy_simd()}
 
 

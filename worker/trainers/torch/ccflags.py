@@ -1,5 +1,10 @@
-"""Inside the torch child: apply `cc_flags` to inductor's C++ kernels and read back the flags the
-compiler really got (the values' meaning: worker/ccflags.py).
+"""Inside the torch child: apply `cc_flags` and `compiler` to inductor's C++ kernels and read back the
+flags and the compiler each kernel command really ran (the values' meaning: worker/ccflags.py).
+
+`compiler` sets torch._inductor.config.cpp.cxx (gcc: g++, inductor's own; clang: clang++). Inductor
+adapts its flags to the compiler it finds (cpp_builder checks for clang: OpenMP through LLVM's
+libomp instead of GCC's libgomp), so a clang run differs in compiler, code generator and OpenMP
+runtime of the kernels; torch's own ATen kernels are the same prebuilt ones.
 
 Applied in this process before torch.compile. -march and the fast-math switches are inductor's own
 settings (torch._inductor.config.cpp.march, enable_unsafe_math_opt_flag,
@@ -17,9 +22,10 @@ rebuilt at -O2 in an O2 run (seen: one new .so, and none on the next O2 run).
 
 from __future__ import annotations
 
-from worker.ccflags import DEFAULT, LADDER, effective
+from worker.ccflags import COMPILERS, DEFAULT, LADDER, compiler_of, effective
 
 _seen: set[str] = set()  # effective flags of the kernel command lines built in this process
+_compilers: set[str] = set()  # the compiler drivers of those kernel command lines
 
 
 def record_compiles() -> None:
@@ -36,6 +42,7 @@ def record_compiles() -> None:
         flags = effective(line)
         if flags is not None:
             _seen.add(flags)
+            _compilers.add(compiler_of(line))
         return line
 
     get_command_line._cpubench = True
@@ -71,3 +78,25 @@ def apply(value: str) -> dict:
 def read_back() -> list[str]:
     """The distinct effective flags of the kernel compile commands inductor built in this process."""
     return sorted(_seen)
+
+
+def apply_compiler(value: str) -> dict:
+    """Give inductor the `compiler` value's C++ driver (torch._inductor.config.cpp.cxx); return what
+    inductor now resolves as its compiler and that compiler's version line."""
+    import subprocess
+
+    from torch._inductor import config, cpp_builder
+
+    record_compiles()
+    config.cpp.cxx = (None, COMPILERS[value])
+    resolved = cpp_builder.get_cpp_compiler()
+    try:
+        version = subprocess.run([resolved, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        version = ""
+    return {"cpp.cxx": resolved, "cxx_version": version.splitlines()[0] if version else None}
+
+
+def compilers_read_back() -> list[str]:
+    """The distinct compiler drivers of the kernel compile commands inductor built in this process."""
+    return sorted(_compilers)

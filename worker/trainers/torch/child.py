@@ -2,7 +2,7 @@
 (worker/trainers/harness.py: one JSON request on stdin, one JSON result line on stdout).
 
 This module owns what is torch's: the model and optimizer, bf16/mixed/quantized precision, inductor
-(fusion switch, cold/warm cache, cc_flags through ccflags.py), finetuning from a saved model, and the read-back. The timed loop,
+(fusion switch, cold/warm cache, cc_flags and compiler through ccflags.py), finetuning from a saved model, and the read-back. The timed loop,
 the metric names and the analytic FLOP/parameter counts are the harness's.
 
     setup_s       module start (before imports) to the first step: imports, data, tokenizer, model,
@@ -161,6 +161,17 @@ def _set_cc_flags(value: str) -> dict:
     return ccflags.apply(value)
 
 
+def _set_compiler(value: str) -> dict:
+    """Give inductor the job's C++ compiler (worker/trainers/torch/ccflags.py); one it cannot use is a skip."""
+    from worker import ccflags as meaning
+    from worker.trainers.torch import ccflags
+
+    why = meaning.compiler_unavailable(value)
+    if why:
+        raise Skip(f"unavailable here: {why}")
+    return ccflags.apply_compiler(value)
+
+
 def _check_inductor_possible() -> None:
     try:
         from torch._inductor.cpp_builder import get_cpp_compiler
@@ -209,6 +220,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
 
     from worker import data
     from worker.trainers.torch.model import GPT, ModelConfig, add_lora, head_loss_path
+    from worker.trainers.torch.quant import gemm_format
     from worker.trainers.torch.readback import apply_in_child, read_back
 
     apply_in_child(config)
@@ -272,6 +284,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
         _check_inductor_possible()
         applied["inductor"] = _set_inductor_config(bool(config["fusion"]))
         applied["inductor"] |= _set_cc_flags(config.get("cc_flags", "default"))
+        applied["inductor"] |= _set_compiler(config.get("compiler", "gcc"))
         applied["compile_mode"] = "torch.compile(model, backend='inductor', mode=None)"
         applied["compile_cache_dir"] = cache_dir
         if config["compile_cache"] == "warm":
@@ -300,13 +313,16 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     output_path = save_model(model, config, request, dataset_used)
     phases["save"], mark = time.perf_counter() - mark, time.perf_counter()
     applied |= read_back()
+    applied["blas"] = blas_in_use()
     if config["compile"] == "inductor":
         from worker.trainers.torch import ccflags
 
         applied["cc_kernel_flags"] = ccflags.read_back()
+        applied["cc_kernel_compilers"] = ccflags.compilers_read_back()
     phases["read_back"] = time.perf_counter() - mark
     return harness.result(metrics, applied=applied, timed_window=window, dataset_used=dataset_used,
-                          output_path=output_path, torch_version=torch.__version__, build_info=build_info())
+                          output_path=output_path, torch_version=torch.__version__, build_info=build_info(),
+                          gemm_format=gemm_format(config["precision"]))
 
 
 def shared_init(model, config: dict) -> str:
@@ -405,6 +421,14 @@ def save_model(model, config: dict, request: dict, dataset_used: str) -> str | N
     (out / "config.json.tmp").write_text(json.dumps(meta, indent=1))
     os.replace(out / "config.json.tmp", out / "config.json")
     return str(out)
+
+
+def blas_in_use() -> str | None:
+    """The BLAS torch's fp32 GEMMs call, from its build (BLAS_INFO: mkl in the x86 wheels)."""
+    import torch
+
+    blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    return blas.group(1) if blas else None
 
 
 def build_info() -> dict:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from worker.trainers.harness import attended_positions, mlp_hidden
-from worker.trainers.torch.quant import QUANT_MODES, Int8Linear, QuantLinear
+from worker.trainers.torch.quant import QUANT_MODES, Int4Linear, Int8Linear, QuantLinear
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class ModelConfig:
     attention: str = "full"  # full causal | local (block-diagonal windows) | sliding (last `window`)
     window: int = 64  # tokens a local block / sliding window spans (ignored for full)
     attn_backend: str = "sdpa"  # manual (matmul + softmax) | sdpa (torch picks) | sdpa_math
-    precision: str = "fp32"  # q8/q4/bitnet/int8 change the blocks' Linears; bf16/mixed are the trainer's
+    precision: str = "fp32"  # q8/q4/bitnet/int8 change the blocks' Linears (quant.py); bf16/mixed are the trainer's
 
     def __post_init__(self):
         assert self.n_heads % self.kv_heads == 0, "kv_heads must divide n_heads"
@@ -71,8 +71,10 @@ def attention_mask(kind: str, seq_len: int, window: int) -> torch.Tensor:
 def make_linear(cfg: ModelConfig, n_in: int, n_out: int) -> nn.Linear:
     if cfg.precision in QUANT_MODES:
         return QuantLinear(n_in, n_out, bias=False, mode=cfg.precision)
-    if cfg.precision == "int8":
-        return Int8Linear(n_in, n_out, bias=False)
+    if cfg.precision == "q4":
+        return Int4Linear(n_in, n_out, bias=False)
+    if cfg.precision in ("int8", "bitnet"):
+        return Int8Linear(n_in, n_out, bias=False, ternary=cfg.precision == "bitnet")
     return nn.Linear(n_in, n_out, bias=False)  # no biases: as in LLaMA/PaLM, fewer copies, same loss
 
 
@@ -307,7 +309,7 @@ def head_loss_path(weight_dtype: torch.dtype, input_dtype: torch.dtype, autocast
 class GPT(nn.Module):
     """Token + learned position embeddings, n_layers blocks, a head tied to the token embedding.
 
-    The embeddings and the head stay full precision under q8/q4/bitnet, as in BitNet: only the
+    The embeddings and the head stay full precision under q8/q4/bitnet/int8, as in BitNet: only the
     blocks' Linear layers are quantized.
     """
 
@@ -451,7 +453,7 @@ def matmul_params(model: GPT) -> int:
     return n + model.head.weight.numel()
 
 
-def flops_per_step(model: GPT, batch_size: int, grad_accum: int) -> int:
+def flops_per_step(model: GPT, batch_size: int, grad_accum: int, merged: bool = True) -> int:
     """Training FLOPs of one optimizer step (forward + backward), counted like PaLM / nanoGPT:
 
         tokens        = batch_size * grad_accum * seq_len
@@ -466,12 +468,12 @@ def flops_per_step(model: GPT, batch_size: int, grad_accum: int) -> int:
     GQA shrinks the K/V projections (fewer matmul weights) but not the score/sum work: that follows
     the query heads. Elementwise work (softmax, norms, activations, optimizer) is not counted.
 
-    With LoRA adapters (add_lora) only what runs is counted:
-        flops_per_step = (4 * N_matmul - 2 * qkv_0 + 6 * N_lora - 2 * r * d_model) * tokens + attention
-    every frozen matrix does its forward (2) and input-gradient (2) GEMMs but no weight-gradient
-    GEMM; the first block's qkv (qkv_0 weights) needs no input gradient either, since nothing below
-    it trains; each adapter pair (N_lora = r * (in + out) weights over all adapted layers) runs
-    forward, input and weight gradients (6), except the first qkv adapter's input gradient (2 r d).
+    With LoRA adapters (add_lora) only what runs is counted (harness.flops_per_step has the
+    derivation): merged adapters (MergedLoRA: a plain Linear base, `merged` on; without autocast)
+        (4 * N_matmul - 2 * qkv_0 + 4 * N_lora) * tokens + 2 * r * (sum of in * out) * grad_accum + attention
+    and adapters run as a second path (quantized bases, merged off, autocast: merged=False)
+        (4 * N_matmul - 2 * qkv_0 + 6 * N_lora - 2 * r * d_model) * tokens + attention
+    N_lora = r * (in + out) weights over all adapted layers.
     """
     cfg = model.cfg
     tokens = batch_size * grad_accum * cfg.seq_len
@@ -483,5 +485,8 @@ def flops_per_step(model: GPT, batch_size: int, grad_accum: int) -> int:
     n_lora = sum(m.lora_a.numel() + m.lora_b.numel() for m in adapters)
     rank = adapters[0].lora_a.size(0)
     qkv_0 = model.blocks[0].attn.qkv.base.weight.numel()
+    if merged and all(m.merged and type(m.base) is nn.Linear for m in adapters):
+        merges = sum(2 * rank * m.base.weight.numel() for m in adapters) * grad_accum
+        return (4 * matmul_params(model) - 2 * qkv_0 + 4 * n_lora) * tokens + merges + attention
     per_token = 4 * matmul_params(model) - 2 * qkv_0 + 6 * n_lora - 2 * rank * cfg.d_model
     return per_token * tokens + attention
