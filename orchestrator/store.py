@@ -38,7 +38,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from orchestrator import migrations
 from common.errors import BadInput, BenchError, DatabaseUnavailable
-from common.variables import BY_NAME, NAMES
+from common.variables import BY_NAME, NAMES, complete
 from common.metrics import METRICS  # the one metric list: schema.sql's runs columns follow it
 
 # Enqueue and pool filling hold this PostgreSQL advisory lock, so a pool's first fill and a
@@ -614,7 +614,7 @@ class Store:
                 if got is None:
                     continue  # a queue row whose run is not queued (cannot happen; the row is gone now)
                 config = conn.execute(text(SELECT_JOB_CONFIG), {"job_id": job_id}).scalar_one()
-                return Claim(run_id=got[0], job_id=job_id, attempts=got[1], config=json.loads(config))
+                return Claim(run_id=got[0], job_id=job_id, attempts=got[1], config=complete(json.loads(config)))
         raise BenchError("could not claim a job after 1000 tries: is the database overloaded?")
 
     def heartbeat(self, run_id: int, child_pid: int | None = None) -> bool:
@@ -650,7 +650,7 @@ class Store:
             for run_id, job_id, attempts, run_started, config in conn.execute(
                     text(SELECT_OWN_RUNNING), {"pool_id": pool_id, "pid": pid, "host": host}):
                 if started is None or run_started is None or same_start(started, run_started):
-                    return Claim(run_id=run_id, job_id=job_id, attempts=attempts, config=json.loads(config))
+                    return Claim(run_id=run_id, job_id=job_id, attempts=attempts, config=complete(json.loads(config)))
         return None
 
     def release(self, run_id: int, *, pid: int, reason: str) -> None:
