@@ -670,12 +670,12 @@ def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found:
     """Values that jobs asked for and that have no usable run, with why; and the varied variables
     that could not be compared, with why (their baseline configuration or their other values lost),
     as against those that only ever moved with another variable (followers)."""
-    usable: dict[str, set] = defaultdict(set)
-    for r in runs:
-        for n in FACTORS:
-            usable[n].add(r.values[n])
     asked_values: dict[str, dict] = defaultdict(lambda: defaultdict(list))
     several = [n for n in FACTORS if len({row.get(n) for row in asked}) > 1]  # (raw values: cheap)
+    usable: dict[str, set] = defaultdict(set)  # the values asked for that have a usable run (as asked:
+    for r in runs:  # a value that ran as another, like the hub dataset as builtin, is said so elsewhere)
+        for n in several:
+            usable[n].add(value_of(n, r.row.get(n)))
     for row in asked:
         for n in several:
             asked_values[n][value_of(n, row[n])].append(row)
