@@ -62,7 +62,7 @@ def evaluate(rows_path: Path, code: Path) -> None:
     out = []
     for rows in data["seeds"]:
         found = []
-        if hasattr(fx, "analyse"):  # this release: Holm-adjusted, simultaneous intervals
+        if hasattr(fx, "analyse"):  # a release with analyse(): adjusted tests, simultaneous intervals
             for e in fx.analyse(rows).effects:
                 found.append([e.kind, e.variable, e.value, e.estimate, e.ci_low, e.ci_high, bool(e.significant)])
         else:  # before: unadjusted 95% intervals; an interval excluding no change read as an effect

@@ -95,7 +95,14 @@ def analysis_dicts(analysis, grids: dict[int, list], names: dict[int, str]) -> d
                     "runs_per_value": per_value[0][0] if per_value else None,
                     "disturbed": len(ma.disturbed), "fitted_runs": len(ma.runs), "together": list(ma.together),
                     "identical": list(ma.identical), "regrouped": list(ma.regrouped),
-                    "varied": list(ma.varied)}
+                    "varied": list(ma.varied), "dof": nz.dof, "block_cv": nz.block_cv,
+                    "strata": [{"cpus": [c for c in st.members if c is not None], "cv": st.cv, "slow_share": st.slow_share,
+                                "slow_shift": math.expm1(st.slow_shift)} for st in nz.strata
+                               if st.dof > 0 and not st.noisy_config],
+                    "half_widths": sorted(e.half_width for e in ma.effects if e.kind == "ratio" and e.se is not None),
+                    "resolvable": sorted(fx.smallest_resolvable(e) for e in ma.effects if e.kind == "ratio" and e.se is not None),
+                    "advice": nz.where_repeats_help(), "uncompared": dict(ma.uncompared),
+                    "baseline_lost": ma.baseline_lost}
     return {"effects": effects, "variables": variables, "grids": out_grids, "noise": noise, "family": family,
             "alpha": fx.ALPHA}
 
@@ -348,7 +355,7 @@ def _effects_section(st: dict, ctx, several: bool) -> str:
                                                  "verdict", "adjusted p", "runs"]
     return f"""<section id="effects"><h2>Effects on step time, clearest first</h2>
 <p>Every comparison of this report as a step-time factor with its family-wise 95% interval
-(the {n} intervals hold together; Holm-adjusted p below {st['alpha']:g} is a <span class="v clear">clear effect</span>).
+(the {n} intervals hold together; a <span class="v clear">clear effect</span> is one whose interval excludes no change: Bonferroni, p &times; {n} below {st['alpha']:g}).
 A ratio is a value's step time over its baseline's (0.5 = twice as fast); a power law is drawn as the
 factor of a doubling (step time ~ size<sup>e</sup>: 2<sup>e</sup>). Click a row to open its variable.</p>
 <div class="plot" id="plot-forest" data-plot="forest"></div>
@@ -364,7 +371,9 @@ def _variable_section(v: dict | None, name: str, machine_id: int, ctx, st: dict,
              f'<p class="doc">{_e(doc)}.</p>']
     if v is None:
         noise = st["noise"].get(machine_id, {})
-        if name in noise.get("together", []):
+        if name in noise.get("uncompared", {}):
+            parts.append(f"<p>Not compared: {_e(noise['uncompared'][name])}.</p>")
+        elif name in noise.get("together", []):
             parts.append("<p>Varied, but no two finished runs differ in it alone: it moved with another variable "
                          "(threads with cores, head_dim with d_model), so its own effect cannot be separated.</p>")
         else:
@@ -413,37 +422,49 @@ def _machine_section(ctx, st: dict, several: bool) -> str:
         nz = st["noise"].get(m)
         if not nz:
             continue
-        if nz["probe_cv"] is not None:
-            figure, source = _pct(nz["probe_cv"]), "the machine probe (identical short runs)"
-        elif nz["cv"] is not None:
-            figure, source = _pct(nz["cv"]), f"repeats here ({nz['configs']} configurations run twice or more)"
+        if nz["cv"] is not None:
+            figure = _pct(nz["cv"])
+            source = (f"the model's residual: runs around their configuration, blocks removed ({nz['dof']:.0f} "
+                      "degrees of freedom)" + (f"; the machine probe measured {_pct(nz['probe_cv'])}"
+                                                if nz["probe_cv"] is not None else ""))
+        elif nz["probe_cv"] is not None:
+            figure, source = _pct(nz["probe_cv"]), "the machine probe (identical short runs): nothing here was repeated"
         else:
             figure, source = "-", "not known: no configuration ran twice and the probe measured none"
+        strata = nz.get("strata", [])
+        if len(strata) > 1 or any(x["slow_share"] for x in strata):
+            source += "; " + "; ".join(
+                f"runs on {', '.join(map(str, x['cpus']))} CPU(s): {_pct(x['cv'])}"
+                + (f", {x['slow_share']:.0%} of runs in a slow mode {_pct(x['slow_shift'])} slower (effects use the fast mode)"
+                   if x["slow_share"] else "") for x in strata)
         drift = ", ".join(f"pass {p}: {100 * (x - 1):+.0f}%" for p, x in sorted(nz["drift"].items())[1:]) or "-"
+        if nz.get("block_cv") is not None:
+            drift += f"; blocks (stretches of time) vary by {_pct(nz['block_cv'])} beyond the runs in them"
         meaning = "-"
-        if nz["sigma"] is not None:
-            n = nz["runs_per_value"] or 3
-            q = fx.t_quantile(1 - st["alpha"] / (2 * max(1, st["family"])), math.inf)
-            half = math.expm1(q * nz["sigma"] * math.sqrt(2 / n))
-            mde = math.expm1((q + fx.t_quantile(0.8, math.inf)) * nz["sigma"] * math.sqrt(2 / n))
-            meaning = (f"with {n} runs per value a ratio's family-wise interval is about ±{_pct(half)}; "
-                       f"effects smaller than about {_pct(mde)} are not resolved (80% power)")
+        if nz.get("half_widths"):
+            hw, mde = nz["half_widths"], nz["resolvable"]
+            meaning = (f"the shown ratio intervals are ±{_pct(hw[len(hw) // 2])} (median of {len(hw)}); changes smaller "
+                       f"than about {_pct(mde[len(mde) // 2])} are not resolved (80% power)"
+                       + (f"; {nz['advice']}" if nz.get("advice") else ""))
         noisiest = "; ".join(f"{_e(c)} ({_pct(cv)})" for c, cv in nz["noisiest"]) or "-"
         noise_rows.append(([_e(ctx.names[m])] if several else [])
                           + [figure, _e(source), _pct(nz["cv_with_drift"]), _e(drift), _e(meaning), noisiest,
                              f'{nz["disturbed"]} of {nz["fitted_runs"] + nz["disturbed"]}'])
     noise = _table((["machine"] if several else []) + [
-        "run-to-run noise (CV)", "source", "with the pass drift left in", "pass drift vs the first pass",
+        "run-to-run noise (CV)", "source", "a configuration's repeats, blocks left in", "pass drift vs the first pass",
         "what it means for the intervals", "noisiest configurations", "disturbed runs"], noise_rows, "noise")
     notes = "".join(f"<p>{_e(n)}</p>" for m in ids for n in st["noise"].get(m, {}).get("identical", [])
-                    + st["noise"].get(m, {}).get("regrouped", []))
+                    + st["noise"].get(m, {}).get("regrouped", []) + [st["noise"].get(m, {}).get("baseline_lost") or ""]
+                    if n)
     return f"""<section id="machine"><h2>Machine and noise</h2>
 <p>What the runs ran on: the probe's facts and measured peaks (GEMM GFLOP/s, memory bandwidth: MFU divides
 by a GEMM peak measured on the run's own CPU set).</p>{facts}
 <h3>How noisy it is, and what that means for the intervals</h3>
-<p>The same configuration run again does not take exactly the same time. Repeats run in passes
-(all of pass 0 before pass 1), so a slow drift of the machine moves a whole pass; it is removed before
-any comparison. Disturbed runs (another process or the hypervisor took more than
+<p>The same configuration run again does not take exactly the same time. Every comparison comes from one
+model of the machine's runs: log step time = configuration + block + residual. A block is a stretch of
+the run order where a comparison's runs ran side by side, so a slow stretch of time or a drifting
+pass moves all of them and cancels in the comparison; the residual noise is shared by every
+configuration (docs/statistics.md). Disturbed runs (another process or the hypervisor took more than
 {fx.DISTURBED_SHARE:.0%} of the job's CPU time) are left out of the fits.</p>{noise}{notes}</section>"""
 
 
