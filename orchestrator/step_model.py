@@ -56,8 +56,7 @@ class Stratum:
     sigma2: float  # residual variance of log step time (fast mode)
     dof: float  # residual degrees of freedom
     slow_share: float = 0.0  # pi: share of runs in the slow mode (0: no slow mode)
-    slow_shift: float = 0.0  # delta: the slow mode's extra log step time
-    slow_sigma2: float = 0.0
+    slow_shift: float = 0.0  # delta: the slow mode's extra log step time (same spread as the fast mode)
     members: tuple = ()  # the stratum keys merged into this one (too few runs of their own)
 
     @property
@@ -85,8 +84,6 @@ class Contrast:
 class Fit:
     """The fitted model of one machine's runs."""
 
-    configs: list  # config keys, in index order
-    blocks: list  # block keys, in index order
     mu: np.ndarray  # fast-mode log step time per configuration (relative to its part's reference block)
     gamma: np.ndarray  # per block
     strata: dict  # stratum key -> Stratum (merged strata map to the same object)
@@ -197,15 +194,12 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     sigma2 = np.full(n_strata, 1.0)
     pi = np.zeros(n_strata)
     delta = np.zeros(n_strata)
-    slow_sigma2 = np.ones(n_strata)
     post = np.zeros(n)
     theta = np.zeros(p)
     lev = np.full(n, p / max(n, 1))
 
     def solve_weighted(weights, target):
-        A = (X.T @ sparse.diags(weights) @ X).tocsc()
-        lu = splu(A + sparse.identity(p, format="csc") * 1e-12 * max(1.0, float(A.diagonal().max(initial=1.0))))
-        return lu, lu.solve(X.T @ (weights * target))
+        return _solve(X, weights)(target)
 
     def variances(rounds: int):
         nonlocal lu, theta, weights
@@ -221,7 +215,7 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
                                1.0 / np.maximum(sigma2[s_of_run], 1e-12), 1.0)
 
     def split_noisy(noisy):
-        nonlocal s_of_run, n_strata, sigma2, pi, delta, slow_sigma2
+        nonlocal s_of_run, n_strata, sigma2, pi, delta
         for c in noisy:
             big.append(("noisy configuration", c))
         s_of_run = s_of_run.copy()
@@ -230,7 +224,6 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
         n_strata = len(big)
         sigma2 = np.concatenate([sigma2, np.ones(len(noisy))])
         pi, delta = np.zeros(n_strata), np.zeros(n_strata)
-        slow_sigma2 = np.ones(n_strata)
         post[:] = 0.0
 
     # 0. configurations far noisier than the rest, judged on a fit that weighs each configuration by
@@ -238,7 +231,7 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     weights = _robust_weights(y, ci, n_configs)
     lu, theta = solve_weighted(weights, y)
     _leverages(X, weights, lu, p, lev)
-    first = _noisy_configs(y - X @ theta, ci, s_of_run, lev, sigma2 * 0 + 1, n_configs)
+    first = _noisy_configs(y - X @ theta, ci, s_of_run, lev, n_configs)
     if first:
         split_noisy(first)
     # 1. one variance per stratum (rounds of weighted fits, starting from the robust weights)
@@ -256,8 +249,16 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
         if Xc.shape[1] < n - MIN_STRATUM_DF:
             coarse = Xc
 
+    def coarse_fit():
+        """The configuration + pass model under the current weights: (theta, leverages)."""
+        luc, thc = _solve(coarse, weights)(y)
+        levc = np.empty(n)
+        _leverages(coarse, weights, luc, coarse.shape[1], levc)
+        return thc, levc
+
     def slow_modes():
         nonlocal theta, post
+        thc, levc = coarse_fit() if coarse is not None else (None, None)
         for s in range(n_strata):
             m = s_of_run == s
             pi[s], delta[s] = 0.0, 0.0
@@ -265,15 +266,12 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
             if not mixture or m.sum() < MIX_MIN_RUNS or not np.isfinite(sigma2[s]) or sigma2[s] <= 0:
                 continue
             if coarse is not None:  # found in the coarse model; the fine one takes its shifts
-                luc, thc = _solve(coarse, weights)(y)
-                levc = np.empty(n)
-                _leverages(coarse, weights, luc, coarse.shape[1], levc)
                 r = y - coarse @ thc
                 s2c = float(r[m] @ r[m]) / max(1.0, float(m.sum() - levc[m].sum()))
                 got = _mixture(coarse, y, m, thc, levc, s2c, weights)
                 if got is None:
                     continue
-                _, post_m, pi_s, delta_s, _, _ = got
+                _, post_m, pi_s, delta_s, _ = got
                 post = np.where(m, post_m, post)
                 pi[s], delta[s] = pi_s, delta_s
                 target = y - np.where(m, delta_s * post, 0.0)
@@ -281,27 +279,25 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
                 r = (target - X @ theta)[m]
                 dof_s = max(1.0, float(m.sum() - lev[m].sum()) - 2)
                 sigma2[s] = float(r @ r) / dof_s + delta_s * delta_s * float(np.mean(post[m] * (1 - post[m])))
-                slow_sigma2[s] = sigma2[s]
                 continue
             got = _mixture(X, y, m, theta, lev, sigma2[s], weights)
             if got is None:
                 continue
-            theta_m, post_m, pi_s, delta_s, s2, s2_slow = got
-            theta, post = theta_m, np.where(m, post_m, post)
-            pi[s], delta[s], sigma2[s], slow_sigma2[s] = pi_s, delta_s, s2, s2_slow
+            theta, post_m, pi[s], delta[s], sigma2[s] = got
+            post = np.where(m, post_m, post)
 
     # 2. a slow mode per stratum, where it clearly beats one normal
     slow_modes()
     # 3. a configuration far noisier than its stratum's fast mode (an F test at NOISY_ALPHA over the
     # configurations tested, slow-mode runs' shift removed) gets a variance of its own, paying its own
     # degrees of freedom: one noisy value then widens only its own comparisons.
-    noisy = [c for c in _noisy_configs(y - X @ theta - delta[s_of_run] * post, ci, s_of_run, lev, sigma2, n_configs)
+    noisy = [c for c in _noisy_configs(y - X @ theta - delta[s_of_run] * post, ci, s_of_run, lev, n_configs)
              if ("noisy configuration", c) not in big]
     if noisy:
         split_noisy(noisy)
         variances(2)
         slow_modes()
-        # final weights: expected precision of each run's component; targets shifted by the slow mode
+    # the final fit: each stratum's weight, targets shifted by the slow mode's expected share
     eff_w = np.empty(n)
     target = y.copy()
     for s in range(n_strata):
@@ -324,7 +320,7 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     for s, k in enumerate(big):
         members = tuple(d for d in distinct if home[d] == k)
         objs.append(Stratum(k, int((s_of_run == s).sum()), float(sigma2[s]) if np.isfinite(sigma2[s]) else float("nan"),
-                            s_dof[s], float(pi[s]), float(delta[s]), float(slow_sigma2[s]) if pi[s] > 0 else 0.0, members))
+                            s_dof[s], float(pi[s]), float(delta[s]), members))
     for d in distinct:
         strata[d] = objs[big.index(home[d])]
     for s, k in enumerate(big):
@@ -332,7 +328,7 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     gamma = np.zeros(n_blocks)
     for b, col in col_of_block.items():
         gamma[b] = theta[col]
-    return Fit(list(range(n_configs)), list(range(n_blocks)), theta[:n_configs].copy(), gamma, strata, component,
+    return Fit(theta[:n_configs].copy(), gamma, strata, component,
                post, n, lu.solve if has_noise else None, (X, eff_w, s_of_run, s_dof if has_noise else {}))
 
 
@@ -352,7 +348,7 @@ def _robust_weights(y, ci, n_configs: int) -> np.ndarray:
     return 1.0 / v[ci]
 
 
-def _noisy_configs(r, ci, s_of_run, lev, sigma2, n_configs: int) -> list[int]:
+def _noisy_configs(r, ci, s_of_run, lev, n_configs: int) -> list[int]:
     """Configurations whose residual variance is far above their stratum's (F test, Bonferroni)."""
     from scipy.special import fdtrc
 
@@ -414,7 +410,7 @@ def _leverages(X, weights, lu, p: int, out: np.ndarray) -> None:
 
 def _mixture(X, y, m, theta, lev, sigma2, weights):
     """A slow mode among the runs m, from the best of a few EM starts (the slowest 10-40% as the
-    first guess of the slow mode): (theta, posterior, pi, delta, sigma2, slow sigma2), or None where
+    first guess of the slow mode): (theta, posterior, pi, delta, sigma2), or None where
     one normal explains the residuals as well (BIC) or the modes are not separated."""
     r0 = (y - X @ theta)[m]
     u0 = r0 / np.sqrt(np.clip(1 - lev[m], 0.05, 1.0))
@@ -427,12 +423,12 @@ def _mixture(X, y, m, theta, lev, sigma2, weights):
             best = got
     if best is None:
         return None
-    theta_m, post, pi, delta, s2, s2_slow, ll_mix = best
+    theta_m, post, pi, delta, s2, ll_mix = best
     if not (MIX_MIN_SHARE <= pi <= MIX_MAX_SHARE and delta >= MIX_SEPARATION * math.sqrt(s2)):
         return None
     # which mode a run is in is itself uncertain: that uncertainty is noise in the fast-mode estimates
     s2 += delta * delta * float(np.mean(post[m] * (1 - post[m])))
-    return theta_m, post, pi, delta, s2, s2
+    return theta_m, post, pi, delta, s2
 
 
 def _two_modes(u: np.ndarray) -> bool:
@@ -488,9 +484,7 @@ def _em(X, y, m, theta, lev, weights, slow0):
         pi = float(np.clip(post_m.mean(), 1e-3, 1 - 1e-3))
         target = y.copy()
         target[m] = y[m] - delta * post_m
-        A = (X.T @ sparse.diags(weights) @ X).tocsc()
-        lu = splu(A + sparse.identity(A.shape[0], format="csc") * 1e-12 * max(1.0, float(A.diagonal().max(initial=1.0))))
-        theta = lu.solve(X.T @ (weights * target))
+        _, theta = _solve(X, weights)(target)
         r = (y - X @ theta)[m]  # fast-mode residual; the slow mode's is r - delta
         delta = float(np.sum(post_m * r) / max(1e-9, post_m.sum()))
         s2 = float(np.sum((1 - post_m) * r * r + post_m * (r - delta) ** 2) / dof)
@@ -508,4 +502,4 @@ def _em(X, y, m, theta, lev, weights, slow0):
                - 0.5 * n_s * np.log(2 * np.pi * s2))
     post = np.zeros(len(y))
     post[m] = post_m
-    return theta, post, pi, delta, s2, s2, ll
+    return theta, post, pi, delta, s2, ll
