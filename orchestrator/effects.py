@@ -666,10 +666,11 @@ def _status_words(rows: list[dict], disturbed_ids: set) -> str:
 
 
 def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found: list[VariableEffect],
-                together: list[str]) -> tuple[list[Lost], dict[str, str]]:
-    """Values that jobs asked for and that have no usable run, with why; and the varied variables
-    that could not be compared, with why (their baseline configuration or their other values lost),
-    as against those that only ever moved with another variable (followers)."""
+                together: list[str]) -> tuple[list[Lost], dict[str, str], str]:
+    """Values that jobs asked for and that have no usable run, with why; the varied variables that
+    could not be compared, with why (their baseline configuration or their other values lost), as
+    against those that only ever moved with another variable (followers); and, where the baseline
+    configuration itself has no usable run, that said in words ("" otherwise)."""
     asked_values: dict[str, dict] = defaultdict(lambda: defaultdict(list))
     several = [n for n in FACTORS if len({row.get(n) for row in asked}) > 1]  # (raw values: cheap)
     usable: dict[str, set] = defaultdict(set)  # the values asked for that have a usable run (as asked:
@@ -704,9 +705,7 @@ def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found:
         lost_by_var[x.variable].append(x)
     uncompared = {}
     leaders = set(varied) | compared
-    for n in sorted(set(together) | (set(lost_by_var) - compared), key=lambda n: FACTORS.index(n) if n in FACTORS else 0):
-        if n in compared:
-            continue
+    for n in sorted(set(together) | (set(lost_by_var) - compared), key=FACTORS.index):
         follows = any(n in followers_of(p) for p in leaders if p != n)
         if base_lost and not follows:
             uncompared[n] = ("its baseline configuration has no usable run, and no other two of its values ran "
