@@ -5,7 +5,9 @@ Two kinds of facts, cached differently:
   cheap, cached per boot (boot_id), because hotplug, a kernel update or a BIOS change needs a reboot;
 - measured limits (triad memory bandwidth, GEMM peak, torch build info): a few seconds, measured in a
   subprocess (`python -m worker.probe --measure`) so the worker parent never imports torch, cached
-  per (fingerprint, torch version) across boots and re-measured on demand.
+  per (fingerprint, torch version) across boots and re-measured on demand. Limits measured while
+  other processes or the hypervisor took more than sensors.DISTURBED_SHARE of the CPUs are
+  provisional (`limits_disturbed` says why): used, and measured again by a probe RETRY_S later.
 Knob availability is recomputed on every call: it is cheap and changes when a package is installed.
 
 The fingerprint hashes only what identifies the hardware, never a measurement, so re-measuring or
@@ -45,6 +47,7 @@ ISA_FLAGS = (
 FINGERPRINT_KEYS = ("hostname", "cpu_model", "vendor", "sockets", "physical_cores", "logical_cores",
                     "numa_nodes", "isa_flags", "mem_total_gb_rounded")
 
+RETRY_S = 300.0  # limits measured under load are used, and measured again by a probe this much later
 LIMIT_KEYS = ("mem_bw_gbs_1t", "mem_bw_gbs_all", "gemm_gflops_fp32_1c", "gemm_gflops_fp32_all",
               "gemm_gflops_bf16_1c", "gemm_gflops_bf16_all", "noise_cv", "noise", "library_isas")
 
@@ -265,6 +268,7 @@ def measure(quick: bool = False) -> dict:
     out = {"torch": _torch_build(torch), "measured_threads": cpus, "quick": quick,
            "load_avg_1m": round(os.getloadavg()[0], 2)}
     t0 = time.perf_counter()
+    window = _window_start()
     for label, threads in (("1", 1), ("all", cpus)):
         torch.set_num_threads(threads)
         out["mem_bw_gbs_1t" if label == "1" else "mem_bw_gbs_all"] = round(_triad_gbs(torch, n_triad, reps), 2)
@@ -275,7 +279,31 @@ def measure(quick: bool = False) -> dict:
     out.update(noise.measure_noise(torch, quick))
     out["library_isas"] = _library_isas()
     out["measure_s"] = round(time.perf_counter() - t0, 2)
+    out["disturbed"] = disturbed(*window)
     return out
+
+
+def _window_start() -> tuple:
+    """What /proc/stat and this process's CPU time say now, for disturbed()."""
+    from worker import sensors
+
+    cpus = sorted(os.sched_getaffinity(0))
+    with open("/proc/stat") as f:
+        return cpus, sensors.stat_ticks(f.read(), cpus), os.times(), time.perf_counter()
+
+
+def disturbed(cpus: list[int], ticks0: tuple, own0, t0: float) -> str | None:
+    """Why the measurement since _window_start() was taken under load (other processes' CPU time or
+    steal on this process's CPUs above sensors.DISTURBED_SHARE), or None on a quiet machine."""
+    from worker import sensors
+
+    with open("/proc/stat") as f:
+        busy1, steal1 = sensors.stat_ticks(f.read(), cpus)
+    own1, window_s = os.times(), time.perf_counter() - t0
+    own_s = (own1.user - own0.user) + (own1.system - own0.system)
+    other = None if busy1 is None or ticks0[0] is None else max((busy1 - ticks0[0]) / sensors.CLK_TCK - own_s, 0.0)
+    steal = None if steal1 is None or ticks0[1] is None else (steal1 - ticks0[1]) / sensors.CLK_TCK
+    return sensors.disturbance(other, steal, len(cpus), window_s, " while the probe measured")
 
 
 def _library_isas() -> dict:
@@ -325,7 +353,8 @@ def probe(state_dir: Path, *, remeasure: bool = False, quick: bool = False, sysf
     limits_file = state_dir / "probe-limits.json"
     all_limits = jsonfile.read(limits_file)
     limits = all_limits.get(key)
-    if limits is None or remeasure or any(k not in limits for k in LIMIT_KEYS):  # an older cache lacks new figures
+    stale = limits is not None and limits.get("disturbed") and time.time() - limits.get("measured_at", 0) > RETRY_S
+    if limits is None or remeasure or stale or any(k not in limits for k in LIMIT_KEYS):  # an older cache lacks new figures
         limits = _measure_in_child(quick)
         limits["measured_at"] = time.time()
         all_limits[key] = limits
@@ -338,6 +367,7 @@ def probe(state_dir: Path, *, remeasure: bool = False, quick: bool = False, sysf
     facts["limits_measured_at"] = limits.get("measured_at")
     facts["limits_quick"] = quick
     facts["limits_load_avg_1m"] = limits.get("load_avg_1m")
+    facts["limits_disturbed"] = limits.get("disturbed")  # why the figures are provisional, or None
     facts["knobs"] = knobs.machine_knobs(facts, sysfs_root=sysfs_root)
     facts["probe_s"] = round(time.perf_counter() - t0, 3)
     return facts
