@@ -58,7 +58,7 @@ def test_a_tiny_sweep_runs_records_and_reports(db, tmp_path, spawn):
         assert applied["library_isas_read"] == (isa_check.READ_IN_SERVER if spawn == "fork" else isa_check.READ_HERE)
         assert set(applied["setup_phases_s"]) == {"imports", "data", "model", "optimizer", "save", "read_back"}
         assert step_ms > 0 and loss > 0 and dataset_used
-        assert Path(output_path).name == f"run-{run_id}" and Path(output_path).is_dir()
+        assert Path(output_path).name.startswith(f"run-{run_id}-") and Path(output_path).is_dir()
         if isa == "avx2":
             assert applied["cpu_capability"] == "AVX2"
     report = bench("report", "--db", db, "--out", str(tmp_path / "result"), check=True)
@@ -67,3 +67,20 @@ def test_a_tiny_sweep_runs_records_and_reports(db, tmp_path, spawn):
     # The last line names the page to open.
     assert "index.html" in report.stdout.strip().splitlines()[-1]
     assert 'id="var-d_model"' in (tmp_path / "result" / "index.html").read_text()
+
+
+def test_two_databases_runs_of_the_same_number_keep_their_own_models(tmp_path):
+    """Every database numbers its runs from 1: run 1 of a second database must not overwrite the
+    model that run 1 of the first recorded as its output_path."""
+    paths = []
+    for name in ("a.db", "b.db"):
+        db = str(tmp_path / name)
+        bench("enqueue", "--db", db, *[arg for item in TINY for arg in ("--set", item)], check=True)
+        bench("work", "--db", db, check=True)
+        with sqlite3.connect(db) as conn:
+            (run_id, output_path), = conn.execute("SELECT run_id, output_path FROM runs WHERE status = 'done'").fetchall()
+        assert run_id == 1
+        paths.append(Path(output_path))
+    assert paths[0] != paths[1]
+    assert all((p / "config.json").exists() for p in paths)
+    assert json.loads((paths[0] / "config.json").read_text())["run_id"] == 1

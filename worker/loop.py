@@ -215,6 +215,9 @@ class Worker:
         # Finished results not yet in the database, one file per run, named by the database they belong to.
         self.kept_dir = options.state_dir / "kept"
         self._kept_prefix = hashlib.sha256(store.url.encode()).hexdigest()[:16] if store is not None else ""
+        # Each database numbers its runs from 1: a run's model folder names its database too
+        # (output/run-5-<8 hex of the URL>), so a second database's run 5 never overwrites this one's.
+        self._output_tag = self._kept_prefix[:8]
         if options.spawn not in ("fork", "exec"):
             raise BadInput(f"BENCH_SPAWN={options.spawn!r}: expected fork or exec")
         self.forkserver = ForkServers() if options.spawn == "fork" else None
@@ -406,7 +409,8 @@ class Worker:
             return Outcome("skipped", why)
         data_dir = self.opts.data_dir
         self._prepare_data(config["dataset"])
-        output_dir = self.opts.output_dir / (f"run-{run_id}" if run_id is not None else f"once-{time.strftime('%Y%m%d-%H%M%S')}-{self.pid}")
+        output_dir = self.opts.output_dir / (f"run-{run_id}-{self._output_tag}" if run_id is not None
+                                             else f"once-{time.strftime('%Y%m%d-%H%M%S')}-{self.pid}")
         job = {
             "config": config,
             "run_id": run_id,
