@@ -48,7 +48,8 @@ FACTS = (
     ("logical_cores", "logical CPUs"), ("numa_nodes", "NUMA nodes"), ("isa_flags", "vector ISA"),
     ("l2_kb", "L2 (KiB)"), ("l3_kb", "L3 (KiB)"), ("mem_total_gb", "memory (GB)"),
     ("mem_bw_gbs_all", "memory bandwidth, all CPUs (GB/s)"), ("gemm_gflops_fp32_all", "GEMM fp32 peak (GFLOP/s)"),
-    ("gemm_gflops_bf16_all", "GEMM bf16 peak (GFLOP/s)"), ("freq_driver", "frequency driver"),
+    ("gemm_gflops_bf16_all", "GEMM bf16 peak (GFLOP/s)"), ("probe_load", "the probe's peaks and noise"),
+    ("freq_driver", "frequency driver"),
     ("kernel", "kernel"),
 )
 # The variables that say how big one training step is: shown in the baseline line of the summary.
@@ -122,6 +123,9 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
     machine_ids = sorted({r["machine_id"] for r in rows} | ({machine_id} if machine_id is not None else set()))
     facts = {m: next((r for r in rows if r["machine_id"] == m), {}) for m in machine_ids}
     names = {m: _machine_name(m, facts[m]) for m in machine_ids}
+    for r in machine_rows:
+        if r["machine_id"] in facts:
+            facts[r["machine_id"]] = {**facts[r["machine_id"]], "probe_load": probe_load(r.get("facts"))}
     # The probe's measured noise, where the machines table has it (machines.noise_cv).
     probe_cv = {r["machine_id"]: float(r["noise_cv"]) for r in machine_rows if r.get("noise_cv") is not None}
     analysis = fx.analyse(rows, machine_ids, probe_cv=probe_cv,
@@ -643,6 +647,16 @@ def machines_section(ctx: Context) -> list[str]:
     ids = list(ctx.facts)
     body = [[label] + [_fact(ctx.facts[m].get(col)) for m in ids] for col, label in FACTS]
     return ["## Machines", ""] + _table(["fact"] + [ctx.names[m] for m in ids], body)
+
+
+def probe_load(facts_json: str | dict | None) -> str:
+    """Whether the probe's measured figures (GEMM peaks, memory bandwidth, noise) were taken on a
+    quiet machine, in words (worker/probe.py: limits_disturbed)."""
+    facts = facts_json if isinstance(facts_json, dict) else json.loads(facts_json or "{}")
+    if "limits_disturbed" not in facts:
+        return "load not checked (probed before the check existed)"
+    why = facts["limits_disturbed"]
+    return f"provisional: {why}; measured again by the next probe" if why else "measured on a quiet machine"
 
 
 def _fact(v) -> str:

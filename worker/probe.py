@@ -354,7 +354,8 @@ def probe(state_dir: Path, *, remeasure: bool = False, quick: bool = False, sysf
     all_limits = jsonfile.read(limits_file)
     limits = all_limits.get(key)
     stale = limits is not None and limits.get("disturbed") and time.time() - limits.get("measured_at", 0) > RETRY_S
-    if limits is None or remeasure or stale or any(k not in limits for k in LIMIT_KEYS):  # an older cache lacks new figures
+    # an older cache lacks new figures, or was never checked for load
+    if limits is None or remeasure or stale or any(k not in limits for k in (*LIMIT_KEYS, "disturbed")):
         limits = _measure_in_child(quick)
         limits["measured_at"] = time.time()
         all_limits[key] = limits
