@@ -126,8 +126,10 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
     for r in machine_rows:
         if r["machine_id"] in facts:
             facts[r["machine_id"]] = {**facts[r["machine_id"]], "probe_load": probe_load(r.get("facts"))}
-    # The probe's measured noise, where the machines table has it (machines.noise_cv).
-    probe_cv = {r["machine_id"]: float(r["noise_cv"]) for r in machine_rows if r.get("noise_cv") is not None}
+    # The probe's measured noise, where the machines table has it (machines.noise_cv) from a quiet
+    # machine: one taken under load would stand in for the runs' noise where nothing was repeated.
+    probe_cv = {r["machine_id"]: float(r["noise_cv"]) for r in machine_rows
+                if r.get("noise_cv") is not None and not _probe_facts(r.get("facts")).get("limits_disturbed")}
     analysis = fx.analyse(rows, machine_ids, probe_cv=probe_cv,
                           target_ci={m: t for m, (t, _) in targets.items()} or None)
     grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
@@ -649,14 +651,21 @@ def machines_section(ctx: Context) -> list[str]:
     return ["## Machines", ""] + _table(["fact"] + [ctx.names[m] for m in ids], body)
 
 
+def _probe_facts(facts_json: str | dict | None) -> dict:
+    """machines.facts: JSON text in the database (a dict where a driver already parsed it)."""
+    return facts_json if isinstance(facts_json, dict) else json.loads(facts_json or "{}")
+
+
 def probe_load(facts_json: str | dict | None) -> str:
     """Whether the probe's measured figures (GEMM peaks, memory bandwidth, noise) were taken on a
-    quiet machine, in words (worker/probe.py: limits_disturbed)."""
-    facts = facts_json if isinstance(facts_json, dict) else json.loads(facts_json or "{}")
+    quiet machine, in words (worker/probe.py: limits_disturbed). A provisional noise figure is not
+    used for the report's noise (write_report)."""
+    facts = _probe_facts(facts_json)
     if "limits_disturbed" not in facts:
         return "load not checked (probed before the check existed)"
     why = facts["limits_disturbed"]
-    return f"provisional: {why}; measured again by the next probe" if why else "measured on a quiet machine"
+    return (f"provisional: {why}; measured again by the next probe; its noise figure is not used here" if why
+            else "measured on a quiet machine")
 
 
 def _fact(v) -> str:

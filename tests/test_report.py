@@ -291,14 +291,14 @@ def test_a_simulated_precision_is_labelled_so_and_the_report_says_what_each_mode
 
 
 def test_the_machines_table_says_whether_the_probe_measured_on_a_quiet_machine(tmp_path):
-    """A probe taken under load is provisional (worker/probe.py): the table says so with the reason,
-    a quiet one says quiet, and one from before the check claims neither."""
+    """A probe taken under load is provisional (worker/probe.py): the table says so with the reason
+    and its noise figure is not quoted; a quiet one says quiet, one from before the check claims neither."""
     why = "other processes used 1.20 s of 2 CPU(s) x 3.00 s while the probe measured (more than 5%: 0.30 CPU-s)"
     for facts, expected in (({"limits_disturbed": why}, f"provisional: {why}"),
                             ({"limits_disturbed": None}, "measured on a quiet machine"),
                             ({}, "load not checked")):
         store = Store(str(tmp_path / f"r{len(expected)}.db"))
-        m = store.register_machine({**machine_facts("alpha"), **facts})
+        m = store.register_machine({**machine_facts("alpha"), "noise_cv": 0.52, **facts})
         enqueue(store, configs({"d_model": 64}, {"d_model": [64, 128]}, repeats=2))
         run_all(store, m, lambda c: ("done", None, metrics(0.01 * c["d_model"], c)))
         md = write_report(store, tmp_path / f"out{len(expected)}", plots=False).summary_path.read_text()
@@ -306,3 +306,5 @@ def test_the_machines_table_says_whether_the_probe_measured_on_a_quiet_machine(t
         assert expected in row
         html = (tmp_path / f"out{len(expected)}" / "index.html").read_text()
         assert expected in html
+        # a noise figure measured under load is not quoted as the machine's
+        assert ("the machine probe measured 52" in md) == (expected == "measured on a quiet machine" or not facts)
