@@ -155,7 +155,6 @@ def test_limits_measured_under_load_are_provisional_and_measured_again_later(tmp
     assert later["limits_measured_at"] > loaded["limits_measured_at"]
 
 
-
 def test_a_cache_from_before_the_load_check_is_measured_again(tmp_path):
     """A cached figure never checked for load must not be reported as measured on a quiet machine."""
     first = probe.probe(tmp_path, quick=True)

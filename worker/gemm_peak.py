@@ -121,12 +121,6 @@ def peak_for(cpus: list[int], config: dict, facts: dict, state_dir: Path, *, qui
 
 # -- the measuring child ----------------------------------------------------------------------------
 
-def _busy_and_steal(cpus: list[int]) -> tuple[int, int]:
-    with open("/proc/stat") as f:
-        busy, steal = sensors.stat_ticks(f.read(), cpus)
-    return busy or 0, steal or 0
-
-
 def measure_here(cpus: list[int], quick: bool) -> dict:
     """In the child: GEMM peaks at this process's affinity and thread count, with what else ran on
     the whole set (`cpus`, SMT siblings included) over the timed GEMMs."""
@@ -138,21 +132,18 @@ def measure_here(cpus: list[int], quick: bool) -> dict:
     torch.set_num_threads(threads)
     sizes = (64, 128) if quick else (512, 1024, 2048)
     budget = 0.2 if quick else 1.5
-    busy0, steal0 = _busy_and_steal(cpus)
-    own0, t0 = os.times(), time.time()
+    window = sensors.OwnWindow.start(cpus)
     gflops = dict.fromkeys(PRECISIONS, 0.0)
     while True:  # at least MIN_WINDOW_S: over a few ticks, load on the set cannot be told from none
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             gflops[name] = max(gflops[name], round(_gemm_gflops(torch, dtype, sizes, budget_s=budget), 1))
-        if time.time() - t0 >= MIN_WINDOW_S:
+        if time.perf_counter() - window.t0 >= MIN_WINDOW_S:
             break
-    own1, t1 = os.times(), time.time()
-    busy1, steal1 = _busy_and_steal(cpus)
-    own_s = (own1.user - own0.user) + (own1.system - own0.system)  # every thread of this process
+    other_s, steal_s, window_s = window.load()
     return {"gflops": gflops, "cpus": cpus, "threads": torch.get_num_threads(),
-            "main_thread_affinity": sorted(os.sched_getaffinity(0)), "window_s": round(t1 - t0, 3),
-            "other_cpu_s": round(max((busy1 - busy0) / sensors.CLK_TCK - own_s, 0.0), 3),
-            "steal_s": round((steal1 - steal0) / sensors.CLK_TCK, 3), "load_avg_1m": round(os.getloadavg()[0], 2)}
+            "main_thread_affinity": sorted(os.sched_getaffinity(0)), "window_s": round(window_s, 3),
+            "other_cpu_s": round(other_s or 0.0, 3), "steal_s": round(steal_s or 0.0, 3),
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -260,6 +260,8 @@ def measure(quick: bool = False) -> dict:
     (worker/noise.py); torch build info."""
     import torch
 
+    from worker import sensors
+
     cpus = len(os.sched_getaffinity(0))
     n_triad = 2**16 if quick else 2**25  # 128 MiB per array: well past any L3 we expect
     sizes = (64, 128) if quick else (512, 1024, 2048)
@@ -268,7 +270,7 @@ def measure(quick: bool = False) -> dict:
     out = {"torch": _torch_build(torch), "measured_threads": cpus, "quick": quick,
            "load_avg_1m": round(os.getloadavg()[0], 2)}
     t0 = time.perf_counter()
-    window = _window_start()
+    window = sensors.OwnWindow.start(sorted(os.sched_getaffinity(0)))
     for label, threads in (("1", 1), ("all", cpus)):
         torch.set_num_threads(threads)
         out["mem_bw_gbs_1t" if label == "1" else "mem_bw_gbs_all"] = round(_triad_gbs(torch, n_triad, reps), 2)
@@ -279,31 +281,9 @@ def measure(quick: bool = False) -> dict:
     out.update(noise.measure_noise(torch, quick))
     out["library_isas"] = _library_isas()
     out["measure_s"] = round(time.perf_counter() - t0, 2)
-    out["disturbed"] = disturbed(*window)
+    other_s, steal_s, window_s = window.load()
+    out["disturbed"] = sensors.disturbance(other_s, steal_s, len(window.cpus), window_s, " while the probe measured")
     return out
-
-
-def _window_start() -> tuple:
-    """What /proc/stat and this process's CPU time say now, for disturbed()."""
-    from worker import sensors
-
-    cpus = sorted(os.sched_getaffinity(0))
-    with open("/proc/stat") as f:
-        return cpus, sensors.stat_ticks(f.read(), cpus), os.times(), time.perf_counter()
-
-
-def disturbed(cpus: list[int], ticks0: tuple, own0, t0: float) -> str | None:
-    """Why the measurement since _window_start() was taken under load (other processes' CPU time or
-    steal on this process's CPUs above sensors.DISTURBED_SHARE), or None on a quiet machine."""
-    from worker import sensors
-
-    with open("/proc/stat") as f:
-        busy1, steal1 = sensors.stat_ticks(f.read(), cpus)
-    own1, window_s = os.times(), time.perf_counter() - t0
-    own_s = (own1.user - own0.user) + (own1.system - own0.system)
-    other = None if busy1 is None or ticks0[0] is None else max((busy1 - ticks0[0]) / sensors.CLK_TCK - own_s, 0.0)
-    steal = None if steal1 is None or ticks0[1] is None else (steal1 - ticks0[1]) / sensors.CLK_TCK
-    return sensors.disturbance(other, steal, len(cpus), window_s, " while the probe measured")
 
 
 def _library_isas() -> dict:

@@ -206,6 +206,33 @@ def stat_ticks(stat: str, cpus: list[int]) -> tuple[int | None, int | None]:
     return (busy if seen_busy else None), (steal if seen_steal else None)
 
 
+@dataclass
+class OwnWindow:
+    """What else ran on `cpus` while this process measured something: start() before, load() after.
+    Other processes' CPU time is the set's busy ticks minus this process's own CPU time (every
+    thread); steal is the hypervisor's. Each is None where /proc/stat has no line for the set."""
+
+    cpus: list[int]
+    ticks: tuple[int | None, int | None]
+    own: os.times_result
+    t0: float
+
+    @classmethod
+    def start(cls, cpus: list[int]) -> "OwnWindow":
+        with open("/proc/stat") as f:
+            return cls(cpus, stat_ticks(f.read(), cpus), os.times(), time.perf_counter())
+
+    def load(self) -> tuple[float | None, float | None, float]:
+        """(other processes' CPU seconds, steal seconds, window seconds) since start()."""
+        with open("/proc/stat") as f:
+            busy, steal = stat_ticks(f.read(), self.cpus)
+        own, window_s = os.times(), time.perf_counter() - self.t0
+        own_s = (own.user - self.own.user) + (own.system - self.own.system)
+        other = None if busy is None or self.ticks[0] is None else max((busy - self.ticks[0]) / CLK_TCK - own_s, 0.0)
+        stolen = None if steal is None or self.ticks[1] is None else (steal - self.ticks[1]) / CLK_TCK
+        return other, stolen, window_s
+
+
 def task_ticks(stat: str | None) -> int | None:
     """utime+stime of a /proc/PID/stat line (fields 14 and 15; the command name may hold spaces)."""
     if not stat or ")" not in stat:
