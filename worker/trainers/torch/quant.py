@@ -105,6 +105,16 @@ def int8_weight(w: torch.Tensor, ternary: bool) -> tuple[torch.Tensor, torch.Ten
     return torch.round(w / sw[:, None]).to(torch.int8), sw
 
 
+def dense_backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(grad_x, grad_w) of y = x @ w^T in fp32 from the saved (x, w): the quantized forwards' backward
+    (straight through the quantization, on the master weight; see module doc)."""
+    x, w = ctx.saved_tensors
+    g = grad_y.reshape(-1, grad_y.size(-1))
+    grad_x = (g @ w).view(x.shape) if ctx.needs_input_grad[0] else None
+    grad_w = g.t() @ x.reshape(-1, x.size(-1)) if ctx.needs_input_grad[1] else None
+    return grad_x, grad_w
+
+
 class Int8Matmul(torch.autograd.Function):
     """x (..., in) @ w (out, in)^T with an int8 x int8 forward GEMM and an fp32 backward (see module doc);
     ternary: the weight is BitNet's {-1, 0, 1} x absmean."""
@@ -121,11 +131,7 @@ class Int8Matmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
-        x, w = ctx.saved_tensors
-        g = grad_y.reshape(-1, grad_y.size(-1))
-        grad_x = (g @ w).view(x.shape) if ctx.needs_input_grad[0] else None
-        grad_w = g.t() @ x.reshape(-1, x.size(-1)) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_w, None
+        return (*dense_backward(ctx, grad_y), None)  # no gradient for `ternary`
 
 
 class Int8Linear(nn.Linear):
@@ -171,11 +177,7 @@ class Int4Matmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
-        x, w = ctx.saved_tensors
-        g = grad_y.reshape(-1, grad_y.size(-1))
-        grad_x = (g @ w).view(x.shape) if ctx.needs_input_grad[0] else None
-        grad_w = g.t() @ x.reshape(-1, x.size(-1)) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_w
+        return dense_backward(ctx, grad_y)
 
 
 class Int4Linear(nn.Linear):
