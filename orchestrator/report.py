@@ -123,13 +123,15 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
     machine_ids = sorted({r["machine_id"] for r in rows} | ({machine_id} if machine_id is not None else set()))
     facts = {m: next((r for r in rows if r["machine_id"] == m), {}) for m in machine_ids}
     names = {m: _machine_name(m, facts[m]) for m in machine_ids}
+    probe_cv = {}
     for r in machine_rows:
+        probe = _probe_facts(r.get("facts"))
         if r["machine_id"] in facts:
-            facts[r["machine_id"]] = {**facts[r["machine_id"]], "probe_load": probe_load(r.get("facts"))}
-    # The probe's measured noise, where the machines table has it (machines.noise_cv) from a quiet
-    # machine: one taken under load would stand in for the runs' noise where nothing was repeated.
-    probe_cv = {r["machine_id"]: float(r["noise_cv"]) for r in machine_rows
-                if r.get("noise_cv") is not None and not _probe_facts(r.get("facts")).get("limits_disturbed")}
+            facts[r["machine_id"]] = {**facts[r["machine_id"]], "probe_load": probe_load(probe)}
+        # The probe's measured noise (machines.noise_cv), from a quiet machine only: one taken under
+        # load would stand in for the runs' noise where nothing was repeated.
+        if r.get("noise_cv") is not None and not probe.get("limits_disturbed"):
+            probe_cv[r["machine_id"]] = float(r["noise_cv"])
     analysis = fx.analyse(rows, machine_ids, probe_cv=probe_cv,
                           target_ci={m: t for m, (t, _) in targets.items()} or None)
     grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
@@ -656,11 +658,10 @@ def _probe_facts(facts_json: str | dict | None) -> dict:
     return facts_json if isinstance(facts_json, dict) else json.loads(facts_json or "{}")
 
 
-def probe_load(facts_json: str | dict | None) -> str:
+def probe_load(facts: dict) -> str:
     """Whether the probe's measured figures (GEMM peaks, memory bandwidth, noise) were taken on a
-    quiet machine, in words (worker/probe.py: limits_disturbed). A provisional noise figure is not
-    used for the report's noise (write_report)."""
-    facts = _probe_facts(facts_json)
+    quiet machine, in words, from machines.facts (worker/probe.py: limits_disturbed). A provisional
+    noise figure is not used for the report's noise (write_report)."""
     if "limits_disturbed" not in facts:
         return "load not checked (probed before the check existed)"
     why = facts["limits_disturbed"]
