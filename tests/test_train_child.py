@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -233,7 +234,11 @@ def test_compile_inductor_really_compiles_the_model_slow(data_dir, tmp_path, mon
     """The one slow test (~30-60 s on 2 cores): a cold inductor compile of a one-layer model."""
     from torch._dynamo.utils import counters
 
+    from torch._inductor import codecache
+
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused"))  # run() sets it; restore after
+    for name in ("_HEADER_DIR", "_HEADER_LOCK_DIR"):  # and moves the precompiled headers into its cache
+        monkeypatch.setattr(codecache, name, getattr(codecache, name))
     torch._dynamo.reset()
     counters.clear()
     result = metrics(data_dir, tmp_path, compile="inductor", compile_cache="cold", steps=2)
@@ -245,9 +250,9 @@ def test_compile_inductor_really_compiles_the_model_slow(data_dir, tmp_path, mon
     torch._dynamo.reset()
 
 
-def child(req: dict) -> subprocess.CompletedProcess:
+def child(req: dict, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "worker.trainers.torch"], input=json.dumps(req), cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_child_process_prints_exactly_one_json_result_and_saves_the_model(data_dir, tmp_path):
@@ -312,16 +317,35 @@ def test_compiler_clang_builds_every_kernel_with_clang_and_is_read_back_slow(dat
         pytest.skip(ccflags.compiler_unavailable("clang"))
     req = request(data_dir, tmp_path, compile="inductor", compile_cache="cold", compiler="clang", cc_flags="O3",
                   steps=2)
-    done = child(req)
+    tmp = tmp_path / "tmp"  # the child's temp dir: inductor's per-user folder and the cold cache go here
+    tmp.mkdir()
+    done = child(req, env={**os.environ, "TMPDIR": str(tmp)})
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["status"] == "done", result["reason"]
     applied = result["applied"]
+    # the precompiled headers were built in the cold cache (gone with it), not in inductor's per-user
+    # folder, where one left by an earlier torch install at this path fails every clang kernel
+    assert applied["inductor_header_dir"].startswith(str(tmp / "cpubench-inductor-"))
+    assert not list(tmp.glob("torchinductor_*/precompiled_headers/*.h")) and not list(tmp.iterdir())
     assert applied["cc_kernel_compilers"] == ["clang++"] and applied["cc_kernel_flags"] == ["-O3"]
     assert applied["inductor"]["cpp.cxx"] == "clang++" and "clang" in applied["inductor"]["cxx_version"]
     assert result["gemm_format"] == "fp32 GEMMs" and applied["blas"] == "mkl"
     spec = startspec.spec_for(req["config"], {}, applied["affinity"])
     assert not [w for w in knobs.not_in_force(req["config"], spec, applied) if w.startswith("cc_")]
+
+
+def test_an_inductor_compile_error_is_reported_by_the_compilers_own_error_lines():
+    from torch._inductor.exc import CppCompileError
+
+    flags = " ".join(f"-D FLAG_{i}" for i in range(300))  # a real command line is 2 kB of flags
+    output = ("In file included from <built-in>:1:\n"
+              "fatal error: file '/v/torch/include/ATen/cpu/vec/vec.h' has been modified since the precompiled "
+              "header '/tmp/x.h.pch' was built: mtime changed\n1 error generated.\n")
+    why = train.compile_error(CppCompileError(["clang++", "k.cpp", flags], output))
+    assert why.startswith("C++ compile error: fatal error: file '/v/torch/include/ATen/cpu/vec/vec.h' has been modified")
+    assert "FLAG_" not in why and "1 error generated." in why
+    assert train.compile_error(RuntimeError("no compiler output at all")) == "no compiler output at all"
 
 
 def test_cc_flags_lto_skips_the_run_saying_why(data_dir, tmp_path):
