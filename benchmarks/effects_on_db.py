@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import checkouts
+
+ROOT = checkouts.ROOT
 
 
 def rows_of(db: str) -> list[dict]:
@@ -53,9 +54,7 @@ def evaluate(rows_path: Path, code: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--db", default="results.db")
-    parser.add_argument("--baseline", type=Path, default=Path("/work/baseline"))
-    parser.add_argument("--evaluate", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--code", type=Path, help=argparse.SUPPRESS)
+    checkouts.add_arguments(parser)
     args = parser.parse_args()
     if args.evaluate:
         evaluate(args.evaluate, args.code)
@@ -63,14 +62,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows_path = Path(tmp) / "rows.json"
         rows_path.write_text(json.dumps(rows_of(args.db), default=str))
-        for label, code in (("old", args.baseline), ("new", ROOT)):
-            proc = subprocess.run([sys.executable, __file__, "--evaluate", str(rows_path), "--code", str(code)],
-                                  capture_output=True, text=True, cwd=code)
-            if proc.returncode:
-                print(f"{label}: failed\n{proc.stderr[-1500:]}")
-                continue
-            res = json.loads(proc.stdout)
-            print(f"== {label} code ({code}): {res['family']} tests in the family")
+        for label, res in checkouts.evaluate_in_each(__file__, rows_path, args.baseline).items():
+            print(f"== {label} code: {res['family']} tests in the family")
             for i, (var, kind, value, base, group, est, lo, hi, sig, p) in enumerate(res["top"], 1):
                 what = f"{var}^{est:.2f}" if kind == "elasticity" else f"{var} {value} vs {base}: {est:.2f}x"
                 where = f" at {group}" if group else ""

@@ -21,12 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import checkouts
+
+ROOT = checkouts.ROOT
 
 
 def generate(seeds: int, out: Path, drift: tuple[float, ...], sigma: float, repeats: int | None = None,
@@ -113,15 +114,13 @@ def summarise(truth: dict, seeds: list[list], noisy: tuple) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=100)
-    parser.add_argument("--baseline", type=Path, default=Path("/work/baseline"))
     parser.add_argument("--drift", default="0,0.12,-0.08", help="log shift of each repeat pass (default: the test's)")
     parser.add_argument("--sigma", type=float, default=0.02, help="run-to-run noise of log step time (default 0.02)")
     parser.add_argument("--repeats", type=int, help="repeat passes (default: the quick preset's)")
     parser.add_argument("--tail", action="store_true", help="slow a share of runs unseen (tests/synthetic.py TAIL)")
     parser.add_argument("--disturbed", action="store_true",
                         help="slow a share of runs, seen by other_cpu_s (tests/synthetic.py DISTURBED)")
-    parser.add_argument("--evaluate", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--code", type=Path, help=argparse.SUPPRESS)
+    checkouts.add_arguments(parser)
     args = parser.parse_args()
     if args.evaluate:
         evaluate(args.evaluate, args.code)
@@ -133,14 +132,8 @@ def main() -> None:
         data = json.loads(rows_path.read_text())
         truth = {(k, n, v): t for k, n, v, t in data["truth"]}
         noisy = tuple(data["noisy"])
-        results = {}
-        for label, code in (("before", args.baseline), ("after", ROOT)):
-            if not (code / "orchestrator" / "effects.py").exists():
-                print(f"{label}: no checkout at {code}, left out")
-                continue
-            proc = subprocess.run([sys.executable, __file__, "--evaluate", str(rows_path), "--code", str(code)],
-                                  capture_output=True, text=True, cwd=code, check=True)
-            results[label] = summarise(truth, json.loads(proc.stdout), noisy)
+        results = {label: summarise(truth, found, noisy) for label, found
+                   in checkouts.evaluate_in_each(__file__, rows_path, args.baseline, ("before", "after")).items()}
     labels = list(results)
     extra = (f", {args.repeats or 'the preset'} repeats" + (", heavy tail" if args.tail else "")
              + (", disturbed runs" if args.disturbed else ""))

@@ -18,12 +18,13 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import checkouts
+
+ROOT = checkouts.ROOT
 SCENARIOS = ("quick", "quick_shuffled", "three_vs_thirty", "drifting_pass", "bimodal_one_side", "interaction_grid",
              "failed_baseline")
 
@@ -111,9 +112,7 @@ def summarise(sc: dict, seeds: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=40)
-    parser.add_argument("--baseline", type=Path, default=Path("/work/baseline"))
-    parser.add_argument("--evaluate", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--code", type=Path, help=argparse.SUPPRESS)
+    checkouts.add_arguments(parser)
     args = parser.parse_args()
     if args.evaluate:
         evaluate(args.evaluate, args.code)
@@ -122,17 +121,7 @@ def main() -> None:
         rows_path = Path(tmp) / "rows.json"
         generate(args.seeds, rows_path)
         data = json.loads(rows_path.read_text())
-        results = {}
-        for label, code in (("old", args.baseline), ("new", ROOT)):
-            if not (code / "orchestrator" / "effects.py").exists():
-                print(f"{label}: no checkout at {code}, left out")
-                continue
-            proc = subprocess.run([sys.executable, __file__, "--evaluate", str(rows_path), "--code", str(code)],
-                                  capture_output=True, text=True, cwd=code)
-            if proc.returncode:
-                print(f"{label}: failed\n{proc.stderr[-2000:]}")
-                continue
-            results[label] = json.loads(proc.stdout)
+        results = checkouts.evaluate_in_each(__file__, rows_path, args.baseline)
 
     def f(x, fmt):
         return "-" if x is None else format(x, fmt)
