@@ -26,7 +26,7 @@ from sqlalchemy import text
 from orchestrator import effects as fx
 from common import variables as V
 from common.errors import BadInput
-from orchestrator.sweep import block_positions, block_run_order, run_order
+from orchestrator.sweep import block_positions, block_run_order, run_order, stretch_of
 from orchestrator.store import Store
 
 SELECT_ROWS = "SELECT * FROM v_results WHERE machine_id = :machine_id ORDER BY run_id"
@@ -102,10 +102,10 @@ def next_pass(store: Store, machine_id: int, *, target_ci: float, max_repeats: i
                 jobs.append({"config": config, "config_hash": V.config_hash(config, block), "config_json": canonical,
                              "block": block, "derived": json.loads(derived) if derived else None})
         # the pass keeps the blocks of the jobs it repeats: each block's jobs beside each other
-        orders = block_positions(0, repeat, sorted({j["block"] for j in jobs if j["block"] is not None}))
+        orders = block_positions(0, repeat, sorted({stretch_of(j["block"]) for j in jobs if j["block"] is not None}))
         for job in jobs:
             job["run_order"] = run_order(0, repeat, job["config_hash"]) if job["block"] is None else \
-                block_run_order(0, repeat, orders[job["block"]], job["config_hash"])
+                block_run_order(0, repeat, orders[stretch_of(job["block"])], job["config_hash"])
         result = store.enqueue(name=SWEEP_NAME, source=f"work --target-ci (machine {machine_id})",
                                sweep_text=f"adaptive pass {repeat}: target +-{target_ci:g}, at most {max_repeats} "
                                           f"repeats\n" + "\n".join(w["what"] for w in listed),

@@ -12,6 +12,7 @@ import numpy as np
 
 from orchestrator import step_model as sm
 from orchestrator.ran import Run, label, modal_config
+from orchestrator.sweep import stretch_of
 
 
 @dataclass
@@ -35,7 +36,7 @@ class Model:
 
 def block_of(r: Run) -> tuple:
     """A run's block in the run order: its pass and jobs.block (NULL: the whole pass is the block)."""
-    return (r.pass_, r.row.get("block"))
+    return (r.pass_, stretch_of(r.row.get("block")))
 
 
 def stratum_of(r: Run):

@@ -10,7 +10,10 @@ half-finished sweep already covers every combination.
 
 An ofat axis may be a table, `precision = { values = [...], base = { d_model = 64 } }`: its block's
 baseline is [base] with those changes (a variable whose slow values need a smaller model, or
-lora_rank, which needs task = "finetune_lora").
+lora_rank, which needs task = "finetune_lora"). `blocks_per_pass = K` in the table runs its block K
+times in every pass (blocks `cores`, `cores#2`, ..., each with its own baseline job, run as one
+stretch shuffled together): K times the runs for a comparison that needs them (cores, whose 2-thread
+runs are the noisiest), at the cost of its own jobs only.
 
 Inside a repeat pass the run order is blocked (mode ofat): a block is one comparison, an axis's
 values plus the baseline, and its jobs run next to each other, shuffled inside the block; the blocks
@@ -108,7 +111,7 @@ class SweepPlan:
                         break  # two spellings of one run in one block (an axis value equal to the base, say)
                     seen.add(key)
                 order = run_order(self.seed, r, identity) if block is None else \
-                    block_run_order(self.seed, r, orders[r][block], identity)
+                    block_run_order(self.seed, r, orders[r][stretch_of(block)], identity)
                 yield {"config": dict(config, repeat=r), "config_hash": config_hash, "config_json": canonical,
                        "run_order": order, "block": block, "derived": derived}
 
@@ -237,15 +240,16 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
     notes: list[str] = []
     axes: dict[str, list] = {}
     block_bases: dict[str, dict] = {}  # ofat: an axis's own changes to [base] (its block's baseline)
+    copies: dict[str, int] = {}  # ofat: an axis's blocks in each pass (blocks_per_pass), 1 unless said
     for key, values in doc.get("axes", {}).items():
         _check_settable(key, f"axes.{key}", where)
         if isinstance(values, dict):
-            values, block_bases[key] = _axis_table(key, values, mode, where)
+            values, block_bases[key], copies[key] = _axis_table(key, values, mode, where)
         axes_values = _axis_values(key, values, where, machine, notes)
         if axes_values:
             axes[key] = axes_values
 
-    count = _count(mode, axes, samples) * (len(configs) if mode == "list" else 1) * repeats
+    count = _count(mode, axes, samples, copies) * (len(configs) if mode == "list" else 1) * repeats
     limit = DEFAULT_MAX_JOBS if max_jobs is None else max_jobs
     if count > limit:
         sizes = " x ".join(f"{k} ({len(v)})" for k, v in axes.items()) or "no axes"
@@ -255,17 +259,32 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
                        f"the limit of {limit:,}: narrow the axes, or raise the limit with --max-jobs N (or BENCH_MAX_JOBS)")
     return SweepPlan(name=name, source=source, text=text, mode=mode, count=count, notes=notes,
                      varied=[k for k, vs in axes.items() if len(vs) > 1],
-                     combinations=lambda: _combinations(mode, base, axes, seed, samples, configs, block_bases),
+                     combinations=lambda: _combinations(mode, base, axes, seed, samples, configs, block_bases,
+                                                        copies),
                      repeats=repeats, seed=seed, cpu_count=machine.cpu_count,
                      blocks=list(axes) if mode == "ofat" else [])
 
 
-def _count(mode: str, axes: dict[str, list], samples: int | None) -> int:
+def block_names(axis: str, copies: int) -> list[str]:
+    """The names of an ofat axis's blocks in one pass: the axis, then `axis#2`, `axis#3`, ... Each
+    copy is its own set of jobs (jobs.block is part of a job's identity); they run as one stretch."""
+    return [axis] + [f"{axis}#{i}" for i in range(2, copies + 1)]
+
+
+def stretch_of(block: str | None) -> str | None:
+    """The stretch of the run order a block runs in, and the model's block: the axis, for every copy
+    of its block (`cores#2` -> `cores`). One stretch holds all of a pass's copies side by side, so the
+    model sees one block of 3 baselines and 3 of each value, not three blocks of one each (where a
+    block effect fitted to two runs leaves neither any residual)."""
+    return block.split("#", 1)[0] if block else block
+
+
+def _count(mode: str, axes: dict[str, list], samples: int | None, copies: dict[str, int] | None = None) -> int:
     """Combinations the mode makes of these axes, without making them."""
     if mode in ("grid", "list"):
         return math.prod(len(v) for v in axes.values())
-    if mode == "ofat":  # each axis a block: its values and its own baseline
-        return sum(len(v) + 1 for v in axes.values()) or 1
+    if mode == "ofat":  # each axis a block (or blocks_per_pass of them): its values and its own baseline
+        return sum((len(v) + 1) * (copies or {}).get(k, 1) for k, v in axes.items()) or 1
     return samples
 
 
@@ -275,16 +294,22 @@ def _check_settable(key: str, label: str, where: str) -> None:
         raise BadInput(f"{label} in {where}: '{key}' is set by sweep.repeats, not by hand")
 
 
-def _axis_table(key: str, table: dict, mode: str, where: str) -> tuple[object, dict]:
-    """An ofat axis written as a table: `values` and `base`, the block's own changes to [base] (a
+def _axis_table(key: str, table: dict, mode: str, where: str) -> tuple[object, dict, int]:
+    """An ofat axis written as a table: `values`, `base`, the block's own changes to [base] (a
     variable that needs another baseline: a smaller model where a value is slow, task=finetune_lora
-    for lora_rank). Its values and baseline still run side by side."""
+    for lora_rank), and `blocks_per_pass`, how many times its block runs in each pass. Its values and
+    baseline still run side by side."""
     label = f"axes.{key} of {where}"
-    unknown = sorted(set(table) - {"values", "base"})
+    unknown = sorted(set(table) - {"values", "base", "blocks_per_pass"})
     if unknown or "values" not in table:
-        raise BadInput(f"{label}: a table axis has `values` and optionally `base` (got {', '.join(sorted(table))})")
-    if mode != "ofat" and "base" in table:
-        raise BadInput(f"{label}: an axis's own `base` needs sweep.mode = \"ofat\" (each axis a block)")
+        raise BadInput(f"{label}: a table axis has `values` and optionally `base` and `blocks_per_pass` "
+                       f"(got {', '.join(sorted(table))})")
+    for option in ("base", "blocks_per_pass"):
+        if mode != "ofat" and option in table:
+            raise BadInput(f"{label}: an axis's own `{option}` needs sweep.mode = \"ofat\" (each axis a block)")
+    copies = table.get("blocks_per_pass", 1)
+    if not isinstance(copies, int) or isinstance(copies, bool) or not 1 <= copies <= 100:
+        raise BadInput(f"{label}: blocks_per_pass={copies!r}: expected a whole number from 1 to 100")
     own = table.get("base", {})
     if not isinstance(own, dict):
         raise BadInput(f"{label}: base must be a table of variable = value")
@@ -294,7 +319,7 @@ def _axis_table(key: str, table: dict, mode: str, where: str) -> tuple[object, d
         if name == key:
             raise BadInput(f"{label}: its base may not set {key} itself: that is the axis")
         parsed[name] = V.parse_value(name, value, f"axes.{key}.base.{name} of {where}")
-    return table["values"], parsed
+    return table["values"], parsed, copies
 
 
 def _axis_values(key: str, values, where: str, machine: Machine, notes: list[str]) -> list:
@@ -333,11 +358,12 @@ def _auto_axis(key: str, spec: str, label: str, machine: Machine, notes: list[st
 
 
 def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, samples: int | None,
-                  configs: list[dict] = (), block_bases: dict[str, dict] | None = None
-                  ) -> Iterator[tuple[str | None, dict]]:
+                  configs: list[dict] = (), block_bases: dict[str, dict] | None = None,
+                  copies: dict[str, int] | None = None) -> Iterator[tuple[str | None, dict]]:
     """The partial configs of the sweep, one at a time, each with its block: in ofat the axis it
-    varies (the base config once in every block, as that block's own job, with the axis's own
-    changes to it if it has any); None in the other modes, where a whole repeat pass is one block."""
+    varies, or one of its block_names() (the base config once in every block, as that block's own
+    job, with the axis's own changes to it if it has any); None in the other modes, where a whole
+    repeat pass is one block."""
     if mode == "list":
         keys = list(axes)
         for entry in configs:
@@ -352,9 +378,10 @@ def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, sampl
             yield None, dict(base)
         for key, values in axes.items():
             baseline = {**base, **(block_bases or {}).get(key, {})}
-            yield key, baseline  # the block's baseline; an axis value equal to it is the same job
-            for v in values:
-                yield key, {**baseline, key: v}
+            for block in block_names(key, (copies or {}).get(key, 1)):
+                yield block, baseline  # the block's baseline; an axis value equal to it is the same job
+                for v in values:
+                    yield block, {**baseline, key: v}
     else:
         rng = random.Random(seed)
         for _ in range(samples):

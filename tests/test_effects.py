@@ -211,6 +211,41 @@ def test_jobs_without_a_derived_record_are_grouped_by_the_rules_alike(store, tmp
     assert {v for v, *_ in table(old)} == {"cores", "omp_threads", "n_heads", "head_dim", "kv_heads"}
 
 
+COPIES = """
+[sweep]
+mode = "ofat"
+repeats = 4
+[base]
+d_model = 64
+[axes]
+cores = { values = [1, 2], blocks_per_pass = 3 }
+n_layers = [1, 2, 4]
+"""
+
+
+def test_an_axis_with_three_blocks_a_pass_is_one_block_of_the_model_per_pass(store, tmp_path):
+    """cores = { blocks_per_pass = 3 }: the model takes a pass's three copies (each a cores=1 job and
+    its baseline job) as one block of six runs. Three blocks of two runs would leave each run's block
+    effect fitted to it and its partner, and the 1-core runs with no residual of their own."""
+    (tmp_path / "copies.toml").write_text(COPIES)
+    plan = load(tmp_path / "copies.toml", machine=Machine(cpu_count=2))
+    store.enqueue(name=plan.name, source=plan.source, sweep_text=plan.text, jobs=plan.jobs)
+    m = store.register_machine(machine_facts("alpha"))
+    rng, level = random.Random(3), [0.0]
+
+    def outcome(c):  # the machine wanders in time (a random walk), 1-core runs noisier than 2-core ones
+        level[0] += rng.gauss(0, 0.03)
+        ms = 50 * (1.5 if c["cores"] == 1 else 1.0) * c["n_layers"] ** 0.9 / 2 ** 0.9
+        return "done", None, metrics(ms * math.exp(level[0] + rng.gauss(0, 0.06 if c["cores"] == 1 else 0.02)), c)
+    run_all(store, m, outcome)
+
+    ma = only_machine(a := analyse(store))
+    assert len(ma.model.block_index) == 4 * 2  # passes x stretches, not passes x blocks (4 x 4)
+    assert all(math.isfinite(s.sigma2) for s in ma.noise.strata)
+    (cores,) = [e for e in a.effects if e.variable == "cores" and e.kind == "ratio"]
+    assert cores.n_runs >= 12 and cores.ci_low <= 1.5 <= cores.ci_high and cores.significant
+
+
 # -- noise and intervals --------------------------------------------------------------------------
 
 def three_levels(store, *, sigmas: dict, drift=(0.0, 0.0, 0.0), repeats=3, seed=5, others=12):

@@ -3,7 +3,7 @@ from collections import Counter
 import pytest
 
 from common.errors import BadInput
-from orchestrator.sweep import PRESETS_DIR, Machine, load, preset_path
+from orchestrator.sweep import PRESETS_DIR, Machine, load, preset_path, stretch_of
 
 MACHINE = Machine(cpu_count=2, freq_limits=(800, 2000))
 
@@ -220,6 +220,37 @@ precision = { values = ["fp32", "bf16"], base = { d_model = 32 } }
     assert precision == [("bf16", 32), ("fp32", 32)]
     # planning twice gives the same jobs and order: re-enqueue is idempotent
     assert [j["config_hash"] for j in load(path, machine=MACHINE).jobs] == [j["config_hash"] for j in jobs]
+
+
+def test_blocks_per_pass_runs_an_axis_block_that_many_times_a_pass_each_with_its_baseline(tmp_path):
+    path = write(tmp_path, """
+[sweep]
+mode = "ofat"
+repeats = 2
+[axes]
+cores = { values = "auto", blocks_per_pass = 3 }
+n_layers = [1, 4]
+""")
+    plan = load(path, machine=MACHINE)
+    jobs = plan.jobs
+    assert plan.count == 2 * (3 * 3 + 3) and len(jobs) == 2 * (3 * 2 + 3)  # cores=2 is the baseline job
+    for r in range(2):
+        in_pass = [j for j in jobs if j["config"]["repeat"] == r]
+        blocks = [j["block"] for j in in_pass]
+        assert sorted(set(blocks)) == ["cores", "cores#2", "cores#3", "n_layers"]
+        for block in ("cores", "cores#2", "cores#3"):  # each copy: cores 1 and its own baseline job
+            assert sorted(j["config"]["cores"] for j in in_pass if j["block"] == block) == [1, 2]
+        # the copies run as one stretch, shuffled together: 3 of each side by side
+        stretches = [stretch_of(b) for b in blocks]
+        assert [b for i, b in enumerate(stretches) if i == 0 or stretches[i - 1] != b] in (["cores", "n_layers"],
+                                                                                          ["n_layers", "cores"])
+        assert [j["block"] for j in in_pass if stretch_of(j["block"]) == "cores"] != ["cores"] * 2 + ["cores#2"] * 2 + ["cores#3"] * 2
+    assert len({j["config_hash"] for j in jobs}) == len(jobs)  # every copy its own job: resumable
+    with pytest.raises(BadInput, match="blocks_per_pass=0: expected a whole number"):
+        load(write(tmp_path, "[sweep]\nmode = \"ofat\"\n[axes]\ncores = { values = [1, 2], blocks_per_pass = 0 }\n"),
+             machine=MACHINE)
+    with pytest.raises(BadInput, match="own `blocks_per_pass` needs sweep.mode"):
+        load(write(tmp_path, "[axes]\ncores = { values = [1, 2], blocks_per_pass = 2 }\n"), machine=MACHINE)
 
 
 def test_grid_jobs_keep_the_identity_they_had_before_blocks(tmp_path):
