@@ -58,7 +58,7 @@ from orchestrator import step_model as sm
 from orchestrator.noise import Drift, Model, Noise, cv_of, fit_model, machine_noise, pass_drift  # noqa: F401
 from orchestrator.ran import (FACTORS, METRIC, NOT_FACTORS, NOT_SIZES, RAN_FROM, Run, as_ran,  # noqa: F401
                               disturbed, done_runs, followers_of, is_size, label, modal_config,
-                              provisional_peak, sort_key, value_of, varied_variables, _configs)
+                              peak_of, provisional_peak, sort_key, value_of, varied_variables, _configs)
 from common.variables import NAMES
 from common.metrics import DISTURBED_SHARE  # noqa: F401  (the report states it)
 

@@ -160,7 +160,12 @@ def disturbed(row: dict) -> str | None:
 
 def provisional_peak(row: dict) -> str | None:
     """Why a run's MFU is against a provisional GEMM peak (worker/gemm_peak.py), or None."""
-    return ((_json(row.get("applied")) or {}).get("peak_gflops") or {}).get("provisional")
+    return peak_of(row).get("provisional")
+
+
+def peak_of(row: dict) -> dict:
+    """The GEMM peak a run's MFU is against (applied.peak_gflops: worker/gemm_peak.py), or {}."""
+    return (_json(row.get("applied")) or {}).get("peak_gflops") or {}
 
 
 def as_ran(rows: list[dict]) -> list[Run]:

@@ -47,8 +47,9 @@ FACTS = (
     ("cpu_model", "CPU"), ("hostname", "host"), ("sockets", "sockets"), ("physical_cores", "physical cores"),
     ("logical_cores", "logical CPUs"), ("numa_nodes", "NUMA nodes"), ("isa_flags", "vector ISA"),
     ("l2_kb", "L2 (KiB)"), ("l3_kb", "L3 (KiB)"), ("mem_total_gb", "memory (GB)"),
-    ("mem_bw_gbs_all", "memory bandwidth, all CPUs (GB/s)"), ("gemm_gflops_fp32_all", "GEMM fp32 peak (GFLOP/s)"),
-    ("gemm_gflops_bf16_all", "GEMM bf16 peak (GFLOP/s)"), ("probe_load", "the probe's peaks and noise"),
+    ("mem_bw_gbs_all", "memory bandwidth, all CPUs (GB/s)"), ("gemm_gflops_fp32_all", "GEMM fp32, torch (GFLOP/s)"),
+    ("gemm_gflops_bf16_all", "GEMM bf16, torch (GFLOP/s)"), ("probe_load", "the probe's peaks and noise"),
+    ("mfu_peak", "MFU is against (GFLOP/s)"),
     ("freq_driver", "frequency driver"),
     ("kernel", "kernel"),
 )
@@ -127,7 +128,8 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
     for r in machine_rows:
         probe = _probe_facts(r.get("facts"))
         if r["machine_id"] in facts:
-            facts[r["machine_id"]] = {**facts[r["machine_id"]], "probe_load": probe_load(probe)}
+            facts[r["machine_id"]] = {**facts[r["machine_id"]], "probe_load": probe_load(probe),
+                                      "mfu_peak": mfu_peak([x for x in rows if x["machine_id"] == r["machine_id"]])}
         # The probe's measured noise (machines.noise_cv), from a quiet machine only: one taken under
         # load would stand in for the runs' noise where nothing was repeated.
         if r.get("noise_cv") is not None and not probe.get("limits_disturbed"):
@@ -667,6 +669,29 @@ def probe_load(facts: dict) -> str:
     why = facts["limits_disturbed"]
     return (f"provisional: {why}; measured again by the next probe; its noise figure is not used here" if why
             else "measured on a quiet machine")
+
+
+def mfu_peak(rows: list[dict]) -> str | None:
+    """The GEMM peak MFU is taken against on the machine's largest CPU set, in words: the fastest of
+    the trainers' libraries there (worker/gemm_peak.py) and the others' figures, from the runs'
+    applied.peak_gflops; the probe's torch figure where the runs' peaks were scaled from it (older
+    runs, BENCH_PEAK_PER_SET=0); None where no run recorded a peak."""
+    best, any_peak = None, False
+    for r in rows:
+        peak = fx.peak_of(r)
+        any_peak = any_peak or bool(peak.get("fp32"))
+        if peak.get("library") and r.get("cores") and (best is None or r["cores"] > best[0]):
+            best = (r["cores"], peak)
+    if best is None:
+        return "torch's GEMM peak (the probe's, scaled to each run's CPUs): `applied.peak_gflops.basis`" if any_peak \
+            else None
+    cores, peak = best
+    parts = []
+    for p in ("fp32", "bf16"):
+        others = ", ".join(f"{lib} {g:,.0f}" for lib, g in sorted(peak["by_library"].get(p, {}).items())
+                           if lib != peak["library"].get(p))
+        parts.append(f"{p} {peak[p]:,.0f} ({peak['library'].get(p)}" + (f"; {others})" if others else ")"))
+    return f"{', '.join(parts)} on {cores} CPU(s): the fastest of the trainers' GEMM libraries"
 
 
 def _fact(v) -> str:

@@ -308,3 +308,22 @@ def test_the_machines_table_says_whether_the_probe_measured_on_a_quiet_machine(t
         assert expected in html
         # a noise figure measured under load is not quoted as the machine's
         assert ("the machine probe measured 52" in md) == (expected == "measured on a quiet machine" or not facts)
+
+
+def test_the_machines_table_says_which_library_gave_the_peak_mfu_is_against(store, tmp_path):
+    """MFU is against the fastest GEMM library of the run's CPU set (worker/gemm_peak.py); the table
+    names it and the others, on the machine's largest set, beside the probe's torch-only figures."""
+    m = store.register_machine(machine_facts("alpha"))
+    enqueue(store, configs({"cores": 2}, {"cores": [1, 2]}, repeats=2))
+
+    def outcome(c):
+        n = c["cores"]
+        peak = {"fp32": 226.0 * n, "bf16": 417.0 * n, "library": {"fp32": "jax", "bf16": "torch"},
+                "by_library": {"fp32": {"jax": 226.0 * n, "torch": 103.5 * n, "numpy": 120.0 * n},
+                               "bf16": {"torch": 417.0 * n, "jax": 199.0 * n}}, "basis": "...", "provisional": None}
+        return "done", None, metrics(10.0 / n, c) | {"applied": {"peak_gflops": peak}}
+    run_all(store, m, outcome)
+    md = write_report(store, tmp_path / "result", plots=False).summary_path.read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| MFU is against"))
+    assert "fp32 452 (jax; numpy 240, torch 207), bf16 834 (torch; jax 398) on 2 CPU(s)" in row
+    assert "| GEMM fp32, torch (GFLOP/s) |" in md

@@ -2,7 +2,11 @@
 
 Measured in a child (`python -m worker.gemm_peak --measure`, so the worker never imports torch)
 pinned to one CPU of each physical core of the set (SMT siblings share one core's FMA units), one
-thread per physical core bound to it (GOMP_CPU_AFFINITY), fp32 and bf16 at the machine's full ISA.
+thread per physical core bound to it (GOMP_CPU_AFFINITY), fp32 and bf16 at the machine's full ISA,
+in each of the trainers' GEMM libraries (torch's MKL / oneDNN, JAX's XLA, NumPy's OpenBLAS): the peak
+is the fastest of them, and the run records which one and the others' figures. One library alone is
+not the machine's peak: on an AVX-512 AMD EPYC, MKL takes a generic path at 208 GFLOP/s (2 cores)
+while XLA reaches 473, so a JAX run measured against MKL's figure showed an MFU of 1.16.
 
 Cached in the worker state dir (probe-peaks.json, beside the probe's limits) per machine (fingerprint,
 torch version, quick/full) and, inside that, per (sorted CPU set, clock settings, precision): the clock
@@ -54,7 +58,21 @@ def set_key(cpus: list[int], config: dict, precision: str) -> str:
 
 
 def machine_key(facts: dict, quick: bool) -> str:
-    return f"{facts.get('fingerprint')}/torch-{facts.get('torch_version')}/{'quick' if quick else 'full'}"
+    """The cache's machine: its fingerprint, torch and the measurement's size. (`fastest`: the peaks
+    are the fastest library's; a cache from before, torch's alone, is not read as one.)"""
+    return f"{facts.get('fingerprint')}/torch-{facts.get('torch_version')}/{'quick' if quick else 'full'}/fastest"
+
+
+def libraries_text(entries: dict) -> str:
+    """'fp32 473 (jax; torch 208, numpy 301), bf16 ...': each precision's peak, the library that
+    gave it and the others' figures."""
+    parts = []
+    for p in PRECISIONS:
+        e = entries[p]
+        others = ", ".join(f"{lib} {g:g}" for lib, g in sorted((e.get("by_library") or {}).items())
+                           if lib != e.get("library"))
+        parts.append(f"{p} {e['gflops']:g} ({e.get('library', '?')}" + (f"; {others})" if others else ")"))
+    return ", ".join(parts)
 
 
 def loaded_reason(m: dict) -> str | None:
@@ -69,7 +87,7 @@ def measure_set(cpus: list[int], threads_on: list[int], quick: bool, timeout_s: 
     argv = [sys.executable, "-m", "worker.gemm_peak", "--measure", "--cpus", ",".join(map(str, cpus))]
     argv += ["--quick"] if quick else []
     n = str(len(threads_on))
-    env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n,
+    env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n,
            "GOMP_CPU_AFFINITY": " ".join(map(str, threads_on)), "PYTHONPATH": str(REPO)}
     for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "KMP_AFFINITY", "OMP_PROC_BIND"):
         env.pop(name, None)  # the full ISA, and nothing that overrides the binding above
@@ -83,7 +101,8 @@ def measure_set(cpus: list[int], threads_on: list[int], quick: bool, timeout_s: 
 
 def peak_for(cpus: list[int], config: dict, facts: dict, state_dir: Path, *, quick: bool,
              provisional: dict | None = None, measure: Callable[..., dict] = measure_set) -> dict:
-    """{"fp32": .., "bf16": .., "basis": .., "provisional": reason or None} for the job's CPU set:
+    """{"fp32": .., "bf16": .., "library", "by_library", "basis": .., "provisional": reason or None} for
+    the job's CPU set, each peak the fastest of the trainers' GEMM libraries (library_products):
     the cached quiet figure, else a fresh measurement (cached when quiet). `provisional` is the
     worker's memory of loaded measurements (key -> (peak, time)): reused for RETRY_S, never saved.
     Raises RuntimeError when the measurement fails (the caller falls back to scaled peaks)."""
@@ -95,52 +114,123 @@ def peak_for(cpus: list[int], config: dict, facts: dict, state_dir: Path, *, qui
     where = f"CPUs {sorted(set(cpus))}: {len(threads_on)} thread(s), one per physical core, pinned to {threads_on}"
     if all(k in cached for k in keys.values()):
         at = time.strftime("%Y-%m-%d %H:%M", time.gmtime(cached[keys["fp32"]]["measured_at"]))
-        return {**{p: cached[k]["gflops"] for p, k in keys.items()},
-                "basis": f"GEMM peak measured on {where} (cached, measured {at} UTC on a quiet machine)",
-                "provisional": None}
+        entries = {p: cached[k] for p, k in keys.items()}
+        return {**answer(entries), "basis": f"GEMM peak measured on {where}, the fastest of the trainers' libraries: "
+                f"{libraries_text(entries)} (cached, measured {at} UTC on a quiet machine)", "provisional": None}
     memo_key = "|".join(keys.values())
     if provisional is not None and memo_key in provisional and time.time() - provisional[memo_key][1] < RETRY_S:
         return dict(provisional[memo_key][0])
     m = measure(sorted(set(cpus)), threads_on, quick)
     why = loaded_reason(m)
-    out = {p: m["gflops"][p] for p in PRECISIONS}
+    entries = {p: {"gflops": m["gflops"][p], "library": (m.get("fastest") or {}).get(p),
+                   "by_library": {lib: g[p] for lib, g in (m.get("by_library") or {}).items() if p in g}}
+               for p in PRECISIONS}
+    out = answer(entries)
+    text = f"GEMM peak measured on {where}, the fastest of the trainers' libraries: {libraries_text(entries)}"
     if why is None:
         all_cached = jsonfile.read(file)  # re-read: another worker on other CPUs may have added its sets
-        entries = all_cached.setdefault(mkey, {})
+        saved = all_cached.setdefault(mkey, {})
         for p, k in keys.items():
-            entries[k] = {"gflops": m["gflops"][p], "measured_at": time.time(), "threads_on": threads_on,
-                          "window_s": m["window_s"], "other_cpu_s": m["other_cpu_s"], "steal_s": m["steal_s"]}
+            saved[k] = {**entries[p], "measured_at": time.time(), "threads_on": threads_on,
+                        "window_s": m["window_s"], "other_cpu_s": m["other_cpu_s"], "steal_s": m["steal_s"]}
         jsonfile.write(file, all_cached)
-        out.update(basis=f"GEMM peak measured on {where} (measured now on a quiet machine, cached)", provisional=None)
+        out.update(basis=f"{text} (measured now on a quiet machine, cached)", provisional=None)
     else:
-        out.update(basis=f"GEMM peak measured on {where} (provisional, not cached: {why})", provisional=why)
+        out.update(basis=f"{text} (provisional, not cached: {why})", provisional=why)
         if provisional is not None:
             provisional[memo_key] = (dict(out), time.time())
     return out
 
 
+def answer(entries: dict) -> dict:
+    """peak_for's figures from per-precision entries: the peaks, and which library gave each."""
+    return {**{p: entries[p]["gflops"] for p in PRECISIONS},
+            "library": {p: entries[p].get("library") for p in PRECISIONS},
+            "by_library": {p: entries[p].get("by_library") or {} for p in PRECISIONS}}
+
+
 # -- the measuring child ----------------------------------------------------------------------------
 
-def measure_here(cpus: list[int], quick: bool) -> dict:
-    """In the child: GEMM peaks at this process's affinity and thread count, with what else ran on
-    the whole set (`cpus`, SMT siblings included) over the timed GEMMs."""
+def library_products() -> dict[str, dict[str, Callable[[int], Callable[[], object]]]]:
+    """The trainers' GEMM libraries that import here, per precision: n -> a call running one n x n x n
+    product to completion. NumPy's own BLAS (OpenBLAS, fp32), JAX (XLA, jitted) and torch (MKL for
+    fp32, oneDNN for bf16). On some CPUs they differ by 2x or more (MKL takes a generic path on AMD
+    while XLA uses AVX-512), and a peak taken from one alone would put another framework's MFU above 1.
+
+    Imported in this order on purpose: OpenBLAS starts its threads when it loads and XLA sizes its
+    pool from this thread's affinity when its client starts, and torch's OpenMP binds this thread to
+    the first CPU of GOMP_CPU_AFFINITY as soon as it loads."""
+    import numpy as np
+
+    def numpy_product(n: int):
+        x, y = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
+        return lambda: x @ y
+
+    out = {"numpy": {"fp32": numpy_product}}
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        pass
+    else:
+        jax.devices()  # the client and its thread pool start now, on the whole set
+        matmul = jax.jit(jnp.matmul)
+
+        def jax_product(dtype):
+            def product(n: int):
+                x, y = jnp.asarray(np.random.rand(n, n), dtype), jnp.asarray(np.random.rand(n, n), dtype)
+                return lambda: matmul(x, y).block_until_ready()
+            return product
+
+        out["jax"] = {"fp32": jax_product(jnp.float32), "bf16": jax_product(jnp.bfloat16)}
     import torch
 
-    from worker.probe import _gemm_gflops
+    def torch_product(dtype):
+        def product(n: int):
+            x, y = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+            return lambda: torch.mm(x, y)
+        return product
+
+    out["torch"] = {"fp32": torch_product(torch.float32), "bf16": torch_product(torch.bfloat16)}
+    return out
+
+
+def xla_pool_threads() -> int:
+    """How many threads XLA's intra-op pool started with (read back: its size follows the affinity
+    this thread had when the client started)."""
+    from worker.trainers.jax.runtime import XLA_POOL_THREAD, thread_names
+
+    return thread_names().get(XLA_POOL_THREAD, 0)
+
+
+def measure_here(cpus: list[int], quick: bool) -> dict:
+    """In the child: GEMM peaks at this process's affinity and thread count, per library and the
+    fastest of them per precision, with what else ran on the whole set (`cpus`, SMT siblings
+    included) over the timed GEMMs."""
+    from worker.probe import best_gflops
+
+    products = library_products()
+    import torch
 
     threads = int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
     torch.set_num_threads(threads)
     sizes = (64, 128) if quick else (512, 1024, 2048)
     budget = 0.2 if quick else 1.5
     window = sensors.OwnWindow.start(cpus)
-    gflops = dict.fromkeys(PRECISIONS, 0.0)
+    by_library = {lib: dict.fromkeys(kinds, 0.0) for lib, kinds in products.items()}
     while True:  # at least MIN_WINDOW_S: over a few ticks, load on the set cannot be told from none
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            gflops[name] = max(gflops[name], round(_gemm_gflops(torch, dtype, sizes, budget_s=budget), 1))
+        for lib, kinds in products.items():
+            for name, product in kinds.items():
+                got = round(best_gflops(product, sizes, budget_s=budget), 1)
+                by_library[lib][name] = max(by_library[lib][name], got)
         if time.perf_counter() - window.t0 >= MIN_WINDOW_S:
             break
     other_s, steal_s, window_s = window.load()
-    return {"gflops": gflops, "cpus": cpus, "threads": torch.get_num_threads(),
+    fastest = {p: max((lib for lib in by_library if p in by_library[lib]), key=lambda lib: by_library[lib][p])
+               for p in PRECISIONS}
+    return {"gflops": {p: by_library[lib][p] for p, lib in fastest.items()}, "fastest": fastest,
+            "by_library": by_library, "cpus": cpus, "threads": torch.get_num_threads(),
+            "xla_pool_threads": xla_pool_threads() if "jax" in products else None,
             "main_thread_affinity": sorted(os.sched_getaffinity(0)), "window_s": round(window_s, 3),
             "other_cpu_s": round(other_s or 0.0, 3), "steal_s": round(steal_s or 0.0, 3),
             "load_avg_1m": round(os.getloadavg()[0], 2)}

@@ -575,7 +575,7 @@ def _peaks(facts: dict, cpus: list[int]) -> dict | None:
     if out:
         how = "the 1-core GEMM peak, at most the all-core one" if facts.get("gemm_gflops_fp32_1c") else \
             f"the all-core GEMM peak / {physical_all} physical cores"
-        out["basis"] = f"{physical_used} physical core(s) of CPUs {sorted(used)} x {how}"
+        out["basis"] = f"{physical_used} physical core(s) of CPUs {sorted(used)} x {how} (the probe's, torch's GEMM)"
     return out or None
 
 

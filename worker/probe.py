@@ -211,20 +211,30 @@ def _triad_gbs(torch, n: int, reps: int) -> float:
 
 
 def _gemm_gflops(torch, dtype, sizes: tuple[int, ...], budget_s: float) -> float:
-    """Peak GFLOP/s of torch.mm over growing square sizes (small ones miss peak, big ones are slow to
-    time): at each size the best of at least three calls; a size is skipped when its predicted cost
-    (n^3 scaling of the last one) would overrun the budget, so slow bf16 emulation stays cheap."""
+    """Peak GFLOP/s of torch.mm (best_gflops)."""
+    def product(n: int):
+        x, y = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        return lambda: torch.mm(x, y)
+    return best_gflops(product, sizes, budget_s)
+
+
+def best_gflops(product, sizes: tuple[int, ...], budget_s: float) -> float:
+    """Peak GFLOP/s of square n x n x n products over growing sizes (small ones miss peak, big ones
+    are slow to time); `product(n)` gives a call that runs one product to completion. At each size
+    the best of at least three calls after a warm one (kernel selection, packing buffers, a JIT's
+    compile); a size is skipped when its predicted cost (n^3 scaling of the last one) would overrun
+    the budget, so slow emulated formats stay cheap."""
     best, last_s, last_n = 0.0, None, None
     deadline = time.perf_counter() + budget_s
     for n in sizes:
         if last_s is not None and last_s * (n / last_n) ** 3 * 4 > deadline - time.perf_counter():
             break
-        x, y = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-        torch.mm(x, y)  # warm: kernel selection, packing buffers
+        call = product(n)
+        call()  # warm
         times, spent = [], time.perf_counter()
         while len(times) < 3 or (time.perf_counter() - spent < 0.2 and len(times) < 10):
             t0 = time.perf_counter()
-            torch.mm(x, y)
+            call()
             times.append(time.perf_counter() - t0)
         last_s, last_n = min(times), n
         best = max(best, 2 * n**3 / last_s / 1e9)
