@@ -457,8 +457,8 @@ def _machine_section(ctx, st: dict, several: bool) -> str:
                     + st["noise"].get(m, {}).get("regrouped", []) + [st["noise"].get(m, {}).get("baseline_lost") or ""]
                     if n)
     return f"""<section id="machine"><h2>Machine and noise</h2>
-<p>What the runs ran on: the probe's facts and measured peaks (GEMM GFLOP/s, memory bandwidth: MFU divides
-by a GEMM peak measured on the run's own CPU set).</p>{facts}
+<p>What the runs ran on: the probe's facts and measured peaks (GEMM GFLOP/s, memory bandwidth). MFU divides
+by a GEMM peak measured on the run's own CPU set: the fastest of the trainers' GEMM libraries there.</p>{facts}
 <h3>How noisy it is, and what that means for the intervals</h3>
 <p>The same configuration run again does not take exactly the same time. Every comparison comes from one
 model of the machine's runs: log step time = configuration + block + residual. A block is a stretch of
