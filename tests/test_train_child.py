@@ -352,3 +352,21 @@ def test_cc_flags_lto_skips_the_run_saying_why(data_dir, tmp_path):
     result = train.run(request(data_dir, tmp_path, compile="inductor", cc_flags="lto", steps=1))
     assert result["status"] == "skipped"
     assert "cc_flags=lto" in result["reason"] and "built from source" in result["reason"]
+
+
+def test_a_warm_run_compiles_first_untimed_where_the_cache_lacks_its_config_or_this_installs_header(tmp_path):
+    """compile_cache=warm times a compile from a warm cache. A new venv has no precompiled header of
+    its own in the cache (headers_inside names the folder after the install): building it inside the
+    timed first step made it 15.5 s where warm runs took 3.1 s, so the untimed prewarm runs then too."""
+    from worker.trainers.torch.child import prewarm_reason
+
+    marker, header_dir = tmp_path / "cpubench-warmed" / "abc.json", tmp_path / "precompiled_headers" / "torch-x-1"
+    assert "not compiled into the cache" in prewarm_reason(marker, str(header_dir))
+    marker.parent.mkdir()
+    marker.write_text("{}")
+    assert "no precompiled header" in prewarm_reason(marker, str(header_dir))
+    (header_dir / "locks").mkdir(parents=True)  # inductor's lock folder alone: nothing built yet
+    assert "no precompiled header" in prewarm_reason(marker, str(header_dir))
+    (header_dir / "k.h.gch").write_bytes(b"pch")
+    assert prewarm_reason(marker, str(header_dir)) is None
+    assert prewarm_reason(marker, None) is None  # no header folder of its own (no compile cache dir)
