@@ -19,15 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import text  # noqa: E402
 
-from orchestrator.eta import _CONFIG, _COST, _N_SHAPE, _SHAPE, learn, remaining_s  # noqa: E402
+from orchestrator.eta import SELECT_FINISHED, learn, queued_of, remaining_s  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 
-SELECT_RUNS = f"""
-SELECT r.run_id, r.status, {_COST}, {_SHAPE}, {_CONFIG}
-FROM runs r JOIN jobs j ON j.job_id = r.job_id
-WHERE r.pool_id = :pool_id AND r.status IN ('done', 'failed', 'skipped') AND r.finished IS NOT NULL
-ORDER BY r.claimed, r.run_id
-"""
+# the estimator's own rows, every one of them, in the order they were claimed
+SELECT_RUNS = SELECT_FINISHED.replace("ORDER BY r.run_id DESC LIMIT {limit}", "ORDER BY r.claimed, r.run_id")
 
 
 def main() -> None:
@@ -46,7 +42,7 @@ def main() -> None:
         finished = runs[:k][::-1]  # the estimator reads the latest first
         if not any(r[1] == "done" for r in finished):
             continue
-        eta = remaining_s(learn(finished), [r[3:3 + _N_SHAPE] + r[3 + _N_SHAPE:] for r in runs[k:]])
+        eta = remaining_s(learn(finished), [queued_of(r) for r in runs[k:]])
         truth = total - spent
         errors.append((spent / total, (eta - truth) / truth, eta, truth))
     print(f"{len(runs)} runs, {total / 60:.1f} min of run time")

@@ -12,12 +12,16 @@ Two estimates, the better one for each queued job:
   + vocab * d_model), so a queued job needs no measurement. Both coefficients are fitted by least
   squares on the pool's latest done runs (a sample of DONE_SAMPLE) and kept non-negative.
 A run's cost is the larger of its wall_s (the child's life) and its claim-to-finish time (the
-worker's share too: knobs, the GEMM peak of a new CPU set, data). The progress bar calls this every
-few seconds; the fit is cached until a run finishes.
+worker's share too: knobs, data), less what its repeats will not pay again (one_off_s: the cold
+compile into the shared cache, the GEMM peak of a new CPU set). On a 2-vCPU AVX-512 EPYC VM's quick
+sweep (3.7 min of runs) those two were 12 s and 5 s of first runs costing 17 s and 8 s, and the ETA
+counted them again for every repeat: 26% high at halfway. The progress bar calls this every few
+seconds; the fit is cached until a run finishes.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
 import numpy as np
@@ -33,7 +37,7 @@ _COST = "CASE WHEN r.wall_s IS NULL OR r.finished - r.claimed > r.wall_s THEN r.
 # The pool's latest finished runs with their cost: the fit needs a sample, not the whole history
 # (a 100k-job sweep would read every run at every progress update).
 SELECT_FINISHED = f"""
-SELECT r.run_id, r.status, {_COST}, {_SHAPE}, {_CONFIG}
+SELECT r.run_id, r.status, {_COST}, r.applied, {_SHAPE}, {_CONFIG}
 FROM runs r JOIN jobs j ON j.job_id = r.job_id
 WHERE r.pool_id = :pool_id AND r.status IN ('done', 'failed', 'skipped') AND r.finished IS NOT NULL
 ORDER BY r.run_id DESC LIMIT {{limit}}
@@ -51,6 +55,7 @@ WHERE r.run_id IS NULL OR r.status = 'queued'
 SELECT_FILLED = "SELECT filled FROM pools WHERE pool_id = :pool_id"
 DONE_SAMPLE = 2000
 _N_SHAPE = 9
+_HEAD = 4  # a finished row's run_id, status, cost, applied before its shape
 
 # (db, pool) -> (finished sample's key, learn()'s overhead_s, s_per_work and cost per configuration)
 _fits: dict[tuple[str, int], tuple[tuple, tuple[float, float, dict]]] = {}
@@ -101,16 +106,36 @@ def estimate_remaining_s(store: Store, machine_id: int, *, pool_id: int | None =
     return remaining_s(cached[1], queued_rows)
 
 
+def one_off_s(applied) -> float:
+    """Seconds of a run its repeats will not pay again, from what it recorded (`applied`, JSON): the
+    cold compile of a config into the shared cache (prewarm_s, compile_cache=warm) and the GEMM peak
+    of a CPU set measured for it (peak_gflops.measure_s; cached for every later run on the set)."""
+    try:
+        a = json.loads(applied) if isinstance(applied, str) else (applied or {})
+        return float(a.get("prewarm_s") or 0.0) + float((a.get("peak_gflops") or {}).get("measure_s") or 0.0)
+    except (TypeError, ValueError, AttributeError):
+        return 0.0
+
+
 def learn(finished: list[tuple]) -> tuple[float, float, dict]:
-    """From finished rows (run_id, status, cost, *shape, *config; SELECT_FINISHED's columns):
-    overhead_s and s_per_work fitted on the done runs, and the mean cost of each configuration."""
+    """From finished rows (run_id, status, cost, applied, *shape, *config; SELECT_FINISHED's columns):
+    overhead_s and s_per_work fitted on the done runs, and the mean cost of each configuration, each
+    cost less its one-off part."""
+    def cost(r) -> float:
+        return max(0.0, float(r[2] or 0.0) - one_off_s(r[3]))
+
     done = [r for r in finished if r[1] == "done" and r[2] is not None]
-    walls, works = np.array([(r[2], work(*r[3:3 + _N_SHAPE])) for r in done], dtype=float).reshape(-1, 2).T
+    walls, works = np.array([(cost(r), work(*r[_HEAD:_HEAD + _N_SHAPE])) for r in done], dtype=float).reshape(-1, 2).T
     overhead_s, s_per_work = fit(walls, works)
     costs = defaultdict(list)
     for r in finished:
-        costs[tuple(r[3 + _N_SHAPE:])].append(max(0.0, float(r[2] or 0.0)))
+        costs[tuple(r[_HEAD + _N_SHAPE:])].append(cost(r))
     return overhead_s, s_per_work, {k: sum(v) / len(v) for k, v in costs.items()}
+
+
+def queued_of(finished_row: tuple) -> tuple:
+    """A finished row as a queued one (*shape, *config): what remaining_s reads."""
+    return tuple(finished_row[_HEAD:])
 
 
 def remaining_s(learned: tuple[float, float, dict], queued: list[tuple]) -> float:
