@@ -89,6 +89,19 @@ def test_the_cache_is_keyed_by_cpu_set_clock_and_precision(tmp_path):
     assert "cpus=2/freq_mhz=1200,governor=default,turbo=default/fp32" in keys and len(keys) == 6
 
 
+def test_a_library_that_fails_to_measure_is_left_out_and_named(tmp_path):
+    calls = []
+
+    def measure(cpus, threads_on, quick):
+        m = fake_measure(calls)(cpus, threads_on, quick)
+        del m["by_library"]["jax"]
+        return {**m, "gflops": {"fp32": 40.0, "bf16": 200.0}, "fastest": {"fp32": "torch", "bf16": "torch"},
+                "library_errors": {"jax": "XlaRuntimeError: no CPU client"}}
+    peak = gemm_peak.peak_for([0], DEFAULT, FACTS, tmp_path, quick=True, measure=measure)
+    assert peak["fp32"] == 40.0 and peak["library"]["fp32"] == "torch"
+    assert "left out, failing here: jax (XlaRuntimeError: no CPU client)" in peak["basis"]
+
+
 def test_a_loaded_measurement_is_used_once_marked_provisional_and_not_cached(tmp_path):
     calls, memo = [], {}
     loaded = gemm_peak.peak_for([0], DEFAULT, FACTS, tmp_path, quick=True, provisional=memo,

@@ -127,6 +127,8 @@ def peak_for(cpus: list[int], config: dict, facts: dict, state_dir: Path, *, qui
                for p in PRECISIONS}
     out = answer(entries)
     text = f"GEMM peak measured on {where}, the fastest of the trainers' libraries: {libraries_text(entries)}"
+    if m.get("library_errors"):
+        text += "; left out, failing here: " + "; ".join(f"{lib} ({why})" for lib, why in m["library_errors"].items())
     if why is None:
         all_cached = jsonfile.read(file)  # re-read: another worker on other CPUs may have added its sets
         saved = all_cached.setdefault(mkey, {})
@@ -218,18 +220,29 @@ def measure_here(cpus: list[int], quick: bool) -> dict:
     budget = 0.2 if quick else 1.5
     window = sensors.OwnWindow.start(cpus)
     by_library = {lib: dict.fromkeys(kinds, 0.0) for lib, kinds in products.items()}
+    errors = {}  # a library that fails here is left out with why; torch's failure fails the measurement
     while True:  # at least MIN_WINDOW_S: over a few ticks, load on the set cannot be told from none
         for lib, kinds in products.items():
             for name, product in kinds.items():
-                got = round(best_gflops(product, sizes, budget_s=budget), 1)
+                if lib in errors:
+                    continue
+                try:
+                    got = round(best_gflops(product, sizes, budget_s=budget), 1)
+                except Exception as error:  # noqa: BLE001 - one library's failure is recorded, not fatal
+                    if lib == "torch":
+                        raise
+                    errors[lib] = f"{type(error).__name__}: {error}"[:300]
+                    continue
                 by_library[lib][name] = max(by_library[lib][name], got)
         if time.perf_counter() - window.t0 >= MIN_WINDOW_S:
             break
+    for lib in errors:
+        by_library.pop(lib)
     other_s, steal_s, window_s = window.load()
     fastest = {p: max((lib for lib in by_library if p in by_library[lib]), key=lambda lib: by_library[lib][p])
                for p in PRECISIONS}
     return {"gflops": {p: by_library[lib][p] for p, lib in fastest.items()}, "fastest": fastest,
-            "by_library": by_library, "cpus": cpus, "threads": torch.get_num_threads(),
+            "by_library": by_library, "library_errors": errors, "cpus": cpus, "threads": torch.get_num_threads(),
             "xla_pool_threads": xla_pool_threads() if "jax" in products else None,
             "main_thread_affinity": sorted(os.sched_getaffinity(0)), "window_s": round(window_s, 3),
             "other_cpu_s": round(other_s or 0.0, 3), "steal_s": round(steal_s or 0.0, 3),
