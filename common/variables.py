@@ -153,7 +153,7 @@ CATALOGUE: tuple[Variable, ...] = (
        choices=("eager", "inductor", "xla"), words=(AUTO,)),
     _v("fusion", bool, True, FRAMEWORK, "inductor fusion (only with compile=inductor)"),
     _v("compile_cache", str, "warm", FRAMEWORK, "inductor cache, kernels and precompiled headers: cold = fresh "
-       "dir per run, warm = shared, pre-warmed (only with compile=inductor)", choices=("cold", "warm")),
+       "dir per run, warm = shared, filled first by an untimed process of its own (only with compile=inductor)", choices=("cold", "warm")),
     _v("cc_flags", str, DEFAULT, FRAMEWORK, "C++ flags of inductor's kernels (only with compile=inductor): default = "
        "inductor's own; O2/O3 = that level, no -march; native = -O3 -march=native; native_fastmath = native "
        "-ffast-math; lto is skipped (torch is not built from source here)",

@@ -7,7 +7,8 @@ the metric names and the analytic FLOP/parameter counts are the harness's.
 
     setup_s       module start (before imports) to the first step: imports, data, tokenizer, model,
                   optimizer; minus the untimed extra work recorded apart in `applied`
-                  (base_pretrain_s of a finetune without a saved model, prewarm_s of a warm cache)
+                  (base_pretrain_s of a finetune without a saved model, prewarm_s of a warm cache:
+                  the seconds an untimed process of its own took to compile the config into it)
     applied.setup_phases_s  where a job's time outside its steps goes: imports, data, model (with any
                   finetune start), optimizer (with compile settings and prewarm), then save, read_back
 """
@@ -24,6 +25,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -212,39 +214,54 @@ def _check_inductor_possible() -> None:
         raise Skip(f"unavailable here: compile=inductor (no working C++ compiler: {e})") from None
 
 
-def _prewarm(model, config: dict, cache_dir: str, batch, header_dir: str | None = None) -> float | None:
-    """compile_cache=warm: compile this config once, untimed, if the shared cache has not seen it.
-
-    A marker file per (config minus system knobs, torch version) under the cache dir records that a
-    run compiled it; without one, a copy of the model is compiled and run forward + backward (no
-    optimizer step: the real model's weights stay untouched), then dynamo is reset, so the timed run
-    compiles again and finds every graph in inductor's on-disk FX graph cache. The same when this
-    torch install has no precompiled header in the cache yet (`header_dir`, headers_inside: a new
-    venv): building it took 12 s of a 15.5 s first step that warm runs took 3.1 s.
-    """
-    import copy
-
+def warm_marker(config: dict, cache_dir: str) -> Path:
+    """compile_cache=warm: the file that records a run compiled this config into the shared cache, one
+    per (config minus system knobs, torch version)."""
     import torch
 
     skip_keys = {"cores", "freq_mhz", "governor", "turbo", "pin_threads", "numa", "allocator", "omp_threads",
                  "intra_threads", "inter_threads", "steps", "warmup_steps", "seed", "repeat", "task",
                  "optimizer", "grad_accum"}
     key = {k: v for k, v in config.items() if k not in skip_keys} | {"torch": torch.__version__}
-    marker = Path(cache_dir) / "cpubench-warmed" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode())
-                                                    .hexdigest()[:16] + ".json")
-    if prewarm_reason(marker, header_dir) is None:
-        return None
-    t = time.perf_counter()
+    return Path(cache_dir) / "cpubench-warmed" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode())
+                                                  .hexdigest()[:16] + ".json")
+
+
+def _prewarm(model, config: dict, batch, marker: Path) -> None:
+    """Compile a copy of the model and run it forward + backward (no optimizer step: the weights stay
+    untouched), so every graph lands in inductor's on-disk FX graph cache; then write the marker."""
+    import copy
+
+    import torch
+
     twin = torch.compile(copy.deepcopy(model))
     x, y = batch
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config["precision"] == "mixed"):
         _, loss = twin(x, y)
     loss.backward()
-    del twin
-    torch._dynamo.reset()
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps(key))
-    return time.perf_counter() - t
+    marker.write_text(json.dumps(config, sort_keys=True, default=str))
+
+
+def prewarm_apart(request: dict) -> float:
+    """compile_cache=warm where the cache lacks this config (prewarm_reason): compile it untimed in a
+    process of its own (this module, with prewarm_only), so this one then compiles as any later run
+    will, a new process over a warm on-disk cache. A prewarm in this process left inductor imported
+    and its kernels loaded: the timed first step took 1.3 s where later runs took 3.0-3.2 s. The
+    seconds it took; raises RuntimeError with the process's last error line if it failed."""
+    import subprocess
+
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "worker.trainers.torch"], capture_output=True, text=True,
+                          input=json.dumps({**request, "prewarm_only": True}), env=dict(os.environ))
+    lines = done.stdout.strip().splitlines()
+    result = json.loads(lines[-1]) if done.returncode == 0 and lines else {}
+    if result.get("status") == "skipped":
+        raise Skip(result["reason"])
+    if not result.get("prewarm_only"):
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise RuntimeError(f"the prewarm process failed: {last}")
+    return time.perf_counter() - started
 
 
 def prewarm_reason(marker: Path, header_dir: str | None) -> str | None:
@@ -336,12 +353,18 @@ def _train(request: dict, cache_dir: str | None) -> dict:
         applied["compile_cache_dir"] = cache_dir
         if config["compile_cache"] == "warm":
             # a batch of its own: the timed run's data order stays that of the seed
-            other_batch = torch_batches(tokens, config, config["seed"] + 2)()
-            prewarm_s = _prewarm(model, config, cache_dir, other_batch, applied.get("inductor_header_dir"))
-            applied["cache_prewarmed_now"] = prewarm_s is not None
-            if prewarm_s is not None:
-                applied["prewarm_s"] = prewarm_s
-                excluded_s += prewarm_s
+            marker = warm_marker(config, cache_dir)
+            if request.get("prewarm_only"):  # the process prewarm_apart started: fill the cache and stop
+                _prewarm(model, config, torch_batches(tokens, config, config["seed"] + 2)(), marker)
+                return {"status": "done", "prewarm_only": True}
+            why = prewarm_reason(marker, applied.get("inductor_header_dir"))
+            applied["cache_prewarmed_now"] = why is not None
+            if why is not None:
+                applied["prewarm_reason"] = why
+                applied["prewarm_s"] = prewarm_apart(request)
+                excluded_s += applied["prewarm_s"]
+        # whether this process had inductor loaded before its timed compile (a later run's would not)
+        applied["inductor_loaded_before_compile"] = "torch._inductor.compile_fx" in sys.modules
         trained = torch.compile(model)
 
     phases["optimizer"] = time.perf_counter() - mark  # and compile settings, prewarm
