@@ -19,11 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import text  # noqa: E402
 
-from orchestrator.eta import SELECT_FINISHED, learn, queued_of, remaining_s  # noqa: E402
+from orchestrator.eta import FINISHED_ROWS, learn, queued_of, remaining_s  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 
 # the estimator's own rows, every one of them, in the order they were claimed
-SELECT_RUNS = SELECT_FINISHED.replace("ORDER BY r.run_id DESC LIMIT {limit}", "ORDER BY r.claimed, r.run_id")
+SELECT_RUNS = FINISHED_ROWS + "ORDER BY r.claimed, r.run_id\n"
 
 
 def main() -> None:

@@ -46,3 +46,16 @@ def disturbance(other_cpu_s: float | None, steal_s: float | None, cpus: int, win
         return None
     return (f"{' and '.join(why)} of {cpus} CPU(s) x {window_s:.2f} s{during} "
             f"(more than {DISTURBED_SHARE:.0%}: {limit:.2f} CPU-s)")
+
+
+def peak_text(peak: dict) -> str:
+    """'fp32 480 (jax; numpy 255, torch 218), bf16 936 (torch; jax 454)': a GEMM peak as a run records
+    it (applied.peak_gflops: worker/gemm_peak.py), each precision's figure, the library that gave it
+    and the others' figures. The worker's basis and the report's machines table both say it so."""
+    parts = []
+    for p in ("fp32", "bf16"):
+        fastest = (peak.get("library") or {}).get(p) or "?"
+        others = ", ".join(f"{lib} {g:,.0f}" for lib, g in sorted((peak.get("by_library") or {}).get(p, {}).items())
+                           if lib != fastest)
+        parts.append(f"{p} {peak[p]:,.0f} ({fastest}" + (f"; {others})" if others else ")"))
+    return ", ".join(parts)

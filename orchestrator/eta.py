@@ -36,12 +36,12 @@ _CONFIG = ", ".join(f'j."{n}"' for n in NAMES if n != "repeat")
 _COST = "CASE WHEN r.wall_s IS NULL OR r.finished - r.claimed > r.wall_s THEN r.finished - r.claimed ELSE r.wall_s END"
 # The pool's latest finished runs with their cost: the fit needs a sample, not the whole history
 # (a 100k-job sweep would read every run at every progress update).
-SELECT_FINISHED = f"""
+FINISHED_ROWS = f"""
 SELECT r.run_id, r.status, {_COST}, r.applied, {_SHAPE}, {_CONFIG}
 FROM runs r JOIN jobs j ON j.job_id = r.job_id
 WHERE r.pool_id = :pool_id AND r.status IN ('done', 'failed', 'skipped') AND r.finished IS NOT NULL
-ORDER BY r.run_id DESC LIMIT {{limit}}
 """
+SELECT_FINISHED = FINISHED_ROWS + "ORDER BY r.run_id DESC LIMIT {limit}\n"
 # The jobs still queued for the pool: its queue rows once it has claimed, else no run row yet or a
 # row taken back as 'queued'.
 SELECT_QUEUED = f"""

@@ -29,6 +29,7 @@ from orchestrator.effects import Analysis, Effect, Grid, VariableEffect
 from orchestrator.pool_report import pool_lines
 from orchestrator.seeds import seeds_section
 from orchestrator.store import ReadOnlyDatabase, Store
+from common.metrics import peak_text
 from common.variables import BY_NAME, NAMES
 
 SELECT_RESULTS = "SELECT * FROM v_results {where} ORDER BY run_id"
@@ -686,12 +687,7 @@ def mfu_peak(rows: list[dict]) -> str | None:
         return "torch's GEMM peak (the probe's, scaled to each run's CPUs): `applied.peak_gflops.basis`" if any_peak \
             else None
     cores, peak = best
-    parts = []
-    for p in ("fp32", "bf16"):
-        others = ", ".join(f"{lib} {g:,.0f}" for lib, g in sorted(peak["by_library"].get(p, {}).items())
-                           if lib != peak["library"].get(p))
-        parts.append(f"{p} {peak[p]:,.0f} ({peak['library'].get(p)}" + (f"; {others})" if others else ")"))
-    return f"{', '.join(parts)} on {cores} CPU(s): the fastest of the trainers' GEMM libraries"
+    return f"{peak_text(peak)} on {cores} CPU(s): the fastest of the trainers' GEMM libraries"
 
 
 def _fact(v) -> str:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from common.metrics import peak_text
 from worker import jsonfile, sensors
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,18 +62,6 @@ def machine_key(facts: dict, quick: bool) -> str:
     """The cache's machine: its fingerprint, torch and the measurement's size. (`fastest`: the peaks
     are the fastest library's; a cache from before, torch's alone, is not read as one.)"""
     return f"{facts.get('fingerprint')}/torch-{facts.get('torch_version')}/{'quick' if quick else 'full'}/fastest"
-
-
-def libraries_text(entries: dict) -> str:
-    """'fp32 473 (jax; torch 208, numpy 301), bf16 ...': each precision's peak, the library that
-    gave it and the others' figures."""
-    parts = []
-    for p in PRECISIONS:
-        e = entries[p]
-        others = ", ".join(f"{lib} {g:g}" for lib, g in sorted((e.get("by_library") or {}).items())
-                           if lib != e.get("library"))
-        parts.append(f"{p} {e['gflops']:g} ({e.get('library', '?')}" + (f"; {others})" if others else ")"))
-    return ", ".join(parts)
 
 
 def loaded_reason(m: dict) -> str | None:
@@ -114,9 +103,9 @@ def peak_for(cpus: list[int], config: dict, facts: dict, state_dir: Path, *, qui
     where = f"CPUs {sorted(set(cpus))}: {len(threads_on)} thread(s), one per physical core, pinned to {threads_on}"
     if all(k in cached for k in keys.values()):
         at = time.strftime("%Y-%m-%d %H:%M", time.gmtime(cached[keys["fp32"]]["measured_at"]))
-        entries = {p: cached[k] for p, k in keys.items()}
-        return {**answer(entries), "basis": f"GEMM peak measured on {where}, the fastest of the trainers' libraries: "
-                f"{libraries_text(entries)} (cached, measured {at} UTC on a quiet machine)", "provisional": None}
+        peak = answer({p: cached[k] for p, k in keys.items()})
+        return {**peak, "basis": f"GEMM peak measured on {where}, the fastest of the trainers' libraries: "
+                f"{peak_text(peak)} (cached, measured {at} UTC on a quiet machine)", "provisional": None}
     memo_key = "|".join(keys.values())
     if provisional is not None and memo_key in provisional and time.time() - provisional[memo_key][1] < RETRY_S:
         return dict(provisional[memo_key][0])
@@ -126,7 +115,7 @@ def peak_for(cpus: list[int], config: dict, facts: dict, state_dir: Path, *, qui
                    "by_library": {lib: g[p] for lib, g in (m.get("by_library") or {}).items() if p in g}}
                for p in PRECISIONS}
     out = answer(entries)
-    text = f"GEMM peak measured on {where}, the fastest of the trainers' libraries: {libraries_text(entries)}"
+    text = f"GEMM peak measured on {where}, the fastest of the trainers' libraries: {peak_text(out)}"
     if m.get("library_errors"):
         text += "; left out, failing here: " + "; ".join(f"{lib} ({why})" for lib, why in m["library_errors"].items())
     if why is None:
@@ -187,13 +176,9 @@ def library_products() -> dict[str, dict[str, Callable[[int], Callable[[], objec
         out["jax"] = {"fp32": jax_product(jnp.float32), "bf16": jax_product(jnp.bfloat16)}
     import torch
 
-    def torch_product(dtype):
-        def product(n: int):
-            x, y = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-            return lambda: torch.mm(x, y)
-        return product
+    from worker.probe import torch_product
 
-    out["torch"] = {"fp32": torch_product(torch.float32), "bf16": torch_product(torch.bfloat16)}
+    out["torch"] = {"fp32": torch_product(torch, torch.float32), "bf16": torch_product(torch, torch.bfloat16)}
     return out
 
 

@@ -212,10 +212,15 @@ def _triad_gbs(torch, n: int, reps: int) -> float:
 
 def _gemm_gflops(torch, dtype, sizes: tuple[int, ...], budget_s: float) -> float:
     """Peak GFLOP/s of torch.mm (best_gflops)."""
+    return best_gflops(torch_product(torch, dtype), sizes, budget_s)
+
+
+def torch_product(torch, dtype):
+    """n -> a call running one n x n x n torch.mm of `dtype` (best_gflops' `product`)."""
     def product(n: int):
         x, y = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
         return lambda: torch.mm(x, y)
-    return best_gflops(product, sizes, budget_s)
+    return product
 
 
 def best_gflops(product, sizes: tuple[int, ...], budget_s: float) -> float:

@@ -228,16 +228,13 @@ def warm_marker(config: dict, cache_dir: str) -> Path:
 
 
 def _prewarm(model, config: dict, batch, marker: Path) -> None:
-    """Compile a copy of the model and run it forward + backward (no optimizer step: the weights stay
-    untouched), so every graph lands in inductor's on-disk FX graph cache; then write the marker."""
-    import copy
-
+    """In prewarm_apart's process: compile the model and run it forward + backward, so every graph
+    lands in inductor's on-disk FX graph cache; then write the marker."""
     import torch
 
-    twin = torch.compile(copy.deepcopy(model))
     x, y = batch
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config["precision"] == "mixed"):
-        _, loss = twin(x, y)
+        _, loss = torch.compile(model)(x, y)
     loss.backward()
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps(config, sort_keys=True, default=str))
@@ -253,7 +250,7 @@ def prewarm_apart(request: dict) -> float:
 
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "worker.trainers.torch"], capture_output=True, text=True,
-                          input=json.dumps({**request, "prewarm_only": True}), env=dict(os.environ))
+                          input=json.dumps({**request, "prewarm_only": True}))  # this process's env: its cache dir
     lines = done.stdout.strip().splitlines()
     result = json.loads(lines[-1]) if done.returncode == 0 and lines else {}
     if result.get("status") == "skipped":
