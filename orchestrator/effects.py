@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from itertools import repeat
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -340,8 +341,14 @@ def _group_keys(runs: list[Run], free: set[str], varied: list[str]) -> tuple[lis
     follow = set().union(*(followers_of(n) for n in free)) - free
     keys = [n for n in varied if n not in free]
     out = []
+    seen: dict = {}  # runs of one cell (as_ran) share their key
     for r in runs:
-        out.append(tuple(DERIVED_MARK if n in follow and r.at_derived(n) else r.values[n] for n in keys))
+        cell = r.cell if r.cell is not None else id(r)
+        key = seen.get(cell)
+        if key is None:
+            key = seen[cell] = tuple(DERIVED_MARK if n in follow and r.at_derived(n) else r.values[n]
+                                             for n in keys)
+        out.append(key)
     return keys, out
 
 
@@ -595,11 +602,12 @@ class Analysis:
 
 
 def analyse(rows: list[dict], machine_ids: list[int] | None = None, *, probe_cv: dict[int, float] | None = None,
-            target_ci: dict[int, float] | None = None) -> Analysis:
+            target_ci: dict[int, float] | None = None, per_run: bool = False) -> Analysis:
     """Every machine's comparisons, then one Bonferroni family across all of them. `probe_cv`:
     machine -> its measured noise (machines.noise_cv); `target_ci`: machine -> the relative
-    half-width of the shown interval that `work --target-ci` asked for there."""
-    runs = as_ran(rows)
+    half-width of the shown interval that `work --target-ci` asked for there. per_run=True groups
+    run by run instead of once per configuration (as_ran's share=False): slower, the same numbers."""
+    runs = as_ran(rows, share=not per_run)
     ids = machine_ids if machine_ids is not None else sorted({r["machine_id"] for r in rows})
     machines = {m: analyse_machine([r for r in runs if r.row["machine_id"] == m], m, asked=[r for r in rows if r["machine_id"] == m],
                                    probe_cv=(probe_cv or {}).get(m)) for m in ids}
@@ -672,7 +680,7 @@ def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found:
     against those that only ever moved with another variable (followers); and, where the baseline
     configuration itself has no usable run, that said in words ("" otherwise)."""
     asked_values: dict[str, dict] = defaultdict(lambda: defaultdict(list))
-    several = [n for n in FACTORS if len({row.get(n) for row in asked}) > 1]  # (raw values: cheap)
+    several = [n for n in FACTORS if len(set(map(dict.get, asked, repeat(n)))) > 1]  # (raw values: cheap)
     usable: dict[str, set] = defaultdict(set)  # the values asked for that have a usable run (as asked:
     for r in runs:  # a value that ran as another, like the hub dataset as builtin, is said so elsewhere)
         for n in several:

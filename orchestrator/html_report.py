@@ -160,12 +160,15 @@ def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
     by_machine: dict[int, dict[str, dict]] = defaultdict(dict)
     for r in rows:
         by_machine[r["machine_id"]].setdefault(r.get("config_hash") or r["run_id"], r)
+    names = [n for n in NAMES if n not in NOT_CONFIG]
     for m, configs in by_machine.items():
+        # Configurations that differ only in their repeat count as many times as they are, once each.
+        raw = Counter(tuple(map(c.get, names)) for c in configs.values())
         modal = {}
-        for n in NAMES:
-            if n in NOT_CONFIG:
-                continue
-            counts = Counter(_val(n, c.get(n)) for c in configs.values())
+        for i, n in enumerate(names):
+            counts = Counter()
+            for values, k in raw.items():
+                counts[_val(n, values[i])] += k
             if len(counts) > 1:
                 modal[n] = max(counts.items(), key=lambda kv: (kv[1], str(kv[0]) == str(BY_NAME[n].default)))[0]
         out[m] = modal
@@ -204,11 +207,16 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
     cols: dict[str, list] = {k: [] for k in ("run_id", "machine", "status", "pass", "step_ms", "tokens_per_s",
                                              "mfu", "config", "reason", "disturbed")}
     config_vars: dict[int, list[str]] = {}
+    seen: dict[tuple, int] = {}  # (machine, the run's values of its baseline's variables) -> config text index
     for r in rows:
-        diff = config_difference(r, modal.get(r["machine_id"], {}))
-        text = ", ".join(f"{k}={v}" for k, v in diff.items()) or "baseline"
-        ci = idx("config", text)
-        config_vars.setdefault(ci, list(diff))
+        base = modal.get(r["machine_id"], {})
+        key = (r["machine_id"], *map(r.get, base))
+        ci = seen.get(key)
+        if ci is None:
+            diff = config_difference(r, base)
+            text = ", ".join(f"{k}={v}" for k, v in diff.items()) or "baseline"
+            ci = seen[key] = idx("config", text)
+            config_vars.setdefault(ci, list(diff))
         cols["run_id"].append(r["run_id"])
         cols["machine"].append(idx("machine", names.get(r["machine_id"], f"machine {r['machine_id']}")))
         cols["status"].append(idx("status", r["status"]))
@@ -245,9 +253,10 @@ def shared_configs(rows: list[dict]) -> dict:
     """Machines side by side: per pair (reference, other) the median step time of every configuration
     both finished, and the geometric mean of their ratios."""
     done = [r for r in fx.done_runs(rows)]
+    config_names = [n for n in NAMES if n not in NOT_CONFIG]
     cells: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in done:
-        key = tuple(r.get(n) for n in NAMES if n not in NOT_CONFIG)
+        key = tuple(map(r.get, config_names))
         cells[key][r["machine_id"]].append(float(r["step_ms_median"]))
     machines = sorted({r["machine_id"] for r in done})
     if len(machines) < 2:

@@ -28,7 +28,7 @@ class Model:
         configuration counted once, however many runs it has."""
         out: dict[int, float] = defaultdict(float)
         for runs, c in zip(levels, coefs):
-            idx = sorted({self.config_index[r.config_key()] for r in runs})
+            idx = sorted({self.config_index[k] for k in {r.config_key() for r in runs}})
             for i in idx:
                 out[i] += c / len(idx)
         return dict(out)
@@ -47,15 +47,15 @@ def stratum_of(r: Run):
 def fit_model(runs: list[Run]) -> Model:
     configs: dict = {}
     blocks: dict = {}
-    for r in runs:
-        configs.setdefault(r.config_key(), len(configs))
-        blocks.setdefault(block_of(r), len(blocks))
-    f = sm.fit([r.log_ms for r in runs], [configs[r.config_key()] for r in runs], [blocks[block_of(r)] for r in runs],
-               [stratum_of(r) for r in runs], n_configs=len(configs), n_blocks=len(blocks),
-               pass_idx=[r.pass_ for r in runs])
-    for r, slow in zip(runs, f.slow_prob):
-        r.adj = r.log_ms - float(f.gamma[blocks[block_of(r)]])
-        r.slow = float(slow)
+    config_idx = [configs.setdefault(r.config_key(), len(configs)) for r in runs]
+    block_idx = [blocks.setdefault(block_of(r), len(blocks)) for r in runs]
+    log_ms = [r.log_ms for r in runs]
+    f = sm.fit(log_ms, config_idx, block_idx, [stratum_of(r) for r in runs], n_configs=len(configs),
+               n_blocks=len(blocks), pass_idx=[r.pass_ for r in runs])
+    adj = (np.asarray(log_ms, dtype=float) - np.asarray(f.gamma, dtype=float)[np.asarray(block_idx, dtype=int)]).tolist()
+    for r, a, slow in zip(runs, adj, np.asarray(f.slow_prob, dtype=float).tolist()):
+        r.adj = a
+        r.slow = slow
     return Model(f, configs, blocks)
 
 

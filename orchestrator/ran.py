@@ -4,6 +4,7 @@ run records them), its configuration and pass, whether its timed window was dist
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -38,6 +39,7 @@ RAN_FROM = {
 
 # -- values -------------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=1 << 16, typed=True)  # a 100k-run report asks millions of times for a few values
 def value_of(name: str, raw):
     """A column value as the report groups it: booleans as bool, NULL (the word default) as 'default'."""
     if raw is None:
@@ -117,6 +119,7 @@ class Run:
     adj: float = 0.0  # log step time with its block's effect removed (the model's)
     slow: float = 0.0  # the model's probability that the run was in the slow mode
     disturbed: str | None = None  # why its timed window was disturbed (disturbed()), or None
+    cell: object = None  # runs with the same cell ran the same configuration, asked and read back alike (as_ran)
 
     @property
     def step_ms(self) -> float:
@@ -168,21 +171,50 @@ def peak_of(row: dict) -> dict:
     return (_json(row.get("applied")) or {}).get("peak_gflops") or {}
 
 
-def as_ran(rows: list[dict]) -> list[Run]:
-    """The done runs, each with the values it really ran with."""
+_APPLIED_KEYS = tuple(key for where, key in RAN_FROM.values() if where == "applied")
+
+
+_APPLIED_KEYS = tuple(key for where, key in RAN_FROM.values() if where == "applied")
+_PLACE = tuple(n for n in NAMES if n in NOT_FACTORS)  # where in the run order: differs between repeats
+
+
+def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
+    """The done runs, each with the values it really ran with. Runs whose job columns (but their
+    place in the run order), read-backs and derivations are the same share a cell: the report's
+    comparisons group on it, so they are worked out once per configuration, not once per run.
+    share=False gives every run a cell of its own (the per-run path the tests compare with)."""
     out = []
+    cells: dict[tuple, tuple] = {}
     for row in done_runs(rows):
         applied = _json(row.get("applied")) or {}
-        values, changed = {}, {}
-        for n in NAMES:
-            asked = value_of(n, row[n])
-            ran = _ran_value(n, row, applied) if n in RAN_FROM else None
-            if ran is not None and ran != asked:
-                changed[n] = (asked, ran)
-            values[n] = asked if ran is None else ran
-        derived = _json(row.get("derived"))
-        out.append(Run(row, values, changed, math.log(float(row[METRIC])), int(row.get("repeat") or 0),
-                       derived if isinstance(derived, dict) else None, disturbed=disturbed(row)))
+        try:
+            key = (tuple(row[n] for n in FACTORS), row.get("dataset_used"), row.get("derived"),
+                   tuple((k in applied, applied.get(k)) for k in _APPLIED_KEYS))
+            hash(key)
+            key = key if share else None
+        except TypeError:  # an unhashable read-back: this run is a cell of its own
+            key = None
+        known = cells.get(key) if key is not None else None
+        if known is None:
+            values, changed = {}, {}
+            for n in NAMES:
+                asked = value_of(n, row[n])
+                ran = _ran_value(n, row, applied) if n in RAN_FROM else None
+                if ran is not None and ran != asked:
+                    changed[n] = (asked, ran)
+                values[n] = asked if ran is None else ran
+            derived = _json(row.get("derived"))
+            known = (values, changed, derived if isinstance(derived, dict) else None,
+                     tuple(values[n] for n in FACTORS), len(cells) if key is not None else object())
+            if key is not None:
+                cells[key] = known
+        else:
+            values = {**known[0], **{n: value_of(n, row[n]) for n in _PLACE}}
+        _, changed, derived, config, cell = known
+        run = Run(row, values, changed, math.log(float(row[METRIC])), int(row.get("repeat") or 0),
+                  derived, disturbed=disturbed(row), cell=cell)
+        run.__dict__["_key"] = config  # the cached_property, filled from the cell's
+        out.append(run)
     return out
 
 
@@ -197,7 +229,8 @@ def _json(text):
 
 def varied_variables(runs: list[Run]) -> list[str]:
     """Variables that ran with more than one value among these runs, in catalogue order."""
-    return [n for n in FACTORS if len({r.values[n] for r in runs}) > 1]
+    distinct = list({r.cell if r.cell is not None else id(r): r.values for r in runs}.values())  # (as_ran)
+    return [n for n in FACTORS if len({v[n] for v in distinct}) > 1]
 
 
 def _configs(runs: list[Run]) -> list[Run]:
