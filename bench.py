@@ -268,7 +268,8 @@ def status(
             per_pool = {p.label: store.counts(pool_id=p.pool_id) for p in store.pools() if p.pool_id in active}
         if as_json:
             doc = {**counts, **({"pool": pool} if pool else {}),
-                   **({"pools": per_pool} if pool_id is None else {})}
+                   **({"pools": per_pool} if pool_id is None else {}),
+                   **({"fleet": fleet_progress(store).as_dict()} if pool_id is None else {})}
             print(json.dumps(doc))
             return
         scope = f"pool {pool}" if pool else "all machines and pools" if all_machines else "this machine"
@@ -286,6 +287,7 @@ def status(
             for label, c in per_pool.items():
                 pools.add_row(label, *(str(c[k]) for k in ("total", "queued", "running", "done", "failed", "skipped")))
             out.print(pools)
+            print_fleet(fleet_progress(store))
         if pool_id is not None:
             from orchestrator.eta import estimate_remaining_s
 
@@ -294,6 +296,33 @@ def status(
                 out.print(f"ETA for the queued jobs: {_duration(eta)} (learned from finished runs)")
 
     guarded(body)
+
+
+def fleet_progress(store):
+    from orchestrator.live import progress
+
+    return progress(store)
+
+
+def print_fleet(pr) -> None:
+    """Per pool and machine: done, running since when, failed, skipped, queued, ETA (orchestrator/live.py)."""
+    from orchestrator.live import ago, clock
+
+    table = Table(title="by pool and machine, now")
+    for column in ("pool", "machine", "done", "running", "failed", "skipped", "queued", "ETA"):
+        table.add_column(column, justify="left" if column in ("pool", "machine", "running", "ETA") else "right")
+    for p in pr.pools:
+        eta = f"{ago(p.eta_s)} (at {clock(pr.now + p.eta_s)} UTC)" if p.eta_s is not None else "-"
+        table.add_row(f"[bold]{p.label}", "", str(p.done), str(p.running), str(p.failed), str(p.skipped),
+                      str(p.queued), eta)
+        for m in p.machines:
+            since = f"{m.running} since {clock(m.running_since)} UTC" if m.running and m.running_since else str(m.running)
+            table.add_row("", f"{m.hostname or '?'} ({m.machine_id})", str(m.done), since, str(m.failed),
+                          str(m.skipped), "", "")
+    out.print(table)
+    for f in pr.failures[:5]:
+        out.print(f"{clock(f['finished'])} {f['status']} run {f['run_id']} on {f['host'] or '?'}: {f['reason']}",
+                  highlight=False, soft_wrap=True)
 
 
 def report_and_print(db: str, out_dir: Path) -> None:
@@ -318,11 +347,33 @@ def report_and_print(db: str, out_dir: Path) -> None:
 @app.command()
 def report(
     out_dir: Annotated[Path, typer.Option("--out", help="where to write the page, CSV, markdown and plots")] = Path("result"),
+    watch: Annotated[bool, typer.Option("--watch", help="keep index.html current while workers run (Ctrl+C stops)")] = False,
+    every: Annotated[float, typer.Option("--every", help="with --watch: seconds between updates", min=1.0)] = 10.0,
     db: DbOption = "results.db",
 ) -> None:
     """Write result/: index.html (the page to open), results.csv, summary.md, plots/*.png, fitted effects (also to
-    the effects table)."""
+    the effects table). --watch keeps index.html current while workers run: progress per machine and pool, the
+    effects as they stand, the last failures (orchestrator/live.py)."""
+    if watch:
+        guarded(lambda: watch_and_print(db, out_dir, every))
+        return
     guarded(lambda: report_and_print(db, out_dir))
+
+
+def watch_and_print(db: str, out_dir: Path, every: float) -> None:
+    from orchestrator.live import watch as keep_current
+
+    store = open_store(db, read_only=True)
+    err.print(f"keeping {out_dir / 'index.html'} current every {every:g} s (Ctrl+C stops)", highlight=False)
+
+    def said(tick):
+        if tick.analysed:
+            err.print(f"{time.strftime('%H:%M:%S')} {tick.done:,} runs finished: report redone in {tick.report_s:.1f} s",
+                      highlight=False)
+    try:
+        keep_current(store, out_dir, every_s=every, on_tick=said)
+    except KeyboardInterrupt:
+        err.print("stopped watching", highlight=False)
 
 
 def _env_max_jobs() -> int:

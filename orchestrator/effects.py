@@ -776,7 +776,10 @@ def _identical(runs: list[Run], asked: list[dict]) -> list[str]:
     """Variables whose asked-for values ran as fewer values (e.g. dataset: both on builtin)."""
     out = []
     done = {r.row["run_id"]: r for r in runs}
+    changed = {n for r in {id(r.changed): r for r in runs}.values() for n in r.changed}
     for n in RAN_FROM:
+        if n not in changed:  # every run ran with what it asked for: nothing ran as something else
+            continue
         mapping: dict = defaultdict(set)
         for row in asked:
             r = done.get(row.get("run_id"))

@@ -637,7 +637,10 @@ def write_page(ctx, path: Path) -> Path:
     body = "".join([
         _head("cpubench report"), _nav(), '<main>',
         f'<header><h1>cpubench report</h1><p>{intro}</p><p class="meta">Written {generated} by '
-        '<code>bench.py report</code>; summary.md and results.csv sit beside this file.</p></header>',
+        '<code>bench.py report</code>; summary.md and results.csv sit beside this file. A PDF: print this page '
+        '(Ctrl+P, "Save as PDF": every plot is drawn before printing), or without a window: '
+        '<code>chromium --headless --no-pdf-header-footer --virtual-time-budget=30000 '
+        '--print-to-pdf=report.pdf "file://$PWD/result/index.html#print"</code>.</p></header>',
         _effects_section(st, ctx, several),
         f'<section id="variables"><h2>Each variable</h2><p>One section per varied variable, clearest effect first. '
         f'Dots are runs (hover for the run); the line is the fitted power law, diamonds with bars the fitted '
@@ -676,6 +679,8 @@ table.effects tr:hover,table.runs tr:hover{background:#f5f9ff}
 .filters{display:flex;gap:14px;align-items:center;flex-wrap:wrap;margin:8px 0}
 .pager{display:flex;gap:10px;align-items:center}.meta{color:#666;font-size:12px}
 .cols{display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start}.index code{margin-right:4px}
+@media print{nav,.filters,.pager{display:none}th{position:static}body{background:#fff}
+section{break-inside:auto;border:none}.plot{break-inside:avoid}}
 """
 
 # The page's JavaScript: plots drawn with plotly when they scroll into view, the runs table built
@@ -882,7 +887,12 @@ const ready = loadRuns().then(() => {
   if (first) draw(first);
   window.cpubench.loadMs = performance.now();
   document.body.dataset.ready = '1';
+  if (location.hash === '#print' || (window.matchMedia && window.matchMedia('print').matches)) printReady();
 });
-window.cpubench = {ready, renderAll, state, applyFilter, runs: () => runs, order: () => order};
+// Printing (and a headless PDF or screenshot) shows only what is drawn: draw every plot first.
+function printReady(){ renderAll(); document.body.dataset.printed = '1'; }
+window.addEventListener('beforeprint', () => { if (runs) printReady(); });
+if (window.matchMedia) window.matchMedia('print').addEventListener('change', e => { if (e.matches && runs) printReady(); });
+window.cpubench = {ready, renderAll, printReady, state, applyFilter, runs: () => runs, order: () => order};
 })();
 """

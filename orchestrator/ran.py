@@ -188,7 +188,7 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
     for row in done_runs(rows):
         applied = _json(row.get("applied")) or {}
         try:
-            key = (tuple(row[n] for n in FACTORS), row.get("dataset_used"), row.get("derived"),
+            key = (tuple(map(row.__getitem__, FACTORS)), row.get("dataset_used"), row.get("derived"),
                    tuple((k in applied, applied.get(k)) for k in _APPLIED_KEYS))
             hash(key)
             key = key if share else None

@@ -1,0 +1,274 @@
+"""The live view of a sweep while workers run: progress per pool and machine (done, running and since
+when, failed, skipped, queued, ETA), the last failures with their reasons, and `report --watch`,
+which keeps result/index.html current.
+
+progress() is a handful of aggregate queries over indexed columns (runs by pool and status), so it
+costs the same at 100 runs and at a million; `bench.py status` prints it too (a PostgreSQL fleet).
+
+watch() redoes the statistics only when runs finished since it last did (the per-pool, per-machine
+counts and the latest finish are its fingerprint), and no more often than WATCH_DUTY allows (the
+report took T seconds: the next one waits at least T / WATCH_DUTY), so a watcher on a worker's
+machine takes a bounded share of one CPU. Between two reports it rewrites only the progress on the
+page. Every write is atomic (a temporary file, then os.replace), so a browser or a copy never sees
+half a page; the page reloads itself every --every seconds and keeps its scroll position.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sqlalchemy import text
+
+from orchestrator.store import Store
+
+# Runs per pool, machine and status, with the oldest claim of the running ones and the last finish.
+SELECT_PROGRESS = """
+SELECT r.pool_id, p.name AS pool_name, r.machine_id, m.hostname, r.status, COUNT(*) AS n,
+       MIN(CASE WHEN r.status = 'running' THEN r.claimed END) AS running_since, MAX(r.finished) AS last_finished
+FROM runs r JOIN pools p ON p.pool_id = r.pool_id JOIN machines m ON m.machine_id = r.machine_id
+WHERE r.status <> 'queued'
+GROUP BY r.pool_id, p.name, r.machine_id, m.hostname, r.status
+"""
+SELECT_RUNNING = """
+SELECT r.run_id, r.pool_id, r.machine_id, r.worker_host, r.claimed, r.heartbeat, j.config
+FROM runs r JOIN jobs j ON j.job_id = r.job_id
+WHERE r.status = 'running' ORDER BY r.claimed LIMIT :limit
+"""
+SELECT_FAILURES = """
+SELECT r.run_id, r.pool_id, r.machine_id, r.worker_host, r.status, r.finished, r.reason
+FROM runs r WHERE r.status IN ('failed', 'skipped') ORDER BY r.finished DESC, r.run_id DESC LIMIT :limit
+"""
+SELECT_NOW = {"sqlite": "SELECT (julianday('now') - 2440587.5) * 86400.0",
+              "postgresql": "SELECT CAST(extract(epoch from clock_timestamp()) AS DOUBLE PRECISION)"}
+RUNNING_SHOWN = 20
+FAILURES_SHOWN = 10
+WATCH_DUTY = 0.1  # the share of one CPU a watcher may spend on the statistics
+STATES = ("done", "running", "failed", "skipped")
+
+
+@dataclass
+class MachineProgress:
+    machine_id: int
+    hostname: str | None
+    done: int = 0
+    running: int = 0
+    failed: int = 0
+    skipped: int = 0
+    running_since: float | None = None  # the oldest claim of its running runs (unix s)
+    last_finished: float | None = None
+
+
+@dataclass
+class PoolProgress:
+    pool_id: int
+    label: str
+    total: int  # jobs the pool runs (each once)
+    queued: int = 0
+    done: int = 0
+    running: int = 0
+    failed: int = 0
+    skipped: int = 0
+    eta_s: float | None = None  # the queued jobs' estimated time (orchestrator/eta.py), split over its busy machines
+    machines: list[MachineProgress] = field(default_factory=list)
+
+
+@dataclass
+class Progress:
+    now: float  # the database's clock (unix s)
+    jobs: int
+    pools: list[PoolProgress]
+    running: list[dict]  # the running runs, oldest claim first (at most RUNNING_SHOWN)
+    failures: list[dict]  # the latest failed and skipped runs, newest first (at most FAILURES_SHOWN)
+
+    @property
+    def fingerprint(self) -> tuple:
+        """What changes when a run finishes anywhere (the statistics follow the finished runs)."""
+        return tuple((p.pool_id, m.machine_id, m.done, m.failed, m.skipped, m.last_finished)
+                     for p in self.pools for m in p.machines)
+
+    def as_dict(self) -> dict:
+        return {"now": self.now, "jobs": self.jobs, "pools": [asdict(p) for p in self.pools],
+                "running": self.running, "failures": self.failures}
+
+
+def progress(store: Store, *, eta: bool = True) -> Progress:
+    """Where every pool and machine stands now, from aggregates (no run is read one by one but the
+    RUNNING_SHOWN running and FAILURES_SHOWN latest failures)."""
+    from orchestrator.report import short_reason
+
+    with store.transaction() as conn:
+        now = float(conn.exec_driver_sql(SELECT_NOW[store.dialect]).scalar_one())
+        jobs = int(conn.exec_driver_sql("SELECT COUNT(*) FROM jobs").scalar_one())
+        rows = conn.execute(text(SELECT_PROGRESS)).all()
+        running = conn.execute(text(SELECT_RUNNING), {"limit": RUNNING_SHOWN}).all()
+        failures = conn.execute(text(SELECT_FAILURES), {"limit": FAILURES_SHOWN}).all()
+    pools: dict[int, PoolProgress] = {}
+    for pool_id, pool_name, machine_id, hostname, status, n, since, last in rows:
+        label = pool_name if pool_name is not None else f"machine {machine_id} ({hostname or '?'})"
+        p = pools.setdefault(pool_id, PoolProgress(pool_id, label, jobs))
+        m = next((x for x in p.machines if x.machine_id == machine_id), None)
+        if m is None:
+            m = MachineProgress(machine_id, hostname)
+            p.machines.append(m)
+        if status in STATES:
+            setattr(m, status, getattr(m, status) + int(n))
+            setattr(p, status, getattr(p, status) + int(n))
+        if since is not None:
+            m.running_since = float(since) if m.running_since is None else min(m.running_since, float(since))
+        if last is not None:
+            m.last_finished = float(last) if m.last_finished is None else max(m.last_finished, float(last))
+    for p in pools.values():
+        p.queued = max(0, p.total - sum(getattr(p, s) for s in STATES))
+        p.machines.sort(key=lambda m: m.machine_id)
+        if eta and p.queued and p.done:
+            from orchestrator.eta import estimate_remaining_s
+
+            left = estimate_remaining_s(store, p.machines[0].machine_id, pool_id=p.pool_id)
+            busy = sum(1 for m in p.machines if m.running) or 1
+            p.eta_s = None if left is None else left / busy
+    labels = {p.pool_id: p.label for p in pools.values()}
+    return Progress(
+        now, jobs, sorted(pools.values(), key=lambda p: p.pool_id),
+        [{"run_id": r[0], "pool": labels.get(r[1], str(r[1])), "machine_id": r[2], "host": r[3], "claimed": r[4],
+          "heartbeat": r[5], "config": _config_words(r[6])} for r in running],
+        [{"run_id": r[0], "pool": labels.get(r[1], str(r[1])), "machine_id": r[2], "host": r[3], "status": r[4],
+          "finished": r[5], "reason": short_reason(r[6])} for r in failures])
+
+
+def _config_words(config_json: str | None) -> str:
+    """A running job in a few words: the sizes that say how long it takes."""
+    import json
+
+    try:
+        c = json.loads(config_json or "{}")
+    except ValueError:
+        return ""
+    keys = ("framework", "n_layers", "d_model", "seq_len", "batch_size", "cores", "precision", "repeat")
+    return ", ".join(f"{k}={c[k]}" for k in keys if k in c)
+
+
+# -- words --------------------------------------------------------------------------------------
+
+def ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def clock(unix_s: float | None) -> str:
+    return "-" if unix_s is None else time.strftime("%H:%M:%S", time.gmtime(unix_s))
+
+
+def progress_html(pr: Progress, *, every_s: float, analysed: tuple[float, int] | None) -> str:
+    """The page's live section: pools and machines, the running runs, the last failures."""
+    e = lambda x: html.escape(str(x), quote=True)  # noqa: E731
+    rows = []
+    for p in pr.pools:
+        eta = f"{ago(p.eta_s)} (at {clock(pr.now + p.eta_s)} UTC)" if p.eta_s is not None else \
+            ("finished" if not p.queued and not p.running else "-")
+        rows.append(f"<tr class='pool'><td><b>{e(p.label)}</b></td><td></td><td>{p.done:,}</td><td>{p.running:,}</td>"
+                    f"<td>{p.failed:,}</td><td>{p.skipped:,}</td><td>{p.queued:,}</td><td>{e(eta)}</td></tr>")
+        for m in p.machines:
+            since = f"{m.running:,} since {clock(m.running_since)} ({ago(pr.now - m.running_since)} ago)" \
+                if m.running and m.running_since else f"{m.running:,}"
+            rows.append(f"<tr><td></td><td>{e(m.hostname or '?')} (machine {m.machine_id})</td><td>{m.done:,}</td>"
+                        f"<td>{e(since)}</td><td>{m.failed:,}</td><td>{m.skipped:,}</td><td></td>"
+                        f"<td>last finished {e(clock(m.last_finished))}</td></tr>")
+    table = ("<table class='live'><thead><tr><th>pool</th><th>machine</th><th>done</th><th>running</th><th>failed</th>"
+             "<th>skipped</th><th>queued</th><th>ETA</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+    running = "".join(f"<li>run {r['run_id']} on {e(r['host'] or '?')} ({e(r['pool'])}): {e(r['config'])}, claimed "
+                      f"{clock(r['claimed'])} ({ago(pr.now - r['claimed'])} ago), heartbeat "
+                      f"{ago(pr.now - r['heartbeat']) if r['heartbeat'] else '-'} ago</li>" for r in pr.running)
+    failures = "".join(f"<li>{clock(r['finished'])} run {r['run_id']} on {e(r['host'] or '?')} ({e(r['pool'])}): "
+                       f"<b>{e(r['status'])}</b>: {e(r['reason'])}</li>" for r in pr.failures)
+    when = (f"The effects and everything below are from the {analysed[1]:,} runs finished by {clock(analysed[0])} UTC "
+            "(redone when runs finish)." if analysed else "")
+    return (f"<section id='live'><h2>Live: the sweep as it runs</h2><p class='meta'>Progress at {clock(pr.now)} UTC "
+            f"(the database's clock), refreshed every {every_s:g} s by <code>bench.py report --watch</code>; this page "
+            f"reloads itself. {when}</p>{table}"
+            + (f"<h3>Running now</h3><ul>{running}</ul>" if running else "<p>No run is running.</p>")
+            + (f"<h3>Last failures</h3><ul>{failures}</ul>" if failures else "")
+            + "</section>")
+
+
+RELOAD_JS = """<script>(function(){const k='cpubench-scroll';const y=sessionStorage.getItem(k);
+if(y!==null)window.addEventListener('load',()=>window.scrollTo(0,+y));
+setTimeout(()=>{sessionStorage.setItem(k,String(window.scrollY));location.reload();},%d);})();</script>"""
+
+
+def live_page(page: str, section: str, every_s: float) -> str:
+    """The report's page with the live section first in <main> and the reload script."""
+    page = page.replace("<main>", "<main>" + section, 1)
+    return page.replace("</body>", RELOAD_JS % int(every_s * 1000) + "</body>", 1)
+
+
+def write_atomic(path: Path, content: str) -> None:
+    """Write so that a reader sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(content, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# -- the watcher --------------------------------------------------------------------------------
+
+@dataclass
+class Tick:
+    """What one round of the watcher did."""
+
+    analysed: bool  # the statistics were redone
+    report_s: float  # how long that took (0 when not)
+    progress_s: float  # how long the progress queries took
+    done: int  # finished runs (done + failed + skipped) in the database
+
+
+def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | None = None,
+          on_tick: Callable[[Tick], None] | None = None, until_idle: bool = False, duty: float = WATCH_DUTY) -> None:
+    """Keep out_dir/index.html (and results.csv, summary.md) current while workers run, until
+    interrupted, `rounds` rounds, or (until_idle) a round finds nothing queued or running."""
+    from orchestrator.report import write_report
+
+    out_dir = Path(out_dir)
+    staging = out_dir / ".watch"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    page, seen, analysed_at, next_ok, n = None, None, None, 0.0, 0
+    while rounds is None or n < rounds:
+        n += 1
+        t0 = time.perf_counter()
+        pr = progress(store)
+        progress_s = time.perf_counter() - t0
+        report_s = 0.0
+        finished = sum(m.done + m.failed + m.skipped for p in pr.pools for m in p.machines)
+        if pr.fingerprint != seen and time.monotonic() >= next_ok:
+            t1 = time.perf_counter()
+            if staging.exists():
+                shutil.rmtree(staging)
+            write_report(store, staging, plots=False)
+            for name in ("results.csv", "summary.md"):
+                os.replace(staging / name, out_dir / name)
+            page = (staging / "index.html").read_text(encoding="utf-8")
+            report_s = time.perf_counter() - t1
+            seen, analysed_at = pr.fingerprint, (pr.now, finished)
+            next_ok = time.monotonic() + report_s / duty
+        if page is not None:
+            write_atomic(out_dir / "index.html",
+                         live_page(page, progress_html(pr, every_s=every_s, analysed=analysed_at), every_s))
+        if on_tick is not None:
+            on_tick(Tick(report_s > 0, report_s, progress_s, finished))
+        idle = not any(p.queued or p.running for p in pr.pools)
+        if until_idle and idle and pr.fingerprint == seen:
+            break
+        if rounds is None or n < rounds:
+            time.sleep(max(0.0, every_s - (time.perf_counter() - t0)))
+    if staging.exists():
+        shutil.rmtree(staging)

@@ -1,0 +1,178 @@
+"""The live view of a running sweep (orchestrator/live.py): progress per pool and machine from the
+real store (SQLite and PostgreSQL), `report --watch` rewriting the page atomically and redoing the
+statistics only when runs finished, `status` showing the same, and the page drawing every plot
+before it is printed."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.live import progress, watch
+from orchestrator.store import Store
+from tests.conftest import ROOT, bench, done_fields
+from tests.reportdb import CPUS, configs, enqueue, machine_facts, metrics
+
+BASE = {"d_model": 32, "n_layers": 1, "seq_len": 32, "steps": 2}
+AXES = {"d_model": [32, 64], "batch_size": [1, 2, 4]}
+JOBS = len(configs(BASE, AXES, repeats=3))
+
+
+def _finish(store: Store, machine_id: int, pool_id: int, status: str, *, host: str) -> int:
+    claim = store.claim(machine_id, pid=os.getpid(), host=host, max_cores=CPUS, pool_id=pool_id)
+    assert claim is not None
+    if status == "running":
+        return claim.run_id
+    c = claim.config
+    fields = done_fields(**metrics(10.0 * c["d_model"] / 32 * math.sqrt(c["batch_size"]), c)) if status == "done" else {}
+    reason = {"failed": "Traceback (most recent call last):\n  ...\nRuntimeError: boom in the child",
+              "skipped": "governor: no cpufreq in this VM"}.get(status)
+    store.finish(claim.run_id, pid=os.getpid(), status=status, reason=reason, fields=fields)
+    return claim.run_id
+
+
+def _fleet(store: Store) -> dict:
+    """A named pool of two machines (one run still running) and one machine's own pool."""
+    enqueue(store, configs(BASE, AXES, repeats=3))
+    a = store.register_machine(machine_facts("alpha"))
+    b = store.register_machine(machine_facts("beta"))
+    fleet = store.pool_id(a, "fleet")
+    for status in ("done", "done", "failed"):
+        _finish(store, a, fleet, status, host="alpha")
+    for status in ("done", "skipped"):
+        _finish(store, b, fleet, status, host="beta")
+    running = _finish(store, a, fleet, "running", host="alpha")
+    own = store.pool_id(a)
+    _finish(store, a, own, "done", host="alpha")
+    return {"a": a, "b": b, "fleet": fleet, "own": own, "running": running}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_store(request, tmp_path):
+    if request.param == "sqlite":
+        return Store(str(tmp_path / "results.db"))
+    return Store(request.getfixturevalue("pg_db"))
+
+
+def test_progress_counts_each_pool_and_machine_with_running_runs_and_the_last_failures(any_store):
+    ids = _fleet(any_store)
+    pr = progress(any_store)
+
+    fleet, own = (next(p for p in pr.pools if p.pool_id == ids[k]) for k in ("fleet", "own"))
+    assert (fleet.label, fleet.total, fleet.done, fleet.running, fleet.failed, fleet.skipped, fleet.queued) == \
+        ("fleet", JOBS, 3, 1, 1, 1, JOBS - 6)
+    alpha, beta = fleet.machines
+    assert (alpha.hostname, alpha.done, alpha.running, alpha.failed, alpha.skipped) == ("alpha", 2, 1, 1, 0)
+    assert (beta.hostname, beta.done, beta.running, beta.failed, beta.skipped) == ("beta", 1, 0, 0, 1)
+    assert alpha.running_since is not None and abs(pr.now - alpha.running_since) < 60 and beta.running_since is None
+    assert fleet.eta_s is not None and fleet.eta_s > 0  # learned from its done runs (orchestrator/eta.py)
+    assert (own.done, own.queued, own.running) == (1, JOBS - 1, 0) and own.label.startswith(f"machine {ids['a']} (alpha")
+    (run,) = pr.running
+    assert (run["run_id"], run["host"], run["pool"]) == (ids["running"], "alpha", "fleet") and "d_model=" in run["config"]
+    assert [(f["status"], f["reason"]) for f in pr.failures] == [
+        ("skipped", "governor: no cpufreq in this VM"), ("failed", "RuntimeError: boom in the child")]
+    assert json.loads(json.dumps(pr.as_dict()))["pools"][0]["machines"]
+
+
+def test_status_shows_every_pool_and_machine_and_says_so_in_json(tmp_path):
+    db = str(tmp_path / "results.db")
+    _fleet(Store(db))
+    doc = json.loads(bench("status", "--json", "--all-machines", "--db", db, check=True).stdout)
+    pools = {p["label"]: p for p in doc["fleet"]["pools"]}
+    assert pools["fleet"]["done"] == 3 and [m["hostname"] for m in pools["fleet"]["machines"]] == ["alpha", "beta"]
+    assert doc["fleet"]["failures"][0]["reason"] == "governor: no cpufreq in this VM"
+    shown = bench("status", "--all-machines", "--db", db, check=True).stdout
+    assert "by pool and machine" in shown and "since" in shown and "RuntimeError: boom in the child" in shown
+
+
+def test_watch_rewrites_the_page_atomically_and_redoes_the_statistics_only_when_runs_finished(tmp_path):
+    store = Store(str(tmp_path / "results.db"))
+    ids = _fleet(store)
+    out = tmp_path / "result"
+    ticks = []
+
+    def tick(t):
+        ticks.append(t)
+        if len(ticks) == 1:  # a run finishes between the first round and the second
+            _finish(store, ids["b"], ids["fleet"], "done", host="beta")
+
+    watch(store, out, every_s=0.01, rounds=3, on_tick=tick, duty=1e6)
+    assert [t.analysed for t in ticks] == [True, True, False]
+    assert [t.done for t in ticks] == [6, 7, 7]
+    page = (out / "index.html").read_text()
+    assert "<section id='live'>" in page and "location.reload" in page and "cpubench report" in page
+    assert "RuntimeError: boom in the child" in page and "since" in page
+    assert page.index("<section id='live'>") < page.index('id="effects"')
+    with (out / "results.csv").open(newline="") as f:
+        assert len(list(csv.reader(f))) == 1 + 7 + 1  # the header, the finished runs, the running one
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "results.csv", "summary.md"]  # no temp file left
+
+
+def test_report_watch_keeps_the_page_current_until_interrupted(tmp_path):
+    db = str(tmp_path / "results.db")
+    _fleet(Store(db))
+    out = tmp_path / "result"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench.py"), "report", "--watch", "--every", "1", "--out",
+                             str(out), "--db", db], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "index.html").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert (out / "index.html").exists(), proc.stderr.read() if proc.poll() is not None else "no page in 120 s"
+        first = (out / "index.html").stat().st_mtime_ns
+        while (out / "index.html").stat().st_mtime_ns == first and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (out / "index.html").stat().st_mtime_ns != first, "the page was not rewritten"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "runs finished: report redone" in err and "stopped watching" in err
+
+
+def test_the_page_draws_every_plot_before_it_is_printed(tmp_path):
+    from tests.test_html_report import CHROMEDRIVER, CHROMIUM, build
+
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.skip("no headless browser (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    from orchestrator.report import write_report
+
+    store = Store(str(tmp_path / "results.db"))
+    build(store)
+    page = write_report(store, tmp_path / "result", plots=False).html_path
+    assert "--print-to-pdf" in page.read_text()  # the page says how to get a PDF
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1300,900"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_script_timeout(120)
+    try:
+        def opened(uri: str) -> tuple[int, int]:
+            driver.get(uri)
+            driver.execute_async_script("const done = arguments[arguments.length - 1];"
+                                        "window.cpubench.ready.then(() => done(true));")
+            return driver.execute_script(
+                "const ps = [...document.querySelectorAll('.plot')];"
+                "return [ps.length, ps.filter(p => p.querySelector('.main-svg')).length];")
+
+        total, drawn = opened(page.resolve().as_uri())
+        assert 0 < drawn < total  # on screen, plots below the fold wait until they scroll into view
+        driver.execute_script("window.dispatchEvent(new Event('beforeprint'))")
+        assert driver.execute_script("return document.querySelectorAll('.plot .main-svg').length") >= total
+        assert opened(page.resolve().as_uri() + "#print") == [total, total]  # a headless PDF or screenshot
+    finally:
+        driver.quit()
