@@ -236,7 +236,7 @@ def varied_variables(runs: list[Run]) -> list[str]:
 def _configs(runs: list[Run]) -> list[Run]:
     """One run per distinct configuration: what the plan holds, however often each one was repeated
     (work --target-ci repeats only some, and must not move the baseline by doing so)."""
-    return list({r.config_key(): r for r in runs}.values())
+    return list({r._key: r for r in runs}.values())  # (_key: config_key()'s cache, read without the call)
 
 
 def modal_config(runs: list[Run], names) -> dict:

@@ -117,10 +117,12 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
     with store.transaction() as conn:
         result = conn.execute(text(SELECT_RESULTS.format(where=where)), {"machine_id": machine_id})
         columns = list(result.keys())
-        rows = [dict(zip(columns, r)) for r in result.all()]
+        raw = result.all()
+        rows = [dict(zip(columns, r)) for r in raw]
         machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
         targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
-    csv_path = _write_csv(out_dir / "results.csv", columns, rows)
+    csv_path = _write_csv(out_dir / "results.csv", columns, raw)  # the rows as fetched: no dict lookups
+    del raw
 
     machine_ids = sorted({r["machine_id"] for r in rows} | ({machine_id} if machine_id is not None else set()))
     facts = {m: next((r for r in rows if r["machine_id"] == m), {}) for m in machine_ids}
@@ -165,11 +167,12 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
 
 # -- files --------------------------------------------------------------------------------------
 
-def _write_csv(path: Path, columns: list[str], rows: list[dict]) -> Path:
+def _write_csv(path: Path, columns: list[str], rows: list) -> Path:
+    """Every row (dicts, or sequences in the order of `columns`) under a header."""
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
-        writer.writerows([r[c] for c in columns] for r in rows)
+        writer.writerows(rows if rows and not isinstance(rows[0], dict) else ([r[c] for c in columns] for r in rows))
     return path
 
 

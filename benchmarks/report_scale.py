@@ -1,0 +1,143 @@
+"""How `bench.py report` scales with the runs: 10k, 100k and 1M synthetic runs (tests/scaledb.py: 2
+machines, 1,000 configurations, 2% failed, 1% skipped) on SQLite and PostgreSQL. For each: the
+report's wall time and peak RSS (write_report in a child process of its own, PNG plots included, as
+`bench.py report` does), the page's size, and how long headless Chromium takes to open it (to
+`window.cpubench.ready`: runs inflated, table and first plot drawn; first load and the median of the
+warm ones). Prints one line per case and a JSON document at the end; never asserts.
+
+    venv/bin/python benchmarks/report_scale.py --sizes 10000,100000 --backends sqlite,postgresql
+    venv/bin/python benchmarks/report_scale.py --sizes 1000000 --backends sqlite --mem-cap-gb 6
+
+--keep DIR keeps the SQLite databases (reused when present). A report past --mem-cap-gb of RSS or
+--timeout seconds is stopped and said so (the machine is shared: a runaway report must not take it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from tests.scaledb import build  # noqa: E402
+
+CHILD = """
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from orchestrator.report import write_report
+from orchestrator.store import Store
+t0 = time.perf_counter()
+rep = write_report(Store({db!r}, read_only=True), Path({out!r}), plots={plots!r})
+print(json.dumps({{"report_s": time.perf_counter() - t0, "child_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "effects": len(rep.effects), "page": str(rep.html_path)}}))
+"""
+
+
+def run_report(db: str, out: Path, *, plots: bool, cap_gb: float, timeout_s: float) -> dict:
+    """write_report in a child; its RSS polled so that it is stopped past the cap."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", CHILD.format(root=str(ROOT), db=db, out=str(out), plots=plots)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak, why = 0, None
+    p = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            peak = max(peak, p.memory_info().rss)
+        except psutil.NoSuchProcess:
+            break
+        if peak > cap_gb * 2**30:
+            why = f"stopped: RSS past {cap_gb:g} GB after {time.perf_counter() - t0:.0f} s"
+        elif time.perf_counter() - t0 > timeout_s:
+            why = f"stopped: still running after {timeout_s:.0f} s (RSS {peak / 2**30:.1f} GB)"
+        if why:
+            proc.kill()
+            proc.wait()
+            return {"error": why, "wall_s": time.perf_counter() - t0, "peak_rss_mb": peak / 2**20}
+        time.sleep(0.2)
+    stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        return {"error": f"exit {proc.returncode}: {stderr.strip().splitlines()[-1] if stderr.strip() else ''}",
+                "wall_s": time.perf_counter() - t0, "peak_rss_mb": peak / 2**20}
+    got = json.loads(stdout.strip().splitlines()[-1])
+    return {**got, "wall_s": time.perf_counter() - t0, "peak_rss_mb": max(peak / 2**20, got["child_rss_mb"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument("--loads", type=int, default=4, help="page loads in Chromium (the first is cold)")
+    parser.add_argument("--no-plots", action="store_true", help="leave out the PNGs")
+    parser.add_argument("--mem-cap-gb", type=float, default=6.0)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--keep", type=Path, help="keep the SQLite databases here (reused when present)")
+    args = parser.parse_args()
+    results = []
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        keep = args.keep or tmp
+        keep.mkdir(parents=True, exist_ok=True)
+        pg_url = None
+        for backend in args.backends.split(","):
+            if backend == "postgresql" and pg_url is None:
+                from tests.pgserver import throwaway_postgres
+
+                pg_url = stack.enter_context(throwaway_postgres())
+            for runs in (int(x) for x in args.sizes.split(",")):
+                case = {"backend": backend, "runs": runs}
+                t0 = time.perf_counter()
+                if backend == "sqlite":
+                    db = str(keep / f"scale{runs}.db")
+                    if not Path(db).exists():
+                        build(db, runs, quiet=True)
+                else:
+                    import psycopg
+
+                    name = f"scale{runs}_{os.getpid()}"
+                    with psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as c:
+                        c.execute(f"DROP DATABASE IF EXISTS {name}")
+                        c.execute(f"CREATE DATABASE {name}")
+                    db = pg_url.rsplit("/", 1)[0] + f"/{name}"
+                    build(db, runs, quiet=True)
+                case["build_s"] = time.perf_counter() - t0
+                out = tmp / f"result-{backend}-{runs}"
+                case.update(run_report(db, out, plots=not args.no_plots, cap_gb=args.mem_cap_gb, timeout_s=args.timeout))
+                if "page" in case:
+                    from html_report_scale import load_times
+
+                    page = Path(case["page"])
+                    case["page_mb"] = page.stat().st_size / 1e6
+                    times = load_times(page, args.loads)
+                    case["load_first_s"] = times["all"]["wall_s"][0]
+                    warm = times["all"]["wall_s"][1:] or times["all"]["wall_s"]
+                    case["load_warm_s"] = sorted(warm)[len(warm) // 2]
+                    case["load_all_s"] = times["all"]["wall_s"]
+                    case["console_errors"] = len(times["errors"])
+                    case["table"] = times["count"]
+                results.append(case)
+                if "error" in case:
+                    print(f"{backend} {runs:>9,} runs: build {case['build_s']:.0f} s; report {case['error']}; "
+                          f"peak RSS {case['peak_rss_mb']:,.0f} MB", flush=True)
+                else:
+                    print(f"{backend} {runs:>9,} runs: build {case['build_s']:.0f} s; report {case['report_s']:.1f} s "
+                          f"(child wall {case['wall_s']:.1f} s), peak RSS {case['peak_rss_mb']:,.0f} MB; page "
+                          f"{case['page_mb']:.1f} MB; Chromium to ready: first {case['load_first_s']:.2f} s, warm median "
+                          f"{case['load_warm_s']:.2f} s ({', '.join(f'{x:.2f}' for x in case['load_all_s'])}); "
+                          f"{case['table']}, {case['console_errors']} console errors", flush=True)
+    print(json.dumps({"machine": os.uname().nodename, "cpus": os.cpu_count(), "results": results}, default=str))
+
+
+if __name__ == "__main__":
+    main()
