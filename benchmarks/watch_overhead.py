@@ -84,7 +84,10 @@ def main() -> None:
         sweep = ["enqueue", "--db", url, "--set", "n_layers=1", "--set", "seq_len=32", "--set", "vocab_size=512",
                  "--set", f"steps={args.steps}", "--set", "warmup_steps=2", "--set", "dataset=builtin",
                  "--set", "cores=1", "--axis", "d_model=32,64", "--axis", "batch_size=2,8", "--repeats", str(args.repeats)]
-        print(subprocess.run(bench(*sweep), capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+        said = subprocess.run(bench(*sweep), capture_output=True, text=True)
+        print("enqueue:", said.returncode, (said.stdout + said.stderr).strip()[-400:], flush=True)
+        with Store(url, read_only=True).transaction() as conn:
+            print("jobs in the database:", conn.execute(text("SELECT COUNT(*) FROM jobs")).scalar_one(), flush=True)
         workers = [subprocess.Popen(bench("work", "--pool", "fleet", "--cpus", str(cpu), "--db", url),
                                     stdout=subprocess.DEVNULL, stderr=open(tmp / f"worker{cpu}.log", "w"))
                    for cpu in (0, 1)]
