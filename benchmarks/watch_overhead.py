@@ -81,9 +81,9 @@ def main() -> None:
         tmp = Path(tmp)
         if args.prefill:
             build(url, args.prefill, quiet=True)
-        sweep = ["enqueue", "--db", url, "--set", "n_layers=1", "--set", "seq_len=32", "--set", "vocab_size=512",
+        sweep = ["enqueue", "--db", url, "--set", "n_layers=1", "--set", "seq_len=128", "--set", "vocab_size=512",
                  "--set", f"steps={args.steps}", "--set", "warmup_steps=2", "--set", "dataset=builtin",
-                 "--set", "cores=1", "--axis", "d_model=32,64", "--axis", "batch_size=2,8", "--repeats", str(args.repeats)]
+                 "--set", "cores=1", "--axis", "d_model=128,256", "--axis", "batch_size=4,8", "--repeats", str(args.repeats)]
         said = subprocess.run(bench(*sweep), capture_output=True, text=True)
         print("enqueue:", said.returncode, (said.stdout + said.stderr).strip()[-400:], flush=True)
         with Store(url, read_only=True).transaction() as conn:

@@ -97,6 +97,9 @@ class Progress:
                 "running": self.running, "failures": self.failures}
 
 
+_eta_cache: dict[tuple, tuple] = {}  # (database, pool) -> (its counts when estimated, seconds left)
+
+
 def progress(store: Store, *, eta: bool = True) -> Progress:
     """Where every pool and machine stands now, from aggregates (no run is read one by one but the
     RUNNING_SHOWN running and FAILURES_SHOWN latest failures)."""
@@ -129,7 +132,11 @@ def progress(store: Store, *, eta: bool = True) -> Progress:
         if eta and p.queued and p.done:
             from orchestrator.eta import estimate_remaining_s
 
-            left = estimate_remaining_s(store, p.machines[0].machine_id, pool_id=p.pool_id)
+            # The queued jobs' estimate reads the pool's queue: redone only when a run of it finished.
+            key, state = (store.url, p.pool_id), (p.done, p.failed, p.skipped, p.queued)
+            if _eta_cache.get(key, (None,))[0] != state:
+                _eta_cache[key] = (state, estimate_remaining_s(store, p.machines[0].machine_id, pool_id=p.pool_id))
+            left = _eta_cache[key][1]
             busy = sum(1 for m in p.machines if m.running) or 1
             p.eta_s = None if left is None else left / busy
     labels = {p.pool_id: p.label for p in pools.values()}
