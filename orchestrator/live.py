@@ -49,6 +49,10 @@ SELECT_NOW = {"sqlite": "SELECT (julianday('now') - 2440587.5) * 86400.0",
 RUNNING_SHOWN = 20
 FAILURES_SHOWN = 10
 WATCH_DUTY = 0.1  # the share of one CPU a watcher may spend on the statistics
+# `report --watch` runs at the lowest CPU priority: on a machine whose CPUs the workers fill, its
+# reports then wait for idle moments instead of taking time from the runs (measured at +17% step
+# time at normal priority, benchmarks/watch_overhead.py).
+WATCH_NICE = 19
 STATES = ("done", "running", "failed", "skipped")
 
 
