@@ -24,6 +24,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from worker import ccflags, isa_check
+from worker.trainers.torch import gemm_route
 
 DEFAULT = "default"
 
@@ -197,6 +198,7 @@ def unavailable(config: dict, facts: dict, cpu_pool: list[int]) -> list[str]:
     if framework == "numpy" and config.get("blas", "openblas") != "openblas":
         checks.append(blas_unavailable(config["blas"]))
     if framework == "torch":
+        checks.append(gemm_route.unavailable(config.get("blas", "mkl"), facts))
         checks.append(onednn_unavailable(bool(config["onednn"]), facts))
         checks.append(ccflags.unavailable(config.get("cc_flags", DEFAULT)))
         if config.get("compile") == "inductor" and config.get("compiler", "gcc") != "gcc":
@@ -234,6 +236,7 @@ def torch_spec(config: dict, facts: dict, cpus: list[int]) -> ChildSpec:
     if config["isa"] != DEFAULT:
         _, aten, onednn = ISA_CAPS[config["isa"]]
         spec.env.update(ATEN_CPU_CAPABILITY=aten, ONEDNN_MAX_CPU_ISA=onednn, **isa_check.extra_env(config["isa"]))
+    spec.env.update(gemm_route.start_env(config.get("blas", "mkl"), spec.env))  # mkl_intel_path: its preload
     return spec
 
 
