@@ -177,7 +177,11 @@ def blas_unavailable(name: str) -> str | None:
                                  for s in ("", ".2", ".3")):
         return f"blas=mkl: no libmkl_rt in {os.path.join(sys.prefix, 'lib')} (pip install the mkl of requirements.txt)"
     if name == "blis" and importlib.util.find_spec("blis") is None:
-        return "blas=blis: the blis package is not installed (pip install the blis of requirements.txt)"
+        from worker.trainers.numpy.blas import debian_blis
+
+        if debian_blis() is None:
+            return ("blas=blis: neither Debian's threaded BLIS (apt-get install libblis4-openmp) nor PyPI's blis "
+                    "(pip install the blis of requirements.txt) is installed")
     return None
 
 
