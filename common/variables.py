@@ -63,6 +63,10 @@ TORCH_GEMM_ROUTES = ("mkl", "mkl_intel_path", "onednn", "cpp_template")
 BLAS_CHOICES = ("openblas", "mkl", "blis", "eigen", "mkl_intel_path", "onednn", "cpp_template")
 DEFAULT = "default"
 ALL = "all"
+# Old names a sweep may still write, and the value they now enqueue as. q8 was simulated until
+# release 6 (fp32 GEMMs on fake-quantized operands); it is folded into int8, which computes in int8
+# (torch._int_mm). Old databases' q8 rows keep q8, and their gemm_format says they were simulated.
+PRECISION_ALIASES = {"q8": "int8"}
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,8 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("seq_len", int, 128, TRAINING, "tokens per sample", min=8, max=1 << 16),
     _v("batch_size", int, 8, TRAINING, "samples per micro-batch", min=1, max=65536),
     _v("grad_accum", int, 1, TRAINING, "micro-batches per optimizer step", min=1, max=1024),
-    _v("precision", str, "fp32", TRAINING, "number format of weights and activations",
+    _v("precision", str, "fp32", TRAINING, "number format of weights and activations (docs/precision.md); q8 is an "
+       "alias of int8 (it was simulated in fp32 before release 6: old rows keep q8)",
        choices=("fp32", "bf16", "mixed", "q8", "q4", "bitnet", "int8")),
     _v("optimizer", str, "adamw", TRAINING, "optimizer", choices=("adamw", "sgd")),
     _v("task", str, "pretrain", TRAINING, "pretrain from scratch; finetune all weights of a saved model; "
@@ -326,6 +331,7 @@ def resolve(partial: dict, cpu_count: int) -> tuple[dict, list[str]]:
     c = {v.name: partial.get(v.name, v.default) for v in CATALOGUE}
     if c["cores"] == ALL:
         c["cores"] = cpu_count
+    c["precision"] = PRECISION_ALIASES.get(c["precision"], c["precision"])
     why = []
     if c["head_dim"] == AUTO and c["d_model"] % c["n_heads"]:
         why.append("d_model not divisible by n_heads")

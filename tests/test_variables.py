@@ -87,7 +87,7 @@ def test_explicit_head_dim_lifts_the_divisibility_constraint():
     ({"framework": "numpy", "compile_cache": "warm"}, "compile_cache=warm needs framework=torch"),
     ({"framework": "numpy", "compile": "inductor"}, "compile=inductor needs framework=torch"),
     ({"framework": "torch", "compile": "xla"}, "compile=xla needs framework=jax"),
-    ({"framework": "jax", "precision": "q8"}, "precision=q8 needs framework=torch"),
+    ({"framework": "jax", "precision": "bitnet"}, "precision=bitnet needs framework=torch"),
     ({"framework": "numpy", "precision": "bf16"}, "precision=bf16 needs framework=torch or jax"),
     ({"framework": "numpy", "cc_flags": "O2"}, "cc_flags=O2 needs framework=torch"),
     ({"framework": "jax", "compile": "xla", "cc_flags": "native"}, "cc_flags=native needs framework=torch"),
@@ -158,3 +158,11 @@ def test_a_stored_config_is_completed_with_the_values_its_variables_take_unset()
         stored = json.loads(V.canonical_json(config))  # what jobs.config holds: blas, compiler left out
         assert "blas" not in stored and V.complete(stored) == config
         assert V.complete(stored)["blas"] == runs
+
+
+def test_q8_enqueues_as_int8_while_an_old_databases_q8_job_keeps_its_own_identity():
+    q8, why = V.resolve({"precision": "q8"}, 2)
+    int8, _ = V.resolve({"precision": "int8"}, 2)
+    assert not why and q8 == int8 and V.config_hash(q8) == V.config_hash(int8)  # one real int8 job
+    old = dict(int8, precision="q8")  # what an older release stored: a simulated q8 run
+    assert V.config_hash(old) != V.config_hash(int8) and V.complete(json.loads(V.canonical_json(old)))["precision"] == "q8"
