@@ -31,6 +31,7 @@ worker/verify.py compares with the job's.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -123,7 +124,7 @@ def apply(config: dict) -> dict:
     what was applied."""
     route = config["blas"]
     if route == "onednn":
-        OneDnnGemms().__enter__()  # this thread's mode stack: autograd runs CPU backwards on it
+        onednn_mode().__enter__()  # this thread's mode stack: autograd runs CPU backwards on it
         return {"gemm_route_applied": "TorchFunctionMode: F.linear, torch.mm, addmm_ (fp32) -> "
                                       "torch.ops.mkldnn._linear_pointwise, forward and backward"}
     if route == "mkl_intel_path":
@@ -166,6 +167,7 @@ def _fp32(*tensors) -> bool:
     return all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
 
 
+@functools.cache
 def _make_mode():
     import torch
     import torch.nn.functional as F
@@ -195,7 +197,8 @@ def _make_mode():
     return Mode
 
 
-def OneDnnGemms():  # noqa: N802 - a class made on first use (torch is imported late in the child)
+def onednn_mode():
+    """A new instance of the mode (its class is made once: torch is imported late in the child)."""
     return _make_mode()()
 
 
