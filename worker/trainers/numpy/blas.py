@@ -214,8 +214,6 @@ class BLIS(_Strided):
         lib.bli_info_get_version_str.restype = ctypes.c_char_p
         lib.bli_arch_string.restype = ctypes.c_char_p
         lib.bli_arch_query_id.restype = ctypes.c_int
-        lib.bli_gks_lookup_nat_cntx.restype = ctypes.c_void_p
-        lib.bli_gks_lookup_nat_cntx.argtypes = [ctypes.c_int]
         lib.bli_thread_get_num_threads.restype = ctypes.c_long
         i64, ptr = ctypes.c_long, ctypes.c_void_p
         lib.bli_sgemm_ex.argtypes = [ctypes.c_int, ctypes.c_int, i64, i64, i64, ptr, ptr, i64, i64, ptr, i64, i64,
@@ -229,7 +227,9 @@ class BLIS(_Strided):
             vendor, flags = _cpu_vendor_flags()
             wanted = BLIS_AVX2_SETS.get(vendor) if {"avx2", "fma"} <= flags else None
             ids = {lib.bli_arch_string(i).decode(): i for i in range(32) if lib.bli_arch_string(i)}
-            if wanted in ids:
+            if wanted in ids and hasattr(lib, "bli_gks_lookup_nat_cntx"):  # BLIS 0.7's; 0.9 has no such call
+                lib.bli_gks_lookup_nat_cntx.restype = ctypes.c_void_p
+                lib.bli_gks_lookup_nat_cntx.argtypes = [ctypes.c_int]
                 self.cntx = lib.bli_gks_lookup_nat_cntx(ids[wanted])
                 self.arch = wanted
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
