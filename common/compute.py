@@ -12,6 +12,7 @@ NOT_OFFERED = {
 }
 # Precisions whose arithmetic is still a simulation, and what really runs: every place that names the
 # mode (the report's tables, the plots) says so next to it; runs.gemm_format records each run's own words.
+# q8 enqueues as int8 since release 6 (variables.PRECISION_ALIASES): only older runs are q8.
 SIMULATED = {"q8": "simulated: fp32 GEMMs"}
 # The int4 weight-only CPU kernel (torch.ops.aten._weight_int4pack_mm_for_cpu, precision=q4) packs
 # each Linear's weight in groups of INT4_GROUP inputs and needs output widths divisible by

@@ -14,10 +14,14 @@ a constraint violation at enqueue (a counted reason), never a duplicate job nor 
   --xla_cpu_enable_fast_math...): those are not C++ compiler flags and are neither mapped nor read
   back here; numpy compiles nothing. Off its default with compile=eager: "needs compile=inductor".
   `compiler` (gcc | clang, inductor's C++ compiler) follows the same rules.
-- `blas` (the GEMM library) is a choice only in the NumPy trainer (openblas, mkl, blis); torch runs
-  MKL for its fp32 GEMMs and JAX XLA's Eigen kernels, so there it is recorded as what runs
-  (BLAS_OF, the value auto resolves to) and any other value is a violation ("blas=openblas needs
-  framework=numpy"), never a run under another library's name.
+- `blas` is the GEMM route of every framework: the NumPy trainer's library (openblas, mkl, blis);
+  torch's route for its fp32 GEMMs (mkl as shipped, mkl_intel_path, onednn, cpp_template:
+  worker/trainers/torch/gemm_route.py, each read back from what ran); JAX runs XLA's Eigen kernels,
+  recorded. A value of another framework is a violation ("blas=openblas needs framework=numpy"),
+  never a run under another library's name. auto resolves to BLAS_AUTO; a job stored without
+  `blas` (releases before 6 left it out while at its unset value) ran BLAS_OF (torch: mkl), and
+  that stays the value canonical_json leaves out, so old jobs keep their hashes and an explicit
+  blas=mkl finds them.
 - `attn_backend`, `onednn`, `fusion`, `compile_cache` mean something only for torch. On jax and numpy
   resolve() sets them to the one value that describes what really runs there (elsewhere()): manual
   attention (softmax(QK^T)V written out), no oneDNN, fusion only under XLA (compile=xla), and a cold
@@ -48,11 +52,21 @@ MODEL = "model"  # the architecture
 TRAINING = "training"  # the training loop and data
 
 AUTO = "auto"
-# The GEMM library each framework runs when `blas` is left on auto; only the NumPy trainer can switch.
+# The GEMM library each framework ran when `blas` was left unset before release 6 (the value a
+# stored job without `blas` ran, and the one canonical_json leaves out).
 BLAS_OF = {"torch": "mkl", "jax": "eigen", "numpy": "openblas"}
-BLAS_CHOICES = ("openblas", "mkl", "blis", "eigen")
+# What auto picks: the fastest route where it is safe. torch: MKL on its Intel code paths, the same
+# kernels as mkl on Intel CPUs and 17% faster fp32 GEMMs on an AVX-512 AMD EPYC, whose training
+# agrees with mkl to fp32 rounding (gemm_route.py, tests/test_gemm_route.py; oneDNN was not faster there).
+BLAS_AUTO = {**BLAS_OF, "torch": "mkl_intel_path"}
+TORCH_GEMM_ROUTES = ("mkl", "mkl_intel_path", "onednn", "cpp_template")
+BLAS_CHOICES = ("openblas", "mkl", "blis", "eigen", "mkl_intel_path", "onednn", "cpp_template")
 DEFAULT = "default"
 ALL = "all"
+# Old names a sweep may still write, and the value they now enqueue as. q8 was simulated until
+# release 6 (fp32 GEMMs on fake-quantized operands); it is folded into int8, which computes in int8
+# (torch._int_mm). Old databases' q8 rows keep q8, and their gemm_format says they were simulated.
+PRECISION_ALIASES = {"q8": "int8"}
 
 
 @dataclass(frozen=True)
@@ -161,9 +175,14 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("compiler", str, "gcc", FRAMEWORK, "C++ compiler of inductor's kernels (only with compile=inductor): gcc = "
        "inductor's own g++, clang = clang++; read back from the compile commands, combinable with cc_flags",
        choices=("gcc", "clang"), since=4),
-    _v("blas", str, AUTO, FRAMEWORK, "GEMM library: the NumPy trainer's choice of openblas (NumPy's own), mkl or "
-       "blis (PyPI's mkl and blis, called through their C interfaces); torch runs mkl and jax XLA's eigen, "
-       "recorded, never varied; auto = what the framework runs by default", choices=BLAS_CHOICES,
+    _v("blas", str, AUTO, FRAMEWORK, "GEMM route: numpy: openblas (NumPy's own), mkl (PyPI's) or blis (Debian's "
+       "threaded BLIS where installed, else PyPI's at one thread); torch (fp32 GEMMs, read back from one "
+       "step's MKL/oneDNN verbose output): mkl (as shipped: MKL's generic path on non-Intel CPUs), "
+       "mkl_intel_path (MKL's vendor check answered yes by a preloaded one-line library: kernels by the "
+       "CPU's ISA), onednn (every F.linear/mm through torch's oneDNN op, forward and backward; compile=eager), "
+       "cpp_template (inductor's C++ GEMM template: skipped, torch takes it for constant weights only); "
+       "jax: eigen (XLA's), recorded; auto = mkl_intel_path on torch, the framework's own elsewhere",
+       choices=BLAS_CHOICES,
        words=(AUTO,), since=4),
     _v("attn_backend", str, "sdpa", FRAMEWORK, "attention kernel", choices=("manual", "sdpa", "sdpa_math")),
     # -- model
@@ -183,7 +202,8 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("seq_len", int, 128, TRAINING, "tokens per sample", min=8, max=1 << 16),
     _v("batch_size", int, 8, TRAINING, "samples per micro-batch", min=1, max=65536),
     _v("grad_accum", int, 1, TRAINING, "micro-batches per optimizer step", min=1, max=1024),
-    _v("precision", str, "fp32", TRAINING, "number format of weights and activations",
+    _v("precision", str, "fp32", TRAINING, "number format of weights and activations (docs/precision.md); q8 is an "
+       "alias of int8 (it was simulated in fp32 before release 6: old rows keep q8)",
        choices=("fp32", "bf16", "mixed", "q8", "q4", "bitnet", "int8")),
     _v("optimizer", str, "adamw", TRAINING, "optimizer", choices=("adamw", "sgd")),
     _v("task", str, "pretrain", TRAINING, "pretrain from scratch; finetune all weights of a saved model; "
@@ -238,7 +258,7 @@ DERIVATIONS: tuple[Derivation, ...] = (
     Derivation("inter_threads", ("cores",), lambda c: c["cores"]),
     Derivation("head_dim", ("d_model", "n_heads"), lambda c: max(1, c["d_model"] // c["n_heads"])),
     Derivation("kv_heads", ("n_heads",), lambda c: c["n_heads"]),
-    Derivation("blas", ("framework",), lambda c: BLAS_OF[c["framework"]]),
+    Derivation("blas", ("framework",), lambda c: BLAS_AUTO[c["framework"]]),
     # The torch-only variables follow the framework: on jax/numpy, what really runs there (elsewhere());
     # on torch they are free, and "at the derived value" means at their default.
     *(Derivation(name, ("framework", "compile") if name == "fusion" else ("framework",),
@@ -253,7 +273,7 @@ COMPILE_OF = {"torch": "eager", "jax": "xla", "numpy": "eager"}
 
 # What each framework can run; a value outside its tuple is a violation at enqueue.
 FRAMEWORK_VALUES: dict[str, dict[str, tuple]] = {
-    "torch": {"compile": ("eager", "inductor"), "blas": ("mkl",)},
+    "torch": {"compile": ("eager", "inductor"), "blas": TORCH_GEMM_ROUTES},
     "jax": {"compile": ("eager", "xla"), "precision": ("fp32", "bf16", "mixed"), "task": ("pretrain", "finetune"),
             "cc_flags": (DEFAULT,), "compiler": ("gcc",), "blas": ("eigen",)},
     "numpy": {"compile": ("eager",), "precision": ("fp32",), "task": ("pretrain", "finetune"), "cc_flags": (DEFAULT,),
@@ -311,6 +331,7 @@ def resolve(partial: dict, cpu_count: int) -> tuple[dict, list[str]]:
     c = {v.name: partial.get(v.name, v.default) for v in CATALOGUE}
     if c["cores"] == ALL:
         c["cores"] = cpu_count
+    c["precision"] = PRECISION_ALIASES.get(c["precision"], c["precision"])
     why = []
     if c["head_dim"] == AUTO and c["d_model"] % c["n_heads"]:
         why.append("d_model not divisible by n_heads")
@@ -338,6 +359,10 @@ def violations(config: dict, cpu_count: int) -> list[str]:
         why.append(f"cc_flags={config['cc_flags']} needs compile=inductor")
     if config["framework"] == "torch" and config["compile"] == "eager" and config["compiler"] != "gcc":
         why.append(f"compiler={config['compiler']} needs compile=inductor")
+    if config["framework"] == "torch" and config["blas"] == "onednn" and config["compile"] != "eager":
+        why.append("blas=onednn needs compile=eager")
+    if config["framework"] == "torch" and config["blas"] == "onednn" and not config["onednn"]:
+        why.append("blas=onednn needs onednn=on")
     if config["precision"] == "q4" and (why_int4 := int4_unsupported(config)):
         why.append(why_int4)
     if config["task"] != "finetune_lora" and config["lora_rank"] != BY_NAME["lora_rank"].default:
@@ -369,7 +394,10 @@ def complete(stored: dict) -> dict:
 
 def unset_value(var: Variable, config: dict):
     """The value `var` takes in this config when a sweep leaves it unset: its default, or for a derived
-    one on auto (blas) the value its rule gives."""
+    one on auto the value its rule gives; blas: what it ran before release 6 (BLAS_OF), since auto
+    moved on (BLAS_AUTO) and the old jobs must keep their hashes."""
+    if var.name == "blas":
+        return BLAS_OF[config["framework"]]
     if var.default == AUTO and var.name in DERIVED_BY_NAME:
         return DERIVED_BY_NAME[var.name].rule(config)
     return var.default

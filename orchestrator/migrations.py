@@ -350,7 +350,7 @@ def _stage_job_completion(conn: Connection, dialect: str, fills: dict) -> str | 
     """Jobs planned before a catalogue variable existed get its default (what the old release ran
     with); config and config_hash (job identity) are recomputed. The values are staged in a
     temporary table that the fills of jobs' columns read."""
-    from common.variables import NAMES, column_value, config_hash, resolve
+    from common.variables import BY_NAME, NAMES, column_value, config_hash, resolve, unset_value
 
     missing = [n for n in NAMES if n not in _columns(conn, dialect, "jobs")]
     if not missing:
@@ -360,7 +360,11 @@ def _stage_job_completion(conn: Connection, dialect: str, fills: dict) -> str | 
     staged = []
     for job_id, config_json, job_block in rows:
         old = json.loads(config_json)
-        config, _ = resolve({k: v for k, v in old.items() if k in NAMES}, int(old.get("cores") or 1))
+        partial = {k: v for k, v in old.items() if k in NAMES}
+        config, _ = resolve(partial, int(old.get("cores") or 1))
+        # a variable the old release did not have takes the value it ran with (blas: BLAS_OF), not auto's today
+        later = {n: unset_value(BY_NAME[n], config) for n in NAMES if n not in partial and BY_NAME[n].since > 1}
+        config, _ = resolve(partial | later, int(old.get("cores") or 1))
         staged.append({"job_id": job_id, "config": json.dumps(config, sort_keys=True),
                        "config_hash": config_hash(config, job_block), **{f"v{i}": column_value(n, config[n]) for i, n in enumerate(missing)}})
     columns = ["config", "config_hash", *missing]

@@ -56,7 +56,7 @@ FACTOR = {
     ("attn_backend", "manual"): 1.3, ("attn_backend", "sdpa_math"): 1.1,
     ("activation", "relu"): 0.95, ("activation", "swiglu"): 1.15,
     ("attention", "local"): 0.8, ("attention", "sliding"): 0.9,
-    ("precision", "bf16"): 1.6, ("precision", "mixed"): 1.3, ("precision", "q8"): 1.25,
+    ("precision", "bf16"): 1.6, ("precision", "mixed"): 1.3, ("precision", "int8"): 1.25,
     ("precision", "q4"): 1.25, ("precision", "bitnet"): 1.4,
 }
 # Written out here, not taken from the code under test: what follows what when left on "auto".

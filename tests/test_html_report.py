@@ -24,7 +24,7 @@ from tests.reportdb import configs, enqueue, machine_facts, metrics, run_all
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 BASE = {"d_model": 64, "n_layers": 1, "seq_len": 32, "precision": "fp32"}
-OFAT = {"d_model": [32, 64, 128], "precision": ["fp32", "bf16", "q8"], "attn_backend": ["manual", "sdpa"],
+OFAT = {"d_model": [32, 64, 128], "precision": ["fp32", "bf16", "int8"], "attn_backend": ["manual", "sdpa"],
         "governor": ["default", "performance"]}
 GRID = {"n_layers": [1, 2], "seq_len": [32, 64]}  # varied together: an interaction plot
 
@@ -36,7 +36,7 @@ def law(c: dict) -> float:
 
 
 def build(store: Store, machines: int = 1) -> dict:
-    """Every machine runs the OFAT sweep and the 2x2 grid, 3 repeats: q8 fails, governor is skipped."""
+    """Every machine runs the OFAT sweep and the 2x2 grid, 3 repeats: int8 fails, governor is skipped."""
     jobs = {}  # the base is in both lists: one job
     for c in configs(BASE, OFAT, repeats=3) + configs(BASE, GRID, repeats=3, grid=True):
         jobs[tuple(sorted(c.items()))] = c
@@ -48,8 +48,8 @@ def build(store: Store, machines: int = 1) -> dict:
         ids.append(m)
 
         def outcome(c, speed=1.0 + 0.5 * k):
-            if c["precision"] == "q8":
-                return "failed", "RuntimeError: q8 kernel missing on this CPU", {}
+            if c["precision"] == "int8":
+                return "failed", "RuntimeError: int8 kernel missing on this CPU", {}
             if c["governor"] != "default":
                 return "skipped", "governor: no cpufreq in this VM", {}
             return "done", None, metrics(law(c) * speed * math.exp(rng.gauss(0, 0.03)), c)
@@ -134,8 +134,8 @@ def test_the_page_works_offline_in_chromium_with_every_section_variable_and_plot
     assert {"d_model", "precision", "attn_backend", "governor", "n_layers", "seq_len"} <= varied
     for name in varied:
         assert browser.find_elements("id", var_anchor(name)), f"no section for varied variable {name}"
-    # q8 only failed and governor=performance was only skipped: their sections say why.
-    assert "q8 kernel missing" in browser.find_element("id", var_anchor("precision")).text
+    # int8 only failed and governor=performance was only skipped: their sections say why.
+    assert "int8 kernel missing" in browser.find_element("id", var_anchor("precision")).text
     assert "no cpufreq" in browser.find_element("id", var_anchor("governor")).text
     # Every plot was drawn (plotly puts an SVG in its div), the interaction plot included.
     plots = browser.find_elements("css selector", ".plot")
@@ -163,7 +163,7 @@ def test_the_runs_filter_sorts_and_filters_by_status_and_variable(tmp_path, brow
     assert runs_count(browser) == (counts["failed"], total)
     statuses = {row.get_attribute("data-status") for row in browser.find_elements("css selector", "#runs-table tbody tr")}
     assert statuses == {"failed"}
-    assert "q8 kernel missing" in browser.find_element("id", "runs-table").text
+    assert "int8 kernel missing" in browser.find_element("id", "runs-table").text
 
     choose(browser, "f-status", "")
     choose(browser, "f-variable", "d_model")

@@ -115,7 +115,7 @@ def test_a_compiler_without_its_openmp_headers_is_unavailable_saying_why(tmp_pat
     monkeypatch.setenv("PATH", str(tmp_path))
     ccflags.compiler_unavailable.cache_clear()
     try:
-        why = knobs.unavailable(config(compile="inductor", compiler="clang"), FACTS, [0, 1])
+        why = knobs.unavailable(config(compile="inductor", compiler="clang", blas="mkl"), FACTS, [0, 1])
     finally:
         ccflags.compiler_unavailable.cache_clear()
     assert why == ("compiler=clang: clang++ finds no omp.h with -fopenmp, which every inductor kernel includes "

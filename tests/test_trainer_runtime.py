@@ -57,6 +57,7 @@ from worker.trainers.harness import Skip
 from worker.trainers.numpy import blas, runtime
 from worker.trainers.numpy.model import mm
 import numpy as np
+{pre}
 try:
     runtime.apply_in_child({{"intra_threads": {threads}, "blas": "{blas}"}})
 except Skip as why:
@@ -72,18 +73,32 @@ else:
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs to tell 1 thread from all")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_mkl_runs_the_products_with_the_jobs_threads_read_back_by_threadpoolctl(threads):
-    got = child_read_back(LIBRARY_READ_BACK.format(threads=threads, blas="mkl"))
+    got = child_read_back(LIBRARY_READ_BACK.format(threads=threads, blas="mkl", pre=""))
     assert (got["active"], got["blas"], got["blas_threads"], got["same"]) == ("mkl", "mkl", threads, True)
     assert got["blas_version"].startswith("Intel(R) oneAPI Math Kernel Library") and got["blas_lib"].endswith(
         tuple(f"libmkl_rt.so{s}" for s in ("", ".2", ".3")))
 
 
-def test_blis_runs_one_thread_and_refuses_two_saying_why():
-    got = child_read_back(LIBRARY_READ_BACK.format(threads=1, blas="blis"))
+NO_DEBIAN_BLIS = "blas.DEBIAN_BLIS = ()  # as on a machine without Debian's BLIS packages"
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs to tell 1 thread from all")
+@pytest.mark.skipif(__import__("worker.trainers.numpy.blas", fromlist=["x"]).debian_blis() is None,
+                    reason="Debian's threaded BLIS is not installed (apt-get install libblis4-openmp)")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_blis_runs_debians_threaded_build_with_the_jobs_threads(threads):
+    got = child_read_back(LIBRARY_READ_BACK.format(threads=threads, blas="blis", pre=""))
+    assert (got["active"], got["blas"], got["blas_threads"], got["same"]) == ("blis", "blis", threads, True)
+    assert "Debian libblis4-" in got["blas_version"] and got["blas_threading"] in ("OpenMP", "pthreads")
+    assert "/blis-" in got["blas_lib"] and got["blas_architecture"]
+
+
+def test_without_debians_blis_pypis_runs_one_thread_and_refuses_two_saying_why():
+    got = child_read_back(LIBRARY_READ_BACK.format(threads=1, blas="blis", pre=NO_DEBIAN_BLIS))
     assert (got["active"], got["blas"], got["blas_threads"], got["same"]) == ("blis", "blis", 1, True)
     assert got["blas_version"].startswith("BLIS 0.") and got["blas_architecture"]
-    refused = child_read_back(LIBRARY_READ_BACK.format(threads=2, blas="blis"))
-    assert refused["skip"].startswith("unavailable here: blas=blis: PyPI's BLIS")
+    refused = child_read_back(LIBRARY_READ_BACK.format(threads=2, blas="blis", pre=NO_DEBIAN_BLIS))
+    assert refused["skip"].startswith("unavailable here: blas=blis: this BLIS (PyPI blis")
     assert "built without threading; intra_threads=2 cannot run on it" in refused["skip"]
 
 

@@ -87,7 +87,7 @@ def test_explicit_head_dim_lifts_the_divisibility_constraint():
     ({"framework": "numpy", "compile_cache": "warm"}, "compile_cache=warm needs framework=torch"),
     ({"framework": "numpy", "compile": "inductor"}, "compile=inductor needs framework=torch"),
     ({"framework": "torch", "compile": "xla"}, "compile=xla needs framework=jax"),
-    ({"framework": "jax", "precision": "q8"}, "precision=q8 needs framework=torch"),
+    ({"framework": "jax", "precision": "bitnet"}, "precision=bitnet needs framework=torch"),
     ({"framework": "numpy", "precision": "bf16"}, "precision=bf16 needs framework=torch or jax"),
     ({"framework": "numpy", "cc_flags": "O2"}, "cc_flags=O2 needs framework=torch"),
     ({"framework": "jax", "compile": "xla", "cc_flags": "native"}, "cc_flags=native needs framework=torch"),
@@ -122,12 +122,13 @@ def test_the_quick_presets_framework_axis_gives_one_job_per_framework():
     assert not [reason for reason in plan.rejected if "framework=" in reason]
 
 
-@pytest.mark.parametrize("framework, runs", [("torch", "mkl"), ("jax", "eigen"), ("numpy", "openblas")])
+@pytest.mark.parametrize("framework, runs", [("torch", "mkl_intel_path"), ("jax", "eigen"), ("numpy", "openblas")])
 def test_blas_left_unset_is_the_library_the_framework_runs_and_keeps_old_hashes(framework, runs):
     config, why = V.resolve({"framework": framework}, 2)
     assert not why and config["blas"] == runs and config["compiler"] == "gcc"
     assert V.derived_words({"framework": framework})["blas"] == "auto"
-    assert '"blas"' not in V.canonical_json(config) and '"compiler"' not in V.canonical_json(config)
+    # torch's auto moved from mkl (what older jobs ran, and still hash as) to mkl_intel_path: a job of its own
+    assert ('"blas"' in V.canonical_json(config)) == (framework == "torch") and '"compiler"' not in V.canonical_json(config)
 
 
 def test_blas_is_a_choice_of_the_numpy_trainer_only_and_joins_its_identity():
@@ -135,8 +136,8 @@ def test_blas_is_a_choice_of_the_numpy_trainer_only_and_joins_its_identity():
     assert not why and '"blas":"blis"' in V.canonical_json(chosen)
     assert V.config_hash(chosen) != V.config_hash(V.resolve({"framework": "numpy"}, 2)[0])
     assert V.resolve({"framework": "numpy", "blas": "eigen"}, 2)[1] == ["blas=eigen needs framework=jax"]
-    assert V.resolve({"blas": "mkl"}, 2)[1] == []  # torch's own library, spelled out: the same job
-    assert V.config_hash(V.resolve({"blas": "mkl"}, 2)[0]) == V.config_hash(V.resolve({}, 2)[0])
+    assert V.resolve({"blas": "mkl"}, 2)[1] == []  # torch as shipped, spelled out: the jobs of older releases
+    assert '"blas"' not in V.canonical_json(V.resolve({"blas": "mkl"}, 2)[0])
 
 
 def test_compiler_needs_inductor_and_combines_with_cc_flags():
@@ -153,7 +154,15 @@ def test_q4_is_refused_where_the_int4_kernel_cannot_take_the_linear_widths():
 
 def test_a_stored_config_is_completed_with_the_values_its_variables_take_unset():
     for framework, runs in (("torch", "mkl"), ("numpy", "openblas")):
-        config, _ = V.resolve({"framework": framework}, 2)
+        config, _ = V.resolve({"framework": framework, "blas": runs}, 2)  # torch's auto ran mkl before release 6
         stored = json.loads(V.canonical_json(config))  # what jobs.config holds: blas, compiler left out
         assert "blas" not in stored and V.complete(stored) == config
         assert V.complete(stored)["blas"] == runs
+
+
+def test_q8_enqueues_as_int8_while_an_old_databases_q8_job_keeps_its_own_identity():
+    q8, why = V.resolve({"precision": "q8"}, 2)
+    int8, _ = V.resolve({"precision": "int8"}, 2)
+    assert not why and q8 == int8 and V.config_hash(q8) == V.config_hash(int8)  # one real int8 job
+    old = dict(int8, precision="q8")  # what an older release stored: a simulated q8 run
+    assert V.config_hash(old) != V.config_hash(int8) and V.complete(json.loads(V.canonical_json(old)))["precision"] == "q8"

@@ -24,6 +24,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from worker import ccflags, isa_check
+from worker.trainers.torch import gemm_route
 
 DEFAULT = "default"
 
@@ -176,7 +177,11 @@ def blas_unavailable(name: str) -> str | None:
                                  for s in ("", ".2", ".3")):
         return f"blas=mkl: no libmkl_rt in {os.path.join(sys.prefix, 'lib')} (pip install the mkl of requirements.txt)"
     if name == "blis" and importlib.util.find_spec("blis") is None:
-        return "blas=blis: the blis package is not installed (pip install the blis of requirements.txt)"
+        from worker.trainers.numpy.blas import debian_blis
+
+        if debian_blis() is None:
+            return ("blas=blis: neither Debian's threaded BLIS (apt-get install libblis4-openmp) nor PyPI's blis "
+                    "(pip install the blis of requirements.txt) is installed")
     return None
 
 
@@ -197,6 +202,7 @@ def unavailable(config: dict, facts: dict, cpu_pool: list[int]) -> list[str]:
     if framework == "numpy" and config.get("blas", "openblas") != "openblas":
         checks.append(blas_unavailable(config["blas"]))
     if framework == "torch":
+        checks.append(gemm_route.unavailable(config.get("blas", "mkl"), facts))
         checks.append(onednn_unavailable(bool(config["onednn"]), facts))
         checks.append(ccflags.unavailable(config.get("cc_flags", DEFAULT)))
         if config.get("compile") == "inductor" and config.get("compiler", "gcc") != "gcc":
@@ -234,6 +240,7 @@ def torch_spec(config: dict, facts: dict, cpus: list[int]) -> ChildSpec:
     if config["isa"] != DEFAULT:
         _, aten, onednn = ISA_CAPS[config["isa"]]
         spec.env.update(ATEN_CPU_CAPABILITY=aten, ONEDNN_MAX_CPU_ISA=onednn, **isa_check.extra_env(config["isa"]))
+    spec.env.update(gemm_route.start_env(config.get("blas", "mkl"), spec.env))  # mkl_intel_path: its preload
     return spec
 
 

@@ -5,12 +5,14 @@ and read back, its name and version recorded per run.
     openblas  np.matmul: NumPy's bundled OpenBLAS (scipy-openblas), its pool set through threadpoolctl
     mkl       cblas_sgemm of libmkl_rt from PyPI's `mkl` wheel (ctypes, row-major), threads by
               MKL_Set_Num_Threads, read back by threadpoolctl (which sees the loaded libmkl_rt)
-    blis      bli_sgemm_ex of the BLIS inside PyPI's `blis` wheel (cython-blis: BLIS 0.7.0, exported
-              from blis/cy*.so), with the context of an explicit kernel set (below)
+    blis      bli_sgemm_ex of Debian's threaded BLIS where installed (libblis4-openmp, else
+              libblis4-pthread: BLIS 0.9.0, its threads set by bli_thread_set_num_threads), else of
+              the BLIS inside PyPI's `blis` wheel (cython-blis: BLIS 0.7.0, exported from
+              blis/cy*.so), which is built without threading and so runs one thread only
 
 A library that is missing, or cannot run the job's thread count, raises Unavailable: the run is
-skipped with the reason, never run on another library. PyPI's BLIS is built without threading
-(bli_info_get_enable_threading() is 0), so blis runs one thread only.
+skipped with the reason, never run on another library. Which BLIS ran, its version and threading
+(OpenMP, pthreads or none) are recorded per run (info()).
 
 BLIS 0.7.0 picks its kernels by CPUID and knows no CPU newer than Zen 2 / Skylake-X: on a Zen 3 or
 later it falls back to its `generic` reference kernels (measured 17 GFLOP/s against 61 with the
@@ -175,27 +177,43 @@ class MKL(_Strided):
 
 # Kernel sets of BLIS 0.7.0 (its arch_t ids) that run on any x86 CPU with AVX2 and FMA.
 BLIS_AVX2_SETS = {"AuthenticAMD": "zen2", "GenuineIntel": "haswell"}
+# Debian's BLIS builds with threading, preferred in this order: OpenMP keeps a pool of threads, the
+# pthreads build starts its threads for every call.
+DEBIAN_BLIS = (("/usr/lib/{triple}/blis-openmp/libblis.so.4", "libblis4-openmp"),
+               ("/usr/lib/{triple}/blis-pthread/libblis.so.4", "libblis4-pthread"))
+
+
+def debian_blis() -> tuple[str, str] | None:
+    """(path, Debian package) of the first threaded BLIS installed, or None."""
+    import platform
+
+    triple = f"{platform.machine()}-linux-gnu"
+    return next(((path.format(triple=triple), package) for path, package in DEBIAN_BLIS
+                 if os.path.exists(path.format(triple=triple))), None)
 
 
 class BLIS(_Strided):
     name = "blis"
 
     def __init__(self):
-        try:
-            import blis
-            import blis.cy
-        except ImportError:
-            raise Unavailable("blas=blis: the blis package is not installed (pip install the blis of "
-                              "requirements.txt)") from None
-        self.package_version = getattr(blis, "__version__", None) or _dist_version("blis")
-        self.lib = ctypes.CDLL(blis.cy.__file__)  # cython-blis exports BLIS's own C API
+        found = debian_blis()
+        if found:
+            self.lib = ctypes.CDLL(found[0])
+            self.package_version = f"Debian {found[1]} {_deb_version(found[1]) or ''}".strip()
+        else:
+            try:
+                import blis
+                import blis.cy
+            except ImportError:
+                raise Unavailable("blas=blis: neither Debian's threaded BLIS (apt-get install libblis4-openmp) "
+                                  "nor PyPI's blis (pip install the blis of requirements.txt) is installed") from None
+            self.package_version = f"PyPI blis {getattr(blis, '__version__', None) or _dist_version('blis')}"
+            self.lib = ctypes.CDLL(blis.cy.__file__)  # cython-blis exports BLIS's own C API
         lib = self.lib
         lib.bli_init()
         lib.bli_info_get_version_str.restype = ctypes.c_char_p
         lib.bli_arch_string.restype = ctypes.c_char_p
         lib.bli_arch_query_id.restype = ctypes.c_int
-        lib.bli_gks_lookup_nat_cntx.restype = ctypes.c_void_p
-        lib.bli_gks_lookup_nat_cntx.argtypes = [ctypes.c_int]
         lib.bli_thread_get_num_threads.restype = ctypes.c_long
         i64, ptr = ctypes.c_long, ctypes.c_void_p
         lib.bli_sgemm_ex.argtypes = [ctypes.c_int, ctypes.c_int, i64, i64, i64, ptr, ptr, i64, i64, ptr, i64, i64,
@@ -209,26 +227,32 @@ class BLIS(_Strided):
             vendor, flags = _cpu_vendor_flags()
             wanted = BLIS_AVX2_SETS.get(vendor) if {"avx2", "fma"} <= flags else None
             ids = {lib.bli_arch_string(i).decode(): i for i in range(32) if lib.bli_arch_string(i)}
-            if wanted in ids:
+            if wanted in ids and hasattr(lib, "bli_gks_lookup_nat_cntx"):  # BLIS 0.7's; 0.9 has no such call
+                lib.bli_gks_lookup_nat_cntx.restype = ctypes.c_void_p
+                lib.bli_gks_lookup_nat_cntx.argtypes = [ctypes.c_int]
                 self.cntx = lib.bli_gks_lookup_nat_cntx(ids[wanted])
                 self.arch = wanted
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
     def set_threads(self, n: int) -> None:
         if n != 1 and not self.threading:
-            raise Unavailable(f"blas=blis: PyPI's BLIS (blis {self.package_version}, BLIS "
+            raise Unavailable(f"blas=blis: this BLIS ({self.package_version}, BLIS "
                               f"{self.lib.bli_info_get_version_str().decode()}) is built without threading; "
-                              f"intra_threads={n} cannot run on it")
+                              f"intra_threads={n} cannot run on it (apt-get install libblis4-openmp for a threaded one)")
         self.lib.bli_thread_set_num_threads(n)
 
     def info(self) -> dict:
         arch = self.arch if self.arch == self.cpuid_arch else f"{self.arch} (BLIS's CPUID choice: {self.cpuid_arch})"
         threads = int(self.lib.bli_thread_get_num_threads()) if self.threading else 1
         return {"blas": "blis", "blas_version": f"BLIS {self.lib.bli_info_get_version_str().decode()} "
-                                                f"(blis {self.package_version})",
-                "blas_threads": threads, "blas_architecture": arch,
-                "blas_threading": "pthreads" if self.threading else "none (built single-threaded)",
+                                                f"({self.package_version})",
+                "blas_threads": threads, "blas_architecture": arch, "blas_threading": self.threading_word(),
                 "blas_lib": self.lib._name}
+
+    def threading_word(self) -> str:
+        if not self.threading:
+            return "none (built single-threaded)"
+        return "OpenMP" if self.lib.bli_info_get_enable_openmp() else "pthreads"
 
     def gemm2(self, a, b, out):
         m, k = a.shape
@@ -246,6 +270,16 @@ def _dist_version(name: str) -> str | None:
         return version(name)
     except PackageNotFoundError:
         return None
+
+
+def _deb_version(package: str) -> str | None:
+    """The installed version of a Debian package, from dpkg's status file (no subprocess)."""
+    try:
+        with open("/var/lib/dpkg/status") as f:
+            block = next((b for b in f.read().split("\n\n") if f"Package: {package}\n" in b), "")
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in block.splitlines() if line.startswith("Version:")), None)
 
 
 def _cpu_vendor_flags() -> tuple[str | None, set[str]]:

@@ -278,12 +278,13 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     import torch
 
     from worker import data
+    from worker.trainers.torch import gemm_route
     from worker.trainers.torch.model import GPT, ModelConfig, add_lora, head_loss_path
     from worker.trainers.torch.quant import gemm_format
     from worker.trainers.torch.readback import apply_in_child, read_back
 
     apply_in_child(config)
-    applied: dict = {"precision": config["precision"], "compile": config["compile"]}
+    applied: dict = {"precision": config["precision"], "compile": config["compile"]} | gemm_route.apply(config)
     if cache_dir:
         applied["inductor_header_dir"] = headers_inside(cache_dir)
     excluded_s = 0.0  # untimed extra work inside the setup window, reported apart
@@ -380,7 +381,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     output_path = save_model(model, config, request, dataset_used)
     phases["save"], mark = time.perf_counter() - mark, time.perf_counter()
     applied |= read_back()
-    applied["blas"] = blas_in_use()
+    applied |= gemm_route.read_back(config["blas"], lambda: step([batches()]))  # after save: one more step
     if config["compile"] == "inductor":
         from worker.trainers.torch import ccflags
 
@@ -488,14 +489,6 @@ def save_model(model, config: dict, request: dict, dataset_used: str) -> str | N
     (out / "config.json.tmp").write_text(json.dumps(meta, indent=1))
     os.replace(out / "config.json.tmp", out / "config.json")
     return str(out)
-
-
-def blas_in_use() -> str | None:
-    """The BLAS torch's fp32 GEMMs call, from its build (BLAS_INFO: mkl in the x86 wheels)."""
-    import torch
-
-    blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
-    return blas.group(1) if blas else None
 
 
 def build_info() -> dict:

@@ -1,0 +1,85 @@
+"""The torch trainer's GEMM route (`blas`, worker/trainers/torch/gemm_route.py): each route trains the
+same model to the same losses, each is read back from what ran, one torch cannot take is skipped
+with why, and `auto`'s choice keeps old databases' jobs where they were."""
+
+import json
+
+import pytest
+
+from common import variables as V
+from tests.conftest import bench
+from worker.trainers.torch import gemm_route
+
+TINY = ["n_layers=1", "d_model=32", "n_heads=2", "seq_len=32", "batch_size=4", "steps=4", "warmup_steps=1",
+        "vocab_size=512", "dataset=builtin"]
+
+
+def once(*settings) -> dict:
+    return json.loads(bench("once", *TINY, *settings, "--json", check=True).stdout)
+
+
+def test_every_route_trains_to_the_same_losses_and_reads_back_the_route_that_ran():
+    results = {route: once(f"blas={route}") for route in ("mkl", "mkl_intel_path", "onednn")}
+    for route, result in results.items():
+        assert result["status"] == "done", (route, result["reason"])
+        assert result["applied"]["blas"] == route, result["applied"]["gemm_route"]
+    base = results["mkl"]
+    for route, result in results.items():  # other kernels, other rounding: fp32 tolerance, not bits
+        assert result["loss_first"] == pytest.approx(base["loss_first"], rel=1e-5), route
+        assert result["loss_last"] == pytest.approx(base["loss_last"], rel=1e-5), route
+    # oneDNN ran every linear product (MKL keeps only SDPA's own small ones); MKL ran them under mkl
+    onednn_calls = results["onednn"]["applied"]["gemm_route"]["calls_one_step"]
+    mkl_calls = base["applied"]["gemm_route"]["calls_one_step"]
+    onednn_gflop = sum(c["gflop"] or 0 for k, c in onednn_calls.items() if k.startswith("onednn") and k.endswith("f32"))
+    assert onednn_gflop == pytest.approx(mkl_calls["mkl SGEMM"]["gflop"], rel=0.05)
+    # mkl_intel_path: MKL left its generic branch, or this CPU is one MKL takes for Intel's anyway
+    path = results["mkl_intel_path"]["applied"]["gemm_route"]
+    assert path["mkl_vendor_check"] == "Intel" or path["mkl_branch"] != "COMPATIBLE", path
+    assert "libmkl_intel_path" in results["mkl_intel_path"]["applied"]["gemm_route_applied"]
+
+
+def test_a_route_torch_cannot_take_is_skipped_with_the_reason():
+    result = once("blas=cpp_template")
+    assert result["status"] == "skipped" and "constant weights" in result["reason"]
+
+
+def test_a_preload_that_did_not_take_reads_back_as_plain_mkl():
+    generic = {"mkl_branch": "COMPATIBLE", "mkl_vendor_check": "not Intel (MKL's generic path unless answered yes)"}
+    assert gemm_route.route_ran("mkl_intel_path", {}, generic) == "mkl"  # worker/verify.py then fails the run
+    assert gemm_route.route_ran("mkl_intel_path", {}, {**generic, "mkl_branch": "AVX512_E1"}) == "mkl_intel_path"
+    assert gemm_route.route_ran("onednn", {"mkl SGEMM": {"calls": 9, "gflop": 1.0}}, generic) == "mkl"
+
+
+def test_verbose_lines_are_counted_per_library_with_their_flops():
+    out = "\n".join([
+        "MKL_VERBOSE SGEMM(T,N,2048,2048,512,0x7ffc,0x7f71,512,0x7f71,512,0x7ffc,0x7f71,2048) 73.64ms CNR:OFF",
+        "onednn_verbose,v1,primitive,exec,cpu,inner_product,brg_matmul:avx512_core,forward_inference,src:f32::blocked:ab::f0 "
+        "wei:f32::blocked:ab::f0 bia:undef::undef::: dst:f32::blocked:ab::f0,attr-scratchpad:user,,mb2048ic512oc2048,55.574",
+        "onednn_verbose,v1,info,cpu,isa:Intel AVX-512 with Intel DL Boost and bfloat16 support"])
+    calls = gemm_route.count_calls(out)
+    assert calls == {"mkl SGEMM": {"calls": 1, "gflop": round(2 * 2048 * 2048 * 512 / 1e9, 3)},
+                     "onednn inner_product brg_matmul:avx512_core f32": {"calls": 1, "gflop": round(2 * 2048 * 512 * 2048 / 1e9, 3)}}
+
+
+def test_auto_picks_mkl_intel_path_while_old_jobs_keep_mkl_and_their_hashes():
+    config, why = V.resolve({}, 2)
+    assert not why and config["blas"] == "mkl_intel_path"
+    explicit_mkl, _ = V.resolve({"blas": "mkl"}, 2)
+    stored = json.loads(V.canonical_json(explicit_mkl))
+    assert "blas" not in stored  # what an older release stored for its torch jobs: they ran mkl
+    assert V.complete(stored)["blas"] == "mkl"
+    assert V.config_hash(V.complete(stored)) == V.config_hash(explicit_mkl)
+    assert V.config_hash(config) != V.config_hash(explicit_mkl)  # the new default is a job of its own
+    numpy_auto, _ = V.resolve({"framework": "numpy"}, 2)
+    assert numpy_auto["blas"] == "openblas" and "blas" not in json.loads(V.canonical_json(numpy_auto))
+
+
+@pytest.mark.parametrize("partial, reason", [
+    ({"blas": "onednn", "compile": "inductor"}, "blas=onednn needs compile=eager"),
+    ({"blas": "onednn", "onednn": False}, "blas=onednn needs onednn=on"),
+    ({"blas": "mkl_intel_path", "framework": "numpy"}, "blas=mkl_intel_path needs framework=torch"),
+    ({"blas": "blis"}, "blas=blis needs framework=numpy"),
+])
+def test_a_route_of_another_framework_or_mode_is_refused_at_enqueue(partial, reason):
+    _, why = V.resolve(partial, 2)
+    assert reason in why
