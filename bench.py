@@ -632,18 +632,21 @@ def restore() -> None:
 def docs(
     check: Annotated[bool, typer.Option("--check", help="change nothing; exit 1 if a page is out of date")] = False,
 ) -> None:
-    """Regenerate the reference pages made from the code (docs/variables.md from the catalogue)."""
+    """Regenerate the reference pages made from the code: docs/variables.md from the catalogue,
+    docs/v_results.md from schema.sql's comments, docs/commands.md from this command line."""
     from orchestrator.docs import stale_pages, write_pages
+
+    cli = typer.main.get_command(app)
 
     def body():
         if check:
-            stale = stale_pages()
+            stale = stale_pages(cli=cli)
             for path in stale:
                 err.print(f"out of date: {path} (run `python bench.py docs`)", highlight=False)
             if stale:
                 raise typer.Exit(1)
             return
-        for path in write_pages():
+        for path in write_pages(cli=cli):
             out.print(f"wrote {path}", highlight=False)
 
     guarded(body)
