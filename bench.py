@@ -100,11 +100,12 @@ def guarded(fn):
             _stores.pop().close()
 
 
-def open_store(db: str, *, read_only: bool = False):
-    """The results database; read_only for the commands that only read (nothing is created there)."""
+def open_store(db: str, *, read_only: bool = False, create: bool = True):
+    """The results database; read_only for the commands that only read (nothing is created there);
+    create=False for those that work on what it holds (an empty database is refused, not made one)."""
     from orchestrator.store import Store
 
-    store = Store(db, read_only=read_only)
+    store = Store(db, read_only=read_only, create=create)
     _stores.append(store)
     return store
 
@@ -197,7 +198,7 @@ def work_with_progress(db: str, options) -> dict:
     from orchestrator.eta import estimate_remaining_s
     from worker.loop import Worker
 
-    store = open_store(db)
+    store = open_store(db, create=False)  # an empty database has nothing to run: refused, not made one
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[tally]}"), TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"))
     with Progress(*columns, console=err, transient=False) as progress:
@@ -467,6 +468,8 @@ def once(
             key, value = parse_assignment(item, "setting")
             if key in variables.SET_BY_SWEEP:
                 raise BadInput(f"setting {key!r}: set by sweeps, not by hand")
+            if key in partial:
+                raise BadInput(f"setting {item!r}: {key} is already given: give each variable once")
             partial[key] = variables.parse_value(key, value, "the command line")
         options = _worker_options(None, None, False, timeout)
         config, why = variables.resolve(partial, once_cpu_count(options))
@@ -533,7 +536,7 @@ def retry(
         from orchestrator.cli_support import require_database
 
         require_database(db, "retry")
-        store = open_store(db)
+        store = open_store(db, create=False)
         both = not failed and not skipped
         if pool is not None:  # looked up before anything is written: a wrong name changes nothing
             machine_id, pool_id = None, store.pool_id(None, pool, create=False)

@@ -181,7 +181,7 @@ def upgrade(store) -> str | None:
     _refuse_newer(store, version)
     if version == LATEST:
         return None
-    if version is None and getattr(store, "read_only", False):  # a read command creates nothing
+    if version is None and not getattr(store, "create", True):  # a read command (or retry, work) creates nothing
         raise BadInput(f"{store.where} holds no cpubench database yet (no tables): nothing was enqueued there")
     with _migration_transaction(store) as conn:
         version = current_version(conn, store.dialect)  # again, under the lock: someone may have done it

@@ -324,10 +324,11 @@ class Store:
     would otherwise need to create there. Only an empty database's schema or an older release's
     migration is ever written by such a store, and only where the database can be written."""
 
-    def __init__(self, db: str, *, busy_timeout_s: float = 60.0, read_only: bool = False):
+    def __init__(self, db: str, *, busy_timeout_s: float = 60.0, read_only: bool = False, create: bool = True):
         self.url = database_url(db)
         self.display_url = safe_url(self.url)
         self.read_only = read_only
+        self.create = create and not read_only  # False: an empty database is refused, not given the schema
         self.busy_timeout_s = busy_timeout_s
         self.path: Path | None = None  # the SQLite file
         url = self.url
