@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ def main() -> None:
     os.environ.pop("BENCH_DB", None)
 
     import typer
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, given, seed, settings
 
     from bench import app
     from tests.cli_lines import Tally, command_line, make_template, run_line
@@ -46,6 +45,7 @@ def main() -> None:
 
     @settings(max_examples=args.lines, deadline=None, database=None, derandomize=False,
               suppress_health_check=list(HealthCheck), phases=("generate",))
+    @seed(args.seed)
     @given(line=command_line(cli))
     def check(line):
         started = time.perf_counter()
@@ -57,7 +57,6 @@ def main() -> None:
 
     slowest: list = []
 
-    random.seed(args.seed)
     start = time.perf_counter()
     check()
     took = time.perf_counter() - start
