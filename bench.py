@@ -566,10 +566,10 @@ def merge(
             check_source(other)
             if database_url(other) == database_url(db):
                 raise BadInput(f"merge {other}: that is the database being merged into (--db)")
-        rows = {other: read_source(other) for other in others}  # every source read before --db is opened
+        rows = {other: read_source(other) for other in dict.fromkeys(others)}  # all read before --db is opened
         store = open_store(db)
         for other in others:
-            r = merge_one(store, other, rows.pop(other))
+            r = merge_one(store, other, rows[other])  # a source named twice: the second adds nothing
             out.print(styled("merged ", (r.source, "bold"), f": machines {r.machines[0]} new, {r.machines[1]} known; "
                              f"sweeps {r.sweeps[0]} new, {r.sweeps[1]} known; jobs {r.jobs[0]} new, {r.jobs[1]} known; "
                              f"runs ", (f"{r.runs[0]} imported", "green"), f", {r.runs[1]} already here, {r.replaced} "

@@ -35,6 +35,7 @@ def template(tmp_path_factory):
 @example(line=["report", "--out", "afile"])  # --out names a file
 @example(line=["status", "--db", "foo://x"])
 @example(line=["merge", "missing.db", "--db", "new.db"])
+@example(line=["merge", "copy[1].db", "copy[1].db"])  # found by the benchmark: a KeyError
 @example(line=["merge", "copy[1].db", "--db", "new.db"])  # and the source keeps no -wal/-shm
 @example(line=["enqueue", "--dry-run", "--db", "new.db", "--set", "d_model=32"])
 @example(line=["retry", "--db", "typo.db"])
