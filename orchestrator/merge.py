@@ -112,12 +112,21 @@ def merge(target: Store, other: str, rows: dict | None = None) -> MergeResult:
     return result
 
 
+def _file_of(other: str) -> Path:
+    """The file an SQLite source names, as a path or an sqlite:/// URL."""
+    if other.startswith("sqlite"):
+        from sqlalchemy.engine import make_url
+
+        return Path(make_url(other).database or "").expanduser()
+    return Path(other).expanduser()
+
+
 def check_source(other: str) -> Path | None:
     """An SQLite source that is not a file is bad input; checked for every source before the
     database merged into is opened (or created)."""
-    if "://" in other:
+    if "://" in other and not other.startswith("sqlite"):
         return None
-    path = Path(other).expanduser()
+    path = _file_of(other)
     if not path.is_file():
         raise BadInput(f"merge: {path} is " + ("a directory" if path.is_dir() else "not a file") +
                        ": give the results database file to merge")
@@ -132,10 +141,10 @@ class _opened:
         self.tmp: Path | None = None
 
     def __enter__(self) -> Store:
-        if "://" in self.other:
+        if "://" in self.other and not self.other.startswith("sqlite"):
             self.store = Store(self.other)
             return self.store
-        path = check_source(self.other)
+        path = check_source(self.other)  # an sqlite:/// URL too: read as its file, never created
         self.tmp = Path(tempfile.mkdtemp(prefix="cpubench-merge-"))
         copy = self.tmp / path.name
         try:

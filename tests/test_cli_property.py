@@ -36,6 +36,7 @@ def template(tmp_path_factory):
 @example(line=["status", "--db", "foo://x"])
 @example(line=["merge", "missing.db", "--db", "new.db"])
 @example(line=["merge", "copy[1].db", "copy[1].db"])  # found by the benchmark: a KeyError
+@example(line=["merge", "sqlite:///new-url.db", "foo://x"])  # found by the benchmark: the URL source was created
 @example(line=["merge", "copy[1].db", "--db", "new.db"])  # and the source keeps no -wal/-shm
 @example(line=["enqueue", "--dry-run", "--db", "new.db", "--set", "d_model=32"])
 @example(line=["retry", "--db", "typo.db"])
