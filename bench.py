@@ -3,6 +3,8 @@
 
 The command line. Each command is options, a docstring (its --help) and one call into the library;
 this is the only module that prints with rich, exits, or turns a BenchError into an exit code.
+Nothing printed is rich markup: the consoles take text literally (a path or a sweep name with
+brackets is printed as typed), and colour is given as styles (`styled`). Every error is one line.
 """
 
 from __future__ import annotations
@@ -18,14 +20,50 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
+from typer._click import exceptions as click_errors  # typer 0.29 carries its own click
+from typer.core import TyperGroup
 
 from common.errors import BenchError
-from orchestrator.sweep import DEFAULT_MAX_JOBS
+from orchestrator.sweep import DEFAULT_MAX_JOBS, PRESETS_DIR
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help=__doc__.split("\n")[0])
-out = Console()
-err = Console(stderr=True, soft_wrap=True)
+
+def styled(*parts) -> Text:
+    """One line of plain strings and (text, style) pairs: the strings are never read as markup."""
+    return Text.assemble(*parts)
+
+
+class OneLineErrors(TyperGroup):
+    """A usage error (an unknown option, `--repeats abc`) is one line on stderr and exit 2, like
+    every other bad input, instead of click's usage block in a box."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click_errors.NoArgsIsHelpError as error:
+            error.show()
+            sys.exit(error.exit_code)
+        except click_errors.UsageError as error:
+            where = f"{error.ctx.command_path}: " if error.ctx is not None else ""
+            hint = f" (see {error.ctx.command_path} --help)" if error.ctx is not None else ""
+            err.print(styled(("error: ", "bold red"), f"{where}{error.format_message()}{hint}"), highlight=False)
+            sys.exit(error.exit_code)
+        except click_errors.ClickException as error:
+            err.print(styled(("error: ", "bold red"), error.format_message()), highlight=False)
+            sys.exit(error.exit_code)
+        except typer.Abort:
+            err.print("aborted")
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=OneLineErrors,
+                  rich_markup_mode=None, help=__doc__.split("\n")[0])
+out = Console(markup=False, highlight=False, soft_wrap=True)  # a result line is one line in a log
+err = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
+_stores: list = []  # opened by this command: closed when it ends (no -wal/-shm left behind)
 
 DbOption = Annotated[str, typer.Option("--db", envvar="BENCH_DB", help="results database: a file path or an SQLAlchemy URL")]
 PoolOption = Annotated[Optional[str], typer.Option("--pool", help="a named pool shared by identical nodes "
@@ -39,26 +77,42 @@ MemLimitOption = Annotated[Optional[float], typer.Option(
 def fail(error: BenchError) -> None:
     from orchestrator.secrets import scrub
 
-    err.print(f"[bold red]error:[/] {scrub(str(error))}", highlight=False)
+    message = " ".join(scrub(str(error)).split("\n"))  # one line, whatever the message held
+    err.print(styled(("error: ", "bold red"), message), highlight=False)
     raise typer.Exit(error.exit_code)
 
 
 def guarded(fn):
-    """Run a command body: BenchError -> red message + its exit code; Ctrl-C -> exit 130."""
+    """Run a command body: BenchError -> one red line + its exit code; a failure of the system (a
+    disk, a permission) -> one line, exit 1; Ctrl-C -> exit 130. The stores it opened are closed."""
     try:
         return fn()
     except BenchError as error:
         fail(error)
+    except OSError as error:
+        where = f" {error.filename}" if error.filename else ""
+        fail(BenchError(f"{error.strerror or error}{':' if where else ''}{where}"))
     except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/]: settings restored, the unfinished run is back in the queue")
+        err.print(styled(("interrupted", "yellow"), ": settings restored, the unfinished run is back in the queue"))
         raise typer.Exit(130) from None
+    finally:
+        while _stores:
+            _stores.pop().close()
 
 
-def open_store(db: str, *, read_only: bool = False):
-    """The results database; read_only for the commands that only read (nothing is created there)."""
+def open_store(db: str, *, read_only: bool = False, create: bool = True):
+    """The results database; read_only for the commands that only read (nothing is created there);
+    create=False for those that work on what it holds (an empty database is refused, not made one)."""
     from orchestrator.store import Store
 
-    return Store(db, read_only=read_only)
+    store = Store(db, read_only=read_only, create=create)
+    _stores.append(store)
+    return store
+
+
+def note(text: str, console=None) -> None:
+    """A warning: stderr, whatever the command prints on stdout."""
+    (console or err).print(styled(("note", "yellow"), ": ", text), highlight=False)
 
 
 def this_machine():
@@ -83,28 +137,35 @@ def _freq_limits():
 
 
 def print_plan_result(plan, result, *, dry_run: bool, memory_gib: tuple[float, float] | None = None) -> None:
+    """The result of an enqueue, on stdout (`> log` keeps it); its notes are warnings, on stderr."""
     verb = "would add" if dry_run else "added"
-    err.print(f"sweep [bold]{plan.name}[/] ({plan.mode}, {plan.source}): {verb} [green]{result.new}[/] new jobs, "
-              f"{result.present} already present, {sum(plan.rejected.values())} rejected", highlight=False)
+    out.print(styled("sweep ", (plan.name, "bold"), f" ({plan.mode}, {plan.source}): {verb} ", (str(result.new), "green"),
+                     f" new jobs, {result.present} already present, {sum(plan.rejected.values())} rejected"))
     if memory_gib:
-        err.print(f"  largest job's memory estimate {memory_gib[0]:.1f} GiB of {memory_gib[1]:.1f} GiB", highlight=False)
+        out.print(f"  largest job's memory estimate {memory_gib[0]:.1f} GiB of {memory_gib[1]:.1f} GiB")
     for reason, n in plan.rejected.most_common():
-        err.print(f"  rejected {n}: {reason}", highlight=False)
-    for note in plan.notes:
-        err.print(f"  [yellow]note[/]: {note}", highlight=False)
+        out.print(f"  rejected {n}: {reason}")
+    for text in plan.notes:
+        note(text)
 
 
 @app.command()
 def enqueue(
     sweep_file: Annotated[Optional[Path], typer.Argument(help="a sweep TOML file")] = None,
-    preset: Annotated[Optional[str], typer.Option(help="a preset from orchestrator/presets/")] = None,
-    set_: Annotated[list[str], typer.Option("--set", help="K=V: a base value (repeatable)")] = [],
-    axis: Annotated[list[str], typer.Option(help="K=V1,V2: a varied variable (repeatable)")] = [],
+    preset: Annotated[Optional[str], typer.Option(help="a preset from orchestrator/presets/: " + ", ".join(
+        sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))))] = None,
+    set_: Annotated[list[str], typer.Option("--set", metavar="K=V", help="a base value (repeatable, once per "
+                                                                          "variable)")] = [],
+    axis: Annotated[list[str], typer.Option(metavar="K=V1,V2", help="a varied variable (repeatable, once per "
+                                                                     "variable); K=auto for a machine-derived "
+                                                                     "range")] = [],
     repeats: Annotated[Optional[int], typer.Option(help="repeats of every combination")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="count, write nothing")] = False,
     max_jobs: Annotated[int, typer.Option("--max-jobs", envvar="BENCH_MAX_JOBS", min=1,
                                           help="refuse a sweep that plans more jobs than this")] = DEFAULT_MAX_JOBS,
     mem_limit_gb: MemLimitOption = None,
+    name: Annotated[Optional[str], typer.Option(help="the sweep's name in status and the report; default: the "
+                                                     "file's [sweep] name or stem, or the axes given here")] = None,
     db: DbOption = "results.db",
 ) -> None:
     """Expand a sweep into jobs. Idempotent: re-enqueueing adds only new combinations. A sweep is
@@ -113,13 +174,20 @@ def enqueue(
     from worker import memory
     from orchestrator.sweep import load
 
+    from orchestrator import cli_support
+
     def body():
         plan = load(sweep_file, preset=preset, sets=set_, axes=axis, repeats=repeats, machine=this_machine(),
-                    max_jobs=max_jobs)
+                    max_jobs=max_jobs, name=name)
         limit = memory.machine_limit(mem_limit_gb)
         worst = memory.check_plan(plan, *limit)
-        result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text,
-                                        jobs=plan.iter_jobs(), notes=plan.notes, dry_run=dry_run)
+        cli_support.first_job(plan)
+        if dry_run and cli_support.missing(db):
+            result = cli_support.dry_run_without_database(plan)
+        else:
+            result = open_store(db, read_only=dry_run).enqueue(
+                name=plan.name, source=plan.source, sweep_text=plan.text, jobs=plan.iter_jobs(), notes=plan.notes,
+                dry_run=dry_run)
         print_plan_result(plan, result, dry_run=dry_run, memory_gib=(worst / memory.GIB, limit[0] / memory.GIB))
 
     guarded(body)
@@ -130,7 +198,7 @@ def work_with_progress(db: str, options) -> dict:
     from orchestrator.eta import estimate_remaining_s
     from worker.loop import Worker
 
-    store = open_store(db)
+    store = open_store(db, create=False)  # an empty database has nothing to run: refused, not made one
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[tally]}"), TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"))
     with Progress(*columns, console=err, transient=False) as progress:
@@ -152,10 +220,10 @@ def work_with_progress(db: str, options) -> dict:
             elif event.kind == "finished" and event.outcome.status != "done":
                 colour = "red" if event.outcome.status == "failed" else "yellow"
                 first = (event.outcome.reason or "").splitlines()[0] if event.outcome.reason else ""
-                progress.console.print(f"[{colour}]{event.outcome.status}[/] run {event.claim.run_id}: {first}",
+                progress.console.print(styled((event.outcome.status, colour), f" run {event.claim.run_id}: {first}"),
                                        highlight=False)
             elif event.kind in ("restored", "requeued", "note"):
-                progress.console.print(f"[yellow]{event.kind}[/]: {event.text}", highlight=False)
+                progress.console.print(styled((event.kind, "yellow"), f": {event.text}"), highlight=False)
 
         worker = Worker(store, options, on_event=show)
         return worker.run()
@@ -229,12 +297,15 @@ def work(
     """Claim and run queued jobs, one at a time, until none is left: this machine's own (every job,
     to compare machines), or with --pool those of a pool of identical nodes (each job once)."""
     def body():
-        counts = work_with_progress(db, _worker_options(cpus, max_jobs, wait, timeout, pool, target_ci, max_repeats,
-                                                        db_retry))
-        err.print(f"queued {counts['queued']}, done {counts['done']}, failed {counts['failed']}, "
+        from orchestrator.cli_support import require_database
+
+        options = _worker_options(cpus, max_jobs, wait, timeout, pool, target_ci, max_repeats, db_retry)
+        require_database(db, "work")
+        counts = work_with_progress(db, options)
+        out.print(f"queued {counts['queued']}, done {counts['done']}, failed {counts['failed']}, "
                   f"skipped {counts['skipped']}")
         if counts["queued"] and max_jobs is None:
-            err.print("[yellow]note[/]: the jobs still queued need more CPUs than this worker may use (--cpus)")
+            note("the jobs still queued need more CPUs than this worker may use (--cpus)")
 
     guarded(body)
 
@@ -252,8 +323,11 @@ def status(
 ) -> None:
     """Queued / running / done / failed / skipped per sweep, for this machine (or a --pool, or all)."""
     def body():
+        from common.errors import BadInput
         from orchestrator.store import NO_POOL
 
+        if pool is not None and all_machines:
+            raise BadInput("--pool and --all-machines: give one (a pool's counts, or every machine's and pool's)")
         store = open_store(db, read_only=True)
         machine_id = pool_id = None
         if pool is not None:
@@ -266,9 +340,10 @@ def status(
         if pool_id is None:
             active = store.active_pools()
             per_pool = {p.label: store.counts(pool_id=p.pool_id) for p in store.pools() if p.pool_id in active}
+        by_sweep = store.counts_by_sweep(pool_id=pool_id)
         if as_json:
             doc = {**counts, **({"pool": pool} if pool else {}),
-                   **({"pools": per_pool} if pool_id is None else {}),
+                   **({"pools": per_pool} if pool_id is None else {}), "sweeps": by_sweep,
                    **({"fleet": fleet_progress(store).as_dict()} if pool_id is None else {})}
             print(json.dumps(doc))
             return
@@ -276,9 +351,10 @@ def status(
         table = Table(title=f"cpubench status ({scope})")
         for column in ("sweep", "total", "queued", "running", "done", "failed", "skipped"):
             table.add_column(column, justify="left" if column == "sweep" else "right")
-        for name, c in sorted(store.counts_by_sweep(pool_id=pool_id).items()):
+        for name, c in sorted(by_sweep.items()):
             table.add_row(name, *(str(c[k]) for k in ("total", "queued", "running", "done", "failed", "skipped")))
-        table.add_row("[bold]all jobs", *(f"[bold]{counts[k]}" for k in ("total", "queued", "running", "done", "failed", "skipped")))
+        table.add_row("all jobs", *(str(counts[k]) for k in ("total", "queued", "running", "done", "failed", "skipped")),
+                      style="bold")
         out.print(table)
         if per_pool:
             pools = Table(title="by machine and pool")
@@ -313,7 +389,7 @@ def print_fleet(pr) -> None:
         table.add_column(column, justify="left" if column in ("pool", "machine", "running", "ETA") else "right")
     for p in pr.pools:
         eta = f"{ago(p.eta_s)} (at {clock(pr.now + p.eta_s)} UTC)" if p.eta_s is not None else "-"
-        table.add_row(f"[bold]{p.label}", "", str(p.done), str(p.running), str(p.failed), str(p.skipped),
+        table.add_row(Text(p.label, style="bold"), "", str(p.done), str(p.running), str(p.failed), str(p.skipped),
                       str(p.queued), eta)
         for m in p.machines:
             since = f"{m.running} since {clock(m.running_since)} UTC" if m.running and m.running_since else str(m.running)
@@ -326,10 +402,17 @@ def print_fleet(pr) -> None:
 
 
 def report_and_print(db: str, out_dir: Path) -> None:
+    from orchestrator.cli_support import check_out_dir
     from orchestrator.report import write_report
 
+    check_out_dir(out_dir)
     store = open_store(db, read_only=True)
     rep = write_report(store, out_dir)
+    if not rep.counts.get("done"):
+        note(f"no finished run in {store.where} yet: the report has no effects to show (`bench.py work` runs the "
+             f"queue)")
+        out.print(f"wrote an empty report: {rep.html_path}")
+        return
     table = Table(title="largest effects on median step time, relative to their uncertainty (clearest first)")
     several = rep.machines > 1
     for column in (("machine",) if several else ()) + ("variable", "effect", "estimate", "95% CI (family-wise)",
@@ -340,7 +423,7 @@ def report_and_print(db: str, out_dir: Path) -> None:
     out.print(table)
     out.print(f"wrote {rep.csv_path}, {rep.summary_path} and {len(rep.plot_paths)} plots in {out_dir / 'plots'}")
     if rep.effects_not_written:
-        err.print(f"[yellow]note[/]: the effects table was not updated: {rep.effects_not_written}", highlight=False)
+        note(f"the effects table was not updated: {rep.effects_not_written}")
     out.print(f"the report: open {rep.html_path} in a browser (works offline)", soft_wrap=True)
 
 
@@ -388,7 +471,8 @@ def _env_max_jobs() -> int:
 
 @app.command()
 def run(
-    preset: Annotated[str, typer.Option(help="the sweep preset to run")] = "quick",
+    preset: Annotated[str, typer.Option(help="the sweep preset to run: " + ", ".join(
+        sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))))] = "quick",
     out_dir: Annotated[Path, typer.Option("--out", help="where the report goes")] = Path("result"),
     timeout: Annotated[float, typer.Option(help="seconds one job may take")] = 900.0,
     mem_limit_gb: MemLimitOption = None,
@@ -399,13 +483,18 @@ def run(
     from orchestrator.sweep import load
 
     def body():
+        from orchestrator.cli_support import check_out_dir, first_job
+
+        check_out_dir(out_dir)
         plan = load(None, preset=preset, machine=this_machine(), max_jobs=_env_max_jobs())
         limit = memory.machine_limit(mem_limit_gb)
         worst = memory.check_plan(plan, *limit)
+        first_job(plan)
+        options = _worker_options(None, None, False, timeout)
         result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text,
                                         jobs=plan.iter_jobs(), notes=plan.notes)
         print_plan_result(plan, result, dry_run=False, memory_gib=(worst / memory.GIB, limit[0] / memory.GIB))
-        work_with_progress(db, _worker_options(None, None, False, timeout))
+        work_with_progress(db, options)
         report_and_print(db, out_dir)
 
     guarded(body)
@@ -431,6 +520,8 @@ def once(
             key, value = parse_assignment(item, "setting")
             if key in variables.SET_BY_SWEEP:
                 raise BadInput(f"setting {key!r}: set by sweeps, not by hand")
+            if key in partial:
+                raise BadInput(f"setting {item!r}: {key} is already given: give each variable once")
             partial[key] = variables.parse_value(key, value, "the command line")
         options = _worker_options(None, None, False, timeout)
         config, why = variables.resolve(partial, once_cpu_count(options))
@@ -477,7 +568,8 @@ def machine(
         knobs.add_column("knob")
         knobs.add_column("here")
         for name, why in (facts.get("knobs") or {}).items():
-            knobs.add_row(name, "[green]available[/]" if why is None else f"[yellow]unavailable[/]: {why}")
+            knobs.add_row(name, styled(("available", "green")) if why is None else styled(("unavailable", "yellow"),
+                                                                                           f": {why}"))
         out.print(knobs)
 
     guarded(body)
@@ -493,12 +585,18 @@ def retry(
     """Put this machine's (or a --pool's) failed and/or skipped runs back in the queue (both when
     neither is given)."""
     def body():
-        store = open_store(db)
+        from orchestrator.cli_support import require_database
+
+        require_database(db, "retry")
+        store = open_store(db, create=False)
         both = not failed and not skipped
-        machine_id = _machine_id(store)
-        pool_id = store.pool_id(machine_id, pool, create=False) if pool is not None else None
-        n = store.retry(machine_id, failed=failed or both, skipped=skipped or both, pool_id=pool_id)
-        err.print(f"requeued {n} run(s)" + (f" of pool {pool}" if pool else ""))
+        if pool is not None:  # looked up before anything is written: a wrong name changes nothing
+            machine_id, pool_id = None, store.pool_id(None, pool, create=False)
+        else:  # a machine that never worked here has nothing to retry: it is not registered for it
+            machine_id, pool_id = store.find_machine(probe_here()["fingerprint"]), None
+        n = 0 if pool_id is None and machine_id is None else \
+            store.retry(machine_id, failed=failed or both, skipped=skipped or both, pool_id=pool_id)
+        out.print(f"requeued {n} run(s)" + (f" of pool {pool}" if pool else ""))
 
     guarded(body)
 
@@ -510,18 +608,26 @@ def merge(
 ) -> None:
     """Import the machines, sweeps, jobs and finished runs of other results databases (machines that
     ran offline). Idempotent; a run already here for the same job and machine or pool is kept."""
-    from orchestrator.merge import merge as merge_one
+    from orchestrator.merge import check_source, merge as merge_one, read_source
+    from orchestrator.store import database_url
 
     def body():
+        from common.errors import BadInput
+
+        for other in others:
+            check_source(other)
+            if database_url(other) == database_url(db):
+                raise BadInput(f"merge {other}: that is the database being merged into (--db)")
+        rows = {other: read_source(other) for other in dict.fromkeys(others)}  # all read before --db is opened
         store = open_store(db)
         for other in others:
-            r = merge_one(store, other)
-            err.print(f"merged [bold]{r.source}[/]: machines {r.machines[0]} new, {r.machines[1]} known; sweeps "
-                      f"{r.sweeps[0]} new, {r.sweeps[1]} known; jobs {r.jobs[0]} new, {r.jobs[1]} known; runs "
-                      f"[green]{r.runs[0]} imported[/], {r.runs[1]} already here, {r.replaced} replaced a queued run, "
-                      f"{r.unfinished} unfinished left out, {len(r.conflicts)} conflicting", highlight=False)
+            r = merge_one(store, other, rows[other])  # a source named twice: the second adds nothing
+            out.print(styled("merged ", (r.source, "bold"), f": machines {r.machines[0]} new, {r.machines[1]} known; "
+                             f"sweeps {r.sweeps[0]} new, {r.sweeps[1]} known; jobs {r.jobs[0]} new, {r.jobs[1]} known; "
+                             f"runs ", (f"{r.runs[0]} imported", "green"), f", {r.runs[1]} already here, {r.replaced} "
+                             f"replaced a queued run, {r.unfinished} unfinished left out, {len(r.conflicts)} conflicting"))
             for conflict in r.conflicts:
-                err.print(f"  [yellow]conflict[/]: {conflict}", highlight=False)
+                err.print(styled("  ", ("conflict", "yellow"), f": {conflict}"), highlight=False)
 
     guarded(body)
 
@@ -553,8 +659,8 @@ def submit(
         job = submit_job(db, nodes=nodes, pool=pool, partition=partition, time_limit=time_limit,
                          cpus_per_task=cpus_per_task, timeout=timeout, log_dir=logs)
         watch = "python bench.py status" + (f" --pool {pool}" if pool else " --all-machines")
-        err.print(f"submitted SLURM job array [bold]{job.job_id}[/] ({job.tasks} task(s)); script {job.script}",
-                  highlight=False)
+        err.print(styled("submitted SLURM job array ", (str(job.job_id), "bold"),
+                         f" ({job.tasks} task(s)); script {job.script}"), highlight=False)
         err.print(f"watch: squeue -j {job.job_id}; {watch} --db '{safe_url(db)}'; "
                   f"logs: {job.logs}/cpubench-{job.job_id}_*.out", highlight=False)
         print(job.job_id)
@@ -570,9 +676,9 @@ def restore() -> None:
     def body():
         lines = restore_left_behind(default_state_dir(), "/")
         for line in lines:
-            err.print(f"restored {line}", highlight=False)
+            out.print(f"restored {line}")
         if not lines:
-            err.print("nothing to restore")
+            out.print("nothing to restore")
 
     guarded(body)
 
@@ -581,18 +687,21 @@ def restore() -> None:
 def docs(
     check: Annotated[bool, typer.Option("--check", help="change nothing; exit 1 if a page is out of date")] = False,
 ) -> None:
-    """Regenerate the reference pages made from the code (docs/variables.md from the catalogue)."""
+    """Regenerate the reference pages made from the code: docs/variables.md from the catalogue,
+    docs/v_results.md from schema.sql's comments, docs/commands.md from this command line."""
     from orchestrator.docs import stale_pages, write_pages
+
+    cli = typer.main.get_command(app)
 
     def body():
         if check:
-            stale = stale_pages()
+            stale = stale_pages(cli=cli)
             for path in stale:
                 err.print(f"out of date: {path} (run `python bench.py docs`)", highlight=False)
             if stale:
                 raise typer.Exit(1)
             return
-        for path in write_pages():
+        for path in write_pages(cli=cli):
             out.print(f"wrote {path}", highlight=False)
 
     guarded(body)

@@ -30,31 +30,32 @@ CREATE TABLE IF NOT EXISTS schema_version (
 );
 
 CREATE TABLE IF NOT EXISTS machines (
-    machine_id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    machine_id        INTEGER PRIMARY KEY AUTOINCREMENT,  -- the machine that ran the run
     fingerprint       TEXT NOT NULL UNIQUE,   -- sha256 of the facts that identify the hardware
-    hostname          TEXT,
-    cpu_model         TEXT,
-    vendor            TEXT,
-    sockets           INTEGER,
-    physical_cores    INTEGER,
-    logical_cores     INTEGER,
-    numa_nodes        INTEGER,
-    smt               BOOLEAN,
+    hostname          TEXT,                 -- the host's name when it was last seen
+    cpu_model         TEXT,                 -- as /proc/cpuinfo names it
+    vendor            TEXT,                 -- GenuineIntel, AuthenticAMD...
+    sockets           INTEGER,              -- CPU packages
+    physical_cores    INTEGER,              -- cores, all sockets
+    logical_cores     INTEGER,              -- CPUs the kernel shows (SMT threads included)
+    numa_nodes        INTEGER,              -- memory nodes
+    smt               BOOLEAN,              -- simultaneous multithreading (hyper-threads) on
     isa_flags         TEXT,                   -- space-separated subset: avx2 avx512f ... amx_tile
-    l1d_kb            INTEGER,
-    l2_kb             INTEGER,
-    l3_kb             INTEGER,
-    mem_total_gb      REAL,
+    l1d_kb            INTEGER,              -- one L1 data cache (cpu0's), KiB
+    l2_kb             INTEGER,              -- one L2 cache (cpu0's), KiB
+    l3_kb             INTEGER,              -- one L3 cache (cpu0's, shared by its cores), KiB
+    mem_total_gb      REAL,                 -- memory total in GiB (2^30 bytes), despite the name
     mem_bw_gbs_1t     REAL,                   -- measured triad bandwidth, one thread
     mem_bw_gbs_all    REAL,                   -- measured triad bandwidth, all CPUs
     gemm_gflops_fp32_1c  REAL,                -- measured GEMM peak, one core
-    gemm_gflops_fp32_all REAL,
-    gemm_gflops_bf16_1c  REAL,
-    gemm_gflops_bf16_all REAL,
+    gemm_gflops_fp32_all REAL,              -- measured fp32 GEMM peak, all CPUs
+    gemm_gflops_bf16_1c  REAL,              -- measured bf16 GEMM peak, one core
+    gemm_gflops_bf16_all REAL,              -- measured bf16 GEMM peak, all CPUs
     noise_cv          REAL,                   -- measured run-to-run noise: CV of identical short runs' medians
     freq_driver       TEXT,                   -- intel_pstate, acpi-cpufreq, amd-pstate... or NULL
-    freq_min_mhz      INTEGER,
-    freq_max_mhz      INTEGER,
+    freq_min_mhz      INTEGER,              -- cpuinfo_min_freq, NULL without cpufreq
+    freq_max_mhz      INTEGER,              -- cpuinfo_max_freq, NULL without cpufreq
+    -- the kernel release (uname -r)
     kernel            TEXT,
     torch_version     TEXT,
     knobs             TEXT,                   -- JSON: knob -> null (available) or the reason why not
@@ -65,7 +66,7 @@ CREATE TABLE IF NOT EXISTS machines (
 
 CREATE TABLE IF NOT EXISTS sweeps (
     sweep_id    INTEGER PRIMARY KEY AUTOINCREMENT,
-    name        TEXT NOT NULL,
+    name        TEXT NOT NULL,              -- [sweep] name, the file's stem, or --name (a command-line sweep: its axes)
     source      TEXT NOT NULL,                -- file path, "preset:NAME" or "command line"
     text        TEXT NOT NULL,                -- the sweep as it was expanded (file text + overrides)
     text_sha    TEXT NOT NULL,
@@ -75,7 +76,7 @@ CREATE TABLE IF NOT EXISTS sweeps (
 );
 
 CREATE TABLE IF NOT EXISTS jobs (
-    job_id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id        INTEGER PRIMARY KEY AUTOINCREMENT, -- the job's id: one combination of variables and repeat
     config_hash   TEXT NOT NULL UNIQUE,       -- sha256 of the canonical config JSON: enqueue is idempotent
     sweep_id      INTEGER NOT NULL REFERENCES sweeps (sweep_id),  -- the sweep that first planned it
     run_order     INTEGER NOT NULL,           -- repeat * 2^48 + (blocked) seeded hash: repeat 0 of all first
@@ -159,48 +160,49 @@ CREATE TABLE IF NOT EXISTS pools (
 );
 
 CREATE TABLE IF NOT EXISTS runs (
-    run_id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id        INTEGER PRIMARY KEY AUTOINCREMENT, -- the run's id (one per job and pool)
     job_id        INTEGER NOT NULL REFERENCES jobs (job_id),
     machine_id    INTEGER NOT NULL REFERENCES machines (machine_id),  -- the machine that ran it (last claimed it)
     pool_id       INTEGER NOT NULL REFERENCES pools (pool_id),        -- the queue it was claimed from
-    status        TEXT NOT NULL CHECK (status IN ('queued', 'running', 'done', 'failed', 'skipped')),
+    status        TEXT NOT NULL CHECK (status IN ('queued', 'running', 'done', 'failed', 'skipped')), -- running, done, failed or skipped (queued: taken back, not in v_results)
     attempts      INTEGER NOT NULL DEFAULT 0, -- claims so far; failed once it reaches the maximum
     worker_pid    INTEGER,
-    worker_host   TEXT,
+    worker_host   TEXT,                     -- the host of the worker that claimed it
     worker_started REAL,                      -- the claiming worker's process start time: a reused pid is not it
     child_pid     INTEGER,
-    claimed       REAL,
+    claimed       REAL,                     -- when a worker last claimed it (database clock)
     heartbeat     REAL,
-    finished      REAL,
+    finished      REAL,                     -- when it ended: done, failed or skipped (database clock)
     reason        TEXT,                       -- the error (failed) or why not run (skipped)
     applied       TEXT,                       -- JSON: settings read back after applying them
     dataset_used  TEXT,                       -- the text really trained on (hub name or builtin)
     output_path   TEXT,                       -- the saved model, under output/
-    torch_version TEXT,
-    python_version TEXT,
+    torch_version TEXT,                     -- the torch the child imported
+    python_version TEXT,                    -- the child's Python
     build_info    TEXT,                       -- JSON: BLAS, oneDNN, OpenMP, CPU capability
     gemm_format   TEXT,                       -- what the run's GEMMs compute, e.g. "q8 (simulated: fp32 GEMMs)"
     load_before   REAL,                       -- 1-minute load average when the child started
     -- metrics: NULL when this machine cannot measure them, never a made-up number
     setup_s        REAL,                      -- child start to first step: imports, data, model
     first_step_s   REAL,                      -- the first (untimed) step, compile included
-    step_ms_median REAL,
-    step_ms_p10    REAL,
-    step_ms_p90    REAL,
-    step_ms_mean   REAL,
-    step_ms_std    REAL,
+    step_ms_median REAL,                    -- median time of one timed training step, ms
+    step_ms_p10    REAL,                    -- 10th percentile of the timed steps, ms
+    step_ms_p90    REAL,                    -- 90th percentile of the timed steps, ms
+    step_ms_mean   REAL,                    -- mean of the timed steps, ms
+    step_ms_std    REAL,                    -- standard deviation of the timed steps, ms
     train_s        REAL,                      -- the timed steps together
     wall_s         REAL,                      -- the child's whole life, seen by the worker
     tokens_per_s   REAL,                      -- from the median step
-    samples_per_s  REAL,
-    loss_first     REAL,
-    loss_last      REAL,
-    peak_rss_mb    REAL,
-    cpu_user_s     REAL,
-    cpu_sys_s      REAL,
+    samples_per_s  REAL,                    -- sequences per second, from the median step
+    loss_first     REAL,                    -- training loss of the first timed step
+    loss_last      REAL,                    -- training loss of the last timed step
+    peak_rss_mb    REAL,                    -- the child's peak resident memory, MB
+    cpu_user_s     REAL,                    -- the child's user CPU time
+    cpu_sys_s      REAL,                    -- the child's system CPU time
     ctx_switches   INTEGER,                   -- involuntary context switches of the child
-    freq_mhz_avg   REAL,
-    energy_j       REAL,
+    freq_mhz_avg   REAL,                    -- average frequency of the job's CPUs over the timed window (cpufreq), NULL without it
+    energy_j       REAL,                    -- package energy over the timed window (RAPL), NULL without it
+    -- hottest CPU temperature seen in the timed window
     temp_c_max     REAL,
     params         INTEGER,                   -- every weight (tied head once), from the config
     trainable_params INTEGER,                 -- the weights the optimizer updates (= params when pretraining)
@@ -232,6 +234,9 @@ CREATE TABLE IF NOT EXISTS queue (
 CREATE INDEX IF NOT EXISTS queue_in_run_order ON queue (pool_id, run_order, job_id);
 
 -- One row per run: every variable, every metric, the machine facts. What users query.
+-- Columns computed here (the others are described where their table defines them):
+--   sweep: the name of the sweep that first planned the run's job
+--   pool: the queue the run was claimed from: a named pool (work --pool), or 'machine N' for machine N's own
 CREATE VIEW IF NOT EXISTS v_results AS
 SELECT
     r.run_id, r.status, r.attempts, r.reason, r.claimed, r.finished,
@@ -276,8 +281,8 @@ WHERE r.status <> 'queued';
 -- * Every run's log step time has its repeat pass's drift removed first; each value keeps its own
 --   variance (Welch, Satterthwaite dof): se is on the log scale for a ratio, of the exponent for an
 --   elasticity. ci_low / ci_high: this comparison's own 95% interval; ci_adj_low / ci_adj_high: the
---   simultaneous one the report shows (Bonferroni over `family` tests). p_adjusted: Holm over every
---   comparison of the report; significant = p_adjusted < 0.05. All NULL when a value ran once.
+--   simultaneous one the report shows (Bonferroni over `family` tests). p_adjusted: single-step Bonferroni
+--   over every comparison of the report (p_value x family, at most 1); significant = p_adjusted < 0.05. All NULL when a value ran once.
 -- * Values are stored as text as the report prints them (on/off for booleans, "default" for NULL).
 CREATE TABLE IF NOT EXISTS effects (
     effect_id   INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -296,7 +301,7 @@ CREATE TABLE IF NOT EXISTS effects (
     se          REAL,                       -- standard error: of log(ratio), or of the exponent
     dof         REAL,                       -- Satterthwaite degrees of freedom
     p_value     REAL,                       -- two-sided, for no change (ratio 1, exponent 0)
-    p_adjusted  REAL,                       -- Holm, over every comparison of the report
+    p_adjusted  REAL,                       -- single-step Bonferroni, over every comparison of the report
     significant BOOLEAN,                    -- p_adjusted < 0.05; NULL when not tested
     family      INTEGER,                    -- comparisons adjusted for together
     method      TEXT,                       -- how the interval was made, in words

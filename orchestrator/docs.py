@@ -1,4 +1,6 @@
-"""The reference pages generated from the code: docs/variables.md from the variable catalogue.
+"""The reference pages generated from the code: docs/variables.md from the variable catalogue,
+docs/v_results.md from schema.sql's comments (orchestrator/schema_docs.py) and docs/commands.md from
+the command line itself (orchestrator/cli_docs.py).
 
 `python bench.py docs` rewrites them; `python bench.py docs --check` (and tests/test_docs.py) fails
 when a page and the catalogue disagree, so adding a variable is one entry in the catalogue and one
@@ -96,18 +98,34 @@ def variables_page() -> str:
     return "\n".join(lines)
 
 
-PAGES = {"docs/variables.md": variables_page}
+def _v_results_page() -> str:
+    from orchestrator.schema_docs import v_results_page
+
+    return v_results_page()
 
 
-def stale_pages(root: Path = ROOT) -> list[Path]:
-    """The generated pages whose text differs from what the code generates now."""
-    return [root / rel for rel, page in PAGES.items()
+PAGES = {"docs/variables.md": variables_page, "docs/v_results.md": _v_results_page}
+CLI_PAGE = "docs/commands.md"  # generated from the command line bench.py hands in (cli)
+
+
+def _pages(cli=None) -> dict:
+    if cli is None:
+        return PAGES
+    from orchestrator.cli_docs import commands_page
+
+    return {**PAGES, CLI_PAGE: lambda: commands_page(cli)}
+
+
+def stale_pages(root: Path = ROOT, cli=None) -> list[Path]:
+    """The generated pages whose text differs from what the code generates now (docs/commands.md
+    too when given the command line, `cli`: bench.py's click group)."""
+    return [root / rel for rel, page in _pages(cli).items()
             if not (root / rel).exists() or (root / rel).read_text() != page()]
 
 
-def write_pages(root: Path = ROOT) -> list[Path]:
+def write_pages(root: Path = ROOT, cli=None) -> list[Path]:
     """Rewrite every generated page; the ones whose text changed."""
-    changed = stale_pages(root)
-    for rel, page in PAGES.items():
+    changed = stale_pages(root, cli)
+    for rel, page in _pages(cli).items():
         (root / rel).write_text(page())
     return changed

@@ -23,6 +23,7 @@ import os
 import shutil
 import sqlite3
 import tempfile
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,12 +79,18 @@ class MergeResult:
     conflicts: list[str] = field(default_factory=list)  # kept the run here; what differed
 
 
-def merge(target: Store, other: str) -> MergeResult:
-    """Import one other database into `target`, in one transaction."""
+def read_source(other: str) -> dict:
+    """Every row merge() needs from another database (checked, migrated in a copy if it is a file)."""
+    with _opened(other) as source:
+        return _read(source)
+
+
+def merge(target: Store, other: str, rows: dict | None = None) -> MergeResult:
+    """Import one other database into `target`, in one transaction; `rows` if read_source() read it."""
     if database_url(other) == target.url:
         raise BadInput(f"merge {safe_url(other)}: that is the database being merged into")
-    with _opened(other) as source:
-        rows = _read(source)
+    if rows is None:
+        rows = read_source(other)
     result = MergeResult(source=safe_url(other))
     with target.transaction(write=True) as conn:
         if target.dialect == "postgresql":
@@ -105,6 +112,27 @@ def merge(target: Store, other: str) -> MergeResult:
     return result
 
 
+def _file_of(other: str) -> Path:
+    """The file an SQLite source names, as a path or an sqlite:/// URL."""
+    if other.startswith("sqlite"):
+        from sqlalchemy.engine import make_url
+
+        return Path(make_url(other).database or "").expanduser()
+    return Path(other).expanduser()
+
+
+def check_source(other: str) -> Path | None:
+    """An SQLite source that is not a file is bad input; checked for every source before the
+    database merged into is opened (or created)."""
+    if "://" in other and not other.startswith("sqlite"):
+        return None
+    path = _file_of(other)
+    if not path.is_file():
+        raise BadInput(f"merge: {path} is " + ("a directory" if path.is_dir() else "not a file") +
+                       ": give the results database file to merge")
+    return path
+
+
 class _opened:
     """The other database opened through the migrations: an SQLite file as a temporary copy."""
 
@@ -113,18 +141,22 @@ class _opened:
         self.tmp: Path | None = None
 
     def __enter__(self) -> Store:
-        if "://" in self.other:
+        if "://" in self.other and not self.other.startswith("sqlite"):
             self.store = Store(self.other)
             return self.store
-        path = Path(self.other).expanduser()
-        if not path.is_file():
-            raise BadInput(f"merge: {path} is not a file")
+        path = check_source(self.other)  # an sqlite:/// URL too: read as its file, never created
         self.tmp = Path(tempfile.mkdtemp(prefix="cpubench-merge-"))
         copy = self.tmp / path.name
         try:
-            # On read-only media SQLite cannot make the -shm file a WAL reader needs: read it immutable.
-            flags = "mode=ro" if os.access(path.resolve().parent, os.W_OK) else "mode=ro&immutable=1"
-            with sqlite3.connect(f"file:{path.resolve()}?{flags}", uri=True) as src, sqlite3.connect(copy) as dst:
+            # Immutable (no -wal/-shm made, nothing locked) unless a writer's -wal is there to be read:
+            # a read-only WAL reader would leave side files it may not remove. On read-only media
+            # SQLite cannot make the -shm file a WAL reader needs anyway, and nobody writes there.
+            live = Path(f"{path.resolve()}-wal").exists() and os.access(path.resolve().parent, os.W_OK)
+            flags = "mode=ro" if live else "mode=ro&immutable=1"
+            # closing(): a connection's own `with` commits but does not close, and an open reader
+            # would leave -wal and -shm files beside a source merge promises never to change
+            with closing(sqlite3.connect(f"file:{path.resolve()}?{flags}", uri=True)) as src, \
+                    closing(sqlite3.connect(copy)) as dst:
                 src.backup(dst)  # a consistent copy, WAL included
                 if not dst.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone():
                     raise BadInput(f"merge: {path} is not a cpubench results database (no jobs table)")

@@ -41,7 +41,7 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from common.errors import BenchError
+from common.errors import BadInput, BenchError
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema.sql"
 
@@ -181,6 +181,8 @@ def upgrade(store) -> str | None:
     _refuse_newer(store, version)
     if version == LATEST:
         return None
+    if version is None and not getattr(store, "create", True):  # a read command (or retry, work) creates nothing
+        raise BadInput(f"{store.where} holds no cpubench database yet (no tables): nothing was enqueued there")
     with _migration_transaction(store) as conn:
         version = current_version(conn, store.dialect)  # again, under the lock: someone may have done it
         _refuse_newer(store, version)

@@ -215,15 +215,17 @@ RETRY_RUNS = """
 UPDATE runs SET status = 'queued', reason = NULL, finished = NULL, attempts = 0
 WHERE pool_id = :pool_id AND status IN ({statuses})
 """
+# Per sweep, each job counted once: under the sweep that first planned it (jobs.sweep_id), so the
+# rows add up to all jobs however the sweeps overlap (sweep_jobs links a job to every sweep that has it).
 COUNT_RUNS = """
 SELECT s.name AS sweep, r.status AS status, COUNT(*) AS n
-FROM sweep_jobs sj JOIN sweeps s ON s.sweep_id = sj.sweep_id
-JOIN runs r ON r.job_id = sj.job_id {pool_filter}
+FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id
+JOIN runs r ON r.job_id = j.job_id {pool_filter}
 GROUP BY s.name, r.status
 """
 COUNT_JOBS = """
 SELECT s.name AS sweep, COUNT(*) AS n
-FROM sweep_jobs sj JOIN sweeps s ON s.sweep_id = sj.sweep_id
+FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id
 GROUP BY s.name
 """
 COUNT_ALL_JOBS = "SELECT COUNT(*) FROM jobs"
@@ -268,6 +270,26 @@ def database_url(db: str) -> str:
     return f"sqlite:///{Path(db).expanduser().resolve()}"
 
 
+SUPPORTED = "an SQLite file path or a postgresql+psycopg://user@host/db URL"
+
+
+def _check_backend(db: str, url: str) -> None:
+    """A URL of a database or driver this tool does not speak is bad input, said in one line (not
+    SQLAlchemy's words about plugins and modules)."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        raise BadInput(f"--db {safe_url(db)!r} is not a database URL: give {SUPPORTED}") from None
+    backend, _, driver = parsed.drivername.partition("+")  # the names alone: loading a dialect may fail
+    if backend == "sqlite" and driver in ("", "pysqlite"):
+        return
+    if backend == "postgresql" and driver == "psycopg":
+        return
+    if backend == "postgresql":
+        raise BadInput(f"--db {safe_url(db)!r}: PostgreSQL is spoken through psycopg 3: write postgresql+psycopg://...")
+    raise BadInput(f"--db {safe_url(db)!r}: only SQLite and PostgreSQL are supported, not {backend}: give {SUPPORTED}")
+
+
 def safe_url(url: str) -> str:
     """The URL as it may be shown: its password hidden."""
     try:
@@ -277,6 +299,13 @@ def safe_url(url: str) -> str:
 
 
 schema_statements = migrations.schema_statements  # kept importable from here
+
+
+class _NothingNew(Exception):
+    """Leaves enqueue's transaction (rolled back) when a re-enqueue adds nothing."""
+
+    def __init__(self, result: "EnqueueResult"):
+        self.result = result
 
 
 class ReadOnlyDatabase(BenchError):
@@ -295,13 +324,15 @@ class Store:
     would otherwise need to create there. Only an empty database's schema or an older release's
     migration is ever written by such a store, and only where the database can be written."""
 
-    def __init__(self, db: str, *, busy_timeout_s: float = 60.0, read_only: bool = False):
+    def __init__(self, db: str, *, busy_timeout_s: float = 60.0, read_only: bool = False, create: bool = True):
         self.url = database_url(db)
         self.display_url = safe_url(self.url)
         self.read_only = read_only
+        self.create = create and not read_only  # False: an empty database is refused, not given the schema
         self.busy_timeout_s = busy_timeout_s
         self.path: Path | None = None  # the SQLite file
         url = self.url
+        _check_backend(db, self.url)
         try:
             parsed = make_url(self.url)
             if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
@@ -522,6 +553,20 @@ class Store:
 
     def enqueue(self, *, name: str, source: str, sweep_text: str, jobs: Iterable[dict], notes: list[str] = (),
                 dry_run: bool = False, chunk: int = 2000) -> EnqueueResult:
+        """As _enqueue; a re-enqueue that adds nothing is rolled back, so the file is left byte for byte
+        (SQLite moves its AUTOINCREMENT counter even for an insert that does nothing)."""
+        try:
+            return self._enqueue(name=name, source=source, sweep_text=sweep_text, jobs=jobs, notes=notes,
+                                 dry_run=dry_run, chunk=chunk)
+        except _NothingNew as nothing:
+            return nothing.result
+
+    def close(self) -> None:
+        """Close the connections (SQLite's -wal and -shm files go with the last one)."""
+        self.engine.dispose()
+
+    def _enqueue(self, *, name: str, source: str, sweep_text: str, jobs: Iterable[dict], notes: list[str] = (),
+                 dry_run: bool = False, chunk: int = 2000) -> EnqueueResult:
         """Add the jobs not planned yet, in one transaction. `jobs` (any iterable, consumed once, in
         chunks): config (full), config_hash, run_order, and optionally block (the comparison it runs
         beside; None: the whole pass), config_json (the canonical JSON, when the planner has it) and
@@ -543,6 +588,7 @@ class Store:
                 return EnqueueResult(new=new, present=total - new, sweep_id=None)
             self._lock_queue(conn)
             sweep_id = conn.execute(text(SELECT_SWEEP), {"name": name, "text_sha": text_sha}).scalar_one_or_none()
+            known = sweep_id is not None  # the same sweep enqueued before: maybe nothing to add
             if sweep_id is None:
                 conn.execute(self.sql(INSERT_SWEEP), {"name": name, "source": source, "text": sweep_text,
                                                       "text_sha": text_sha, "notes": json.dumps(list(notes))})
@@ -560,6 +606,8 @@ class Store:
                         hashes = tuple(r[0] for r in rows)
                         conn.exec_driver_sql(LINK_JOBS_BY_HASH.format(mark=m, marks=", ".join([m] * len(hashes))),
                                              (sweep_id, *hashes))
+            if new == 0 and known:
+                raise _NothingNew(EnqueueResult(new=0, present=total, sweep_id=sweep_id))
             conn.execute(text(LINK_NEW_JOBS), {"sweep_id": sweep_id, "after": after})
             conn.execute(text(QUEUE_NEW_JOBS), {"after": after})
         return EnqueueResult(new=new, present=total - new, sweep_id=sweep_id)

@@ -134,9 +134,14 @@ def preset_path(name: str) -> Path:
 def read_sweep_file(path: Path) -> tuple[dict, str]:
     """The parsed TOML and its text; a missing file or bad TOML is BadInput naming the file."""
     try:
-        raw = path.read_text()
+        raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise BadInput(f"sweep file not found: {path}") from None
+    except IsADirectoryError:
+        raise BadInput(f"sweep file {path} is a directory, not a TOML file") from None
+    except UnicodeDecodeError as err:
+        raise BadInput(f"sweep file {path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                       f"{err.start}): TOML files are UTF-8") from None
     except OSError as err:
         raise BadInput(f"cannot read sweep file {path}: {err.strerror}") from None
     try:
@@ -153,9 +158,11 @@ def parse_assignment(item: str, option: str) -> tuple[str, str]:
 
 
 def load(path: Path | None = None, *, preset: str | None = None, sets: list[str] = (), axes: list[str] = (),
-         repeats: int | None = None, machine: Machine, max_jobs: int | None = None) -> SweepPlan:
-    """Read a sweep file or preset, apply --set / --axis / --repeats overrides, plan it (lazily;
-    more than max_jobs jobs, DEFAULT_MAX_JOBS unless given, is refused with the count)."""
+         repeats: int | None = None, machine: Machine, max_jobs: int | None = None,
+         name: str | None = None) -> SweepPlan:
+    """Read a sweep file or preset, apply --set / --axis / --repeats / --name overrides, plan it
+    (lazily; more than max_jobs jobs, DEFAULT_MAX_JOBS unless given, is refused with the count). A
+    sweep from the command line alone is named after its axes and settings unless `name` is given."""
     if path is not None and preset is not None:
         raise BadInput("give a sweep file or --preset, not both")
     if preset is not None:
@@ -167,27 +174,65 @@ def load(path: Path | None = None, *, preset: str | None = None, sets: list[str]
     else:
         doc, raw, where, source = {}, "", "the command line", "command line"
     overrides = {"set": list(sets), "axis": list(axes), "repeats": repeats}
-    doc = _with_overrides(doc, sets, axes, repeats)
-    text = raw if not any((sets, axes, repeats)) else f"{raw}\n# overrides: {json.dumps(overrides)}\n"
+    doc = _with_overrides(doc, sets, axes, repeats, where)
+    if name is not None:
+        if not name.strip():
+            raise BadInput("--name: give the sweep a name")
+        doc.setdefault("sweep", {})["name"] = name
+        overrides["name"] = name
+    elif path is None:
+        doc.setdefault("sweep", {})["name"] = command_line_name(sets, axes)
+    text = raw if not any((sets, axes, repeats, name)) else f"{raw}\n# overrides: {json.dumps(overrides)}\n"
     return expand(doc, where=where, source=source, text=text, machine=machine, max_jobs=max_jobs)
 
 
-def _with_overrides(doc: dict, sets, axes, repeats) -> dict:
+def command_line_name(sets, axes) -> str:
+    """The name of a sweep made on the command line: its axes (`d_model x n_layers`), else its
+    settings (`set d_model=64`), so two different command-line sweeps are two rows of `status`."""
+    varied = [parse_assignment(a, "--axis")[0] for a in axes]
+    if varied:
+        return " x ".join(varied)
+    if sets:
+        return "set " + " ".join(f"{k}={v}" for k, v in (parse_assignment(s, "--set") for s in sets))
+    return "defaults"
+
+
+def _with_overrides(doc: dict, sets, axes, repeats, where: str = "the sweep file") -> dict:
+    """The document with the command line's values in. One variable is given once: a repeated --set
+    or --axis, or --set and --axis of one variable, is refused (never resolved by their order)."""
     doc = {k: (dict(v) if isinstance(v, dict) else v) for k, v in doc.items()}
     base = doc.setdefault("base", {})
     if not isinstance(base, dict):
         return doc  # expand() reports it
+    given: dict[str, str] = {}  # variable -> the option that gave it
+
+    def once(key: str, option: str) -> None:
+        if key in given:
+            raise BadInput(f"{option}: {key} is already given by {given[key]}: give each variable once")
+        given[key] = option
+
     for item in sets:
         key, value = parse_assignment(item, "--set")
+        once(key, f"--set {item}")
         base[key] = value
     axes_table = doc.setdefault("axes", {})
     for item in axes:
         key, value = parse_assignment(item, "--axis")
-        values = [v.strip() for v in value.split(",") if v.strip()]
-        if not values:
+        once(key, f"--axis {item}")
+        values = [v.strip() for v in value.split(",")]
+        if not any(values):
             raise BadInput(f"--axis {item!r}: no values")
+        if not all(values):
+            raise BadInput(f"--axis {item!r}: an empty value between commas")
+        if len(values) == 1 and values[0].startswith("auto"):
+            values = values[0]  # a machine-derived range, as in a sweep file: cores=auto, freq_mhz=auto:400
         if isinstance(axes_table, dict):
             axes_table[key] = values
+    if isinstance(axes_table, dict):
+        for item in sets:
+            key = parse_assignment(item, "--set")[0]
+            if key in axes_table:
+                raise BadInput(f"--set {item}: {key} is an axis of {where}: replace the axis with --axis {key}=...")
     if repeats is not None:
         doc.setdefault("sweep", {})["repeats"] = repeats
     return doc
@@ -209,8 +254,6 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
         kind = SWEEP_KEYS.get(key)
         if kind is None:
             raise BadInput(f"unknown key sweep.{key} in {where}: expected {', '.join(SWEEP_KEYS)}")
-        if kind is int and isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            value = head[key] = int(value)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise BadInput(f"sweep.{key}={value!r} in {where}: expected {kind.__name__}")
     name = head.get("name", "command-line" if source == "command line" else Path(source).stem)
@@ -223,6 +266,8 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
     samples = head.get("samples")
     if mode == "random" and (samples is None or samples < 1):
         raise BadInput(f"sweep.samples in {where}: mode=random needs samples >= 1")
+    if "name" in head and not str(head["name"]).strip():
+        raise BadInput(f"sweep.name in {where}: give the sweep a name")
 
     base = {}
     for key, value in doc.get("base", {}).items():
@@ -249,6 +294,10 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
         if axes_values:
             axes[key] = axes_values
 
+    if mode == "random" and samples > math.prod(len(v) for v in axes.values()):
+        raise BadInput(f"sweep.samples={samples} in {where}: the axes have only "
+                       f"{math.prod(len(v) for v in axes.values()):,} combinations, and random mode samples "
+                       f"distinct ones: lower samples, or use mode = \"grid\" for all of them")
     count = _count(mode, axes, samples, copies) * (len(configs) if mode == "list" else 1) * repeats
     limit = DEFAULT_MAX_JOBS if max_jobs is None else max_jobs
     if count > limit:
@@ -382,10 +431,15 @@ def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, sampl
                 yield block, baseline  # the block's baseline; an axis value equal to it is the same job
                 for v in values:
                     yield block, {**baseline, key: v}
-    else:
+    else:  # distinct combinations (expand() refuses more samples than there are); the draws of a
+        # sweep without repeats are the ones the sampler always made
         rng = random.Random(seed)
-        for _ in range(samples):
-            yield None, {**base, **{k: rng.choice(vs) for k, vs in axes.items()}}
+        drawn = set()
+        while len(drawn) < samples:
+            combo = tuple(rng.choice(vs) for vs in axes.values())
+            if combo not in drawn:
+                drawn.add(combo)
+                yield None, {**base, **dict(zip(axes, combo))}
 
 
 def run_order(seed: int, repeat: int, identity: str) -> int:

@@ -54,15 +54,19 @@ def test_bad_set_and_axis_values_exit_2(db):
 def test_enqueue_twice_gives_the_same_job_count(db):
     first = bench("enqueue", "--db", db, "--preset", "model", check=True)
     second = bench("enqueue", "--db", db, "--preset", "model", check=True)
-    assert "added 72 new jobs, 0 already present" in first.stderr
-    assert "added 0 new jobs, 72 already present" in second.stderr
+    assert "added 72 new jobs, 0 already present" in first.stdout  # a result: stdout
+    assert "added 0 new jobs, 72 already present" in second.stdout
 
 
 def test_dry_run_writes_nothing(db):
     proc = bench("enqueue", "--db", db, "--preset", "quick", "--dry-run", check=True)
-    assert "would add" in proc.stderr
-    with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
+    assert "would add" in proc.stdout
+    assert not Path(db).exists()  # not even created
+    bench("enqueue", "--db", db, "--set", "d_model=32", check=True)
+    before = Path(db).read_bytes()
+    proc = bench("enqueue", "--db", db, "--preset", "quick", "--dry-run", check=True)
+    assert "would add" in proc.stdout and Path(db).read_bytes() == before
+    assert sorted(p.name for p in Path(db).parent.iterdir() if p.name.startswith("results.db")) == ["results.db"]
 
 
 def test_once_rejects_an_impossible_configuration(tmp_path):
@@ -96,7 +100,6 @@ def test_cc_flags_compiler_and_blas_where_they_mean_nothing_are_refused(db, sett
     proc = bench("once", *settings, "--json")
     assert proc.returncode == 2 and reason in proc.stderr and proc.stdout == ""
     sets = [arg for s in settings for arg in ("--set", s)]
-    proc = bench("enqueue", "--db", db, *sets, check=True)  # a sweep counts its rejected configs
-    assert "added 0 new jobs" in proc.stderr and f"rejected 1: {reason}" in proc.stderr
-    with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
+    proc = bench("enqueue", "--db", db, *sets)  # a sweep whose every job is rejected: bad input, with the reasons
+    assert proc.returncode == 2 and "every job is rejected" in proc.stderr and reason in proc.stderr
+    assert not Path(db).exists()

@@ -23,6 +23,7 @@ def test_the_variables_page_names_every_variable_with_its_default_and_values():
 
 def test_bench_docs_check_fails_on_a_stale_page_and_docs_rewrites_it(tmp_path):
     (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "v_results.md").write_text((ROOT / "docs" / "v_results.md").read_text())
     stale = tmp_path / "docs" / "variables.md"
     stale.write_text(variables_page().replace("| `task` |", "| `task_renamed` |"))
     assert stale_pages(tmp_path) == [stale]
@@ -33,3 +34,57 @@ def test_bench_docs_check_fails_on_a_stale_page_and_docs_rewrites_it(tmp_path):
 
     assert write_pages(tmp_path) == [stale]
     assert stale.read_text() == variables_page() and stale_pages(tmp_path) == []
+
+
+def _cli():
+    import typer
+
+    from bench import app
+
+    return typer.main.get_command(app)
+
+
+def test_docs_commands_md_is_what_the_command_line_generates_and_names_every_option():
+    cli = _cli()
+    assert stale_pages(cli=cli) == [], "docs/ is out of date with bench.py: run `python bench.py docs`"
+    page = (ROOT / "docs" / "commands.md").read_text()
+    for name, cmd in cli.commands.items():
+        assert f"## {name}\n" in page
+        for param in cmd.params:
+            for opt in param.opts:
+                if opt.startswith("--"):
+                    assert f"`{opt}" in page.split(f"## {name}\n")[1].split("\n## ")[0], (name, opt)
+
+
+def test_a_new_option_makes_commands_md_stale(tmp_path):
+    from orchestrator.cli_docs import commands_page
+
+    cli = _cli()
+    (tmp_path / "docs").mkdir()
+    for rel in ("docs/variables.md", "docs/v_results.md", "docs/commands.md"):
+        (tmp_path / rel).write_text((ROOT / rel).read_text())
+    assert stale_pages(tmp_path, cli) == []
+    page = commands_page(cli)
+    (tmp_path / "docs" / "commands.md").write_text(page.replace("| `--dry-run` |", "| `--dry-run-old` |"))
+    assert stale_pages(tmp_path, cli) == [tmp_path / "docs" / "commands.md"]
+
+
+def test_every_v_results_column_is_documented_from_schema_sql_and_the_page_is_current():
+    from orchestrator.schema_docs import undocumented, v_results_page, view_columns
+
+    assert undocumented() == []
+    schema = (ROOT / "schema.sql").read_text()
+    columns = [c.name for c in view_columns(schema)]
+    page = v_results_page()
+    assert all(f"| `{c}` |" in page for c in columns)
+    for name in ("load_before", "gemm_format", "output_path", "claimed", "finished", "mem_total_gb", "sweep", "pool"):
+        assert name in columns
+    assert "GiB" in next(line for line in page.splitlines() if line.startswith("| `mem_total_gb` |"))
+    # a column added to the view without a word in schema.sql fails
+    drifted = schema.replace("r.setup_s,", "r.setup_s, r.heartbeat,", 1)
+    assert undocumented(drifted) == ["heartbeat"]
+
+
+def test_schema_calls_p_adjusted_what_effects_computes():
+    schema = (ROOT / "schema.sql").read_text()
+    assert "Holm" not in schema and "single-step Bonferroni" in schema

@@ -33,10 +33,10 @@ def test_an_old_release_database_merges_once_and_is_left_untouched(db, tmp_path)
     shutil.copyfile(V1, other)
     before = digest(other)
     first = bench("merge", str(other), "--db", db, check=True)
-    assert "runs 22 imported, 0 already here" in first.stderr and "2 unfinished left out" in first.stderr
+    assert "runs 22 imported, 0 already here" in first.stdout and "2 unfinished left out" in first.stdout
     second = bench("merge", str(other), "--db", db, check=True)
-    assert "machines 0 new, 2 known" in second.stderr and "jobs 0 new, 16 known" in second.stderr
-    assert "runs 0 imported, 22 already here" in second.stderr and "0 conflicting" in second.stderr
+    assert "machines 0 new, 2 known" in second.stdout and "jobs 0 new, 16 known" in second.stdout
+    assert "runs 0 imported, 22 already here" in second.stdout and "0 conflicting" in second.stdout
     assert digest(other) == before  # read through a migrated copy: still the old release's file
     assert rows(db, "SELECT status, COUNT(*) FROM runs GROUP BY status ORDER BY status") == [
         ("done", 11), ("failed", 8), ("skipped", 3)]
@@ -75,7 +75,7 @@ def two_databases(tmp_path, metric_here: float, metric_there: float):
 def test_a_run_done_on_both_sides_keeps_the_one_here_and_says_so(tmp_path):
     (here, _), (there, _) = two_databases(tmp_path, 5.0, 7.0)
     proc = bench("merge", there.url.removeprefix("sqlite:///"), "--db", here.url.removeprefix("sqlite:///"), check=True)
-    assert "1 conflicting" in proc.stderr and "kept the done run here" in proc.stderr
+    assert "1 conflicting" in proc.stdout and "kept the done run here" in proc.stderr  # the result; the warning
     assert rows(here.url.removeprefix("sqlite:///"), "SELECT step_ms_median FROM runs") == [(5.0,)]
 
 

@@ -43,7 +43,7 @@ def test_a_version_3_database_keeps_its_jobs_unblocked_and_plans_the_same_sweep_
     sweep = tmp_path / "v3-ofat.toml"
     sweep.write_text((V3 / "make_v3_ofat_db.py").read_text().split('SWEEP = """')[1].split('"""')[0])
     proc = bench("enqueue", str(sweep), "--db", v3_db, check=True)
-    assert "added 14 new jobs, 0 already present" in proc.stderr  # every job of the blocked plan is new: its identity has its block
+    assert "added 14 new jobs, 0 already present" in proc.stdout  # every job of the blocked plan is new: its identity has its block
     blocks = sqlite_rows(v3_db, "SELECT block, COUNT(*) FROM jobs WHERE block IS NOT NULL GROUP BY block ORDER BY block")
     assert blocks == [("d_model", 6), ("framework", 4), ("n_layers", 4)]  # values + own baseline, 2 repeats
     assert sqlite_rows(v3_db, "SELECT DISTINCT compile FROM jobs WHERE block = 'framework' AND framework = 'jax'") == [

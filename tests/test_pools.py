@@ -170,7 +170,7 @@ def test_workers_started_with_pool_share_it_and_status_and_retry_know_it(db, tmp
     everything = json.loads(bench("status", "--db", db, "--all-machines", "--json", check=True).stdout)
     assert everything["pools"]["rack"]["done"] == 10
     retried = bench("retry", "--db", db, "--pool", "rack", "--failed", check=True)
-    assert "requeued 10 run(s) of pool rack" in retried.stderr
+    assert "requeued 10 run(s) of pool rack" in retried.stdout
     unknown = bench("status", "--db", db, "--pool", "shelf")
     assert unknown.returncode == 2 and "no pool named 'shelf'" in unknown.stderr
 

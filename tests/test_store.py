@@ -143,16 +143,18 @@ def test_retry_puts_failed_and_skipped_runs_back(store, tmp_path):
     assert store.counts(machine)["queued"] == 2
 
 
-def test_a_job_planned_by_two_sweeps_belongs_to_both_and_is_stored_once(store):
+def test_a_job_planned_by_two_sweeps_belongs_to_both_is_stored_once_and_counted_once(store):
     machine = Machine(cpu_count=2)
     a = load(None, axes=["d_model=32,40"], machine=machine)
     b = load(None, sets=["steps=20"], axes=["d_model=40,48"], machine=machine)  # same jobs as a's 40, other text
     assert enqueue(store, a).new == 2
     second = store.enqueue(name="b", source=b.source, sweep_text=b.text, jobs=b.iter_jobs())
     assert (second.new, second.present) == (1, 1)
-    by_sweep = store.counts_by_sweep(None)
-    assert by_sweep["command-line"]["total"] == 2 and by_sweep["b"]["total"] == 2
-    assert store.counts(None)["total"] == 3
+    with store.transaction() as conn:
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM sweep_jobs").scalar_one() == 4  # 40 belongs to both
+    by_sweep = store.counts_by_sweep(None)  # each job once, under the sweep that first planned it
+    assert a.name == "d_model" and by_sweep["d_model"]["total"] == 2 and by_sweep["b"]["total"] == 1
+    assert sum(c["total"] for c in by_sweep.values()) == store.counts(None)["total"] == 3
 
 
 @pytest.mark.parametrize("status, fields, words", [

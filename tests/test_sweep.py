@@ -178,7 +178,8 @@ def test_a_hundred_thousand_jobs_are_planned_in_bounded_memory(db):
     axes = EIGHT_AXES[:4] + ["--repeats", "10"]
     proc = subprocess.run([sys.executable, "-c", (
         "import resource, subprocess, sys; "
-        f"subprocess.run([sys.executable, 'bench.py', 'enqueue', '--dry-run', '--db', {db!r}, *{axes!r}], check=True); "
+        f"r = subprocess.run([sys.executable, 'bench.py', 'enqueue', '--dry-run', '--db', {db!r}, *{axes!r}], check=True, "
+        "capture_output=True, text=True); print(r.stdout, file=sys.stderr); "
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")],
         cwd=ROOT, capture_output=True, text=True, check=True)
     assert "would add 100000 new jobs" in proc.stderr

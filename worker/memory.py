@@ -147,7 +147,7 @@ def estimate(c: dict) -> Estimate:
 def machine_limit(limit_gb: float | None) -> tuple[int, str]:
     """Bytes a job may use and where that figure comes from."""
     if limit_gb is not None:
-        if not limit_gb > 0:
+        if not 0 < limit_gb < float("inf"):
             raise BadInput(f"--mem-limit-gb {limit_gb:g}: expected a positive number of GiB")
         return int(limit_gb * GIB), f"the limit of {limit_gb:g} GiB given (--mem-limit-gb / BENCH_MEM_LIMIT_GB)"
     total = psutil.virtual_memory().total
