@@ -4,7 +4,10 @@ A sweep has a [sweep] table (name, mode grid|ofat|random|list, repeats, seed, sa
 (values every job shares; the catalogue's defaults fill the rest) and an [axes] table (the varied
 values); mode = "list" takes its combinations from [[configs]] entries (each a partial config over
 [base], times the grid of any axes): configurations that differ in many variables at once, such as
-the seed documents' reference runs. Each combination is resolved and checked against the catalogue's constraints; violations
+the seed documents' reference runs. In mode = "ofat", [[configs]] entries are *joint* configurations
+run beside the axes: a block of their own, `joint` (JOINT), that holds them and the base, shuffled
+together in every pass like any block; they vary several sizes at once (what a cost model needs to
+see interactions and GEMM shapes beyond the base) and belong to no axis's comparison. Each combination is resolved and checked against the catalogue's constraints; violations
 are counted by reason, never enqueued. Every repeat is its own job; all of repeat 0 runs first, so a
 half-finished sweep already covers every combination.
 
@@ -48,6 +51,7 @@ PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 MODES = ("grid", "ofat", "random", "list")
 SWEEP_KEYS = {"name": str, "mode": str, "repeats": int, "seed": int, "samples": int, "description": str}
 TABLES = ("sweep", "base", "axes", "configs")
+JOINT = "joint"  # the block of an ofat sweep's [[configs]]: no variable has this name
 # The most jobs one sweep may plan unless the user says more: a million jobs is ~1 GB of database and
 # months of machine time; a bigger count is almost always a stray axis.
 DEFAULT_MAX_JOBS = 1_000_000
@@ -235,8 +239,9 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
             _check_settable(key, f"configs[{i}].{key}", where)
             parsed[key] = V.parse_value(key, value, f"configs[{i}].{key} of {where}")
         configs.append(parsed)
-    if (mode == "list") != bool(configs):
-        raise BadInput(f"{where}: [[configs]] entries go with sweep.mode = \"list\", and mode list needs at least one")
+    if mode == "list" and not configs or configs and mode not in ("list", "ofat"):
+        raise BadInput(f"{where}: [[configs]] entries go with sweep.mode = \"list\" (or \"ofat\", as joint "
+                       f"configurations), and mode list needs at least one")
     notes: list[str] = []
     axes: dict[str, list] = {}
     block_bases: dict[str, dict] = {}  # ofat: an axis's own changes to [base] (its block's baseline)
@@ -250,6 +255,8 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
             axes[key] = axes_values
 
     count = _count(mode, axes, samples, copies) * (len(configs) if mode == "list" else 1) * repeats
+    if mode == "ofat" and configs:
+        count += (len(configs) + 1) * repeats
     limit = DEFAULT_MAX_JOBS if max_jobs is None else max_jobs
     if count > limit:
         sizes = " x ".join(f"{k} ({len(v)})" for k, v in axes.items()) or "no axes"
@@ -262,7 +269,7 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
                      combinations=lambda: _combinations(mode, base, axes, seed, samples, configs, block_bases,
                                                         copies),
                      repeats=repeats, seed=seed, cpu_count=machine.cpu_count,
-                     blocks=list(axes) if mode == "ofat" else [])
+                     blocks=list(axes) + ([JOINT] if configs else []) if mode == "ofat" else [])
 
 
 def block_names(axis: str, copies: int) -> list[str]:
@@ -374,7 +381,7 @@ def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, sampl
         for values in itertools.product(*axes.values()):
             yield None, {**base, **dict(zip(keys, values))}
     elif mode == "ofat":
-        if not axes:
+        if not axes and not configs:
             yield None, dict(base)
         for key, values in axes.items():
             baseline = {**base, **(block_bases or {}).get(key, {})}
@@ -382,6 +389,10 @@ def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, sampl
                 yield block, baseline  # the block's baseline; an axis value equal to it is the same job
                 for v in values:
                     yield block, {**baseline, key: v}
+        if configs:  # the joint configurations, beside the base in a block of their own
+            yield JOINT, dict(base)
+            for entry in configs:
+                yield JOINT, {**base, **entry}
     else:
         rng = random.Random(seed)
         for _ in range(samples):
