@@ -369,9 +369,10 @@ def costs(model: Model) -> dict[str, float]:
     return {t: float(math.exp(v)) / s for t, v, s in zip(TERMS, model.log_costs, _SCALE)}
 
 
-def leave_one_config_out(rows: list[dict]) -> list[dict]:
-    """For each configuration of the rows: its measured median step time (median of its runs) and the
-    prediction of a model fitted without any of its runs; refused ones carry the reason instead."""
+def leave_one_config_out(rows: list[dict], only: set | None = None) -> list[dict]:
+    """For each configuration of the rows (or those of `only`, config_key()s): its measured median step
+    time (median of its runs) and the prediction of a model fitted without any of its runs; refused
+    ones carry the reason instead."""
     rows = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
     by_config: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -379,6 +380,8 @@ def leave_one_config_out(rows: list[dict]) -> list[dict]:
     whole = fit(rows)
     out = []
     for key, own in by_config.items():
+        if only is not None and key not in only:
+            continue
         rest = [r for r in rows if config_key(r) != key]
         measured = float(np.median([r["step_ms_median"] for r in own]))
         entry = {"config": own[0], "measured_ms": measured, "runs": len(own)}

@@ -4,7 +4,8 @@ A sweep has a [sweep] table (name, mode grid|ofat|random|list, repeats, seed, sa
 (values every job shares; the catalogue's defaults fill the rest) and an [axes] table (the varied
 values); mode = "list" takes its combinations from [[configs]] entries (each a partial config over
 [base], times the grid of any axes): configurations that differ in many variables at once, such as
-the seed documents' reference runs. In mode = "ofat", [[configs]] entries are *joint* configurations
+the seed documents' reference runs. A [predict] table (`[predict.NAME]` partial configs) runs nothing:
+the report predicts those configurations' times (predict_configs()). In mode = "ofat", [[configs]] entries are *joint* configurations
 run beside the axes: a block of their own, `joint` (JOINT), that holds them and the base, shuffled
 together in every pass like any block; they vary several sizes at once (what a cost model needs to
 see interactions and GEMM shapes beyond the base) and belong to no axis's comparison. Each combination is resolved and checked against the catalogue's constraints; violations
@@ -50,7 +51,7 @@ from common.errors import BadInput
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 MODES = ("grid", "ofat", "random", "list")
 SWEEP_KEYS = {"name": str, "mode": str, "repeats": int, "seed": int, "samples": int, "description": str}
-TABLES = ("sweep", "base", "axes", "configs")
+TABLES = ("sweep", "base", "axes", "configs", "predict")
 JOINT = "joint"  # the block of an ofat sweep's [[configs]]: no variable has this name
 # The most jobs one sweep may plan unless the user says more: a million jobs is ~1 GB of database and
 # months of machine time; a bigger count is almost always a stray axis.
@@ -125,6 +126,25 @@ class SweepPlan:
         if self._jobs is None:
             self._jobs = sorted(self.iter_jobs(), key=lambda j: j["run_order"])
         return self._jobs
+
+
+def predict_configs(doc: dict, where: str) -> dict[str, dict]:
+    """The [predict] table of a sweep: `[predict.NAME]` sub-tables, each a partial config over the
+    catalogue's defaults, whose step and training times the report predicts ("How long would it take
+    here", orchestrator/prediction_report.py) though no job runs them."""
+    table = doc.get("predict", {})
+    if not isinstance(table, dict):
+        raise BadInput(f"predict in {where}: expected a table [predict] of [predict.NAME] tables")
+    out = {}
+    for name, entry in table.items():
+        if not isinstance(entry, dict):
+            raise BadInput(f"predict.{name} in {where}: expected a table [predict.{name}] of variable = value")
+        parsed = {}
+        for key, value in entry.items():
+            _check_settable(key, f"predict.{name}.{key}", where)
+            parsed[key] = V.parse_value(key, value, f"predict.{name}.{key} of {where}")
+        out[name] = parsed
+    return out
 
 
 def preset_path(name: str) -> Path:
@@ -208,6 +228,7 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
                 raise BadInput(f"configs in {where}: expected an array of tables [[configs]]")
         elif not isinstance(doc[key], dict):
             raise BadInput(f"{key} in {where}: expected a table [{key}]")
+    predict_configs(doc, where)  # checked here, run by no job: the report predicts them
     head = doc.get("sweep", {})
     for key, value in head.items():
         kind = SWEEP_KEYS.get(key)
