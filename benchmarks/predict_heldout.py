@@ -39,6 +39,7 @@ from orchestrator import cost_model as cm  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 
 BIG = {"steps": 2, "warmup_steps": 1}  # seconds-long steps: a step time is a step time
+QUICK = {"steps": 10, "warmup_steps": 2}  # as the quick preset times its runs
 # Configurations the quick preset never runs (its axes vary one size at a time around d_model 256,
 # 2 layers, seq 64, batch 4, vocab 1024; its joint block another 8 sizes): jointly varied sizes, models
 # 8x to 240x its FLOPs per step, the seeds preset's R3 and R6, other precisions and frameworks at sizes
@@ -48,19 +49,19 @@ HELDOUT = {
                        batch_size=2, grad_accum=8, **BIG),
     "R6 (seeds)": dict(n_layers=6, d_model=512, n_heads=8, mlp_ratio=4.0, vocab_size=16000, seq_len=256,
                        batch_size=16, **BIG),
-    "d512 L4 s128 b8 v4096": dict(d_model=512, n_layers=4, n_heads=8, seq_len=128, batch_size=8, vocab_size=4096),
-    "d768 L3 s128 b4 v8192": dict(d_model=768, n_layers=3, n_heads=12, seq_len=128, batch_size=4, vocab_size=8192),
+    "d512 L4 s128 b8 v4096": dict(d_model=512, n_layers=4, n_heads=8, seq_len=128, batch_size=8, vocab_size=4096, **QUICK),
+    "d768 L3 s128 b4 v8192": dict(d_model=768, n_layers=3, n_heads=12, seq_len=128, batch_size=4, vocab_size=8192, **QUICK),
     "d384 L6 s256 b2 mlp3": dict(d_model=384, n_layers=6, n_heads=6, seq_len=256, batch_size=2, vocab_size=2048,
-                                 mlp_ratio=3.0),
-    "d320 L2 s512 b2 h5": dict(d_model=320, n_layers=2, n_heads=5, seq_len=512, batch_size=2, vocab_size=1024),
+                                 mlp_ratio=3.0, **QUICK),
+    "d320 L2 s512 b2 h5": dict(d_model=320, n_layers=2, n_heads=5, seq_len=512, batch_size=2, vocab_size=1024, **QUICK),
     "d512 L4 s128 swiglu kv2": dict(d_model=512, n_layers=4, n_heads=8, kv_heads=2, activation="swiglu", seq_len=128,
-                                    batch_size=4, vocab_size=4096),
+                                    batch_size=4, vocab_size=4096, **QUICK),
     "bf16 d512 L4 s128": dict(precision="bf16", d_model=512, n_layers=4, n_heads=8, seq_len=128, batch_size=4,
-                              vocab_size=4096),
+                              vocab_size=4096, **QUICK),
     "jax d384 L4 s128 b8": dict(framework="jax", d_model=384, n_layers=4, n_heads=6, seq_len=128, batch_size=8,
-                                vocab_size=2048),
+                                vocab_size=2048, **QUICK),
     "sliding w32 d384 s256": dict(attention="sliding", window=32, d_model=384, n_layers=3, n_heads=6, seq_len=256,
-                                  batch_size=4, vocab_size=2048),
+                                  batch_size=4, vocab_size=2048, **QUICK),
 }
 
 

@@ -211,3 +211,41 @@ def test_predict_with_several_machines_and_none_named_names_them(tmp_path):
     assert "alpha" in done.stderr and "gamma" in done.stderr and "--machine" in done.stderr
     named = _predict("--machine", "alpha", "--json", "--db", str(path))
     assert named.returncode == 0 and json.loads(named.stdout)["machine"]["hostname"] == "alpha"
+
+
+def test_a_sweep_file_may_list_configurations_to_predict_and_bad_ones_are_refused(tmp_path):
+    from common.errors import BadInput
+    from orchestrator.sweep import load, predict_configs
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('[sweep]\nname = "p"\n[axes]\nd_model = [32, 64]\n[predict.big]\nd_model = 1024\nn_heads = 16\n')
+    plan = load(sweep, machine=Machine(cpu_count=CPUS, freq_limits=None))
+    assert len(plan.jobs) == 2  # [predict] runs nothing
+    assert predict_configs({"predict": {"big": {"d_model": 1024}}}, "here") == {"big": {"d_model": 1024}}
+    with pytest.raises(BadInput, match="predict.big.d_modl"):
+        predict_configs({"predict": {"big": {"d_modl": 1024}}}, "here")
+    grid = tmp_path / "g.toml"
+    grid.write_text('[sweep]\nmode = "grid"\n[axes]\nd_model = [32, 64]\n[[configs]]\nn_layers = 3\n')
+    with pytest.raises(BadInput, match="configs"):
+        load(grid, machine=Machine(cpu_count=CPUS, freq_limits=None))
+
+
+def test_the_report_says_how_long_the_references_and_listed_configurations_would_take(tmp_path):
+    from orchestrator.report import write_report
+    store = Store(str(tmp_path / "r.db"))
+    plan = load(preset="quick", machine=Machine(cpu_count=CPUS, freq_limits=None))
+    listed = plan.text + '\n[predict.wide]\nd_model = 1024\nn_heads = 16\n'
+    store.enqueue(name=plan.name, source=plan.source, sweep_text=listed, jobs=plan.jobs, notes=plan.notes)
+    machine_id = store.register_machine(two_cpus("delta"))
+    rng = random.Random(3)
+    while (claim := store.claim(machine_id, pid=os.getpid(), host="synthetic", max_cores=CPUS)) is not None:
+        store.finish(claim.run_id, pid=os.getpid(), status="done", fields=done_fields(
+            step_ms_median=true_ms(claim.config) * math.exp(rng.gauss(0.0, SIGMA)), wall_s=1.0, loss_first=7.0,
+            loss_last=6.0))
+    write_report(store, tmp_path / "out", plots=False)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    section = summary.split("## How long would it take here", 1)[1]
+    for ref in ("| R1 |", "| R3 |", "| R4 |", "| R6 |", "| wide |", "WikiText-103", "tokens per word"):
+        assert ref in section, ref
+    assert "Leave one configuration out" in section and "median error" in section
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert 'id="predict"' in page and "data:image/png;base64" in page
