@@ -11,7 +11,11 @@ measured, the errors, the 95% intervals' coverage, and the same for two naive pr
 
 Measurement: `bench.py once K=V --json` (a fresh child per run, the worker's own measurement path),
 each run under the shared CPU lock (--lock; held for that one run only), the configurations
-interleaved: repeat pass after repeat pass, each pass in a new shuffled order. The measured figure of
+interleaved: repeat pass after repeat pass, each pass in a new shuffled order. On a busy shared
+machine, run one pass per locked command and combine them:
+    for r in 1 2 3; do flock /tmp/cpu.lock venv/bin/python benchmarks/predict_heldout.py --db DB \
+        --lock '' --repeats 1 --pass-seed $r --json pass$r.json; done
+    venv/bin/python benchmarks/predict_heldout.py --db DB --measured pass1.json pass2.json pass3.json The measured figure of
 a configuration is the median of its runs' step_ms_median.
 
     venv/bin/python benchmarks/predict_heldout.py --db /tmp/quick.db [--repeats 3] [--json out.json]
@@ -177,7 +181,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--lock", default="/tmp/cpu.lock", help="flock file each run holds ('' for none)")
     ap.add_argument("--only", nargs="*", help="labels of HELDOUT to measure (default: all)")
-    ap.add_argument("--measured", help="a JSON file of an earlier run of this script: reuse its measurements")
+    ap.add_argument("--measured", nargs="*", help="JSON files of earlier runs of this script (--json): reuse their "
+                    "measurements (each file a pass, say, run under one lock: `flock LOCK ... --lock '' --repeats 1`)")
+    ap.add_argument("--pass-seed", type=int, default=0, help="seeds the shuffled order of the passes")
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args()
@@ -205,11 +211,12 @@ def main() -> None:
         entries[label] = entry
 
     if args.measured:
-        for e in json.loads(Path(args.measured).read_text())["entries"]:
-            if e["label"] in entries:
-                entries[e["label"]]["runs_ms"] = e["runs_ms"]
+        for path in args.measured:
+            for e in json.loads(Path(path).read_text())["entries"]:
+                if e["label"] in entries:
+                    entries[e["label"]]["runs_ms"] += e["runs_ms"]
     else:
-        rng = random.Random(0)
+        rng = random.Random(args.pass_seed)
         started = time.time()
         for r in range(args.repeats):
             order = list(labels)

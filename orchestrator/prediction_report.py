@@ -11,7 +11,6 @@ index.html. report.py and html_report.py each call one of them (a line each).
 
 from __future__ import annotations
 
-import base64
 import html as html_lib
 import math
 import statistics
@@ -147,6 +146,23 @@ def plot(ctx, machine_id: int, loo: dict) -> Path | None:
 
 
 def _draw(ctx, machine_id: int, loo: dict) -> Path | None:
+    fig = _figure(loo)
+    if fig is None:
+        return None
+    several = len(ctx.names) > 1
+    path = Path(ctx.out_dir) / "plots" / (f"predicted_vs_measured-{machine_id}.png" if several else PLOT_NAME)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    import io
+    svg = io.StringIO()
+    fig.savefig(svg, format="svg")
+    loo["svg"] = svg.getvalue()[svg.getvalue().index("<svg"):]  # inline in the page: it loads nothing
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return path
+
+
+def _figure(loo: dict):
     got = [e for e in loo["entries"] if "predicted_ms" in e]
     if not got:
         return None
@@ -164,12 +180,7 @@ def _draw(ctx, machine_id: int, loo: dict) -> Path | None:
            ylabel="predicted without its runs (ms)",
            title=f"leave one configuration out: median error {100 * loo['median']:.1f}%")
     fig.tight_layout()
-    several = len(ctx.names) > 1
-    path = Path(ctx.out_dir) / "plots" / (f"predicted_vs_measured-{machine_id}.png" if several else PLOT_NAME)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _published(ref) -> str:
@@ -276,10 +287,8 @@ def html(ctx) -> str:
             parts.append(f"<p>Leave one configuration out: median error {100 * loo['median']:.1f}%, worst "
                          f"{100 * loo['worst']:.1f}%, the 95% interval covers {loo['covered']} of {loo['predicted']}; "
                          f"{loo['refused']} not predictable without their own runs.</p>")
-            path = plot(ctx, machine_id, loo)
-            if path is not None:
-                png = base64.b64encode(path.read_bytes()).decode()
-                parts.append(f'<img alt="predicted vs measured step time" src="data:image/png;base64,{png}">')
+            if plot(ctx, machine_id, loo) is not None and loo.get("svg"):
+                parts.append(f'<figure class="predict-plot">{loo["svg"]}</figure>')
     parts.append("</section>")
     return "".join(parts)
 

@@ -248,4 +248,4 @@ def test_the_report_says_how_long_the_references_and_listed_configurations_would
         assert ref in section, ref
     assert "Leave one configuration out" in section and "median error" in section
     page = (tmp_path / "out" / "index.html").read_text()
-    assert 'id="predict"' in page and "data:image/png;base64" in page
+    assert 'id="predict"' in page and '<figure class="predict-plot"><svg' in page
