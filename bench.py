@@ -436,8 +436,11 @@ def predict(
             print(json.dumps(doc))
             return
         m = doc["machine"]
-        out.print(f"[bold]{doc['step_ms']:.4g} ms[/] per step (95% interval {doc['step_ms_low']:.4g} to "
-                  f"{doc['step_ms_high']:.4g} ms) on machine {m['machine_id']} ({m['hostname']}, {m['cpu_model']})")
+
+        def step(ms: float) -> str:
+            return f"{ms / 1e3:.3g} s" if ms >= 1e3 else f"{ms:.3g} ms"
+        out.print(f"[bold]{step(doc['step_ms'])}[/] per step (95% interval {step(doc['step_ms_low'])} to "
+                  f"{step(doc['step_ms_high'])}) on machine {m['machine_id']} ({m['hostname']}, {m['cpu_model']})")
         out.print(f"  {doc['flops_per_step'] / 1e9:.4g} GFLOP and {doc['tokens_per_step']:,} tokens per step, "
                   f"{doc['params'] / 1e6:.4g}M parameters")
         if "train_s" in doc:

@@ -227,6 +227,9 @@ def main() -> None:
                       f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
                 if ms is not None:
                     entries[label]["runs_ms"].append(ms)
+                if args.json:  # as it goes: a pass cut short by a timeout keeps what it measured
+                    Path(args.json).write_text(json.dumps({"db": args.db, "entries": list(entries.values())},
+                                                          indent=1, default=str))
 
     errs = {"model": [], "ofat": [], "nearest": []}
     covered = []
