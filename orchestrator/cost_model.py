@@ -53,8 +53,22 @@ _SCALE = np.array([1e9, 1e7, 1e8, 1e7, 1e2, 1.0])
 LEVEL = 0.95
 
 
+_FEATURE_KEYS = SIZES + STRUCTURE + ("task", "precision")  # all operations() reads
+_features: dict[tuple, np.ndarray] = {}
+
+
 def features(config: dict) -> np.ndarray:
-    """The six terms of one step of `config` (TERMS), from its exact operations."""
+    """The six terms of one step of `config` (TERMS), from its exact operations (memoised: the
+    leave-one-out check fits the same rows many times)."""
+    key = tuple(_word(config.get(k)) for k in _FEATURE_KEYS)
+    if key not in _features:
+        if len(_features) > 100_000:
+            _features.clear()
+        _features[key] = _features_of(config)
+    return _features[key]
+
+
+def _features_of(config: dict) -> np.ndarray:
     f = np.zeros(len(TERMS))
     for op in operations(config):
         if op.kind == "gemm":
@@ -293,7 +307,13 @@ def fit(rows: list[dict], start: Model | None = None) -> Model:
 
     # Variable projection: for given costs the factors and blocks are a linear least-squares fit of
     # what the costs leave unexplained, so the search runs over the six costs alone.
-    D_pinv = np.linalg.pinv(D) if D.shape[1] else np.zeros((0, len(rows)))
+    # one SVD of D gives its pseudo-inverse and its null space (below)
+    if D.shape[1]:
+        u, sv, vt = np.linalg.svd(D, full_matrices=False)
+        rank = int(np.sum(sv > sv[0] * 1e-10))
+        D_pinv = (vt[:rank].T / sv[:rank]) @ u[:, :rank].T
+    else:
+        D_pinv, rank, vt = np.zeros((0, len(rows))), 0, np.zeros((0, 0))
 
     def linear_part(theta):
         return D_pinv @ (y - np.log(np.exp(theta) @ X.T))
@@ -355,8 +375,6 @@ def fit(rows: list[dict], start: Model | None = None) -> Model:
     # together in some combination: jax and numpy runs record compile_cache=cold, say): a query whose
     # settings lean on one of them is refused (not estimable), one that takes the whole combination is not.
     if D.shape[1]:
-        _, sv, vt = np.linalg.svd(D, full_matrices=True)
-        rank = int(np.sum(sv > sv[0] * 1e-10)) if sv.size else 0
         model.null = vt[rank:]
     model.factor_names = [g for g, _ in groups]
     # the spread of the block effects beyond their own estimation noise (Kalibera & Jones' second level)
@@ -472,7 +490,18 @@ def usable(rows: list[dict]) -> list[dict]:
     return quiet or done
 
 
+_ratios: dict[tuple, tuple[float, str]] = {}
+
+
 def tokens_per_word(vocab_size: int, data_dir=None) -> tuple[float, str]:
+    """tokens_per_word_uncached(), once per process and vocabulary (a BPE trains in about a second)."""
+    key = (vocab_size, str(data_dir))
+    if key not in _ratios:
+        _ratios[key] = tokens_per_word_uncached(vocab_size, data_dir)
+    return _ratios[key]
+
+
+def tokens_per_word_uncached(vocab_size: int, data_dir=None) -> tuple[float, str]:
     """Tokens per whitespace-separated word of the project's corpus under the run's tokenizer (a
     byte-level BPE of vocab_size trained on that corpus, as the trainers train it), and where the
     corpus came from. Reads the cached tokenizer where a run left one; otherwise trains one in memory

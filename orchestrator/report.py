@@ -156,7 +156,7 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
                        for note in json.loads(notes or "[]")]
     ctx = Context(rows, fx.done_runs(rows), analysis, grids, names, facts, counts, failures, sweep_notes,
                   plot_paths, out_dir, targets)
-    ctx.sweep_texts = prediction_report.sweep_texts(store)  # the sweeps' [predict] tables
+    ctx.sweep_texts, ctx.check_predictions = prediction_report.sweep_texts(store), plots  # "How long here"
     summary_path = out_dir / "summary.md"
     summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
     html_path = html_report.write_page(ctx, out_dir / "index.html")

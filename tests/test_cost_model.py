@@ -241,7 +241,7 @@ def test_the_report_says_how_long_the_references_and_listed_configurations_would
         store.finish(claim.run_id, pid=os.getpid(), status="done", fields=done_fields(
             step_ms_median=true_ms(claim.config) * math.exp(rng.gauss(0.0, SIGMA)), wall_s=1.0, loss_first=7.0,
             loss_last=6.0))
-    write_report(store, tmp_path / "out", plots=False)
+    write_report(store, tmp_path / "out")
     summary = (tmp_path / "out" / "summary.md").read_text()
     section = summary.split("## How long would it take here", 1)[1]
     for ref in ("| R1 |", "| R3 |", "| R4 |", "| R6 |", "| wide |", "WikiText-103", "tokens per word"):
