@@ -547,6 +547,59 @@ def once(
 
 
 @app.command()
+def predict(
+    settings: Annotated[list[str], typer.Argument(help="K=V settings; the catalogue's defaults fill the rest")] = [],
+    machine_name: Annotated[Optional[str], typer.Option("--machine", help="the machine's id, hostname or fingerprint (default: this host when it has runs, else the only machine)")] = None,
+    tokens: Annotated[Optional[float], typer.Option(help="also the time to train this many tokens")] = None,
+    epochs: Annotated[Optional[float], typer.Option(help="also the time to train this many epochs of --dataset")] = None,
+    dataset: Annotated[Optional[str], typer.Option(help="wikitext-2 or wikitext-103 (their published word counts, converted to the run's tokenizer)")] = None,
+    as_json: JsonOption = False,
+    db: DbOption = "results.db",
+) -> None:
+    """The predicted median step time of a configuration on a machine of the database, with a 95%
+    prediction interval, what it rests on and what it extrapolates (orchestrator/cost_model.py,
+    docs/prediction.md). Only reads the database."""
+    import socket
+
+    from common import variables
+    from common.errors import BadInput
+    from orchestrator.cost_model import predict as predict_config
+    from orchestrator.sweep import parse_assignment
+
+    def body():
+        partial = {}
+        for item in settings:
+            key, value = parse_assignment(item, "setting")
+            if key in variables.SET_BY_SWEEP:
+                raise BadInput(f"setting {key!r}: set by sweeps, not by hand")
+            partial[key] = variables.parse_value(key, value, "the command line")
+        doc = predict_config(open_store(db, read_only=True), partial, machine=machine_name,
+                             here=socket.gethostname(), tokens=tokens, epochs=epochs, dataset=dataset)
+        if as_json:
+            print(json.dumps(doc))
+            return
+        m = doc["machine"]
+
+        def step(ms: float) -> str:
+            return f"{ms / 1e3:.3g} s" if ms >= 1e3 else f"{ms:.3g} ms"
+        out.print(f"[bold]{step(doc['step_ms'])}[/] per step (95% interval {step(doc['step_ms_low'])} to "
+                  f"{step(doc['step_ms_high'])}) on machine {m['machine_id']} ({m['hostname']}, {m['cpu_model']})")
+        out.print(f"  {doc['flops_per_step'] / 1e9:.4g} GFLOP and {doc['tokens_per_step']:,} tokens per step, "
+                  f"{doc['params'] / 1e6:.4g}M parameters")
+        if "train_s" in doc:
+            out.print(f"  training {doc['tokens']:,.0f} tokens ({doc['steps']:,.0f} steps): {_duration(doc['train_s'])} "
+                      f"({_duration(doc['train_s_low'])} to {_duration(doc['train_s_high'])})")
+            if "tokens_basis" in doc:
+                out.print(f"  tokens: {doc['tokens_basis']}")
+        out.print(f"  basis: {doc['basis']}")
+        for name, e in doc["extrapolated"].items():
+            out.print(f"  [yellow]extrapolated[/]: {name}={e['value']:g}, measured {e['measured_min']:g} to "
+                      f"{e['measured_max']:g} ({e['beyond']:.3g}x the nearest end)")
+
+    guarded(body)
+
+
+@app.command()
 def machine(
     as_json: JsonOption = False,
     remeasure: Annotated[bool, typer.Option("--remeasure", help="measure bandwidth and GEMM peaks again")] = False,

@@ -7,9 +7,8 @@ Two estimates, the better one for each queued job:
   nothing. After the first repeat pass every queued job has such a measurement, so the estimate is
   right however unequal the jobs are, and whatever order the blocks run in.
 - Any other job: wall_s = overhead_s + s_per_work * work, where work is the training arithmetic of
-  a job (about 6 * params * tokens per optimizer step, plus attention's seq_len^2 term, times the
-  steps run, warm-up included) and params are estimated from the config (12 * n_layers * d_model^2
-  + vocab * d_model), so a queued job needs no measurement. Both coefficients are fitted by least
+  a job (common/compute.py's exact flops_per_step, the worker's own count, times the steps run,
+  warm-up included), so a queued job needs no measurement. Both coefficients are fitted by least
   squares on the pool's latest done runs (a sample of DONE_SAMPLE) and kept non-negative.
 A run's cost is the larger of its wall_s (the child's life) and its claim-to-finish time (the
 worker's share too: knobs, data), less what its repeats will not pay again (one_off_s: the cold
@@ -27,17 +26,18 @@ from collections import defaultdict
 import numpy as np
 from sqlalchemy import text
 
+from common.compute import flops_per_step
 from orchestrator.store import Store
 from common.variables import NAMES
 
-_SHAPE = "j.n_layers, j.d_model, j.mlp_ratio, j.vocab_size, j.seq_len, j.batch_size, j.grad_accum, j.steps, j.warmup_steps"
 # A configuration whatever its repeat (and block): every variable's column but repeat.
-_CONFIG = ", ".join(f'j."{n}"' for n in NAMES if n != "repeat")
+_CONFIG_NAMES = tuple(n for n in NAMES if n != "repeat")
+_CONFIG = ", ".join(f'j."{n}"' for n in _CONFIG_NAMES)
 _COST = "CASE WHEN r.wall_s IS NULL OR r.finished - r.claimed > r.wall_s THEN r.finished - r.claimed ELSE r.wall_s END"
 # The pool's latest finished runs with their cost: the fit needs a sample, not the whole history
 # (a 100k-job sweep would read every run at every progress update).
 FINISHED_ROWS = f"""
-SELECT r.run_id, r.status, {_COST}, r.applied, {_SHAPE}, {_CONFIG}
+SELECT r.run_id, r.status, {_COST}, r.applied, {_CONFIG}
 FROM runs r JOIN jobs j ON j.job_id = r.job_id
 WHERE r.pool_id = :pool_id AND r.status IN ('done', 'failed', 'skipped') AND r.finished IS NOT NULL
 """
@@ -45,33 +45,29 @@ SELECT_FINISHED = FINISHED_ROWS + "ORDER BY r.run_id DESC LIMIT {limit}\n"
 # The jobs still queued for the pool: its queue rows once it has claimed, else no run row yet or a
 # row taken back as 'queued'.
 SELECT_QUEUED = f"""
-SELECT {_SHAPE}, {_CONFIG} FROM queue q JOIN jobs j ON j.job_id = q.job_id WHERE q.pool_id = :pool_id
+SELECT {_CONFIG} FROM queue q JOIN jobs j ON j.job_id = q.job_id WHERE q.pool_id = :pool_id
 """
 SELECT_QUEUED_UNFILLED = f"""
-SELECT {_SHAPE}, {_CONFIG}
+SELECT {_CONFIG}
 FROM jobs j LEFT JOIN runs r ON r.job_id = j.job_id AND r.pool_id = :pool_id
 WHERE r.run_id IS NULL OR r.status = 'queued'
 """
 SELECT_FILLED = "SELECT filled FROM pools WHERE pool_id = :pool_id"
 DONE_SAMPLE = 2000
-_N_SHAPE = 9
-_HEAD = 4  # a finished row's run_id, status, cost, applied before its shape
+_HEAD = 4  # a finished row's run_id, status, cost, applied before its configuration
 
 # (db, pool) -> (finished sample's key, learn()'s overhead_s, s_per_work and cost per configuration)
 _fits: dict[tuple[str, int], tuple[tuple, tuple[float, float, dict]]] = {}
 
 
-def params_estimate(n_layers: int, d_model: int, vocab_size: int, mlp_ratio: float = 4.0) -> float:
-    """Parameters of a GPT-style model: attention (4 d^2) and MLP (2 * ratio * d^2) per block, plus embeddings."""
-    return n_layers * (4 + 2 * mlp_ratio) * d_model**2 + vocab_size * d_model
+def work(config: dict) -> float:
+    """Training FLOPs of a whole run: the exact count of one step (the worker's own) times the steps
+    run, warm-up included."""
+    return float(flops_per_step(config)) * (config["steps"] + config["warmup_steps"])
 
 
-def work(n_layers, d_model, mlp_ratio, vocab_size, seq_len, batch_size, grad_accum, steps, warmup_steps) -> float:
-    """Training FLOPs of a whole run, roughly: forward + backward = 6 flops per parameter per token,
-    plus attention scores (12 * n_layers * seq_len * d_model per token)."""
-    tokens_per_step = seq_len * batch_size * grad_accum
-    per_token = 6 * params_estimate(n_layers, d_model, vocab_size, mlp_ratio) + 12 * n_layers * seq_len * d_model
-    return per_token * tokens_per_step * (steps + warmup_steps)
+def _config(values: tuple) -> dict:
+    return dict(zip(_CONFIG_NAMES, values))
 
 
 def fit(walls: np.ndarray, works: np.ndarray) -> tuple[float, float]:
@@ -118,31 +114,31 @@ def one_off_s(applied) -> float:
 
 
 def learn(finished: list[tuple]) -> tuple[float, float, dict]:
-    """From finished rows (run_id, status, cost, applied, *shape, *config; SELECT_FINISHED's columns):
+    """From finished rows (run_id, status, cost, applied, *config; SELECT_FINISHED's columns):
     overhead_s and s_per_work fitted on the done runs, and the mean cost of each configuration, each
     cost less its one-off part."""
     def cost(r) -> float:
         return max(0.0, float(r[2] or 0.0) - one_off_s(r[3]))
 
     done = [r for r in finished if r[1] == "done" and r[2] is not None]
-    walls, works = np.array([(cost(r), work(*r[_HEAD:_HEAD + _N_SHAPE])) for r in done], dtype=float).reshape(-1, 2).T
+    walls, works = np.array([(cost(r), work(_config(r[_HEAD:]))) for r in done], dtype=float).reshape(-1, 2).T
     overhead_s, s_per_work = fit(walls, works)
     costs = defaultdict(list)
     for r in finished:
-        costs[tuple(r[_HEAD + _N_SHAPE:])].append(cost(r))
+        costs[tuple(r[_HEAD:])].append(cost(r))
     return overhead_s, s_per_work, {k: sum(v) / len(v) for k, v in costs.items()}
 
 
 def queued_of(finished_row: tuple) -> tuple:
-    """A finished row as a queued one (*shape, *config): what remaining_s reads."""
+    """A finished row as a queued one (its config's values): what remaining_s reads."""
     return tuple(finished_row[_HEAD:])
 
 
 def remaining_s(learned: tuple[float, float, dict], queued: list[tuple]) -> float:
-    """Seconds the queued rows (*shape, *config; SELECT_QUEUED's columns) should take."""
+    """Seconds the queued rows (config values; SELECT_QUEUED's columns) should take."""
     overhead_s, s_per_work, per_config = learned
     total = 0.0
     for r in queued:
-        known = per_config.get(tuple(r[_N_SHAPE:]))
-        total += known if known is not None else overhead_s + s_per_work * work(*r[:_N_SHAPE])
+        known = per_config.get(tuple(r))
+        total += known if known is not None else overhead_s + s_per_work * work(_config(r))
     return float(total)

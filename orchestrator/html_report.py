@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator import effects as fx
-from orchestrator import seeds
+from orchestrator import prediction_report, seeds
 from common.variables import BY_NAME, NAMES
 
 DOTS_PER_LEVEL = 300  # runs drawn per value of a variable (evenly sampled beyond it; the table has them all)
@@ -44,7 +44,7 @@ RUNS_PER_PAGE = 50
 SHARED_POINTS = 2000  # shared configurations drawn in the machines-compared scatter
 NOT_CONFIG = ("repeat",)  # the pass index: not part of what differs between configurations
 SECTIONS = (("effects", "Effects"), ("variables", "Variables"), ("machine", "Machine and noise"),
-            ("runs", "Runs"), ("seeds", "Reference runs"), ("machines", "Machines and pools"))
+            ("runs", "Runs"), ("seeds", "Reference runs"), ("predict", "How long here"), ("machines", "Machines and pools"))
 
 
 # -- the adapter: effects.py's objects -> plain dicts --------------------------------------------
@@ -649,6 +649,7 @@ def write_page(ctx, path: Path) -> Path:
         _machine_section(ctx, st, several),
         _runs_section(ctx, runs, varied),
         _seeds_section(ctx),
+        prediction_report.html(ctx),
         _machines_section(ctx, page_data["shared"], pools_table(ctx.rows)),
         '</main>',
         _json_script("page-data", page_data),

@@ -28,6 +28,7 @@ from orchestrator import html_report
 from orchestrator.effects import Analysis, Effect, Grid, VariableEffect
 from orchestrator.pool_report import pool_lines
 from orchestrator.seeds import seeds_section
+from orchestrator import prediction_report
 from orchestrator.store import ReadOnlyDatabase, Store
 from common.metrics import peak_text
 from common.variables import BY_NAME, NAMES
@@ -157,6 +158,7 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
                        for note in json.loads(notes or "[]")]
     ctx = Context(rows, fx.done_runs(rows), analysis, grids, names, facts, counts, failures, sweep_notes,
                   plot_paths, out_dir, targets)
+    ctx.sweep_texts, ctx.check_predictions = prediction_report.sweep_texts(store), plots  # "How long here"
     summary_path = out_dir / "summary.md"
     summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
     html_path = html_report.write_page(ctx, out_dir / "index.html")
@@ -773,6 +775,7 @@ SECTIONS: list[Callable[[Context], list[str]]] = [
     shared_section,
     pools_section,
     seeds_section,
+    prediction_report.markdown,
     machines_section,
     method_section,
 ]

@@ -4,7 +4,11 @@ A sweep has a [sweep] table (name, mode grid|ofat|random|list, repeats, seed, sa
 (values every job shares; the catalogue's defaults fill the rest) and an [axes] table (the varied
 values); mode = "list" takes its combinations from [[configs]] entries (each a partial config over
 [base], times the grid of any axes): configurations that differ in many variables at once, such as
-the seed documents' reference runs. Each combination is resolved and checked against the catalogue's constraints; violations
+the seed documents' reference runs. A [predict] table (`[predict.NAME]` partial configs) runs nothing:
+the report predicts those configurations' times (predict_configs()). In mode = "ofat", [[configs]] entries are *joint* configurations
+run beside the axes: a block of their own, `joint` (JOINT), that holds them and the base, shuffled
+together in every pass like any block; they vary several sizes at once (what a cost model needs to
+see interactions and GEMM shapes beyond the base) and belong to no axis's comparison. Each combination is resolved and checked against the catalogue's constraints; violations
 are counted by reason, never enqueued. Every repeat is its own job; all of repeat 0 runs first, so a
 half-finished sweep already covers every combination.
 
@@ -47,7 +51,8 @@ from common.errors import BadInput
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 MODES = ("grid", "ofat", "random", "list")
 SWEEP_KEYS = {"name": str, "mode": str, "repeats": int, "seed": int, "samples": int, "description": str}
-TABLES = ("sweep", "base", "axes", "configs")
+TABLES = ("sweep", "base", "axes", "configs", "predict")
+JOINT = "joint"  # the block of an ofat sweep's [[configs]]: no variable has this name
 # The most jobs one sweep may plan unless the user says more: a million jobs is ~1 GB of database and
 # months of machine time; a bigger count is almost always a stray axis.
 DEFAULT_MAX_JOBS = 1_000_000
@@ -121,6 +126,25 @@ class SweepPlan:
         if self._jobs is None:
             self._jobs = sorted(self.iter_jobs(), key=lambda j: j["run_order"])
         return self._jobs
+
+
+def predict_configs(doc: dict, where: str) -> dict[str, dict]:
+    """The [predict] table of a sweep: `[predict.NAME]` sub-tables, each a partial config over the
+    catalogue's defaults, whose step and training times the report predicts ("How long would it take
+    here", orchestrator/prediction_report.py) though no job runs them."""
+    table = doc.get("predict", {})
+    if not isinstance(table, dict):
+        raise BadInput(f"predict in {where}: expected a table [predict] of [predict.NAME] tables")
+    out = {}
+    for name, entry in table.items():
+        if not isinstance(entry, dict):
+            raise BadInput(f"predict.{name} in {where}: expected a table [predict.{name}] of variable = value")
+        parsed = {}
+        for key, value in entry.items():
+            _check_settable(key, f"predict.{name}.{key}", where)
+            parsed[key] = V.parse_value(key, value, f"predict.{name}.{key} of {where}")
+        out[name] = parsed
+    return out
 
 
 def preset_path(name: str) -> Path:
@@ -249,6 +273,7 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
                 raise BadInput(f"configs in {where}: expected an array of tables [[configs]]")
         elif not isinstance(doc[key], dict):
             raise BadInput(f"{key} in {where}: expected a table [{key}]")
+    predict_configs(doc, where)  # checked here, run by no job: the report predicts them
     head = doc.get("sweep", {})
     for key, value in head.items():
         kind = SWEEP_KEYS.get(key)
@@ -280,8 +305,9 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
             _check_settable(key, f"configs[{i}].{key}", where)
             parsed[key] = V.parse_value(key, value, f"configs[{i}].{key} of {where}")
         configs.append(parsed)
-    if (mode == "list") != bool(configs):
-        raise BadInput(f"{where}: [[configs]] entries go with sweep.mode = \"list\", and mode list needs at least one")
+    if mode == "list" and not configs or configs and mode not in ("list", "ofat"):
+        raise BadInput(f"{where}: [[configs]] entries go with sweep.mode = \"list\" (or \"ofat\", as joint "
+                       f"configurations), and mode list needs at least one")
     notes: list[str] = []
     axes: dict[str, list] = {}
     block_bases: dict[str, dict] = {}  # ofat: an axis's own changes to [base] (its block's baseline)
@@ -299,6 +325,8 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
                        f"{math.prod(len(v) for v in axes.values()):,} combinations, and random mode samples "
                        f"distinct ones: lower samples, or use mode = \"grid\" for all of them")
     count = _count(mode, axes, samples, copies) * (len(configs) if mode == "list" else 1) * repeats
+    if mode == "ofat" and configs:
+        count += (len(configs) + 1) * repeats
     limit = DEFAULT_MAX_JOBS if max_jobs is None else max_jobs
     if count > limit:
         sizes = " x ".join(f"{k} ({len(v)})" for k, v in axes.items()) or "no axes"
@@ -311,7 +339,7 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
                      combinations=lambda: _combinations(mode, base, axes, seed, samples, configs, block_bases,
                                                         copies),
                      repeats=repeats, seed=seed, cpu_count=machine.cpu_count,
-                     blocks=list(axes) if mode == "ofat" else [])
+                     blocks=list(axes) + ([JOINT] if configs else []) if mode == "ofat" else [])
 
 
 def block_names(axis: str, copies: int) -> list[str]:
@@ -423,7 +451,7 @@ def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, sampl
         for values in itertools.product(*axes.values()):
             yield None, {**base, **dict(zip(keys, values))}
     elif mode == "ofat":
-        if not axes:
+        if not axes and not configs:
             yield None, dict(base)
         for key, values in axes.items():
             baseline = {**base, **(block_bases or {}).get(key, {})}
@@ -431,6 +459,10 @@ def _combinations(mode: str, base: dict, axes: dict[str, list], seed: int, sampl
                 yield block, baseline  # the block's baseline; an axis value equal to it is the same job
                 for v in values:
                     yield block, {**baseline, key: v}
+        if configs:  # the joint configurations, beside the base in a block of their own
+            yield JOINT, dict(base)
+            for entry in configs:
+                yield JOINT, {**base, **entry}
     else:  # distinct combinations (expand() refuses more samples than there are); the draws of a
         # sweep without repeats are the ones the sampler always made
         rng = random.Random(seed)

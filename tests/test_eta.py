@@ -15,8 +15,7 @@ S_PER_FLOP = 2e-11
 
 def true_wall_s(c: dict) -> float:
     """The made-up machine: a fixed start-up cost plus time proportional to the training arithmetic."""
-    return OVERHEAD_S + S_PER_FLOP * work(c["n_layers"], c["d_model"], c["mlp_ratio"], c["vocab_size"], c["seq_len"],
-                                          c["batch_size"], c["grad_accum"], c["steps"], c["warmup_steps"])
+    return OVERHEAD_S + S_PER_FLOP * work(c)
 
 
 def finish_as_the_law_says(c: dict):

@@ -89,3 +89,16 @@ def test_merged_lora_runs_where_the_harness_counts_it_merged():
     adapters = [m for m in model.modules() if isinstance(m, LoRALinear)]
     assert adapters and all(m.merged and type(m.base) is torch.nn.Linear for m in adapters)
     assert "fp32" in harness.MERGED_LORA_PRECISIONS and "mixed" not in harness.MERGED_LORA_PRECISIONS
+
+
+@pytest.mark.parametrize("overrides", CONFIGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "base")
+def test_the_operations_of_a_step_sum_to_its_flops_and_their_shapes_to_their_flops(overrides):
+    from common.compute import operations
+
+    config = asdict(ModelConfig(**(BASE | {k: v for k, v in overrides.items() if k not in TRAINER}))) | {
+        "task": "pretrain", "lora_rank": 8, "precision": "fp32", "optimizer": "adamw", "batch_size": 3,
+        "grad_accum": 2} | {k: v for k, v in overrides.items() if k in TRAINER}
+    ops = operations(config)
+    assert sum(op.calls * op.flops for op in ops if op.kind != "memory") == harness.flops_per_step(config)
+    assert all(op.flops == 2 * op.m * op.n * op.k * op.batch for op in ops if op.kind == "gemm")
+    assert all(op.elements > 0 and op.calls > 0 for op in ops)

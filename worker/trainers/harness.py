@@ -37,6 +37,10 @@ from collections.abc import Callable
 
 from common.compute import (INT4_GROUP, INT4_N_MULTIPLE, NOT_OFFERED, SIMULATED, int4_unsupported,  # noqa: F401
                             linear_shapes, mlp_hidden)
+# The analytic counts live in common/compute.py (the worker, the ETA, the memory estimate and the cost
+# model share one formula); the trainers and tests know them by these names here.
+from common.compute import (MERGED_LORA_PRECISIONS, attended_positions, block_matmul_params,  # noqa: F401
+                            flops_per_step, lora_params, matmul_params, param_counts)
 from common.metrics import METRICS, TRAINER_METRICS, WORKER_METRICS  # noqa: F401 (the contract's names)
 
 # Read back by every trainer (common_read_back()); each adds its framework's own (threads, BLAS...).
@@ -48,9 +52,6 @@ TRAINERS = {"torch": "worker.trainers.torch", "jax": "worker.trainers.jax", "num
 # rather than a ratio against the fp32 peak they are not bound by).
 PEAK_KEY = {"fp32": "fp32", "q8": "fp32", "q4": "int4", "bitnet": "int8", "int8": "int8", "bf16": "bf16",
             "mixed": "bf16"}
-# The precisions whose LoRA adapters run merged into the frozen weight (model.py's MergedLoRA: plain
-# Linear bases of the weights' own dtype, no autocast); the others run the adapter as a second path.
-MERGED_LORA_PRECISIONS = ("fp32", "bf16")
 LOSS_LAST_STEPS = 3  # loss_last averages this many final steps: one step's loss is noisy
 
 
@@ -227,106 +228,3 @@ def common_read_back() -> dict:
     """The READBACK settings, read in this process."""
     return {"affinity": threads_affinity(), "main_thread_affinity": sorted(os.sched_getaffinity(0)),
             "allocator_lib": loaded_allocator(), "uid": os.getuid()}
-
-
-# -- analytic counts: from the config alone, the same for every framework ----------------------
-
-
-def block_matmul_params(config: dict) -> int:
-    """The weights of one block's Linear layers: fused QKV, attention out, MLP in (x2 for swiglu), MLP out."""
-    d, hidden = config["d_model"], mlp_hidden(config)
-    q_width = config["n_heads"] * config["head_dim"]
-    kv_width = config["kv_heads"] * config["head_dim"]
-    fc_out = 2 * hidden if config["activation"] == "swiglu" else hidden
-    return d * (q_width + 2 * kv_width) + q_width * d + d * fc_out + hidden * d
-
-
-def matmul_params(config: dict) -> int:
-    """Weights that take part in a matmul: every Linear of the blocks, plus the head (vocab x d).
-    Embedding lookups, positions and LayerNorm gains are not GEMMs."""
-    return config["n_layers"] * block_matmul_params(config) + config["vocab_size"] * config["d_model"]
-
-
-def lora_params(config: dict) -> int:
-    """The adapter weights of task=finetune_lora: rank r pairs (A: r x in, B: out x r) on each
-    block's qkv, attention out, MLP in and MLP out; 0 for any other task."""
-    if config.get("task") != "finetune_lora":
-        return 0
-    d, hidden, r = config["d_model"], mlp_hidden(config), config["lora_rank"]
-    q_width = config["n_heads"] * config["head_dim"]
-    qkv_out = q_width + 2 * config["kv_heads"] * config["head_dim"]
-    fc_out = 2 * hidden if config["activation"] == "swiglu" else hidden
-    return config["n_layers"] * r * ((d + qkv_out) + (q_width + d) + (d + fc_out) + (hidden + d))
-
-
-def param_counts(config: dict) -> dict:
-    """params: every weight, the tied head counted once (token and position embeddings, the blocks'
-    Linear weights, 2 LayerNorm gains per block and the final one; no biases; LoRA adapters included).
-    trainable_params: the ones the optimizer updates (all of them when pretraining or finetuning all
-    weights; only the adapters with task=finetune_lora)."""
-    d = config["d_model"]
-    params = (config["vocab_size"] * d + config["seq_len"] * d
-              + config["n_layers"] * (block_matmul_params(config) + 2 * d) + d)
-    lora = lora_params(config)
-    return {"params": params + lora, "trainable_params": lora or params}
-
-
-def attended_positions(kind: str, seq_len: int, window: int) -> int:
-    """How many (query, key) pairs the attention mask allows, summed over the sequence: never the
-    future; local: only inside the query's block of `window` tokens; sliding: the last `window`."""
-    def tri(n: int) -> int:
-        return n * (n + 1) // 2
-
-    if kind == "full" or window >= seq_len and kind == "sliding":
-        return tri(seq_len)
-    if kind == "local":
-        full_blocks, rest = divmod(seq_len, window)
-        return full_blocks * tri(window) + tri(rest)
-    assert kind == "sliding", kind
-    return tri(window) + (seq_len - window) * window
-
-
-def flops_per_step(config: dict) -> int:
-    """Training FLOPs of one optimizer step (forward + backward), counted like PaLM / nanoGPT:
-
-        tokens        = batch_size * grad_accum * seq_len
-        flops_per_step = 6 * N_matmul * tokens
-                       + 12 * n_layers * n_heads * head_dim * A * batch_size * grad_accum
-
-    N_matmul = matmul_params(): 2 FLOPs per weight per token forward, 4 backward. Attention scores
-    (QK^T) and the weighted sum (AV) are each 2 * head_dim FLOPs per query head per attended
-    (query, key) pair forward, x3 with backward: 12 * n_heads * head_dim per pair. A =
-    attended_positions(): only pairs the mask allows count (T(T+1)/2 for full causal, fewer for
-    local/sliding windows), so this counts useful work, not the masked half a kernel may compute.
-    GQA shrinks the K/V projections (fewer matmul weights) but not the score/sum work: that follows
-    the query heads. Elementwise work (softmax, norms, activations, optimizer) is not counted.
-
-    With task=finetune_lora only what runs is counted. Every frozen matrix does its forward (2) and
-    input-gradient (2) GEMMs but no weight-gradient GEMM; the first block's qkv (qkv_0 weights) needs
-    no input gradient either, since nothing below it trains. The adapters (N_lora = lora_params()
-    weights, rank r) run in one of two forms (worker/trainers/torch/model.py, LoRALinear):
-      merged (fp32, bf16: MergedLoRA), x (W + B A)^T: per token x A^T forward (2 r in), and dB, g B,
-        dA backward (2 r out, 2 r out, 2 r in): 4 FLOPs per adapter weight, no input gradient of
-        their own (it is folded into the merged GEMM); plus the merge W + B A itself, 2 r in out per
-        adapted matrix once per micro-batch (M_blocks = n_layers * block_matmul_params()):
-            (4 N_matmul - 2 qkv_0 + 4 N_lora) * tokens + 2 r M_blocks * grad_accum + attention
-      two paths (mixed's autocast, quantized bases), x W^T + (x A^T) B^T: forward, input and weight
-        gradients of both factors (6 per adapter weight), less the first qkv adapter's input
-        gradient (2 r d):
-            (4 N_matmul - 2 qkv_0 + 6 N_lora - 2 r d_model) * tokens + attention
-    """
-    sequences = config["batch_size"] * config["grad_accum"]
-    tokens = sequences * config["seq_len"]
-    pairs = attended_positions(config["attention"], config["seq_len"], config["window"])
-    attention = 12 * config["n_layers"] * config["n_heads"] * config["head_dim"] * pairs * sequences
-    n_lora = lora_params(config)
-    if not n_lora:
-        return 6 * matmul_params(config) * tokens + attention
-    d, r = config["d_model"], config["lora_rank"]
-    qkv_0 = d * (config["n_heads"] + 2 * config["kv_heads"]) * config["head_dim"]
-    if config["precision"] in MERGED_LORA_PRECISIONS:
-        merges = 2 * r * config["n_layers"] * block_matmul_params(config) * config["grad_accum"]
-        return (4 * matmul_params(config) - 2 * qkv_0 + 4 * n_lora) * tokens + merges + attention
-    per_token = 4 * matmul_params(config) - 2 * qkv_0 + 6 * n_lora - 2 * r * d
-    return per_token * tokens + attention
-

@@ -1,0 +1,579 @@
+"""The cost model: the predicted median step time of a configuration on a machine, with a 95% prediction
+interval, fitted to every done run of that machine. `predict`, the report's "How long would it take
+here" and the leave-one-configuration-out check all go through `fit()` and `Model.predict()`; nothing
+else here is an entry point.
+
+The model (docs/prediction.md):
+
+    step_s = (c_flop * F_gemm + c_move * E_gemm + c_attn * F_attn + c_mem * E_mem + c_call * calls + c_step)
+             * prod(factor[variable = value])
+
+F_gemm, E_gemm: the FLOPs and the matrix elements (m k + k n + m n, what a GEMM moves) of the step's GEMMs,
+F_attn: attention's FLOPs, E_mem: the values memory-bound work streams (norms, activations, softmax, the
+loss, the optimizer), calls: kernel calls, all exact from common/compute.operations(). The six costs are
+positive (fitted as exp of a free parameter): c_flop is the inverse of the machine's GEMM FLOP rate on
+large shapes and c_move what a GEMM pays for its operands, so a GEMM's efficiency flops / time =
+1 / (c_flop + c_move * (1/m + 1/n + 1/k) / 2) rises with every dimension towards 1 / c_flop: small and
+thin GEMMs are slow, large ones near the plateau, with no extra parameter per shape. Every variable
+that is not a size (framework, precision, compile, cores, threads, allocator...) is a categorical factor
+on the whole step where the database holds runs with another value; a value the machine never ran is
+refused (BenchError), and values that always occur together in the data (framework=jax with
+compile=xla) are one factor, refused apart.
+
+The fit is least squares on log step time (run noise and model error are multiplicative). The interval:
+log prediction +- t(0.975, n - p) * sqrt(s^2 + g' C g), s^2 the residual variance, C = s^2 (J'J)^-1
+the parameters' covariance from the Jacobian at the optimum (pseudo-inverse where a cost is not
+identified), g the gradient of the log prediction; exp() of the two ends. Pure: rows in, numbers out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import optimize, stats
+
+from common.compute import operations
+from common.errors import BenchError
+
+# Variables the operations price: a new value is arithmetic, extrapolated but never refused.
+SIZES = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_ratio", "vocab_size", "seq_len",
+         "batch_size", "grad_accum", "window", "dropout", "lora_rank")
+# Structural words the operations also price (their shapes and counts): no factor of their own.
+# `task` is priced too (LoRA's adapters, frozen weights) but is a factor as well: the quick base's
+# finetune_lora runs take 28% more than their operations say (the adapters' small kernels), in sample.
+STRUCTURE = ("activation", "attention", "optimizer")
+# Variables that do not change what one step costs (or are the run's bookkeeping).
+IGNORED = ("steps", "warmup_steps", "seed", "repeat", "dataset")
+TERMS = ("gemm_flops", "gemm_elements", "attention_flops", "memory_elements", "calls", "step")
+# The cost terms' scales: each feature divided by its scale is of order one on the quick base, so the
+# optimizer's free parameters are of order one too.
+_SCALE = np.array([1e9, 1e7, 1e8, 1e7, 1e2, 1.0])
+LEVEL = 0.95
+
+
+_FEATURE_KEYS = SIZES + STRUCTURE + ("task", "precision")  # all operations() reads
+_features: dict[tuple, np.ndarray] = {}
+
+
+def features(config: dict) -> np.ndarray:
+    """The six terms of one step of `config` (TERMS), from its exact operations (memoised: the
+    leave-one-out check fits the same rows many times)."""
+    key = tuple(_word(config.get(k)) for k in _FEATURE_KEYS)
+    if key not in _features:
+        if len(_features) > 100_000:
+            _features.clear()
+        _features[key] = _features_of(config)
+    return _features[key]
+
+
+def _features_of(config: dict) -> np.ndarray:
+    f = np.zeros(len(TERMS))
+    for op in operations(config):
+        if op.kind == "gemm":
+            f[0] += op.calls * op.flops
+            f[1] += op.calls * op.elements
+        elif op.kind == "attention":
+            f[2] += op.calls * op.flops
+            f[3] += op.calls * op.elements
+        else:
+            f[3] += op.calls * op.elements
+        f[4] += op.calls
+    f[5] = 1.0
+    return f / _SCALE
+
+
+def factor_variables(rows: list[dict]) -> list[str]:
+    """Variables of the rows that are neither sizes, structure nor ignored, and take more than one value."""
+    names = [k for k in rows[0] if k not in SIZES + STRUCTURE + IGNORED]
+    from common.variables import NAMES
+    return [n for n in names if n in NAMES and len({_word(r[n]) for r in rows}) > 1]
+
+
+def _word(value) -> str:
+    """A setting's value as one word, the same whether it comes from the database (booleans as 0/1,
+    REAL columns) or from a resolved config."""
+    if value is None or value in ("default", "auto"):  # the jobs' typed columns hold these words as NULL
+        return "default"
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+@dataclass
+class Prediction:
+    step_ms: float
+    step_ms_low: float
+    step_ms_high: float
+    basis: str
+    extrapolated: dict  # variable -> {"value", "measured_min", "measured_max", "beyond": ratio}
+    flops_per_step: int
+
+    def train(self, tokens_per_step: int, tokens: float) -> dict:
+        """Seconds to train `tokens` tokens at this step time (and its interval)."""
+        steps = tokens / tokens_per_step
+        return {"train_s": self.step_ms / 1e3 * steps, "train_s_low": self.step_ms_low / 1e3 * steps,
+                "train_s_high": self.step_ms_high / 1e3 * steps, "steps": steps}
+
+
+@dataclass
+class Model:
+    """A fitted model of one machine's step times; predict() is what callers use."""
+    log_costs: np.ndarray  # free parameters of the six costs
+    factors: list[tuple[tuple[tuple[str, str], ...], float]]  # ((variable, value) group, log factor)
+    reference: dict  # variable -> the value every factor is relative to
+    measured: dict  # variable -> set of measured words (factor variables)
+    ranges: dict  # size variable -> (min, max) measured
+    cov: np.ndarray
+    s2: float
+    dof: int
+    n_runs: int
+    n_configs: int
+    rms_log: float
+    fixed: dict = field(default_factory=dict)  # variables with one value in the data -> that word
+
+    def _design(self, config: dict) -> tuple[np.ndarray, np.ndarray]:
+        x = features(config)
+        d = np.array([1.0 if all(_word(config.get(k)) == v for k, v in group) else 0.0 for group, _ in self.factors])
+        # an average block: the mean of every block's effect (the first block's is 0)
+        blocks = np.full(len(self.block_params), 1.0 / (len(self.block_params) + 1))
+        return x, np.concatenate([d, blocks])
+
+    def log_step(self, x: np.ndarray, d: np.ndarray, params: np.ndarray | None = None) -> float:
+        p = self.params if params is None else params
+        k = len(TERMS)
+        return float(np.log(np.exp(p[:k]) @ x) + p[k:] @ d)
+
+    @property
+    def params(self) -> np.ndarray:
+        return np.concatenate([self.log_costs, [b for _, b in self.factors], self.block_params])
+
+    def refusal(self, config: dict) -> str | None:
+        """Why this model cannot predict `config`, or None."""
+        for name, words in self.measured.items():
+            word = _word(config.get(name))
+            if word not in words:
+                return (f"{name}={word} was never measured on this machine (measured: {', '.join(sorted(words))}): "
+                        f"the model does not guess a setting's effect")
+        for name, word in self.fixed.items():
+            if _word(config.get(name)) != word:
+                return (f"{name}={_word(config.get(name))} was never measured on this machine (every run has "
+                        f"{name}={word}): the model does not guess a setting's effect")
+        for group, _ in self.factors:
+            hits = [_word(config.get(k)) == v for k, v in group]
+            if any(hits) and not all(hits):
+                together = " with ".join(f"{k}={v}" for k, v in group)
+                return (f"{together} were only measured together on this machine; "
+                        f"{', '.join(f'{k}={_word(config.get(k))}' for k, _ in group)} never was")
+        return None
+
+    def predict(self, config: dict) -> Prediction:
+        """The median step time of `config` with its 95% prediction interval; BenchError where the
+        machine never ran one of its settings."""
+        why = self.refusal(config)
+        if why:
+            raise BenchError(why)
+        x, d = self._design(config)
+        if self.null.size:
+            lean = self.null @ d
+            for v, amount in zip(self.null, lean):
+                if abs(amount) > 1e-6:
+                    tied = [" with ".join(f"{k}={w}" for k, w in g) for g, c in zip(self.factor_names, v)
+                            if abs(c) > 1e-6]
+                    raise BenchError(f"this machine's runs cannot tell apart the effects of {'; '.join(tied)} "
+                                     f"(they only ever changed together); this configuration takes some of them "
+                                     f"without the others")
+        mu = self.log_step(x, d)
+        g = _gradient(lambda p: self.log_step(x, d, p), self.params)
+        var = self.s2 + self.block_var + float(g @ self.cov @ g)
+        half = stats.t.ppf(0.5 + LEVEL / 2, max(self.dof, 1)) * math.sqrt(max(var, 0.0))
+        extrapolated = {}
+        for name, (lo, hi) in self.ranges.items():
+            value = config.get(name)
+            if not _matters(name, config):
+                continue
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and (value < lo or value > hi):
+                edge = hi if value > hi else lo
+                extrapolated[name] = {"value": value, "measured_min": lo, "measured_max": hi,
+                                      "beyond": (value / edge) if edge else None}
+        from common.compute import flops_per_step
+        flops = flops_per_step(config)
+        if flops > self.ranges_flops[1] or flops < self.ranges_flops[0]:
+            lo, hi = self.ranges_flops
+            edge = hi if flops > hi else lo
+            extrapolated["flops_per_step"] = {"value": flops, "measured_min": lo, "measured_max": hi,
+                                              "beyond": flops / edge}
+        basis = (f"{self.n_runs} done runs of {self.n_configs} configurations on this machine; log residual "
+                 f"{self.rms_log:.3f} (rms) and block spread {math.sqrt(self.block_var):.3f}, {len(self.factors)} "
+                 f"setting factors, {self.dof} degrees of freedom")
+        return Prediction(step_ms=1e3 * math.exp(mu), step_ms_low=1e3 * math.exp(mu - half),
+                          step_ms_high=1e3 * math.exp(mu + half), basis=basis, extrapolated=extrapolated,
+                          flops_per_step=flops)
+
+    ranges_flops: tuple[float, float] = (0.0, 0.0)
+    block_params: np.ndarray = field(default_factory=lambda: np.zeros(0))  # nuisance: each block but the first
+    block_var: float = 0.0  # the spread of the blocks (log), noise a new run meets
+    null: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # inestimable directions of (factors, blocks)
+    factor_names: list = field(default_factory=list)
+
+
+def _matters(name: str, config: dict) -> bool:
+    """Whether a size changes what this config computes: window only with local or sliding attention,
+    lora_rank only with task=finetune_lora."""
+    if name == "window":
+        return config.get("attention") != "full"
+    if name == "lora_rank":
+        return config.get("task") == "finetune_lora"
+    return True
+
+
+def _gradient(fn, p: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    g = np.zeros_like(p)
+    for i in range(len(p)):
+        e = np.zeros_like(p)
+        e[i] = h
+        g[i] = (fn(p + e) - fn(p - e)) / (2 * h)
+    return g
+
+
+def config_key(row: dict) -> tuple:
+    """A configuration whatever its repeat: the values of every catalogue variable but the bookkeeping."""
+    from common.variables import NAMES
+    return tuple(_word(row.get(n)) for n in NAMES if n not in IGNORED)
+
+
+def block_of(row: dict) -> tuple:
+    """A run's block in the run order: its repeat pass and its comparison's stretch (jobs.block; None:
+    the whole pass), as the report's step model has it (orchestrator/noise.py)."""
+    from orchestrator.sweep import stretch_of
+    return (row.get("repeat"), stretch_of(row.get("block")))
+
+
+def fit(rows: list[dict], start: Model | None = None) -> Model:
+    """The model of one machine from its done runs (dicts with v_results' columns: every variable,
+    repeat, block and step_ms_median). BenchError when there is nothing to fit. `start`: a model of
+    nearly the same rows to start from (leave-one-out)."""
+    rows = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
+    if len(rows) < len(TERMS) + 1:
+        raise BenchError(f"{len(rows)} done runs on this machine: the cost model needs at least {len(TERMS) + 1}")
+    from common.variables import NAMES
+    varied = factor_variables(rows)
+    fixed = {n: _word(rows[0][n]) for n in NAMES if n in rows[0] and n not in SIZES + STRUCTURE + IGNORED
+             and n not in varied}
+    # The reference of each factor: its most common value (the sweep's base).
+    reference, measured, columns = {}, {}, []
+    for name in varied:
+        words = [_word(r[name]) for r in rows]
+        counts = {w: words.count(w) for w in set(words)}
+        reference[name] = max(counts, key=lambda w: (counts[w], w))
+        measured[name] = set(counts)
+        for w in sorted(counts):
+            if w != reference[name]:
+                columns.append(((name, w), np.array([1.0 if x == w else 0.0 for x in words])))
+    # Columns that are equal in the data (settings only ever changed together) are one factor.
+    groups: list[tuple[tuple[tuple[str, str], ...], np.ndarray]] = []
+    for key, col in columns:
+        for i, (g, c) in enumerate(groups):
+            if np.array_equal(c, col):
+                groups[i] = (g + (key,), c)
+                break
+        else:
+            groups.append(((key,), col))
+    # Blocks: the machine's slow and fast stretches (a comparison's runs share one). A nuisance effect
+    # per block but the first; a prediction is for an average block, and the blocks' spread is noise
+    # a new run will meet, so it joins the interval.
+    blocks = sorted({block_of(r) for r in rows}, key=str)
+    index = {b: i for i, b in enumerate(blocks)}
+    B = np.zeros((len(rows), max(len(blocks) - 1, 0)))
+    for i, r in enumerate(rows):
+        j = index[block_of(r)]
+        if j:
+            B[i, j - 1] = 1.0
+    X = np.array([features(r) for r in rows])
+    D = np.column_stack([c for _, c in groups] + ([B] if B.shape[1] else [])) if groups or B.shape[1] \
+        else np.zeros((len(rows), 0))
+    y = np.log(np.array([float(r["step_ms_median"]) / 1e3 for r in rows]))
+    k, n_factors = len(TERMS), len(groups)
+
+    def residuals(p):
+        return np.log(np.exp(p[:k]) @ X.T) + D @ p[k:] - y
+
+    def jacobian(p):
+        terms = np.exp(p[:k]) * X  # each term's seconds, per run
+        return np.hstack([terms / terms.sum(axis=1, keepdims=True), D])
+
+    # Variable projection: for given costs the factors and blocks are a linear least-squares fit of
+    # what the costs leave unexplained, so the search runs over the six costs alone.
+    # one SVD of D gives its pseudo-inverse and its null space (below)
+    if D.shape[1]:
+        u, sv, vt = np.linalg.svd(D, full_matrices=False)
+        rank = int(np.sum(sv > sv[0] * 1e-10))
+        D_pinv = (vt[:rank].T / sv[:rank]) @ u[:, :rank].T
+    else:
+        D_pinv, rank, vt = np.zeros((0, len(rows))), 0, np.zeros((0, 0))
+
+    def linear_part(theta):
+        return D_pinv @ (y - np.log(np.exp(theta) @ X.T))
+
+    def projected(theta):
+        left = y - np.log(np.exp(theta) @ X.T)
+        return D @ (D_pinv @ left) - left
+
+    def projected_jac(theta):
+        terms = np.exp(theta) * X
+        d_log = terms / terms.sum(axis=1, keepdims=True)
+        return d_log - D @ (D_pinv @ d_log)
+
+    # Start: all time in the GEMM FLOPs at the median rate; other costs small. exp() of a free
+    # parameter keeps each cost positive; bounds keep a cost the data cannot see from wandering to
+    # -inf (it is then counted as no parameter).
+    rate = float(np.median(np.exp(y) / X[:, 0]))
+    lower, upper = np.full(k, -40.0), np.full(k, 10.0)
+    starts = []
+    if start is not None and len(start.log_costs) == k:
+        starts.append(np.clip(start.log_costs, lower + 1e-3, upper - 1e-3))
+    else:
+        for shift in (0.0, -2.0, -4.0):
+            starts.append(np.log([rate, rate * 0.05, rate, rate * 0.05, rate * 0.05, rate * 0.05]) + np.r_[0, [shift] * (k - 1)])
+    best = None
+    for s0 in starts:
+        sol = optimize.least_squares(projected, s0, jac=projected_jac, bounds=(lower, upper), method="trf",
+                                     x_scale="jac", max_nfev=2000)
+        if best is None or sol.cost < best.cost:
+            best = sol
+    theta = best.x
+    p = np.concatenate([theta, linear_part(theta)])
+    J = jacobian(p)
+    lower = np.concatenate([lower, np.full(D.shape[1], -np.inf)])
+    n, n_params = len(y), len(p)
+    # a cost pushed to its lower bound is not identified: it counts as no parameter
+    active = np.array([not (i < k and p[i] <= lower[i] + 1e-6) for i in range(n_params)])
+    dof = max(n - int(active.sum()), 1)
+    res = residuals(p)
+    s2 = float(res @ res) / dof
+    Ja = J[:, active]
+    cov = np.zeros((n_params, n_params))
+    cov[np.ix_(active, active)] = s2 * np.linalg.pinv(Ja.T @ Ja)
+    gamma = np.concatenate([[0.0], p[k + n_factors:]])
+    ranges = {}
+    for name in SIZES:
+        values = [float(r[name]) for r in rows if isinstance(r.get(name), (int, float)) and not isinstance(r.get(name), bool)
+                  and _matters(name, r)]
+        if values:
+            ranges[name] = (min(values), max(values))
+    from common.compute import flops_per_step
+    flops = [flops_per_step(r) for r in rows]
+    model = Model(log_costs=p[:k], factors=[(g, float(b)) for (g, _), b in zip(groups, p[k:k + n_factors])],
+                  reference=reference, measured=measured, ranges=ranges, cov=cov, s2=s2, dof=dof, n_runs=n,
+                  n_configs=len({config_key(r) for r in rows}), rms_log=float(np.sqrt(np.mean(res ** 2))),
+                  fixed=fixed)
+    model.block_params = p[k + n_factors:]
+    # Directions of the factors and blocks the data cannot tell apart (settings that only ever changed
+    # together in some combination: jax and numpy runs record compile_cache=cold, say): a query whose
+    # settings lean on one of them is refused (not estimable), one that takes the whole combination is not.
+    if D.shape[1]:
+        model.null = vt[rank:]
+    model.factor_names = [g for g, _ in groups]
+    # the spread of the block effects beyond their own estimation noise (Kalibera & Jones' second level)
+    block_noise = float(np.mean(np.diag(cov)[k + n_factors:])) if len(gamma) > 1 else 0.0
+    model.block_var = max(float(np.var(gamma)) - block_noise, 0.0) if len(gamma) > 1 else 0.0
+    model.ranges_flops = (float(min(flops)), float(max(flops)))
+    return model
+
+
+def costs(model: Model) -> dict[str, float]:
+    """Each term's fitted cost in seconds per unit (per FLOP, per element, per call, per step)."""
+    return {t: float(math.exp(v)) / s for t, v, s in zip(TERMS, model.log_costs, _SCALE)}
+
+
+def leave_one_config_out(rows: list[dict], only: set | None = None) -> list[dict]:
+    """For each configuration of the rows (or those of `only`, config_key()s): its measured median step
+    time (median of its runs) and the prediction of a model fitted without any of its runs; refused
+    ones carry the reason instead."""
+    rows = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
+    by_config: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by_config.setdefault(config_key(r), []).append(r)
+    whole = fit(rows)
+    out = []
+    for key, own in by_config.items():
+        if only is not None and key not in only:
+            continue
+        rest = [r for r in rows if config_key(r) != key]
+        measured = float(np.median([r["step_ms_median"] for r in own]))
+        entry = {"config": own[0], "measured_ms": measured, "runs": len(own)}
+        try:
+            pred = fit(rest, start=whole).predict(own[0])
+        except BenchError as error:
+            entry["refused"] = str(error)
+        else:
+            entry.update(predicted_ms=pred.step_ms, low_ms=pred.step_ms_low, high_ms=pred.step_ms_high,
+                         error=pred.step_ms / measured - 1)
+        out.append(entry)
+    return out
+
+
+# -- the entry point: a configuration, a database, a machine -> the prediction -------------------
+
+SELECT_MACHINES = """
+SELECT m.machine_id, m.hostname, m.cpu_model, m.logical_cores, m.fingerprint, COUNT(r.run_id)
+FROM machines m JOIN runs r ON r.machine_id = m.machine_id
+WHERE r.status = 'done'
+GROUP BY m.machine_id, m.hostname, m.cpu_model, m.logical_cores, m.fingerprint
+ORDER BY m.machine_id
+"""
+SELECT_DONE = "SELECT * FROM v_results WHERE machine_id = :machine_id AND status = 'done' ORDER BY run_id"
+# Word-level token counts of the training splits (Merity et al. 2016, after the Moses tokenizer); the
+# datasets cannot be downloaded here, so their published sizes are used.
+DATASET_WORDS = {"wikitext-2": 2_088_628, "wikitext-103": 103_227_021}
+
+
+@dataclass(frozen=True)
+class MachineRow:
+    machine_id: int
+    hostname: str
+    cpu_model: str
+    logical_cores: int
+    fingerprint: str
+    done_runs: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.machine_id} ({self.hostname}, {self.cpu_model}, {self.done_runs} done runs)"
+
+
+def machines(store) -> list[MachineRow]:
+    """The machines of the database with at least one done run."""
+    from sqlalchemy import text
+    with store.transaction() as conn:
+        return [MachineRow(*r) for r in conn.execute(text(SELECT_MACHINES)).all()]
+
+
+def choose_machine(store, machine: str | None, here: str | None = None) -> MachineRow:
+    """The machine named by id, hostname or fingerprint; without a name, this host (by hostname) when it
+    has runs, else the only machine. BadInput naming the machines otherwise."""
+    from common.errors import BadInput
+    known = machines(store)
+    if not known:
+        raise BadInput("no machine of this database has a done run: nothing to predict from")
+    names = "; ".join(m.label for m in known)
+    if machine is not None:
+        hits = [m for m in known if machine in (str(m.machine_id), m.hostname, m.fingerprint)]
+        if len(hits) != 1:
+            what = "names several machines" if hits else "is no machine with done runs"
+            raise BadInput(f"--machine {machine!r} {what} of this database: {names}")
+        return hits[0]
+    if len(known) == 1:
+        return known[0]
+    mine = [m for m in known if here is not None and m.hostname == here]
+    if len(mine) == 1:
+        return mine[0]
+    raise BadInput(f"this database holds {len(known)} machines; name one with --machine ID|HOSTNAME: {names}")
+
+
+def machine_rows(store, machine_id: int) -> list[dict]:
+    from sqlalchemy import text
+    with store.transaction() as conn:
+        return [dict(r._mapping) for r in conn.execute(text(SELECT_DONE), {"machine_id": machine_id})]
+
+
+def usable(rows: list[dict]) -> list[dict]:
+    """The done runs a fit may use: disturbed ones (another process or the hypervisor took a share of
+    the job's CPUs, orchestrator/ran.disturbed) are left out, as the report's effects leave them out,
+    unless every run was."""
+    from orchestrator.ran import disturbed
+    done = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
+    quiet = [r for r in done if not disturbed(r)]
+    return quiet or done
+
+
+_ratios: dict[tuple, tuple[float, str]] = {}
+
+
+def tokens_per_word(vocab_size: int, data_dir=None) -> tuple[float, str]:
+    """tokens_per_word_uncached(), once per process and vocabulary (a BPE trains in about a second)."""
+    key = (vocab_size, str(data_dir))
+    if key not in _ratios:
+        _ratios[key] = tokens_per_word_uncached(vocab_size, data_dir)
+    return _ratios[key]
+
+
+def tokens_per_word_uncached(vocab_size: int, data_dir=None) -> tuple[float, str]:
+    """Tokens per whitespace-separated word of the project's corpus under the run's tokenizer (a
+    byte-level BPE of vocab_size trained on that corpus, as the trainers train it), and where the
+    corpus came from. Reads the cached tokenizer where a run left one; otherwise trains one in memory
+    (nothing is written)."""
+    from pathlib import Path
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from worker import data
+    folder = Path(data_dir or Path(__file__).resolve().parent.parent / "data") / "builtin"
+    corpus = folder / "corpus.txt"
+    text_ = corpus.read_text() if corpus.exists() else "\n".join(data.builtin_rows())
+    cached = data.tokenizer_path(corpus, vocab_size)
+    if cached.exists():
+        tok = Tokenizer.from_file(str(cached))
+    else:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(text_.splitlines(), trainers.BpeTrainer(
+            vocab_size=vocab_size, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    words = len(text_.split())
+    return len(tok.encode(text_).ids) / words, "the project's built-in corpus"
+
+
+_models: dict[tuple, Model] = {}
+
+
+def model_of(store, machine_id: int) -> Model:
+    """The fitted model of one machine (cached per database and run count)."""
+    rows = usable(machine_rows(store, machine_id))
+    key = (store.url, machine_id, len(rows), rows[-1]["run_id"] if rows else None)
+    if key not in _models:
+        _models[key] = fit(rows)
+    return _models[key]
+
+
+def predict(store, settings: dict, *, machine: str | None = None, here: str | None = None,
+            tokens: float | None = None, epochs: float | None = None, dataset: str | None = None) -> dict:
+    """THE entry point: the predicted median step time of `settings` (parsed K=V, the catalogue's
+    defaults filling the rest, resolved on the chosen machine's CPUs) with its 95% interval, what it
+    rests on, what it extrapolates, and with tokens (or epochs of a named dataset) the training time.
+    BadInput for input that cannot be a job; BenchError for what the model refuses."""
+    from common import variables as V
+    from common.errors import BadInput
+    from common.compute import param_counts
+    if (epochs is None) != (dataset is None):
+        raise BadInput("--epochs and --dataset go together (the dataset's token count times the epochs)")
+    if tokens is not None and epochs is not None:
+        raise BadInput("give --tokens or --epochs with --dataset, not both")
+    if dataset is not None and dataset not in DATASET_WORDS:
+        raise BadInput(f"--dataset {dataset!r}: known datasets are {', '.join(DATASET_WORDS)}")
+    for value, name in ((tokens, "--tokens"), (epochs, "--epochs")):
+        if value is not None and not value > 0:
+            raise BadInput(f"{name} must be positive, got {value}")
+    chosen = choose_machine(store, machine, here)
+    config, why = V.resolve(settings, chosen.logical_cores)
+    if why:
+        raise BadInput(f"this configuration cannot run: {'; '.join(why)}")
+    model = model_of(store, chosen.machine_id)
+    p = model.predict(config)
+    tokens_per_step = config["batch_size"] * config["grad_accum"] * config["seq_len"]
+    doc = {"step_ms": p.step_ms, "step_ms_low": p.step_ms_low, "step_ms_high": p.step_ms_high,
+           "level": LEVEL, "basis": p.basis, "extrapolated": p.extrapolated,
+           "machine": {"machine_id": chosen.machine_id, "hostname": chosen.hostname, "cpu_model": chosen.cpu_model},
+           "flops_per_step": p.flops_per_step, "params": param_counts(config)["params"],
+           "tokens_per_step": tokens_per_step}
+    if epochs is not None:
+        ratio, where = tokens_per_word(config["vocab_size"])
+        tokens = DATASET_WORDS[dataset] * ratio * epochs
+        doc["tokens_basis"] = (f"{dataset}: {DATASET_WORDS[dataset]:,} word-level tokens x {ratio:.3f} tokens per "
+                               f"word (the run's BPE, vocab {config['vocab_size']}, measured on {where}) x {epochs:g} "
+                               f"epoch(s)")
+    if tokens is not None:
+        doc.update(p.train(tokens_per_step, tokens))
+        doc["tokens"] = tokens
+    return doc

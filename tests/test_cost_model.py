@@ -1,0 +1,251 @@
+"""The cost model (orchestrator/cost_model.py) against a made-up machine with a known law: the real quick
+preset (its one-factor axes and its joint block) planned and finished through the real Store, every
+run's step time from TRUE_COSTS over the exact operations of its configuration, times known setting
+factors, times log-normal noise. Then: configurations the database never ran (larger, jointly varied)
+are predicted close to the truth with intervals that cover it at about their level; settings never
+measured are refused; extrapolation is named; and `bench.py predict` reads without writing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common import variables as V
+from common.errors import BenchError
+from orchestrator import cost_model as cm
+from orchestrator.store import Store
+from orchestrator.sweep import JOINT, Machine, load
+from tests.conftest import done_fields
+from tests.reportdb import machine_facts
+
+CPUS = 2
+ROOT = Path(__file__).resolve().parent.parent
+# Seconds per unit of each term (cm.TERMS): a 100 GFLOP/s plateau, operands at ~4 GB/s of fp32,
+# attention slower than GEMMs, 20 GB/s for the elementwise stream, 30 us a kernel call, 1 ms a step.
+TRUE_COSTS = np.array([1e-11, 1e-9, 3e-11, 2e-10, 3e-5, 1e-3])
+# Known factors of settings on the whole step.
+FACTORS = {("precision", "bf16"): 0.6, ("framework", "jax"): 1.3, ("cores", 1): 1.8, ("allocator", "jemalloc"): 0.95}
+SIGMA = 0.03
+
+
+def true_ms(config: dict) -> float:
+    seconds = float(TRUE_COSTS @ (cm.features(config) * cm._SCALE))
+    for (name, value), f in FACTORS.items():
+        if config.get(name) == value:
+            seconds *= f
+    return 1e3 * seconds
+
+
+def resolved(**settings) -> dict:
+    config, why = V.resolve(settings, CPUS)
+    assert not why, why
+    return config
+
+
+def two_cpus(name: str, cpu: str = "Test CPU") -> dict:
+    return {**machine_facts(name, cpu), "logical_cores": CPUS, "physical_cores": CPUS}
+
+
+def build(path: Path, seed: int = 0, facts: dict | None = None) -> Store:
+    store = Store(str(path))
+    plan = load(preset="quick", machine=Machine(cpu_count=CPUS, freq_limits=None))
+    store.enqueue(name=plan.name, source=plan.source, sweep_text=plan.text, jobs=plan.jobs, notes=plan.notes)
+    machine_id = store.register_machine(facts or two_cpus("alpha"))
+    rng = random.Random(seed)
+    while (claim := store.claim(machine_id, pid=os.getpid(), host="synthetic", max_cores=CPUS)) is not None:
+        ms = true_ms(claim.config) * math.exp(rng.gauss(0.0, SIGMA))
+        store.finish(claim.run_id, pid=os.getpid(), status="done",
+                     fields=done_fields(step_ms_median=ms, wall_s=1.0, loss_first=7.0, loss_last=6.0))
+    return store
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cost") / "results.db"
+    store = build(path)
+    rows = cm.usable(cm.machine_rows(store, cm.machines(store)[0].machine_id))
+    return path, store, rows, cm.fit(rows)
+
+
+# Never run by the quick preset: sizes varied jointly, 10x to 200x its FLOPs per step.
+HELDOUT = [
+    dict(d_model=512, n_layers=4, n_heads=8, seq_len=128, batch_size=8, vocab_size=4096),
+    dict(d_model=768, n_layers=3, n_heads=12, seq_len=128, batch_size=4, vocab_size=8192),
+    dict(n_layers=4, d_model=256, n_heads=4, vocab_size=32000, seq_len=512, batch_size=2, grad_accum=8, dropout=0.1),
+    dict(n_layers=6, d_model=512, n_heads=8, vocab_size=16000, seq_len=256, batch_size=16),
+    dict(d_model=384, n_layers=6, n_heads=6, seq_len=256, batch_size=2, vocab_size=2048, mlp_ratio=3.0),
+    dict(d_model=512, n_layers=4, n_heads=8, seq_len=128, batch_size=4, vocab_size=4096, precision="bf16"),
+]
+
+
+def test_the_quick_preset_runs_its_joint_configurations_in_a_block_of_their_own():
+    plan = load(preset="quick", machine=Machine(cpu_count=CPUS, freq_limits=None))
+    joint = [j for j in plan.jobs if j["block"] == JOINT]
+    assert len({j["config_hash"] for j in joint}) == 9 * plan.repeats  # 8 configurations and the base
+    assert {j["config"]["d_model"] for j in joint} > {256, 512, 768}
+    assert JOINT in plan.blocks and JOINT not in V.NAMES
+
+
+def test_configurations_never_run_are_predicted_close_to_the_known_truth(synthetic):
+    _, _, rows, model = synthetic
+    seen = {cm.config_key(r) for r in rows}
+    for settings in HELDOUT:
+        config = resolved(**settings)
+        assert cm.config_key(config) not in seen
+        p = model.predict(config)
+        assert p.step_ms == pytest.approx(true_ms(config), rel=0.05), settings
+        assert p.step_ms_low < true_ms(config) < p.step_ms_high
+
+
+def test_the_known_factors_and_the_gemm_rate_are_recovered(synthetic):
+    _, _, _, model = synthetic
+    factors = {group: math.exp(b) for group, b in model.factors}
+    assert factors[(("precision", "bf16"),)] == pytest.approx(0.6, rel=0.05)
+    # jax and numpy runs record compile_cache=cold: only their combinations are estimable, not each factor
+    base = model.predict(resolved()).step_ms
+    assert model.predict(resolved(framework="jax")).step_ms / base == pytest.approx(1.3, rel=0.08)
+    assert model.predict(resolved(framework="numpy")).step_ms / base == pytest.approx(1.0, rel=0.08)
+    assert model.predict(resolved(cores=1)).step_ms / base == pytest.approx(1.8, rel=0.08)
+    assert cm.costs(model)["gemm_flops"] == pytest.approx(TRUE_COSTS[0], rel=0.15)
+    assert model.rms_log == pytest.approx(SIGMA, rel=0.25)
+
+
+def test_intervals_cover_new_noisy_runs_at_about_their_level(synthetic):
+    _, _, _, model = synthetic
+    rng = random.Random(1)
+    hits = total = 0
+    for settings in HELDOUT:
+        p = model.predict(resolved(**settings))
+        for _ in range(200):
+            ms = true_ms(resolved(**settings)) * math.exp(rng.gauss(0.0, SIGMA))
+            hits += p.step_ms_low <= ms <= p.step_ms_high
+            total += 1
+    assert 0.9 <= hits / total <= 0.995
+
+
+def test_a_setting_never_measured_is_refused_with_the_reason(synthetic):
+    _, _, _, model = synthetic
+    with pytest.raises(BenchError, match="precision=int8 was never measured.*measured: bf16"):
+        model.predict(resolved(precision="int8"))
+    with pytest.raises(BenchError, match="freq_mhz=2000 was never measured.*every run has freq_mhz=default"):
+        model.predict(resolved(freq_mhz=2000))
+
+
+def test_settings_only_ever_measured_together_are_refused_apart(synthetic):
+    _, _, _, model = synthetic
+    model.predict(resolved(framework="jax"))  # jax as it ran: under jit (compile=xla)
+    with pytest.raises(BenchError, match="only measured together"):
+        model.predict(resolved(framework="jax", compile="eager"))
+
+
+def test_sizes_beyond_the_measured_range_are_named_with_how_far(synthetic):
+    _, _, _, model = synthetic
+    p = model.predict(resolved(d_model=1024, n_heads=8))
+    assert p.extrapolated["d_model"]["beyond"] == pytest.approx(1024 / 768)
+    assert "window" not in p.extrapolated  # full attention: the window changes nothing
+    assert model.predict(resolved(d_model=384)).extrapolated == {}
+
+
+def test_leave_one_configuration_out_predicts_each_from_the_others(tmp_path):
+    store = Store(str(tmp_path / "small.db"))
+    from tests.reportdb import configs, enqueue, run_all
+    enqueue(store, configs({"d_model": 64, "steps": 2}, {"d_model": [32, 64, 96, 128], "n_layers": [1, 2, 3],
+                                                          "seq_len": [32, 64, 128], "batch_size": [2, 4, 8]}))
+    m = store.register_machine(two_cpus("beta"))
+    rng = random.Random(2)
+    run_all(store, m, lambda c: ("done", None, {"step_ms_median": true_ms(c) * math.exp(rng.gauss(0, SIGMA))}))
+    out = cm.leave_one_config_out(cm.machine_rows(store, m))
+    assert len(out) == 10 and all("predicted_ms" in e for e in out)
+    assert np.median([abs(e["error"]) for e in out]) < 0.1
+
+
+def _predict(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench.py"), "predict", *args], cwd=ROOT,
+                          capture_output=True, text=True)
+
+
+def _digest(path: Path) -> str:
+    files = sorted(p for p in path.parent.rglob("*") if p.is_file())
+    return "".join(f"{p.name}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for p in files)
+
+
+def test_predict_prints_one_json_document_with_the_training_time_and_writes_nothing(synthetic, tmp_path):
+    path = tmp_path / "results.db"
+    build(path).engine.dispose()  # the sweep's worker has gone: the database is closed and whole
+    before = _digest(path)
+    done = _predict("d_model=1024", "n_heads=8", "--tokens", "1e6", "--json", "--db", str(path))
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert {"step_ms", "step_ms_low", "step_ms_high", "basis", "extrapolated", "train_s", "train_s_low",
+            "train_s_high"} <= set(doc)
+    assert doc["step_ms_low"] < doc["step_ms"] < doc["step_ms_high"]
+    assert doc["train_s"] == pytest.approx(doc["step_ms"] / 1e3 * 1e6 / doc["tokens_per_step"])
+    assert "d_model" in doc["extrapolated"]
+    bad = _predict("d_model=abc", "--db", str(path))
+    refused = _predict("precision=int8", "--db", str(path))
+    missing = _predict("--db", str(path.parent / "absent.db"))
+    assert bad.returncode == 2 and "d_model" in bad.stderr and bad.stdout == ""
+    assert refused.returncode == 1 and "never measured" in refused.stderr
+    assert missing.returncode != 0 and not (path.parent / "absent.db").exists()
+    assert _digest(path) == before
+
+
+def test_predict_with_several_machines_and_none_named_names_them(tmp_path):
+    path = tmp_path / "two.db"
+    store = build(path)
+    m2 = store.register_machine(two_cpus("gamma", cpu="Other CPU"))
+    from tests.reportdb import configs, enqueue, run_all
+    enqueue(store, configs({"d_model": 64}, {"d_model": [32, 96]}), sweep="second")
+    run_all(store, m2, lambda c: ("done", None, {"step_ms_median": 10.0}))
+    done = _predict("--db", str(path))
+    assert done.returncode == 2
+    assert "alpha" in done.stderr and "gamma" in done.stderr and "--machine" in done.stderr
+    named = _predict("--machine", "alpha", "--json", "--db", str(path))
+    assert named.returncode == 0 and json.loads(named.stdout)["machine"]["hostname"] == "alpha"
+
+
+def test_a_sweep_file_may_list_configurations_to_predict_and_bad_ones_are_refused(tmp_path):
+    from common.errors import BadInput
+    from orchestrator.sweep import load, predict_configs
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('[sweep]\nname = "p"\n[axes]\nd_model = [32, 64]\n[predict.big]\nd_model = 1024\nn_heads = 16\n')
+    plan = load(sweep, machine=Machine(cpu_count=CPUS, freq_limits=None))
+    assert len(plan.jobs) == 2  # [predict] runs nothing
+    assert predict_configs({"predict": {"big": {"d_model": 1024}}}, "here") == {"big": {"d_model": 1024}}
+    with pytest.raises(BadInput, match="predict.big.d_modl"):
+        predict_configs({"predict": {"big": {"d_modl": 1024}}}, "here")
+    grid = tmp_path / "g.toml"
+    grid.write_text('[sweep]\nmode = "grid"\n[axes]\nd_model = [32, 64]\n[[configs]]\nn_layers = 3\n')
+    with pytest.raises(BadInput, match="configs"):
+        load(grid, machine=Machine(cpu_count=CPUS, freq_limits=None))
+
+
+def test_the_report_says_how_long_the_references_and_listed_configurations_would_take(tmp_path):
+    from orchestrator.report import write_report
+    store = Store(str(tmp_path / "r.db"))
+    plan = load(preset="quick", machine=Machine(cpu_count=CPUS, freq_limits=None))
+    listed = plan.text + '\n[predict.wide]\nd_model = 1024\nn_heads = 16\n'
+    store.enqueue(name=plan.name, source=plan.source, sweep_text=listed, jobs=plan.jobs, notes=plan.notes)
+    machine_id = store.register_machine(two_cpus("delta"))
+    rng = random.Random(3)
+    while (claim := store.claim(machine_id, pid=os.getpid(), host="synthetic", max_cores=CPUS)) is not None:
+        store.finish(claim.run_id, pid=os.getpid(), status="done", fields=done_fields(
+            step_ms_median=true_ms(claim.config) * math.exp(rng.gauss(0.0, SIGMA)), wall_s=1.0, loss_first=7.0,
+            loss_last=6.0))
+    write_report(store, tmp_path / "out")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    section = summary.split("## How long would it take here", 1)[1]
+    for ref in ("| R1 |", "| R3 |", "| R4 |", "| R6 |", "| wide |", "WikiText-103", "tokens per word"):
+        assert ref in section, ref
+    assert "Leave one configuration out" in section and "median error" in section
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert 'id="predict"' in page and '<figure class="predict-plot"><svg' in page
