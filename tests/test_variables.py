@@ -7,7 +7,7 @@ from common.errors import BadInput
 
 
 def test_every_variable_of_the_design_is_in_the_catalogue():
-    design = """cores freq_mhz governor turbo pin_threads numa allocator omp_threads intra_threads
+    design = """cores ranks nodes freq_mhz governor turbo pin_threads numa allocator omp_threads intra_threads
     inter_threads isa onednn framework compile fusion compile_cache cc_flags compiler blas attn_backend n_layers d_model
     n_heads head_dim kv_heads mlp_ratio dropout activation attention window vocab_size seq_len
     batch_size grad_accum precision optimizer task lora_rank steps warmup_steps seed dataset repeat""".split()
@@ -157,3 +157,24 @@ def test_a_stored_config_is_completed_with_the_values_its_variables_take_unset()
         stored = json.loads(V.canonical_json(config))  # what jobs.config holds: blas, compiler left out
         assert "blas" not in stored and V.complete(stored) == config
         assert V.complete(stored)["blas"] == runs
+
+
+@pytest.mark.parametrize("partial, reason", [
+    ({"cores": 2, "ranks": 3}, "ranks greater than cores"),
+    ({"cores": 3, "ranks": 2}, "cores not divisible by ranks"),
+    ({"cores": 2, "ranks": 2, "framework": "numpy"}, "ranks>1 needs framework=torch (the NumPy trainer has no collective"),
+    ({"cores": 2, "ranks": 2, "framework": "jax"}, "ranks>1 needs framework=torch (JAX's CPU data parallelism"),
+    ({"cores": 2, "nodes": 2, "framework": "numpy"}, "nodes>1 needs framework=torch"),
+])
+def test_ranks_that_cannot_run_are_refused_with_the_reason(partial, reason):
+    _, why = V.resolve(partial, cpu_count=4)
+    assert any(w.startswith(reason) for w in why), why
+
+
+def test_threads_follow_a_ranks_slice_of_the_cores_and_ranks_one_keeps_old_hashes():
+    config, why = V.resolve({"cores": 4, "ranks": 2}, cpu_count=4)
+    assert not why
+    assert config["omp_threads"] == config["intra_threads"] == config["inter_threads"] == 2
+    one, _ = V.resolve({"cores": 4}, cpu_count=4)
+    assert one["omp_threads"] == 4 and one["ranks"] == one["nodes"] == 1
+    assert '"ranks"' not in V.canonical_json(one) and '"ranks":2' in V.canonical_json(config)
