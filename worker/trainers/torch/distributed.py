@@ -56,7 +56,9 @@ LAUNCHER = "torch.distributed.launcher.api.elastic_launch (torchrun's elastic ag
 ALLREDUCE_TIMING = ("DDP comm hook around torch's allreduce_hook: per step, the union of each bucket's "
                     "launch -> completion intervals (may overlap backward compute)")
 RESULT = "result.json"
-PROGRESS = "progress-rank{rank}"  # per rank: how many steps it began (a hung rank is the one behind)
+# per rank: "<pid> <steps begun> <compute|allreduce>", rewritten in place (pwrite) as it goes: after a
+# collective timeout, the rank still computing while the others wait in the all-reduce is the one that hung
+PROGRESS = "progress-rank{rank}"
 ENV_RUN_DIR = "CPUBENCH_DP_DIR"
 ENV_LAUNCHER_PID = "CPUBENCH_DP_LAUNCHER_PID"
 PER_RANK_READBACK = ("affinity", "main_thread_affinity", "torch_threads", "interop_threads", "omp_num_threads",
@@ -126,6 +128,7 @@ def run_agent(run_dir: Path, *, ranks: int, nodes: int, endpoint: str, run_id: s
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    _bounded_stop()
     os.environ[ENV_LAUNCHER_PID] = str(os.getpid())  # this process's own environment: its ranks inherit it
     launch_config = LaunchConfig(min_nodes=nodes, max_nodes=nodes, nproc_per_node=ranks, run_id=run_id,
                                  rdzv_backend="c10d", rdzv_endpoint=endpoint, max_restarts=0,
@@ -137,24 +140,63 @@ def run_agent(run_dir: Path, *, ranks: int, nodes: int, endpoint: str, run_id: s
         raise RankFailed(failure_reason(failed, run_dir)) from None
 
 
+def _bounded_stop() -> None:
+    """Once a rank failed, torch 2.13's agent closes the others with a 30 s SIGTERM -> SIGKILL grace
+    (SubprocessContext._poll calls close() with its default, ignoring LaunchConfig.shutdown_timeout): a
+    stopped (SIGSTOP, D-state) rank ignores the SIGTERM and held the run 30 s more. Cap it."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    if getattr(PContext.close, "cpubench_capped", False):
+        return
+    close = PContext.close
+
+    def capped(self, death_sig=None, timeout: int = 30) -> None:
+        close(self, death_sig, min(timeout, SHUTDOWN_TIMEOUT_S))
+
+    capped.cpubench_capped = True
+    PContext.close = capped
+
+
 def failure_reason(failed, run_dir: Path) -> str:
-    """'rank 1 (pid 123 on host) was killed by SIGKILL; steps begun: rank 0 5, rank 1 4': the rank that
-    failed first, what it said, and how far every rank of this node got (a hung rank is the one behind)."""
-    first_rank, first = min(failed.failures.items(), key=lambda item: item[1].timestamp)
-    if first.exitcode < 0:
-        name = signal.Signals(-first.exitcode).name
-        what = f"was killed by {name}" + (" (kill -9, or the kernel's out-of-memory killer)"
-                                         if name == "SIGKILL" else "")
-    else:
-        message = first.message if isinstance(first.message, str) else json.dumps(first.message)
-        last = [line for line in message.strip().splitlines() if line.strip()][-1:] or [""]
-        what = f"exited with code {first.exitcode}: {last[0][:300]}"
-    progress = []
+    """Which rank failed first and why, e.g. 'rank 1 (pid 123 on host) was killed by SIGKILL', or 'rank 1
+    hung: ...' where the others' collective timed out while it never reached the all-reduce; then where each
+    rank of this node was. The agent records failures to the second, so the cause is told from the
+    consequences by kind: a peer's lost connection or timeout, and the SIGTERM the agent sends the rest."""
+    where = {}
     for path in sorted(run_dir.glob("progress-rank*")):
-        text = path.read_text().strip()
-        progress.append(f"rank {path.name.removeprefix('progress-rank')} {text or 0}")
-    behind = f"; steps begun: {', '.join(progress)}" if progress else ""
-    return f"rank {first_rank} (pid {first.pid} on {socket.gethostname()}) {what}{behind}"
+        fields = path.read_text().split()
+        if len(fields) == 3:
+            where[int(path.name.removeprefix("progress-rank"))] = (int(fields[1]), fields[2])
+    said = ", ".join(f"rank {r} step {n} {'in the all-reduce' if phase == 'allreduce' else 'computing'}"
+                     for r, (n, phase) in sorted(where.items()))
+    at = f" [{said}]" if said else ""
+    described = {rank: _describe(f) for rank, f in failed.failures.items()}
+    timed_out = [r for r, text in described.items() if "timed out" in text.lower()]
+    quiet = sorted(r for r in failed.failures if r not in timed_out)  # did not time out: it was not waiting
+    if timed_out and quiet:
+        return (f"rank {', '.join(map(str, quiet))} hung: rank {', '.join(map(str, sorted(timed_out)))} waited for it "
+                f"in a collective until the collective timeout ({described[timed_out[0]]}); the launcher then "
+                f"stopped it{at}")
+
+    def consequence(item) -> tuple:
+        rank, f = item
+        text = described[rank].lower()
+        peer = any(word in text for word in ("connection closed", "connection reset", "broken pipe", "timed out"))
+        return (f.exitcode == -signal.SIGTERM, peer, f.timestamp, rank)
+
+    rank, first = min(failed.failures.items(), key=consequence)
+    return f"rank {rank} (pid {first.pid} on {socket.gethostname()}) {described[rank]}{at}"
+
+
+def _describe(failure) -> str:
+    if failure.exitcode < 0:
+        name = signal.Signals(-failure.exitcode).name
+        return f"was killed by {name}" + (" (kill -9, or the kernel's out-of-memory killer)" if name == "SIGKILL" else "")
+    message = failure.message
+    if isinstance(message, dict):  # the error file @record wrote: {"message": "...", "extraInfo": ...}
+        message = message.get("message", json.dumps(message))
+    first = [line for line in str(message).strip().splitlines() if line.strip()][:1] or [""]
+    return f"exited with code {failure.exitcode}: {first[0][:300]}"
 
 
 # Starting the launchers of nodes 2..N. Inside a SLURM allocation: srun, one task per node, the first node
@@ -195,6 +237,7 @@ class Rank:
         self.rank, self.world, self.local_rank, self.cpus = rank, world, local_rank, cpus
         self.progress = os.open(run_dir / PROGRESS.format(rank=rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.steps_begun = 0
+        self._mark("compute")
         self.intervals: list[tuple[int, int]] = []  # this step's bucket all-reduces (ns)
         self.allreduce_ns: list[int] = []  # per step
         self.first_step_start: float | None = None
@@ -213,7 +256,7 @@ class Rank:
 
         def next_batch():
             self.steps_begun += 1  # before the step's clock starts (the harness draws first)
-            os.pwrite(self.progress, f"{self.steps_begun:<12d}".encode(), 0)
+            self._mark("compute")
             x, y = drawn.next()
             return torch.from_numpy(x[lo:hi].copy()), torch.from_numpy(y[lo:hi].copy())
 
@@ -229,6 +272,7 @@ class Rank:
 
         def timed_allreduce(state, bucket):
             started = time.perf_counter_ns()
+            self._mark("allreduce")  # a few microseconds a bucket: says where a rank waits if a peer hangs
 
             def done(fut):
                 self.intervals.append((started, time.perf_counter_ns()))
@@ -238,6 +282,9 @@ class Rank:
 
         ddp.register_comm_hook(dist.group.WORLD, timed_allreduce)
         return ddp
+
+    def _mark(self, phase: str) -> None:
+        os.pwrite(self.progress, f"{os.getpid()} {self.steps_begun} {phase:<9}\n".encode(), 0)
 
     def step(self, step):
         def timed(micro):
