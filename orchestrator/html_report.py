@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator import effects as fx
-from orchestrator import seeds
+from orchestrator import parallel_report, seeds
 from common.variables import BY_NAME, NAMES
 
 DOTS_PER_LEVEL = 300  # runs drawn per value of a variable (evenly sampled beyond it; the table has them all)
@@ -635,6 +635,7 @@ def write_page(ctx, path: Path) -> Path:
         f'ratios with their family-wise 95% intervals. Up to {DOTS_PER_LEVEL} runs per value are drawn.</p>'
         f'<p class="index">{index}</p>{var_html}</section>',
         _machine_section(ctx, st, several),
+        parallel_report.html_section(ctx),  # ranks/nodes: compute vs all-reduce
         _runs_section(ctx, runs, varied),
         _seeds_section(ctx),
         _machines_section(ctx, page_data["shared"], pools_table(ctx.rows)),

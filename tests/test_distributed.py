@@ -160,3 +160,81 @@ def test_a_rank_that_dies_hangs_or_runs_out_of_memory_fails_the_run_naming_it_an
     bound = 3 + distributed.SHUTDOWN_TIMEOUT_S + 10 if kind == "hang" else 15  # collective timeout 3 s
     assert failed_after_s < bound, err[-4000:]
     assert not any(alive(pid) for pid in pids.values()), "a rank outlived its failed run"
+
+
+# -- the worker around it: `bench.py work`, the real torch child, real ranks ------------------------------
+
+def rank_processes() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"])
+            if "worker.trainers.torch.distributed" in " ".join(p.info["cmdline"] or [])]
+
+
+def start_worker(db: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(REPO / "bench.py"), "work", "--db", db], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+
+
+def wait_for(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+TINY_SET = [f"{k}={v}" for k, v in (TINY | {"batch_size": 2, "ranks": 2}).items()]
+
+
+def enqueue(db: str, *axes: str) -> None:
+    args = [a for kv in TINY_SET for a in ("--set", kv)] + [a for axis in axes for a in ("--axis", axis)]
+    done = subprocess.run([sys.executable, str(REPO / "bench.py"), "enqueue", "--db", db, *args], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_worker_fails_a_run_whose_rank_was_killed_and_goes_on_with_the_next_job(db):
+    enqueue(db, "steps=100000,3")
+    worker = start_worker(db, {"BENCH_COLLECTIVE_TIMEOUT_S": "5"})
+    try:
+        assert wait_for(lambda: len(rank_processes()) == 2 and any(
+            "100000" in (r[0] or "") for r in sqlite_rows(db, "SELECT j.config FROM runs r JOIN jobs j USING (job_id) "
+                                                          "WHERE r.status = 'running'")), 180)
+        time.sleep(2)  # training, past the rendezvous
+        victim = max(rank_processes(), key=lambda p: p.pid)
+        victim.kill()
+        killed = time.monotonic()
+        assert wait_for(lambda: sqlite_rows(db, "SELECT COUNT(*) FROM runs WHERE status = 'failed'")[0][0] == 1, 60)
+        print(f"\nkill -9 of a rank under the worker: its run failed {time.monotonic() - killed:.1f} s later")
+        assert worker.wait(timeout=180) == 0, worker.stderr.read()[-3000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    runs = dict(sqlite_rows(db, "SELECT j.steps, r.status FROM runs r JOIN jobs j USING (job_id)"))
+    assert runs == {100000: "failed", 3: "done"}
+    reason = sqlite_rows(db, "SELECT reason FROM runs WHERE status = 'failed'")[0][0]
+    assert f"(pid {victim.pid} on " in reason and "killed by SIGKILL" in reason
+    assert not rank_processes()
+
+
+def test_a_killed_worker_leaves_no_rank_and_its_job_resumes(db):
+    enqueue(db, "steps=400")
+    worker = start_worker(db, {})
+    assert wait_for(lambda: len(rank_processes()) == 2, 180)
+    ranks = rank_processes()
+    worker.kill()
+    worker.wait()
+    assert wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks), 10), \
+        "a rank outlived its killed worker"
+    again = start_worker(db, {})
+    assert again.wait(timeout=240) == 0, again.stderr.read()[-3000:]
+    assert sqlite_rows(db, "SELECT status, attempts FROM runs") == [("done", 2)]
+    applied = json.loads(sqlite_rows(db, "SELECT applied FROM runs")[0][0])
+    assert [r["affinity"] for r in applied["ranks"]] == [[0], [1]]
+
+
+def sqlite_rows(db: str, sql: str) -> list:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()

@@ -353,6 +353,9 @@ def rank_main(run_dir: Path) -> None:
             merged = merge(records, request)
             (run_dir / (RESULT + ".tmp")).write_text(json.dumps(merged))
             os.replace(run_dir / (RESULT + ".tmp"), run_dir / RESULT)
+        # every rank leaves together: a rank tearing gloo down while a peer still used the connection
+        # was killed by SIGABRT at exit (seen under the worker, 1 run in 2)
+        dist.barrier()
         dist.destroy_process_group()
 
     train()
