@@ -238,3 +238,19 @@ def sqlite_rows(db: str, sql: str) -> list:
 
     with sqlite3.connect(db) as conn:
         return conn.execute(sql).fetchall()
+
+
+def test_two_nodes_simulated_as_two_launchers_over_loopback_train_one_run(data_dir, tmp_path):
+    """What is simulated: two "nodes" on this host, each its own torch elastic agent (the second started
+    as a local process where SLURM's srun would start it on the second node), joined by c10d rendezvous
+    over loopback at the first launcher's store; both share this host's CPUs and hostname."""
+    req = request(data_dir, tmp_path, "nodes", ranks=1, nodes=2, cores=1, batch_size=2, steps=4)
+    req["nodes_loopback"] = True
+    result = train(req)
+    dp = result["applied"]["data_parallel"]
+    print("\ntwo-node (loopback) run:", json.dumps({k: dp[k] for k in ("world_size", "nodes", "ranks_per_node",
+                                                                      "rendezvous", "machines")}),
+          {k: result["metrics"][k] for k in ("step_ms_median", "allreduce_ms", "tokens_per_s", "global_batch")})
+    assert (dp["world_size"], dp["nodes"], result["metrics"]["global_batch"]) == (2, 2, 4)
+    assert sorted(dp["machines"]) == ["0", "1"]
+    assert sorted(r["node"] for r in result["applied"]["ranks"]) == [0, 1]

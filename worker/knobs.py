@@ -52,6 +52,9 @@ def machine_knobs(facts: dict, *, sysfs_root: str = "/") -> dict[str, str | None
     out["compiler=clang"] = ccflags.compiler_unavailable("clang")
     for word in ("mkl", "blis"):
         out[f"blas={word}"] = startspec.blas_unavailable(word)
+    from worker.trainers.torch.distributed import availability
+
+    out.update(availability())  # ranks, nodes and torch.distributed's backends
     out.update(NOT_OFFERED)  # never available: what it is and why not
     return out
 

@@ -82,6 +82,19 @@ def slices(cpus: list[int], ranks: int) -> list[list[int]]:
     return [cpus[i * k:(i + 1) * k] for i in range(ranks)]
 
 
+def availability() -> dict[str, str | None]:
+    """For `bench.py machine`: ranks, nodes and each torch.distributed CPU backend -> None or why not."""
+    import shutil
+
+    import torch.distributed as dist
+
+    gloo = None if dist.is_available() and dist.is_gloo_available() else "this torch is built without gloo"
+    mpi = None if dist.is_available() and dist.is_mpi_available() else (
+        "PyPI's torch 2.13 wheel is built without MPI (torch.distributed.is_mpi_available() is False)")
+    nodes = None if shutil.which("srun") else "no srun here: nodes > 1 runs inside a SLURM allocation"
+    return {"ranks": gloo, "nodes": gloo or nodes, "distributed=gloo": gloo, "distributed=mpi": mpi}
+
+
 # -- the launcher side ---------------------------------------------------------------------------------
 
 
@@ -303,10 +316,25 @@ class Rank:
         timed = self.allreduce_ns[-timed_steps:] if timed_steps else []
         applied = result.get("applied") or {}
         return {"rank": self.rank, "local_rank": self.local_rank, "host": socket.gethostname(), "pid": os.getpid(),
+                "node": int(os.environ.get("GROUP_RANK", 0)), "machine": machine_facts(),
                 "slice": self.cpus, "result": result, "first_step_start": self.first_step_start,
                 "allreduce_ms": statistics.median(timed) / 1e6 if timed else None,
                 "losses": [float(loss) for loss in self.losses],
                 "readback": {k: applied.get(k) for k in PER_RANK_READBACK}}
+
+
+def machine_facts() -> dict:
+    """The node's machine as a rank sees it: host, CPU model, logical CPUs, kernel."""
+    import platform
+
+    model = None
+    try:
+        with open("/proc/cpuinfo") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"host": socket.gethostname(), "cpu_model": model, "logical_cpus": os.cpu_count(),
+            "kernel": platform.release()}
 
 
 def _union_ns(intervals: list[tuple[int, int]]) -> int:
@@ -389,11 +417,12 @@ def merge(records: list[dict], request: dict) -> dict:
                                   if metrics["allreduce_ms"] is not None else None)
     metrics |= harness.throughput(metrics, {**config, "batch_size": config["batch_size"] * world},
                                   request.get("peak_gflops"))
-    here = [r for r in records if r["host"] == records[0]["host"] and r["first_step_start"] is not None]
+    here = [r for r in records if r["node"] == records[0]["node"] and r["first_step_start"] is not None]
     metrics["setup_s"] = max(r["first_step_start"] for r in here) - float(request["launcher_t0"])
     applied = dict(first["applied"])
     applied["affinity"] = sorted({cpu for r in here for cpu in (r["readback"]["affinity"] or [])})
-    applied["ranks"] = [{"rank": r["rank"], "local_rank": r["local_rank"], "host": r["host"], "pid": r["pid"],
+    applied["ranks"] = [{"rank": r["rank"], "node": r["node"], "local_rank": r["local_rank"], "host": r["host"],
+                         "pid": r["pid"],
                          "slice": r["slice"], **r["readback"],
                          "step_ms_median": r["result"]["metrics"]["step_ms_median"],
                          "allreduce_ms": r["allreduce_ms"], "losses": r["losses"]}
@@ -401,7 +430,7 @@ def merge(records: list[dict], request: dict) -> dict:
     applied["data_parallel"] = {
         "launcher": LAUNCHER, "backend": BACKEND, "world_size": world, "nodes": int(config.get("nodes", 1)),
         "ranks_per_node": int(config.get("ranks", 1)), "rendezvous": request["rendezvous"],
-        "machines": sorted({r["host"] for r in records}), "global_batch": samples,
+        "machines": {str(r["node"]): r["machine"] for r in records}, "global_batch": samples,
         "collective_timeout_s": request["collective_timeout_s"], "allreduce_timing": ALLREDUCE_TIMING,
         "step_time": f"rank {slowest['rank']}'s (the slowest median)"}
     windows = [r["result"]["timed_window"] for r in records]
