@@ -146,9 +146,9 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("allocator", str, DEFAULT, ENV, "malloc replacement by LD_PRELOAD of a known system library",
        choices=(DEFAULT, "jemalloc", "tcmalloc")),
     # -- process environment and framework
-    _v("omp_threads", int, AUTO, ENV, "OMP_NUM_THREADS / MKL_NUM_THREADS; auto = cores", min=1, max=4096, words=(AUTO,)),
+    _v("omp_threads", int, AUTO, ENV, "OMP_NUM_THREADS / MKL_NUM_THREADS; auto = cores / ranks (a rank's slice)", min=1, max=4096, words=(AUTO,)),
     _v("intra_threads", int, AUTO, ENV, "torch.set_num_threads; auto = omp_threads", min=1, max=4096, words=(AUTO,)),
-    _v("inter_threads", int, AUTO, ENV, "torch.set_num_interop_threads; auto = cores", min=1, max=4096, words=(AUTO,)),
+    _v("inter_threads", int, AUTO, ENV, "torch.set_num_interop_threads; auto = cores / ranks", min=1, max=4096, words=(AUTO,)),
     _v("isa", str, DEFAULT, ENV, "cap on the instruction set ATen, oneDNN and MKL dispatch to, each read back (a library above the cap fails the run); default = no cap",
        choices=(DEFAULT, "baseline", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")),
     _v("onednn", bool, True, FRAMEWORK, "torch.backends.mkldnn enabled; off moves convolutions and bf16/int8 matmuls off oneDNN, fp32 GEMMs stay MKL"),
