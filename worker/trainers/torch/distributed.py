@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -117,7 +118,12 @@ def launch(request: dict, t0: float) -> dict:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) % ranks:
         raise RankFailed(f"the job's {len(cpus)} CPUs cannot be split into {ranks} equal slices")
-    run_dir = Path(request.get("dp_dir") or tempfile.mkdtemp(prefix="cpubench-ranks-"))
+    # the ranks' request, progress and result; with nodes > 1 every node's launcher reads it: under
+    # output_root, on the filesystem the cluster shares (the project's), not this node's /tmp
+    shared = request.get("output_root") if nodes > 1 else None
+    if shared:
+        Path(shared).mkdir(parents=True, exist_ok=True)
+    run_dir = Path(request.get("dp_dir") or tempfile.mkdtemp(prefix="cpubench-ranks-", dir=shared))
     run_dir.mkdir(parents=True, exist_ok=True)
     endpoint = request.get("rendezvous") or f"{socket.gethostname() if nodes > 1 else '127.0.0.1'}:{_free_port()}"
     timeout_s = float(request.get("collective_timeout_s") or COLLECTIVE_TIMEOUT_S)
@@ -127,13 +133,15 @@ def launch(request: dict, t0: float) -> dict:
     others = start_other_nodes(request, run_dir, nodes) if nodes > 1 else []
     try:
         run_agent(run_dir, ranks=ranks, nodes=nodes, endpoint=endpoint, run_id=run_id)
+        return json.loads((run_dir / RESULT).read_text())
     finally:
         for proc in others:  # their ranks ended (or failed) with ours: the launcher exits at once
             try:
                 proc.wait(timeout=SHUTDOWN_TIMEOUT_S + 10)
             except Exception:
                 proc.kill()
-    return json.loads((run_dir / RESULT).read_text())
+        if not request.get("dp_dir"):  # a folder of our own: nothing in it outlives the run
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def run_agent(run_dir: Path, *, ranks: int, nodes: int, endpoint: str, run_id: str) -> None:
