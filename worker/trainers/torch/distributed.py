@@ -325,10 +325,23 @@ class Rank:
         applied = result.get("applied") or {}
         return {"rank": self.rank, "local_rank": self.local_rank, "host": socket.gethostname(), "pid": os.getpid(),
                 "node": int(os.environ.get("GROUP_RANK", 0)), "machine": machine_facts(),
+                "numa_nodes": numa_nodes(self.cpus),
                 "slice": self.cpus, "result": result, "first_step_start": self.first_step_start,
                 "allreduce_ms": statistics.median(timed) / 1e6 if timed else None,
                 "losses": [float(loss) for loss in self.losses],
                 "readback": {k: applied.get(k) for k in PER_RANK_READBACK}}
+
+
+def numa_nodes(cpus: list[int]) -> list[int]:
+    """The NUMA nodes of a rank's slice (sysfs cpuN/nodeM links). Its memory follows first touch from
+    its pinned threads, so it lands on them: no membind of its own."""
+    found = set()
+    for cpu in cpus:
+        try:
+            found |= {int(n[4:]) for n in os.listdir(f"/sys/devices/system/cpu/cpu{cpu}") if n[:4] == "node" and n[4:].isdigit()}
+        except OSError:
+            pass
+    return sorted(found)
 
 
 def machine_facts() -> dict:
@@ -430,7 +443,7 @@ def merge(records: list[dict], request: dict) -> dict:
     applied = dict(first["applied"])
     applied["affinity"] = sorted({cpu for r in here for cpu in (r["readback"]["affinity"] or [])})
     applied["ranks"] = [{"rank": r["rank"], "node": r["node"], "local_rank": r["local_rank"], "host": r["host"],
-                         "pid": r["pid"],
+                         "pid": r["pid"], "numa_nodes": r["numa_nodes"],
                          "slice": r["slice"], **r["readback"],
                          "step_ms_median": r["result"]["metrics"]["step_ms_median"],
                          "allreduce_ms": r["allreduce_ms"], "losses": r["losses"]}
