@@ -697,10 +697,13 @@ def submit(
     logs: Annotated[Path, typer.Option("--logs", help="where the batch script and the tasks' output go "
                                        "(on the shared filesystem)")] = Path("slurm"),
     pool: PoolOption = None,
+    together: Annotated[bool, typer.Option(help="one allocation of N nodes, one worker on its first node: jobs with "
+                                                "nodes > 1 train over all of them (one launcher per node via srun)")] = False,
     db: DbOption = "results.db",
 ) -> None:
     """Start `work` on N nodes as a SLURM job array, all against one database (PostgreSQL for more
-    than one node). Prints the job id and how to watch it."""
+    than one node); with --together, one worker in an allocation of N nodes that multi-node jobs span.
+    Prints the job id and how to watch it."""
     from orchestrator.slurm import submit as submit_job
     from orchestrator.store import safe_url
 
@@ -710,7 +713,7 @@ def submit(
 
             raise BadInput("submit needs a scheduler: --slurm")
         job = submit_job(db, nodes=nodes, pool=pool, partition=partition, time_limit=time_limit,
-                         cpus_per_task=cpus_per_task, timeout=timeout, log_dir=logs)
+                         cpus_per_task=cpus_per_task, timeout=timeout, log_dir=logs, together=together)
         watch = "python bench.py status" + (f" --pool {pool}" if pool else " --all-machines")
         err.print(styled("submitted SLURM job array ", (str(job.job_id), "bold"),
                          f" ({job.tasks} task(s)); script {job.script}"), highlight=False)

@@ -95,6 +95,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     created       REAL NOT NULL,
     -- one typed column per variable, in catalogue order
     cores         INTEGER NOT NULL,
+    ranks         INTEGER NOT NULL DEFAULT 1, -- data-parallel processes per machine (torch.distributed)
+    nodes         INTEGER NOT NULL DEFAULT 1, -- machines of the SLURM allocation the job trains on
     freq_mhz      INTEGER,
     governor      TEXT    NOT NULL,
     turbo         TEXT    NOT NULL,
@@ -211,6 +213,10 @@ CREATE TABLE IF NOT EXISTS runs (
     mfu            REAL,                      -- gflops / measured GEMM peak of the run's precision
     steal_s        REAL,                      -- CPU time the hypervisor stole during the timed window
     other_cpu_s    REAL,                      -- CPU time other processes used on the job's CPUs in the window
+    world_size     INTEGER,                   -- data-parallel processes of the run (ranks x nodes)
+    global_batch   INTEGER,                   -- samples per optimizer step over every rank
+    allreduce_ms   REAL,                      -- median per step: first gradient bucket sent to last one reduced (DDP comm hook)
+    allreduce_share REAL,                     -- allreduce_ms / step_ms_median; NULL with one rank
     UNIQUE (job_id, pool_id)
 );
 
@@ -243,7 +249,7 @@ SELECT
     s.name AS sweep,
     r.pool_id, COALESCE(p.name, 'machine ' || r.machine_id) AS pool, r.worker_host,
     j.job_id, j.config_hash, j.derived,
-    j.cores, j.freq_mhz, j.governor, j.turbo, j.pin_threads, j.numa, j.allocator,
+    j.cores, j.ranks, j.nodes, j.freq_mhz, j.governor, j.turbo, j.pin_threads, j.numa, j.allocator,
     j.omp_threads, j.intra_threads, j.inter_threads, j.isa, j.onednn, j.framework, j.compile,
     j.fusion, j.compile_cache, j.cc_flags, j.compiler, j.blas, j.attn_backend, j.n_layers, j.d_model, j.n_heads, j.head_dim,
     j.kv_heads, j.mlp_ratio, j.dropout, j.activation, j.attention, j."window", j.vocab_size,
@@ -253,7 +259,7 @@ SELECT
     r.step_ms_std, r.train_s, r.wall_s, r.tokens_per_s, r.samples_per_s, r.loss_first,
     r.loss_last, r.peak_rss_mb, r.cpu_user_s, r.cpu_sys_s, r.ctx_switches, r.freq_mhz_avg,
     r.energy_j, r.temp_c_max, r.params, r.trainable_params, r.flops_per_step, r.gflops, r.mfu,
-    r.steal_s, r.other_cpu_s,
+    r.steal_s, r.other_cpu_s, r.world_size, r.global_batch, r.allreduce_ms, r.allreduce_share,
     r.gemm_format, r.dataset_used, r.output_path, r.applied, r.torch_version, r.python_version, r.load_before,
     m.machine_id, m.fingerprint, m.hostname, m.cpu_model, m.vendor, m.sockets, m.physical_cores,
     m.logical_cores, m.numa_nodes, m.smt, m.isa_flags, m.l1d_kb, m.l2_kb, m.l3_kb,

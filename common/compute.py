@@ -14,6 +14,10 @@ from dataclasses import dataclass
 NOT_OFFERED = {
     "ipex": "Intel Extension for PyTorch is not offered: its last release targets torch 2.8, and an IPEX built "
             "for another torch refuses to load into this project's torch 2.13",
+    "distributed=ccl": "oneCCL's torch bindings (oneccl_bind_pt, backend 'ccl') are not offered: they are not on "
+                       "PyPI (Intel's own wheel index only), each release is built for one torch version and none "
+                       "for torch 2.13; PyPI's oneccl runtime is the C library alone, no torch backend. Ranks "
+                       "all-reduce over gloo",
 }
 # Precisions whose arithmetic is still a simulation, and what really runs: every place that names the
 # mode (the report's tables, the plots) says so next to it; runs.gemm_format records each run's own words.

@@ -145,6 +145,11 @@ CATALOGUE: tuple[Variable, ...] = (
     # -- system, applied by the worker before the child starts
     _v("cores", int, ALL, KNOB, "CPUs in the child's affinity set (physical cores first); 'all' = every CPU "
        "the worker may use, resolved at enqueue", min=1, max=4096, words=(ALL,)),
+    _v("ranks", int, 1, KNOB, "data-parallel processes on the job's machine (torch.distributed's launcher, "
+       "DistributedDataParallel over gloo), each pinned to its own equal slice of the job's cores; batch_size "
+       "is each rank's micro-batch", min=1, max=4096, since=6),
+    _v("nodes", int, 1, KNOB, "machines of a SLURM allocation one job trains on (one launcher per node through "
+       "srun, c10d rendezvous on the first node); ranks per node each", min=1, max=1024, since=6),
     _v("freq_mhz", int, DEFAULT, KNOB, "scaling_min = scaling_max frequency of the job's CPUs",
        min=100, max=10000, words=(DEFAULT,)),
     _v("governor", str, DEFAULT, KNOB, "cpufreq governor of the job's CPUs",
@@ -155,9 +160,9 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("allocator", str, DEFAULT, ENV, "malloc replacement by LD_PRELOAD of a known system library",
        choices=(DEFAULT, "jemalloc", "tcmalloc")),
     # -- process environment and framework
-    _v("omp_threads", int, AUTO, ENV, "OMP_NUM_THREADS / MKL_NUM_THREADS; auto = cores", min=1, max=4096, words=(AUTO,)),
+    _v("omp_threads", int, AUTO, ENV, "OMP_NUM_THREADS / MKL_NUM_THREADS; auto = cores / ranks (a rank's slice)", min=1, max=4096, words=(AUTO,)),
     _v("intra_threads", int, AUTO, ENV, "torch.set_num_threads; auto = omp_threads", min=1, max=4096, words=(AUTO,)),
-    _v("inter_threads", int, AUTO, ENV, "torch.set_num_interop_threads; auto = cores", min=1, max=4096, words=(AUTO,)),
+    _v("inter_threads", int, AUTO, ENV, "torch.set_num_interop_threads; auto = cores / ranks", min=1, max=4096, words=(AUTO,)),
     _v("isa", str, DEFAULT, ENV, "cap on the instruction set ATen, oneDNN and MKL dispatch to, each read back (a library above the cap fails the run); default = no cap",
        choices=(DEFAULT, "baseline", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")),
     _v("onednn", bool, True, FRAMEWORK, "torch.backends.mkldnn enabled; off moves convolutions and bf16/int8 matmuls off oneDNN, fp32 GEMMs stay MKL"),
@@ -253,9 +258,10 @@ DERIVATIONS: tuple[Derivation, ...] = (
     # compile first: fusion follows it. A framework comparison runs each framework the way its users
     # train (JAX under jax.jit); eager JAX is its own comparison (compile=eager, xla on jax).
     Derivation("compile", ("framework",), lambda c: COMPILE_OF[c["framework"]]),
-    Derivation("omp_threads", ("cores",), lambda c: c["cores"]),
+    # threads follow a rank's slice of the cores (cores // ranks: the whole set with one rank)
+    Derivation("omp_threads", ("cores", "ranks"), lambda c: max(1, c["cores"] // c["ranks"])),
     Derivation("intra_threads", ("omp_threads",), lambda c: c["omp_threads"]),
-    Derivation("inter_threads", ("cores",), lambda c: c["cores"]),
+    Derivation("inter_threads", ("cores", "ranks"), lambda c: max(1, c["cores"] // c["ranks"])),
     Derivation("head_dim", ("d_model", "n_heads"), lambda c: max(1, c["d_model"] // c["n_heads"])),
     Derivation("kv_heads", ("n_heads",), lambda c: c["n_heads"]),
     Derivation("blas", ("framework",), lambda c: BLAS_AUTO[c["framework"]]),
@@ -351,6 +357,7 @@ def violations(config: dict, cpu_count: int) -> list[str]:
         why.append("kv_heads does not divide n_heads")
     if config["cores"] > cpu_count:
         why.append(f"cores greater than this machine's {cpu_count} CPUs")
+    why += parallel_violations(config)
     if config["framework"] == "torch" and config["compile"] == "eager" and not config["fusion"]:
         why.append("fusion=off needs compile=inductor")
     if config["framework"] == "torch" and config["compile"] == "eager" and config["compile_cache"] == "cold":
@@ -371,6 +378,27 @@ def violations(config: dict, cpu_count: int) -> list[str]:
         why.append("window >= seq_len makes local/sliding attention full")
     if config["activation"] == "swiglu" and int(config["mlp_ratio"] * config["d_model"] * 2 / 3) < 1:
         why.append("mlp_ratio too small for swiglu")
+    return why
+
+
+# Why a framework other than torch cannot run ranks or nodes above 1 (a counted reason at enqueue).
+NO_DATA_PARALLEL = {
+    "numpy": "the NumPy trainer has no collective library to all-reduce gradients with",
+    "jax": "JAX's CPU data parallelism is one process over forced host devices (xla_force_host_platform_device_count) "
+           "sharing one XLA thread pool, not ranks pinned to their own cores: not implemented",
+}
+
+
+def parallel_violations(config: dict) -> list[str]:
+    """Why ranks/nodes cannot run as set: a rank needs a whole, equal slice of the job's cores."""
+    ranks, nodes, why = config.get("ranks", 1), config.get("nodes", 1), []
+    if ranks > config["cores"]:
+        why.append("ranks greater than cores")
+    elif config["cores"] % ranks:
+        why.append("cores not divisible by ranks")
+    if (ranks > 1 or nodes > 1) and config["framework"] in NO_DATA_PARALLEL:
+        what = "ranks>1" if ranks > 1 else "nodes>1"
+        why.append(f"{what} needs framework=torch ({NO_DATA_PARALLEL[config['framework']]})")
     return why
 
 

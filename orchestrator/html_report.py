@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator import effects as fx
-from orchestrator import prediction_report, seeds
+from orchestrator import parallel_report, prediction_report, seeds
 from common.variables import BY_NAME, NAMES
 
 DOTS_PER_LEVEL = 300  # runs drawn per value of a variable (evenly sampled beyond it; the table has them all)
@@ -647,6 +647,7 @@ def write_page(ctx, path: Path) -> Path:
         f'ratios with their family-wise 95% intervals. Up to {DOTS_PER_LEVEL} runs per value are drawn.</p>'
         f'<p class="index">{index}</p>{var_html}</section>',
         _machine_section(ctx, st, several),
+        parallel_report.html_section(ctx),  # ranks/nodes: compute vs all-reduce
         _runs_section(ctx, runs, varied),
         _seeds_section(ctx),
         prediction_report.html(ctx),

@@ -436,5 +436,12 @@ def _to_5(conn: Connection, dialect: str) -> str:
     return "from version 4: " + ("; ".join(done) or "views remade")
 
 
-MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3, 4: _to_4, 5: _to_5}
+def _to_6(conn: Connection, dialect: str) -> str:
+    """Version 5 -> 6: the variables ranks and nodes (old jobs ran one process on one machine: 1 and 1)
+    and the data-parallel metrics world_size, global_batch, allreduce_ms, allreduce_share (NULL in old runs)."""
+    done = reconcile(conn, dialect, fills={})
+    return "from version 5: " + ("; ".join(done) or "views remade")
+
+
+MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3, 4: _to_4, 5: _to_5, 6: _to_6}
 LATEST = max(MIGRATIONS)

@@ -24,7 +24,7 @@ import numpy as np
 from sqlalchemy import text
 
 from orchestrator import effects as fx
-from orchestrator import html_report
+from orchestrator import html_report, parallel_report
 from orchestrator.effects import Analysis, Effect, Grid, VariableEffect
 from orchestrator.pool_report import pool_lines
 from orchestrator.seeds import seeds_section
@@ -771,6 +771,7 @@ SECTIONS: list[Callable[[Context], list[str]]] = [
     noise_section,
     runs_section,
     variables_section,
+    parallel_report.markdown_section,  # ranks/nodes: compute vs all-reduce (orchestrator/parallel_report.py)
     grids_section,
     shared_section,
     pools_section,

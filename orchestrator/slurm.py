@@ -30,11 +30,17 @@ class Submitted:
 
 
 def batch_script(*, nodes: int, pool: str | None, partition: str | None, time_limit: str | None,
-                 cpus_per_task: int | None, timeout: float, log_dir: Path) -> str:
-    """The sbatch script: N array tasks, one node each (the whole node unless --cpus-per-task)."""
-    lines = ["#!/bin/bash", "#SBATCH --job-name=cpubench", f"#SBATCH --array=0-{nodes - 1}",
-             "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
-             f"#SBATCH --output={log_dir}/cpubench-%A_%a.out"]
+                 cpus_per_task: int | None, timeout: float, log_dir: Path, together: bool = False) -> str:
+    """The sbatch script: N array tasks, one node each (the whole node unless --cpus-per-task); together:
+    one allocation of N nodes whose batch step (the first node) runs the worker, so a job with nodes > 1
+    starts a launcher on each of them through srun (worker/trainers/torch/distributed.py)."""
+    if together:
+        lines = ["#!/bin/bash", "#SBATCH --job-name=cpubench", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
+                 f"#SBATCH --output={log_dir}/cpubench-%j.out"]
+    else:
+        lines = ["#!/bin/bash", "#SBATCH --job-name=cpubench", f"#SBATCH --array=0-{nodes - 1}",
+                 "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
+                 f"#SBATCH --output={log_dir}/cpubench-%A_%a.out"]
     lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}" if cpus_per_task else "#SBATCH --exclusive")
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
@@ -52,11 +58,11 @@ def batch_script(*, nodes: int, pool: str | None, partition: str | None, time_li
 
 def submit(db: str, *, nodes: int, pool: str | None = None, partition: str | None = None,
            time_limit: str | None = None, cpus_per_task: int | None = None, timeout: float = 900.0,
-           log_dir: Path = Path("slurm")) -> Submitted:
+           log_dir: Path = Path("slurm"), together: bool = False) -> Submitted:
     url = database_url(db)
     if nodes < 1:
         raise BadInput(f"--nodes {nodes}: expected at least 1")
-    if url.startswith("sqlite") and nodes > 1:
+    if url.startswith("sqlite") and nodes > 1 and not together:  # together: only the first node writes
         raise BadInput(f"--db {safe_url(url)}: an SQLite file cannot be shared by {nodes} nodes; give a PostgreSQL "
                        "URL (--db postgresql+psycopg://user@host/db) that every node can reach")
     sbatch = shutil.which("sbatch")
@@ -66,11 +72,11 @@ def submit(db: str, *, nodes: int, pool: str | None = None, partition: str | Non
     log_dir.mkdir(parents=True, exist_ok=True)
     script = log_dir / f"cpubench-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.sbatch"
     script.write_text(batch_script(nodes=nodes, pool=pool, partition=partition, time_limit=time_limit,
-                                   cpus_per_task=cpus_per_task, timeout=timeout, log_dir=log_dir))
+                                   cpus_per_task=cpus_per_task, timeout=timeout, log_dir=log_dir, together=together))
     env = {**os.environ, "BENCH_DB": url}
     proc = subprocess.run([sbatch, "--parsable", str(script)], env=env, capture_output=True, text=True,
                           cwd=PROJECT_ROOT)
     if proc.returncode != 0:
         raise BenchError(f"sbatch refused {script}: {proc.stderr.strip() or proc.stdout.strip()}")
     job_id = proc.stdout.strip().split(";")[0]
-    return Submitted(job_id=job_id, tasks=nodes, script=script, logs=log_dir)
+    return Submitted(job_id=job_id, tasks=1 if together else nodes, script=script, logs=log_dir)

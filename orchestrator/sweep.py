@@ -412,8 +412,8 @@ def _axis_values(key: str, values, where: str, machine: Machine, notes: list[str
 
 
 def _auto_axis(key: str, spec: str, label: str, machine: Machine, notes: list[str]) -> list:
-    """Machine-derived ranges: cores = "auto" (1, 2, 4, ... all), freq_mhz = "auto:STEP"."""
-    if key in ("cores", "omp_threads", "intra_threads") and spec == "auto":
+    """Machine-derived ranges: cores (threads, ranks) = "auto" (1, 2, 4, ... all), freq_mhz = "auto:STEP"."""
+    if key in ("cores", "omp_threads", "intra_threads", "ranks") and spec == "auto":
         n = machine.cpu_count
         return sorted({*(1 << i for i in range(n.bit_length()) if 1 << i <= n), n})
     if key == "freq_mhz":

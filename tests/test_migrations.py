@@ -348,6 +348,7 @@ def test_a_version_3_database_gets_compiler_blas_and_gemm_format_keeping_its_job
     shutil.copyfile(Path(__file__).resolve().parent / "v3" / "results-v3.db", path)
     db = str(path)
     runs_before = sqlite_rows(db, "SELECT * FROM runs ORDER BY run_id")
+    columns_before = [c[1] for c in sqlite_schema(db)["table runs"]["columns"]]
     jobs_before = sqlite_rows(db, "SELECT job_id, config_hash FROM jobs ORDER BY job_id")
     assert sqlite_rows(db, "SELECT MAX(version) FROM schema_version") == [(3,)]
     Store(db)  # opening migrates
@@ -356,10 +357,12 @@ def test_a_version_3_database_gets_compiler_blas_and_gemm_format_keeping_its_job
     # each framework's jobs get the library it ran (variables.BLAS_OF) and inductor's own compiler
     assert sqlite_rows(db, "SELECT framework, blas, compiler FROM jobs ORDER BY job_id") == [
         ("torch", "mkl", "gcc"), ("numpy", "openblas", "gcc"), ("jax", "eigen", "gcc")]
-    old_columns = [c for c in sqlite_schema(db)["table runs"]["columns"] if c[1] != "gemm_format"]
-    kept = sqlite_rows(db, f"SELECT {', '.join(c[1] for c in old_columns)} FROM runs ORDER BY run_id")
+    kept = sqlite_rows(db, f"SELECT {', '.join(columns_before)} FROM runs ORDER BY run_id")
     assert kept == runs_before
     assert sqlite_rows(db, "SELECT DISTINCT gemm_format FROM v_results") == [(None,)]  # not recorded then
+    # version 6: every old job ran one process on one machine; the data-parallel metrics were not recorded
+    assert sqlite_rows(db, "SELECT DISTINCT ranks, nodes FROM jobs") == [(1, 1)]
+    assert sqlite_rows(db, "SELECT DISTINCT world_size, allreduce_ms FROM v_results") == [(None, None)]
     fresh = tmp_path / "fresh.db"
     Store(str(fresh))
     assert sqlite_schema(db) == sqlite_schema(str(fresh))

@@ -92,3 +92,12 @@ def test_two_array_tasks_drain_a_pool_once(local_slurm, pg_db, tmp_path, isolate
     affinities = {tuple(json.loads(r.applied)["affinity"]) if isinstance(r.applied, str) else tuple(r.applied["affinity"])
                   for r in rows if r.applied}
     assert len(affinities) == 2, affinities
+
+
+def test_together_asks_one_allocation_of_n_nodes_whose_first_node_runs_the_worker(tmp_path):
+    from orchestrator.slurm import batch_script
+
+    script = batch_script(nodes=2, pool=None, partition=None, time_limit=None, cpus_per_task=None, timeout=60,
+                          log_dir=tmp_path, together=True)
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script and "--array" not in script
+    assert script.rstrip().splitlines()[-1].endswith("bench.py work --timeout 60")

@@ -7,7 +7,7 @@ from common.errors import BadInput
 
 
 def test_every_variable_of_the_design_is_in_the_catalogue():
-    design = """cores freq_mhz governor turbo pin_threads numa allocator omp_threads intra_threads
+    design = """cores ranks nodes freq_mhz governor turbo pin_threads numa allocator omp_threads intra_threads
     inter_threads isa onednn framework compile fusion compile_cache cc_flags compiler blas attn_backend n_layers d_model
     n_heads head_dim kv_heads mlp_ratio dropout activation attention window vocab_size seq_len
     batch_size grad_accum precision optimizer task lora_rank steps warmup_steps seed dataset repeat""".split()
@@ -166,3 +166,24 @@ def test_q8_enqueues_as_int8_while_an_old_databases_q8_job_keeps_its_own_identit
     assert not why and q8 == int8 and V.config_hash(q8) == V.config_hash(int8)  # one real int8 job
     old = dict(int8, precision="q8")  # what an older release stored: a simulated q8 run
     assert V.config_hash(old) != V.config_hash(int8) and V.complete(json.loads(V.canonical_json(old)))["precision"] == "q8"
+
+
+@pytest.mark.parametrize("partial, reason", [
+    ({"cores": 2, "ranks": 3}, "ranks greater than cores"),
+    ({"cores": 3, "ranks": 2}, "cores not divisible by ranks"),
+    ({"cores": 2, "ranks": 2, "framework": "numpy"}, "ranks>1 needs framework=torch (the NumPy trainer has no collective"),
+    ({"cores": 2, "ranks": 2, "framework": "jax"}, "ranks>1 needs framework=torch (JAX's CPU data parallelism"),
+    ({"cores": 2, "nodes": 2, "framework": "numpy"}, "nodes>1 needs framework=torch"),
+])
+def test_ranks_that_cannot_run_are_refused_with_the_reason(partial, reason):
+    _, why = V.resolve(partial, cpu_count=4)
+    assert any(w.startswith(reason) for w in why), why
+
+
+def test_threads_follow_a_ranks_slice_of_the_cores_and_ranks_one_keeps_old_hashes():
+    config, why = V.resolve({"cores": 4, "ranks": 2}, cpu_count=4)
+    assert not why
+    assert config["omp_threads"] == config["intra_threads"] == config["inter_threads"] == 2
+    one, _ = V.resolve({"cores": 4}, cpu_count=4)
+    assert one["omp_threads"] == 4 and one["ranks"] == one["nodes"] == 1
+    assert '"ranks"' not in V.canonical_json(one) and '"ranks":2' in V.canonical_json(config)

@@ -56,6 +56,10 @@ def machine_knobs(facts: dict, *, sysfs_root: str = "/") -> dict[str, str | None
         out[f"blas={word}"] = startspec.blas_unavailable(word)
     for word in TORCH_GEMM_ROUTES:  # torch's GEMM routes (worker/trainers/torch/gemm_route.py)
         out[f"blas={word} (torch)"] = gemm_route.unavailable(word, facts)
+
+    from worker.trainers.torch.distributed import availability
+
+    out.update(availability())  # ranks, nodes and torch.distributed's backends
     out.update(NOT_OFFERED)  # never available: what it is and why not
     return out
 

@@ -72,6 +72,8 @@ class WorkerOptions:
     # crashes or hangs on purpose (tests/stub_child.py) for every framework.
     child_module: str | None = field(default_factory=lambda: os.environ.get("BENCH_CHILD_MODULE"))
     probe_quick: bool = field(default_factory=lambda: os.environ.get("BENCH_PROBE_QUICK") == "1")
+    # ranks > 1: gloo's timeout of a collective, how long a hung rank holds its run before it fails
+    collective_timeout_s: float = field(default_factory=lambda: float(os.environ.get("BENCH_COLLECTIVE_TIMEOUT_S", "60")))
     # MFU's peak measured on each job's own CPU set (worker/gemm_peak.py: a torch child per new set);
     # BENCH_PEAK_PER_SET=0 scales the probe's 1-core / all-core peaks instead, and the basis says so.
     peak_per_set: bool = field(default_factory=lambda: os.environ.get("BENCH_PEAK_PER_SET", "1") != "0")
@@ -419,6 +421,7 @@ class Worker:
             "data_dir": str(data_dir),
             "peak_gflops": None,  # of the CPU set knobs.applied picks, below
             "compile_cache_dir": str(self.opts.state_dir / "inductor-cache"),
+            "collective_timeout_s": self.opts.collective_timeout_s,  # ranks > 1: a hung rank fails the run after it
         }
         with knobs.applied(config, self.facts, self.pool, journal_path=self.journal, sysfs_root=self.opts.sysfs_root) as spec:
             job["peak_gflops"] = self._peak(config, spec.cpus)

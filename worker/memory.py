@@ -141,7 +141,9 @@ def estimate(c: dict) -> Estimate:
     activations = tokens * (c["n_layers"] * saved + live + 2 * C * value)
     logits = tokens * c["vocab_size"] * LOGIT_BYTES
     framework = c["framework"]
-    return Estimate(FRAMEWORK_BASE[framework], FRAMEWORK_FACTOR.get(framework, 1.0), state, activations, logits)
+    r = int(c.get("ranks", 1))  # data parallelism: every rank on this machine holds all of it for its micro-batch
+    return Estimate(r * FRAMEWORK_BASE[framework], FRAMEWORK_FACTOR.get(framework, 1.0), r * state, r * activations,
+                    r * logits)
 
 
 def machine_limit(limit_gb: float | None) -> tuple[int, str]:

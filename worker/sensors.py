@@ -111,10 +111,24 @@ class RunSampler:
         return stat_ticks(sysfs.read(self.root, "/proc/stat") or "", self.cpus)
 
     def _child_ticks(self) -> int | None:
-        """The child's utime+stime so far (every thread, live or exited), in USER_HZ ticks."""
+        """The child's utime+stime so far (every thread, live or exited), in USER_HZ ticks, with the
+        processes it started (a data-parallel child's ranks: /proc/PID/task/PID/children, the ones its
+        main thread started, recursively; their time once they ended and were waited for is in cutime)."""
         if self.pid is None:
             return None
-        return task_ticks(sysfs.read(self.root, f"/proc/{self.pid}/stat"))
+        own = task_ticks(sysfs.read(self.root, f"/proc/{self.pid}/stat"))
+        if own is None:
+            return None
+        seen, todo, total = {self.pid}, [self.pid], 0
+        while todo:
+            pid = todo.pop()
+            stat = sysfs.read(self.root, f"/proc/{pid}/stat")
+            total += (task_ticks(stat) or 0) + (waited_ticks(stat) or 0)
+            for child in (sysfs.read(self.root, f"/proc/{pid}/task/{pid}/children") or "").split():
+                if child.isdigit() and int(child) not in seen:
+                    seen.add(int(child))
+                    todo.append(int(child))
+        return total
 
     def _sample(self) -> None:
         now = time.time()
@@ -239,6 +253,14 @@ def task_ticks(stat: str | None) -> int | None:
         return None
     rest = stat.rsplit(")", 1)[1].split()  # rest[0] is field 3 (state)
     return int(rest[11]) + int(rest[12]) if len(rest) > 12 else None
+
+
+def waited_ticks(stat: str | None) -> int | None:
+    """cutime+cstime of a /proc/PID/stat line (fields 16 and 17): its ended, waited-for children."""
+    if not stat or ")" not in stat:
+        return None
+    rest = stat.rsplit(")", 1)[1].split()
+    return int(rest[13]) + int(rest[14]) if len(rest) > 14 else None
 
 
 def _at(samples: list[Sample], attr: str, t: float) -> float | None:

@@ -193,12 +193,22 @@ def pinning_unavailable(pin: bool, framework: str) -> str | None:
     return None
 
 
+def nodes_unavailable(nodes: int) -> str | None:
+    """nodes > 1 runs only inside a SLURM allocation of that many nodes (the child starts one launcher
+    per node through srun: worker/trainers/torch/distributed.py)."""
+    have = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+    if nodes <= have:
+        return None
+    return (f"nodes={nodes}: this worker runs in no SLURM allocation of {nodes} nodes "
+            f"(bench.py submit --slurm --nodes {nodes} --together)")
+
+
 def unavailable(config: dict, facts: dict, cpu_pool: list[int]) -> list[str]:
     """Why each of the job's start settings cannot be honoured here (empty: all can)."""
     framework = config.get("framework", "torch")
     checks = [cores_unavailable(int(config["cores"]), cpu_pool), numa_unavailable(config["numa"]),
               allocator_unavailable(config["allocator"]), isa_unavailable(config["isa"], facts, framework, bool(config.get("onednn", True))),
-              pinning_unavailable(bool(config["pin_threads"]), framework)]
+              pinning_unavailable(bool(config["pin_threads"]), framework), nodes_unavailable(int(config.get("nodes", 1)))]
     if framework == "numpy" and config.get("blas", "openblas") != "openblas":
         checks.append(blas_unavailable(config["blas"]))
     if framework == "torch":

@@ -34,6 +34,8 @@ def _expected_torch(config: dict, spec: ChildSpec) -> dict:
         "omp_proc_bind": spec.env.get("OMP_PROC_BIND"),
         "omp_places": spec.env.get("OMP_PLACES"),
     }
+    if config.get("ranks", 1) * config.get("nodes", 1) > 1:
+        expected.pop("omp_places")  # each rank's own slice: judged per rank in not_in_force
     if config["isa"] != DEFAULT:
         expected["cpu_capability"] = ISA_CAPS[config["isa"]][1].upper()
     flags = ccflags.expected(config.get("cc_flags", DEFAULT)) if config["compile"] == "inductor" else None
@@ -70,6 +72,11 @@ def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
              if (key in child or key in required) and child.get(key) != want]
     if framework == "torch":
         wrong += isa_check.disobeyed(config["isa"], child)  # the ISA MKL and oneDNN really dispatched to
+    for rank in child.get("ranks") or []:  # data parallelism: every rank on its own slice, its threads the job's
+        if rank.get("affinity") is not None and rank["affinity"] != rank["slice"]:
+            wrong.append(f"rank {rank['rank']} affinity={rank['affinity']!r} (asked its slice {rank['slice']!r})")
+        if rank.get("torch_threads") is not None and rank["torch_threads"] != config["intra_threads"]:
+            wrong.append(f"rank {rank['rank']} torch_threads={rank['torch_threads']!r} (asked {config['intra_threads']!r})")
     lib = child.get("allocator_lib")
     if config["allocator"] != DEFAULT and "allocator_lib" in child and (
             lib is None or not os.path.basename(lib).startswith(f"lib{config['allocator']}")):

@@ -160,6 +160,8 @@ def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dic
         "peak_rss_mb": after.ru_maxrss / 1024,  # KiB on Linux
         "cpu_user_s": after.ru_utime - before.ru_utime, "cpu_sys_s": after.ru_stime - before.ru_stime,
         "ctx_switches": after.ru_nivcsw - before.ru_nivcsw,
+        # one process; the torch trainer's data-parallel launch (torch/distributed.py) replaces these
+        "world_size": 1, "global_batch": config["batch_size"] * accum, "allreduce_ms": None, "allreduce_share": None,
     }
     window = {"start_unix_s": start_unix_s, "end_unix_s": end_unix_s, "compilations": compiled,
               "slowest_step_x_median": max(ms) / median if median > 0 else None}

@@ -48,14 +48,19 @@ def main() -> None:
     harness.serve(run)
 
 
-def run(request: dict) -> dict:
-    """Train one configuration as the request says; the result dict (printed by main())."""
+def run(request: dict, dp=None) -> dict:
+    """Train one configuration as the request says; the result dict (printed by main()).
+    dp: inside a data-parallel rank, its distributed.Rank; ranks x nodes > 1 without one: launch them."""
     config = request["config"]
     if config["framework"] != "torch":  # before importing torch: a skip must be fast
         return harness.skipped(f"the torch trainer does not run framework={config['framework']}")
+    if dp is None and config.get("ranks", 1) * config.get("nodes", 1) > 1 and not request.get("prewarm_only"):
+        from worker.trainers.torch import distributed
+
+        return distributed.launch(request, _T0)
     cache_dir = _compile_cache_dir(config, request)  # before torch: inductor reads it from the env
     try:
-        return _train(request, cache_dir)
+        return _train(request, cache_dir, dp)
     except Skip as why:
         import torch
 
@@ -273,7 +278,7 @@ def prewarm_reason(marker: Path, header_dir: str | None) -> str | None:
     return None
 
 
-def _train(request: dict, cache_dir: str | None) -> dict:
+def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
     config = request["config"]
     import torch
 
@@ -302,7 +307,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     cfg = ModelConfig.from_config(config)
     model = GPT(cfg)
     applied["init"] = shared_init(model, config)
-    batches = torch_batches(tokens, config, config["seed"])
+    batches = dp.batches(tokens, config) if dp else torch_batches(tokens, config, config["seed"])
     lr = LR[config["optimizer"]]
 
     if config["task"] in ("finetune", "finetune_lora"):
@@ -341,7 +346,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     applied["sdpa_kernel"] = _sdpa_kernel_used(cfg, config)
     model.train()
 
-    trained = model  # what is called; `model` stays the plain module whose state is saved
+    trained = dp.wrap(model) if dp else model  # what is called; `model` stays the plain module whose state is saved
     if config["compile"] == "inductor":
         _check_inductor_possible()
         applied["inductor"] = _set_inductor_config(bool(config["fusion"]))
@@ -370,6 +375,7 @@ def _train(request: dict, cache_dir: str | None) -> dict:
     applied["loss_path"] = head_loss_path(next(model.parameters()).dtype, next(model.parameters()).dtype,
                                           config["precision"] == "mixed", fused_loss)
     step = make_step(trained, optimizer, config["precision"], fused_loss=fused_loss)
+    step = dp.step(step) if dp else step
     metrics, window, first_step_start = harness.timed_loop(
         _first_compile_skips(step, config), lambda loss: loss, batches, config,
         _graphs_compiled if config["compile"] == "inductor" else None)
