@@ -582,8 +582,8 @@ def predict(
 
         def step(ms: float) -> str:
             return f"{ms / 1e3:.3g} s" if ms >= 1e3 else f"{ms:.3g} ms"
-        out.print(f"[bold]{step(doc['step_ms'])}[/] per step (95% interval {step(doc['step_ms_low'])} to "
-                  f"{step(doc['step_ms_high'])}) on machine {m['machine_id']} ({m['hostname']}, {m['cpu_model']})")
+        out.print(styled((step(doc["step_ms"]), "bold"), f" per step (95% interval {step(doc['step_ms_low'])} to "
+                         f"{step(doc['step_ms_high'])}) on machine {m['machine_id']} ({m['hostname']}, {m['cpu_model']})"))
         out.print(f"  {doc['flops_per_step'] / 1e9:.4g} GFLOP and {doc['tokens_per_step']:,} tokens per step, "
                   f"{doc['params'] / 1e6:.4g}M parameters")
         if "train_s" in doc:
@@ -593,8 +593,8 @@ def predict(
                 out.print(f"  tokens: {doc['tokens_basis']}")
         out.print(f"  basis: {doc['basis']}")
         for name, e in doc["extrapolated"].items():
-            out.print(f"  [yellow]extrapolated[/]: {name}={e['value']:g}, measured {e['measured_min']:g} to "
-                      f"{e['measured_max']:g} ({e['beyond']:.3g}x the nearest end)")
+            out.print(styled("  ", ("extrapolated", "yellow"), f": {name}={e['value']:g}, measured {e['measured_min']:g} "
+                             f"to {e['measured_max']:g} ({e['beyond']:.3g}x the nearest end)"))
 
     guarded(body)
 
