@@ -13,8 +13,8 @@ CliRunner) in a fresh folder holding those files and a small cpubench database. 
 - `status`, `docs --check` and `enqueue --dry-run` leave every file as it was, whatever their exit.
 
 Nothing trains: `work` only ever gets a --db that is not a usable cpubench database, `run` an unknown
-preset, `once` a refused setting; `machine --remeasure`, `submit --slurm` and `docs` without --check
-(it writes the checkout's docs/) are not drawn.
+preset, `once` a refused setting; `machine --remeasure`, `submit --slurm`, `report --watch` (it runs until interrupted)
+and `docs` without --check (it writes the checkout's docs/) are not drawn.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 LINE_TIMEOUT_S = 60
-NOT_DRAWN = {("machine", "--remeasure"), ("submit", "--slurm"), ("docs", "--check")}  # --check: always given
+NOT_DRAWN = {("machine", "--remeasure"), ("submit", "--slurm"), ("docs", "--check"),  # --check: always given
+             ("report", "--watch")}  # runs until interrupted, as `work --wait` would
 
 # The folder every command line runs in (made by make_folder): name -> content (bytes), a directory
 # (None), or "cpubench" (a copy of the template database).
