@@ -134,8 +134,8 @@ def test_intervals_cover_new_noisy_runs_at_about_their_level(synthetic):
 
 def test_a_setting_never_measured_is_refused_with_the_reason(synthetic):
     _, _, _, model = synthetic
-    with pytest.raises(BenchError, match="precision=int8 was never measured.*measured: bf16"):
-        model.predict(resolved(precision="int8"))
+    with pytest.raises(BenchError, match="blas=onednn was never measured.*measured: .*mkl"):
+        model.predict(resolved(blas="onednn"))  # a GEMM route the quick preset does not vary
     with pytest.raises(BenchError, match="freq_mhz=2000 was never measured.*every run has freq_mhz=default"):
         model.predict(resolved(freq_mhz=2000))
 
@@ -191,7 +191,7 @@ def test_predict_prints_one_json_document_with_the_training_time_and_writes_noth
     assert doc["train_s"] == pytest.approx(doc["step_ms"] / 1e3 * 1e6 / doc["tokens_per_step"])
     assert "d_model" in doc["extrapolated"]
     bad = _predict("d_model=abc", "--db", str(path))
-    refused = _predict("precision=int8", "--db", str(path))
+    refused = _predict("blas=onednn", "--db", str(path))
     missing = _predict("--db", str(path.parent / "absent.db"))
     assert bad.returncode == 2 and "d_model" in bad.stderr and bad.stdout == ""
     assert refused.returncode == 1 and "never measured" in refused.stderr
