@@ -508,11 +508,11 @@ def tokens_per_word_uncached(vocab_size: int, data_dir=None) -> tuple[float, str
     (nothing is written)."""
     from pathlib import Path
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from worker import data
+    from common.corpus import builtin_rows, tokenizer_path
     folder = Path(data_dir or Path(__file__).resolve().parent.parent / "data") / "builtin"
     corpus = folder / "corpus.txt"
-    text_ = corpus.read_text() if corpus.exists() else "\n".join(data.builtin_rows())
-    cached = data.tokenizer_path(corpus, vocab_size)
+    text_ = corpus.read_text() if corpus.exists() else "\n".join(builtin_rows())
+    cached = tokenizer_path(corpus, vocab_size)
     if cached.exists():
         tok = Tokenizer.from_file(str(cached))
     else:

@@ -39,7 +39,7 @@ def test_once_trains_numpy_and_jax_through_the_worker(settings, framework):
 
 @pytest.mark.parametrize("spawn", ["fork", "exec"])
 def test_a_tiny_sweep_runs_records_and_reports(db, tmp_path, spawn):
-    sets = [arg for item in TINY for arg in ("--set", item)]
+    sets = [arg for item in TINY if not item.startswith("d_model=") for arg in ("--set", item)]  # d_model is an axis
     bench("enqueue", "--db", db, *sets, "--axis", "d_model=32,48", "--axis", "isa=default,avx2", check=True)
     bench("work", "--db", db, env={"BENCH_SPAWN": spawn}, check=True)
     with sqlite3.connect(db) as conn:

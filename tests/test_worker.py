@@ -157,7 +157,9 @@ def test_status_json_counts_this_machines_runs(db):
     bench("enqueue", "--db", db, "--set", "dataset=builtin", "--set", "steps=1", "--axis", "d_model=32,40,48",
           check=True)
     before = json.loads(bench("status", "--db", db, "--json", check=True).stdout)
-    assert before == {"total": 3, "queued": 3, "running": 0, "done": 0, "failed": 0, "skipped": 0}
+    totals = {"total": 3, "queued": 3, "running": 0, "done": 0, "failed": 0, "skipped": 0}
+    assert {k: before[k] for k in totals} == totals
+    assert before["sweeps"] == {"d_model": totals}  # each sweep's own counts (a command-line sweep is named by its axes)
     bench("work", "--db", db, "--max-jobs", "2", env=STUB, check=True)
     after = json.loads(bench("status", "--db", db, "--json", check=True).stdout)
     assert after["done"] == 2 and after["queued"] == 1
