@@ -28,6 +28,24 @@ from common.errors import BenchError
 from orchestrator.sweep import DEFAULT_MAX_JOBS, PRESETS_DIR
 
 
+def settings_given(settings: list[str]) -> dict:
+    """`once` and `predict`'s K=V arguments as a partial config: each variable once, none that only
+    sweeps set, every value checked (BadInput names the one that is wrong)."""
+    from common import variables
+    from common.errors import BadInput
+    from orchestrator.sweep import parse_assignment
+
+    partial = {}
+    for item in settings:
+        key, value = parse_assignment(item, "setting")
+        if key in variables.SET_BY_SWEEP:
+            raise BadInput(f"setting {key!r}: set by sweeps, not by hand")
+        if key in partial:
+            raise BadInput(f"setting {item!r}: {key} is already given: give each variable once")
+        partial[key] = variables.parse_value(key, value, "the command line")
+    return partial
+
+
 def styled(*parts) -> Text:
     """One line of plain strings and (text, style) pairs: the strings are never read as markup."""
     return Text.assemble(*parts)
@@ -511,18 +529,10 @@ def once(
     from common import variables
     from worker import memory
     from common.errors import BadInput
-    from orchestrator.sweep import parse_assignment
     from worker.loop import measure_once, once_cpu_count
 
     def body():
-        partial = {}
-        for item in settings:
-            key, value = parse_assignment(item, "setting")
-            if key in variables.SET_BY_SWEEP:
-                raise BadInput(f"setting {key!r}: set by sweeps, not by hand")
-            if key in partial:
-                raise BadInput(f"setting {item!r}: {key} is already given: give each variable once")
-            partial[key] = variables.parse_value(key, value, "the command line")
+        partial = settings_given(settings)
         options = _worker_options(None, None, False, timeout)
         config, why = variables.resolve(partial, once_cpu_count(options))
         if why:
@@ -561,18 +571,10 @@ def predict(
     docs/prediction.md). Only reads the database."""
     import socket
 
-    from common import variables
-    from common.errors import BadInput
     from orchestrator.cost_model import predict as predict_config
-    from orchestrator.sweep import parse_assignment
 
     def body():
-        partial = {}
-        for item in settings:
-            key, value = parse_assignment(item, "setting")
-            if key in variables.SET_BY_SWEEP:
-                raise BadInput(f"setting {key!r}: set by sweeps, not by hand")
-            partial[key] = variables.parse_value(key, value, "the command line")
+        partial = settings_given(settings)
         doc = predict_config(open_store(db, read_only=True), partial, machine=machine_name,
                              here=socket.gethostname(), tokens=tokens, epochs=epochs, dataset=dataset)
         if as_json:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from common import variables as V
 from common.metrics import METRICS
+from orchestrator.migrations import _top_level_split
 
 ROOT = Path(__file__).resolve().parent.parent
 VIEW = "v_results"
@@ -67,19 +68,6 @@ def table_comments(schema: str) -> dict[str, dict[str, tuple[str, str]]]:
     return tables
 
 
-def _split(items: str) -> list[str]:
-    parts, depth, current = [], 0, []
-    for ch in items:
-        if ch == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-            continue
-        depth += (ch == "(") - (ch == ")")
-        current.append(ch)
-    parts.append("".join(current))
-    return [" ".join(p.split()) for p in parts if p.strip()]
-
-
 def view_columns(schema: str | None = None) -> list[Column]:
     """The view's columns in order, each with its source table and its words."""
     schema = schema if schema is not None else (ROOT / "schema.sql").read_text()
@@ -89,7 +77,7 @@ def view_columns(schema: str | None = None) -> list[Column]:
         raise ValueError(f"schema.sql has no view {VIEW}")
     computed = dict(re.findall(r"--\s+(\w+): (.*)", m.group(1)))
     columns = []
-    for item in _split(m.group(2)):
+    for item in _top_level_split(m.group(2)):
         if src := re.fullmatch(r'(\w)\."?(\w+)"?(?: AS (\w+))?', item):
             alias, column, name = src.groups()
             table = ALIASES[alias]
