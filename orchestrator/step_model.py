@@ -91,7 +91,7 @@ class Fit:
     slow_prob: np.ndarray  # per run: posterior probability of the slow mode (0 where none was fitted)
     n_runs: int
     _solve: object = field(repr=False, default=None)
-    _design: object = field(repr=False, default=None)  # (X sparse n x p, weights, stratum index per run, dof per stratum)
+    _design: object = field(repr=False, default=None)  # (X sparse n x p, weights, noise source per run, dof per source, excess per run)
 
     @property
     def dof(self) -> float:
@@ -125,18 +125,20 @@ class Fit:
         if any(abs(v) > 1e-9 for v in parts.values()):
             return None
         est = float(sum(w * self.mu[c] for c, w in weights.items()))
-        X, wts, s_of_run, s_dof = self._design
+        X, wts, s_of_run, s_dof, excess = self._design
         if self._solve is None or not s_dof:
             return Contrast(est, None, None)
         a = np.zeros(X.shape[1])
         for c, w in weights.items():
             a[c] = w
         z = self._solve(a)
-        var = float(a @ z)
+        # Satterthwaite over the noise sources (strata, and configurations noisier than their stratum):
+        # Var = sum_i w_i^2 (x_i'z)^2 sigma_i^2, sigma_i^2 = excess_i / w_i (excess: 1 but where a
+        # configuration's own variance exceeds its stratum's, see fit()).
+        contrib = wts * excess * (X @ z) ** 2
+        var = float(a @ z) + float(contrib.sum() - (wts * (X @ z) ** 2).sum())
         if var <= 0:
             return Contrast(est, 0.0, float(sum(s_dof.values())))
-        # Satterthwaite over the strata: Var = sum_s sum_{i in s} (w_i x_i' z)^2 sigma_s^2.
-        contrib = wts * (X @ z) ** 2  # per run: w_i^2 (x_i'z)^2 * sigma_i^2, sigma_i^2 = 1 / w_i
         sums = np.bincount(s_of_run, weights=contrib)
         parts_v = {s: float(v) for s, v in enumerate(sums) if v > 0}
         total = sum(parts_v.values())
@@ -146,13 +148,14 @@ class Fit:
 
     def covariance(self, vectors: list[dict[int, float]]) -> np.ndarray:
         """The covariance matrix of several contrasts (each estimable)."""
-        X, *_ = self._design
+        X, wts, _, _, excess = self._design
         a = np.zeros((X.shape[1], len(vectors)))
         for j, weights in enumerate(vectors):
             for c, w in weights.items():
                 a[c, j] = w
         z = np.column_stack([self._solve(a[:, j]) for j in range(len(vectors))])
-        return a.T @ z
+        xz = X @ z
+        return a.T @ z + xz.T @ ((wts * (excess - 1.0))[:, None] * xz)
 
 
 def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int, mixture: bool = True,
@@ -231,7 +234,8 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     weights = _robust_weights(y, ci, n_configs)
     lu, theta = solve_weighted(weights, y)
     _leverages(X, weights, lu, p, lev)
-    first = _noisy_configs(y - X @ theta, ci, s_of_run, lev, n_configs)
+    first = _noisy_configs(y - X @ theta, ci, s_of_run, lev, n_configs, trim=0.5, trim_rest=True,
+                           centre=True, min_ratio=NOISY_MIN_RATIO)
     if first:
         split_noisy(first)
     # 1. one variance per stratum (rounds of weighted fits, starting from the robust weights)
@@ -314,6 +318,9 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
         m = s_of_run == s
         s_dof[s] = max(0.0, float(m.sum() - lev[m].sum()) - (3 if pi[s] > 0 else 0))
     has_noise = all(np.isfinite(sigma2)) and sum(s_dof.values()) >= 1
+    source, excess = s_of_run.copy(), np.ones(n)
+    if has_noise:
+        source, excess = _own_variances(target - X @ theta, ci, s_of_run, lev, sigma2, s_dof, n_configs, big)
 
     strata = {}
     objs = []
@@ -329,10 +336,11 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     for b, col in col_of_block.items():
         gamma[b] = theta[col]
     return Fit(theta[:n_configs].copy(), gamma, strata, component,
-               post, n, lu.solve if has_noise else None, (X, eff_w, s_of_run, s_dof if has_noise else {}))
+               post, n, lu.solve if has_noise else None, (X, eff_w, source, s_dof if has_noise else {}, excess))
 
 
 NOISY_ALPHA = 0.01  # family-wise, over the configurations tested
+NOISY_MIN_RATIO = 4.0  # before the slow modes: a noisy configuration's (trimmed) variance is at least 4x its stratum's
 
 
 def _robust_weights(y, ci, n_configs: int) -> np.ndarray:
@@ -348,32 +356,87 @@ def _robust_weights(y, ci, n_configs: int) -> np.ndarray:
     return 1.0 / v[ci]
 
 
-def _noisy_configs(r, ci, s_of_run, lev, n_configs: int) -> list[int]:
-    """Configurations whose residual variance is far above their stratum's (F test, Bonferroni)."""
+OWN_VARIANCE_ALPHA = 0.05  # a configuration this much noisier than its stratum (uncorrected) widens its own intervals
+OWN_VARIANCE_MIN_RUNS = 5
+
+
+def _own_variances(r, ci, s_of_run, lev, sigma2, s_dof: dict, n_configs: int, keys: list):
+    """Where a configuration's own fast-mode residual variance is above its stratum's (an F test at
+    OWN_VARIANCE_ALPHA, not corrected for the many tested: erring wide), its runs' variance in every
+    contrast is its own, with its own degrees of freedom: (noise source per run, excess per run), the
+    excess being own / stratum variance (1 elsewhere). The estimates do not change, only the intervals.
+    The split into noisy configurations (_noisy_configs) catches a level far noisier than the rest and
+    refits it on its own weights; this catches the rest of the way: a level whose draws came out only
+    2-3x noisier than its stratum is not significant there after Bonferroni, yet a pooled variance
+    makes its interval too narrow by that factor. s_dof gains an entry per configuration it flags."""
     from scipy.special import fdtrc
 
-    tested = []
-    rss = {s: float(r[s_of_run == s] @ r[s_of_run == s]) for s in set(s_of_run.tolist())}
-    dof = {s: float((s_of_run == s).sum() - lev[s_of_run == s].sum()) for s in rss}
+    source, excess = s_of_run.copy(), np.ones(len(r))
     for c in range(n_configs):
         m = ci == c
-        dof_c = float(m.sum() - lev[m].sum())
-        if dof_c < 0.9:
+        k = int(m.sum())
+        if k < OWN_VARIANCE_MIN_RUNS:
             continue
         s = int(s_of_run[m][0])
-        rc = np.sort(np.abs(r[m]))
-        # a few slow runs (a heavy tail, a slow mode) are not a noisy configuration: from 5 runs on,
-        # its largest fifth of residuals is left out of its own variance (its yardstick keeps them)
-        cut = len(rc) // 5 if len(rc) >= 5 else 0
-        if cut:
-            dof_c *= (len(rc) - cut) / len(rc)
-        rss_c = float(rc[:len(rc) - cut] @ rc[:len(rc) - cut])
-        # against the rest of its stratum (leave it out: a noisy value must not set its own yardstick)
-        dof_rest, rss_rest = dof[s] - float(m.sum() - lev[m].sum()), rss[s] - float(r[m] @ r[m])
-        if dof_rest < 0.9 or rss_rest <= 0:
+        if isinstance(keys[s], tuple) and keys[s][:1] == ("noisy configuration",):
+            continue  # already its own stratum
+        dof_c = float(k - lev[m].sum())
+        if dof_c < 1 or not (np.isfinite(sigma2[s]) and sigma2[s] > 0 and s_dof.get(s, 0) > 0):
             continue
-        tested.append((c, (rss_c / dof_c) / (rss_rest / dof_rest), dof_c, dof_rest))
-    return [c for c, f, d1, d2 in tested if fdtrc(d1, d2, f) < NOISY_ALPHA / max(1, len(tested))]
+        ratio = float(r[m] @ r[m]) / dof_c / float(sigma2[s])
+        if ratio > 1 and fdtrc(dof_c, s_dof[s], ratio) < OWN_VARIANCE_ALPHA:
+            new = len(s_dof)
+            s_dof[new] = dof_c
+            source[m] = new
+            excess[m] = ratio
+    return source, excess
+
+
+def _noisy_configs(r, ci, s_of_run, lev, n_configs: int, *, trim: float = 0.2, trim_rest: bool = False,
+                   centre: bool = False, min_ratio: float = 1.0) -> list[int]:
+    """Configurations whose residual variance is far above their stratum's (F test, Bonferroni).
+
+    A few slow runs (a heavy tail, a slow mode) are not a noisy configuration: from 5 runs on, a
+    configuration's largest `trim` share of residuals is left out of its own variance. With
+    trim_rest, the yardstick (the rest of its stratum) is trimmed the same way, configuration by
+    configuration: before any slow mode is fitted, the stratum's few slow runs (6% of runs 20-100%
+    slower) inflate an untrimmed yardstick as much as a noisy level's own spread, and the noisy level
+    would share the quiet runs' variance (its interval then missed its truth). Trimmed alike, the
+    ratio of the two variances keeps its meaning under one normal. With centre, each configuration's
+    residuals are taken about their own median first: in a fit by means, a configuration with three
+    slow runs of twelve has its nine others pushed below its mean, and trimming alone would then
+    mistake that shift for spread. min_ratio: the least variance ratio called noisy, however many
+    runs make a smaller one significant (a trimmed, centred variance of 300 runs is not biased the
+    way one of 11 is, and a baseline run in every block must not be split off for that)."""
+    from scipy.special import fdtrc
+
+    own_rss, own_dof = np.zeros(n_configs), np.zeros(n_configs)
+    rest_rss, rest_dof = np.zeros(n_configs), np.zeros(n_configs)
+    stratum_of_config = np.full(n_configs, -1)
+    for c in range(n_configs):
+        m = ci == c
+        if not m.any():
+            continue
+        dof_c = float(m.sum() - lev[m].sum())
+        rc = np.sort(np.abs(r[m] - (np.median(r[m]) if centre and m.sum() >= 5 else 0.0)))
+        cut = int(len(rc) * trim) if len(rc) >= 5 else 0
+        kept = rc[:len(rc) - cut]
+        own_rss[c], own_dof[c] = float(kept @ kept), dof_c * len(kept) / len(rc)
+        rest_rss[c], rest_dof[c] = (own_rss[c], own_dof[c]) if trim_rest else (float(r[m] @ r[m]), dof_c)
+        stratum_of_config[c] = int(s_of_run[m][0])
+    tested = []
+    for s in set(stratum_of_config[stratum_of_config >= 0].tolist()):
+        mine = stratum_of_config == s
+        rss_s, dof_s = float(rest_rss[mine].sum()), float(rest_dof[mine].sum())
+        for c in np.nonzero(mine)[0].tolist():
+            if own_dof[c] < 0.9:
+                continue
+            # against the rest of its stratum (leave it out: a noisy value must not set its own yardstick)
+            dof_rest, rss_rest = dof_s - rest_dof[c], rss_s - rest_rss[c]
+            if dof_rest < 0.9 or rss_rest <= 0:
+                continue
+            tested.append((c, (own_rss[c] / own_dof[c]) / (rss_rest / dof_rest), own_dof[c], dof_rest))
+    return [c for c, f, d1, d2 in tested if f >= min_ratio and fdtrc(d1, d2, f) < NOISY_ALPHA / max(1, len(tested))]
 
 
 def _solve(X, weights):

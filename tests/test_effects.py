@@ -488,13 +488,13 @@ def test_repeats_added_to_some_configurations_move_neither_the_baseline_nor_the_
 
 
 def test_blas_is_compared_within_the_numpy_trainer_and_the_framework_comparison_keeps_each_own_library(store):
-    """blas follows framework (torch: mkl, numpy: openblas); a blas comparison exists only where it
+    """blas follows framework (torch: mkl_intel_path, numpy: openblas); a blas comparison exists only where it
     takes several values, the NumPy trainer; a numpy run on MKL is not pooled into the framework one."""
     m = store.register_machine(machine_facts("alpha"))
     enqueue(store, configs({"framework": "torch"}, {"framework": ["torch", "numpy"]}, repeats=4)
             + configs({"framework": "numpy"}, {"blas": ["openblas", "mkl", "blis"]}, repeats=4))
     noise = noisy(5, 0.01)
-    truth = {("torch", "mkl"): 100.0, ("numpy", "openblas"): 300.0, ("numpy", "mkl"): 360.0, ("numpy", "blis"): 450.0}
+    truth = {("torch", "mkl_intel_path"): 100.0, ("numpy", "openblas"): 300.0, ("numpy", "mkl"): 360.0, ("numpy", "blis"): 450.0}
     run_all(store, m, lambda c: ("done", None, metrics(truth[(c["framework"], c["blas"])] * noise(), c)))
 
     found = by_variable(analyse(store))
