@@ -56,12 +56,10 @@ AUTO = "auto"
 # stored job without `blas` ran, and the one canonical_json leaves out).
 BLAS_OF = {"torch": "mkl", "jax": "eigen", "numpy": "openblas"}
 # What auto picks: the fastest route where it is safe. torch: MKL on its Intel code paths, the same
-# kernels as mkl on Intel CPUs and 17% faster fp32 GEMMs on an AVX-512 AMD EPYC, whose training
+# kernels as mkl on Intel CPUs and 14-17% less step time than mkl on an AVX-512 AMD EPYC, whose training
 # agrees with mkl to fp32 rounding (gemm_route.py, tests/test_gemm_route.py; oneDNN was not faster there).
-# What auto resolves to. torch's mkl_intel_path measured 14-17% faster than mkl on the AMD EPYC VM
-# (docs/precision.md, docs/backends.md) and trains to the same losses, but it stays opt-in this release:
-# moving auto gives every default torch job a new identity, and that reshuffled the seeded draws of two
-# statistical tests to a miss (the estimator's known coverage weakness at a noisy level: docs/statistics.md).
+# A static rule, not a per-machine choice: resolve() runs at enqueue, and a job's identity must not
+# depend on the machine that planned it. Jobs stored before it keep theirs: unset_value() is BLAS_OF.
 BLAS_AUTO = dict(BLAS_OF, torch="mkl_intel_path")
 TORCH_GEMM_ROUTES = ("mkl", "mkl_intel_path", "onednn", "cpp_template")
 BLAS_CHOICES = ("openblas", "mkl", "blis", "eigen", "mkl_intel_path", "onednn", "cpp_template")
@@ -190,7 +188,7 @@ CATALOGUE: tuple[Variable, ...] = (
        "mkl_intel_path (MKL's vendor check answered yes by a preloaded one-line library: kernels by the "
        "CPU's ISA), onednn (every F.linear/mm through torch's oneDNN op, forward and backward; compile=eager), "
        "cpp_template (inductor's C++ GEMM template: skipped, torch takes it for constant weights only); "
-       "jax: eigen (XLA's), recorded; auto = the framework's own (torch: mkl)",
+       "jax: eigen (XLA's), recorded; auto = the fastest safe route (torch: mkl_intel_path, numpy: openblas)",
        choices=BLAS_CHOICES,
        words=(AUTO,), since=4),
     _v("attn_backend", str, "sdpa", FRAMEWORK, "attention kernel", choices=("manual", "sdpa", "sdpa_math")),

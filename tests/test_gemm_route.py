@@ -61,14 +61,15 @@ def test_verbose_lines_are_counted_per_library_with_their_flops():
                      "onednn inner_product brg_matmul:avx512_core f32": {"calls": 1, "gflop": round(2 * 2048 * 512 * 2048 / 1e9, 3)}}
 
 
-def test_auto_stays_mkl_on_torch_so_every_default_job_keeps_its_hash_and_a_route_is_a_job_of_its_own():
+def test_auto_picks_mkl_intel_path_while_old_jobs_keep_mkl_and_their_hashes():
     config, why = V.resolve({}, 2)
-    assert not why and config["blas"] == "mkl"
-    stored = json.loads(V.canonical_json(config))
+    assert not why and config["blas"] == "mkl_intel_path"
+    explicit_mkl, _ = V.resolve({"blas": "mkl"}, 2)
+    stored = json.loads(V.canonical_json(explicit_mkl))
     assert "blas" not in stored  # what an older release stored for its torch jobs: they ran mkl
-    assert V.complete(stored)["blas"] == "mkl" and V.config_hash(V.complete(stored)) == V.config_hash(config)
-    routed, why = V.resolve({"blas": "mkl_intel_path"}, 2)
-    assert not why and V.config_hash(routed) != V.config_hash(config)
+    assert V.complete(stored)["blas"] == "mkl"
+    assert V.config_hash(V.complete(stored)) == V.config_hash(explicit_mkl)
+    assert V.config_hash(config) != V.config_hash(explicit_mkl)  # the new default is a job of its own
     numpy_auto, _ = V.resolve({"framework": "numpy"}, 2)
     assert numpy_auto["blas"] == "openblas" and "blas" not in json.loads(V.canonical_json(numpy_auto))
 

@@ -201,7 +201,8 @@ def _a_later_release(tmp_path, monkeypatch) -> None:
 
 
 def _enqueue_the_old_sweep_again(store, *extra):
-    """The old sweep, spelled with blas=mkl (what the old jobs ran) unless `extra` says otherwise."""
+    """The old sweep, spelled with blas=mkl: torch's auto moved to mkl_intel_path in release 6, and the
+    old jobs ran mkl (tests/test_gemm_route.py); left unset, the route is a new job of its own."""
     plan = load(None, sets=["steps=3", "n_layers=1", "seq_len=32", "batch_size=2", "vocab_size=256",
                             "warmup_steps=1", "dataset=builtin", "cores=1", "seed=7", *(extra or ["blas=mkl"])],
                 axes=["d_model=32,64"], machine=Machine(cpu_count=2))
@@ -226,10 +227,8 @@ def test_columns_tables_and_a_catalogue_variable_added_later_migrate_without_a_h
     # The old release's sweep, enqueued again with the new catalogue, finds its jobs.
     again = _enqueue_the_old_sweep_again(store)
     assert (again.new, again.present) == (0, 2)
-    unset = _enqueue_the_old_sweep_again(store, "blas=auto")  # auto is still mkl on torch: the same jobs
-    assert (unset.new, unset.present) == (0, 2)
-    routed = _enqueue_the_old_sweep_again(store, "blas=mkl_intel_path")  # another route: jobs of their own
-    assert (routed.new, routed.present) == (2, 0)
+    moved = _enqueue_the_old_sweep_again(store, "blas=auto")  # today's default route: jobs of their own
+    assert (moved.new, moved.present) == (2, 0)
 
 
 def test_a_new_not_null_column_without_a_default_is_named_and_nothing_changes(old_db, tmp_path, monkeypatch):
