@@ -175,11 +175,11 @@ def test_a_result_with_an_unknown_or_missing_metric_is_refused_and_nothing_is_wr
 
 def test_a_claimed_config_holds_every_variable_even_those_its_stored_json_leaves_out(store):
     """The planner stores a later release's variables only away from their unset value (lora_rank at 8,
-    blas at the framework's own library): a claim puts them back, or finetune_lora's child found no
+    blas at what older releases ran, BLAS_OF): a claim puts them back, or finetune_lora's child found no
     lora_rank (make run's task block failed with KeyError: 'lora_rank')."""
     plan = load(sets=["task=finetune_lora"], machine=Machine(cpu_count=2))
     store.enqueue(name=plan.name, source=plan.source, sweep_text=plan.text, jobs=plan.jobs)
     machine = store.register_machine({"fingerprint": "fp-claim", "hostname": "h"})
     claim = store.claim(machine, pid=1, host="h", max_cores=2)
     assert set(claim.config) == set(NAMES)
-    assert claim.config["lora_rank"] == 8 and claim.config["blas"] == "mkl"
+    assert claim.config["lora_rank"] == 8 and claim.config["blas"] == "mkl_intel_path"  # torch's auto, stored
