@@ -54,6 +54,7 @@ def test_the_peak_is_the_fastest_of_the_trainers_libraries_each_on_the_whole_set
         figures = {lib: g[p] for lib, g in m["by_library"].items() if p in g}
         assert m["gflops"][p] == max(figures.values()) and m["fastest"][p] == max(figures, key=figures.get)
     assert m["threads"] == 2 and m["xla_pool_threads"] == 2
+    assert m["torch_route"] == "mkl_intel_path"  # torch measured on its auto route (a C compiler is here)
 
 
 def fake_measure(calls: list, *, other_cpu_s: float = 0.0):
@@ -84,7 +85,7 @@ def test_the_cache_is_keyed_by_cpu_set_clock_and_precision(tmp_path):
     assert other["fp32"] == 100.0 and calls == [(0, 1), (2,)]
     gemm_peak.peak_for([2], {**DEFAULT, "freq_mhz": 1200}, facts, tmp_path, quick=True, measure=fake_measure(calls))
     assert calls == [(0, 1), (2,), (2,)]  # a pinned clock is another peak
-    keys = set(json.loads((tmp_path / gemm_peak.CACHE_FILE).read_text())["fp-test/torch-t/quick/fastest"])
+    keys = set(json.loads((tmp_path / gemm_peak.CACHE_FILE).read_text())["fp-test/torch-t/quick/fastest-intel-path"])
     assert "cpus=0,1/freq_mhz=default,governor=default,turbo=default/bf16" in keys
     assert "cpus=2/freq_mhz=1200,governor=default,turbo=default/fp32" in keys and len(keys) == 6
 

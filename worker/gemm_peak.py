@@ -3,7 +3,8 @@
 Measured in a child (`python -m worker.gemm_peak --measure`, so the worker never imports torch)
 pinned to one CPU of each physical core of the set (SMT siblings share one core's FMA units), one
 thread per physical core bound to it (GOMP_CPU_AFFINITY), fp32 and bf16 at the machine's full ISA,
-in each of the trainers' GEMM libraries (torch's MKL / oneDNN, JAX's XLA, NumPy's OpenBLAS): the peak
+in each of the trainers' GEMM libraries (torch's MKL on its Intel path where it can take it, as
+torch's blas=auto does, / oneDNN, JAX's XLA, NumPy's OpenBLAS): the peak
 is the fastest of them, and the run records which one and the others' figures. One library alone is
 not the machine's peak: on an AVX-512 AMD EPYC, MKL takes a generic path at 208 GFLOP/s (2 cores)
 while XLA reaches 473, so a JAX run measured against MKL's figure showed an MFU of 1.16.
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from common.metrics import peak_text
 from worker import jsonfile, sensors
+from worker.trainers.torch import gemm_route
 
 REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = ("fp32", "bf16")
@@ -59,9 +61,10 @@ def set_key(cpus: list[int], config: dict, precision: str) -> str:
 
 
 def machine_key(facts: dict, quick: bool) -> str:
-    """The cache's machine: its fingerprint, torch and the measurement's size. (`fastest`: the peaks
-    are the fastest library's; a cache from before, torch's alone, is not read as one.)"""
-    return f"{facts.get('fingerprint')}/torch-{facts.get('torch_version')}/{'quick' if quick else 'full'}/fastest"
+    """The cache's machine: its fingerprint, torch and the measurement's size. (`fastest-intel-path`:
+    the peaks are the fastest library's, torch's MKL on its Intel path; a cache from before, torch's
+    alone or MKL as shipped, is not read as one.)"""
+    return f"{facts.get('fingerprint')}/torch-{facts.get('torch_version')}/{'quick' if quick else 'full'}/fastest-intel-path"
 
 
 def loaded_reason(m: dict) -> str | None:
@@ -80,6 +83,8 @@ def measure_set(cpus: list[int], threads_on: list[int], quick: bool, timeout_s: 
            "GOMP_CPU_AFFINITY": " ".join(map(str, threads_on)), "PYTHONPATH": str(REPO)}
     for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "KMP_AFFINITY", "OMP_PROC_BIND"):
         env.pop(name, None)  # the full ISA, and nothing that overrides the binding above
+    if gemm_route.unavailable("mkl_intel_path") is None:  # torch's fastest route, its auto: MKL on its Intel path
+        env.update(gemm_route.start_env("mkl_intel_path", env))
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s,
                           preexec_fn=lambda: os.sched_setaffinity(0, threads_on))
     if done.returncode != 0:
@@ -229,6 +234,7 @@ def measure_here(cpus: list[int], quick: bool) -> dict:
     return {"gflops": {p: by_library[lib][p] for p, lib in fastest.items()}, "fastest": fastest,
             "by_library": by_library, "library_errors": errors, "cpus": cpus, "threads": torch.get_num_threads(),
             "xla_pool_threads": xla_pool_threads() if "jax" in products else None,
+            "torch_route": "mkl_intel_path" if "libmkl_intel_path" in os.environ.get("LD_PRELOAD", "") else "mkl",
             "main_thread_affinity": sorted(os.sched_getaffinity(0)), "window_s": round(window_s, 3),
             "other_cpu_s": round(other_s or 0.0, 3), "steal_s": round(steal_s or 0.0, 3),
             "load_avg_1m": round(os.getloadavg()[0], 2)}
