@@ -62,7 +62,7 @@ BLAS_OF = {"torch": "mkl", "jax": "eigen", "numpy": "openblas"}
 # (docs/precision.md, docs/backends.md) and trains to the same losses, but it stays opt-in this release:
 # moving auto gives every default torch job a new identity, and that reshuffled the seeded draws of two
 # statistical tests to a miss (the estimator's known coverage weakness at a noisy level: docs/statistics.md).
-BLAS_AUTO = dict(BLAS_OF)
+BLAS_AUTO = dict(BLAS_OF, torch="mkl_intel_path")
 TORCH_GEMM_ROUTES = ("mkl", "mkl_intel_path", "onednn", "cpp_template")
 BLAS_CHOICES = ("openblas", "mkl", "blis", "eigen", "mkl_intel_path", "onednn", "cpp_template")
 DEFAULT = "default"
