@@ -476,13 +476,22 @@ def fit(rows: list[dict], start: Model | None = None) -> Model:
 
 
 def rate_columns(groups: list, flops: np.ndarray) -> list:
-    """The factor groups that get a rate: those whose runs span RATE_SPAN in FLOPs per step. Groups
-    whose larger runs (beyond RATE_SPAN x their smallest) are the same runs cannot be told apart there
-    (JAX's runs also record compile_cache=cold, attn_backend=manual: only JAX ran at a second size), so
-    they are one rate, the most specific group's (fewest runs): JAX's, not every setting it shares."""
+    """The factor groups that get a rate: those with runs of one combination of settings (the same
+    value of every factor) at sizes RATE_SPAN apart in FLOPs per step: NumPy at the base and JAX at 10x
+    both record compile_cache=cold, but that is no second size of anything. Groups whose larger runs
+    (beyond RATE_SPAN x their smallest) are the same runs cannot be told apart there (JAX's runs also
+    record compile_cache=cold, attn_backend=manual), so they are one rate, the most specific group's
+    (fewest runs): JAX's, not every setting it shares."""
+    if not groups:
+        return []
+    combination = np.column_stack([c for _, c in groups])
     by_large: dict[bytes, tuple] = {}
     for g, c in groups:
-        if not c.any() or flops[c > 0].max() < RATE_SPAN * flops[c > 0].min():
+        spans = {}
+        for i in np.flatnonzero(c):
+            lo, hi = spans.get(combination[i].tobytes(), (np.inf, 0.0))
+            spans[combination[i].tobytes()] = (min(lo, flops[i]), max(hi, flops[i]))
+        if not any(hi >= RATE_SPAN * lo for lo, hi in spans.values()):
             continue
         large = ((c > 0) & (flops >= RATE_SPAN * flops[c > 0].min())).tobytes()
         if large not in by_large or c.sum() < by_large[large][1].sum():

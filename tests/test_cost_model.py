@@ -296,3 +296,14 @@ def test_beyond_cache_counts_only_tensors_larger_than_the_cache():
     big = resolved(seq_len=256, batch_size=8, vocab_size=16384)  # logits 2048 x 16384 fp32 = 128 MiB
     assert cm.beyond_cache(big, LLC_KB) >= 3 * 2048 * 16384
     assert cm.beyond_cache(big, 1024 * 1024) == 0.0  # a 1 GiB cache holds them all
+
+
+def test_a_rate_needs_one_combination_of_settings_at_two_sizes():
+    """JAX runs also record compile_cache=cold, as NumPy's do: JAX at the base and at 10x gives JAX a
+    rate (one rate, the most specific group's); JAX at 10x and NumPy at the base give nobody one."""
+    jax, cold, numpy_ = (("framework", "jax"),), (("compile_cache", "cold"),), (("framework", "numpy"),)
+    flops = np.array([1.0, 1.0, 10.0, 1.0])  # torch base, jax base, jax 10x, numpy base
+    groups = [(jax, np.array([0.0, 1, 1, 0])), (cold, np.array([0.0, 1, 1, 1])), (numpy_, np.array([0.0, 0, 0, 1]))]
+    assert [g for g, _ in cm.rate_columns(groups, flops)] == [jax]
+    without_jax_base = [(g, np.delete(c, 1)) for g, c in groups]
+    assert cm.rate_columns(without_jax_base, np.delete(flops, 1)) == []
