@@ -18,7 +18,10 @@ machine, run one pass per locked command and combine them:
     venv/bin/python benchmarks/predict_heldout.py --db DB --measured pass1.json pass2.json pass3.json The measured figure of
 a configuration is the median of its runs' step_ms_median.
 
-    venv/bin/python benchmarks/predict_heldout.py --db /tmp/quick.db [--repeats 3] [--json out.json]
+    venv/bin/python benchmarks/predict_heldout.py --db /tmp/quick.db [--set old|new|all] [--repeats 3] [--json out.json]
+
+Two sets: HELDOUT (the first session's 10, seen when the model was revised) and HELDOUT_NEW (7, chosen
+before any was measured); each is summarised apart and, with --set all or --measured of both, together.
 """
 
 from __future__ import annotations
