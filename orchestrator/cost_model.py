@@ -5,12 +5,15 @@ else here is an entry point.
 
 The model (docs/prediction.md):
 
-    step_s = (c_flop * F_gemm + c_move * E_gemm + c_attn * F_attn + c_mem * E_mem + c_call * calls + c_step)
+    step_s = ((c_flop * F_gemm + c_move * E_gemm + c_attn * F_attn) * prod(rate[variable = value])
+              + c_mem * E_mem + c_call * calls + c_step + c_dram * E_dram)
              * prod(factor[variable = value])
 
 F_gemm, E_gemm: the FLOPs and the matrix elements (m k + k n + m n, what a GEMM moves) of the step's GEMMs,
 F_attn: attention's FLOPs, E_mem: the values memory-bound work streams (norms, activations, softmax, the
-loss, the optimizer), calls: kernel calls, all exact from common/compute.operations(). The six costs are
+loss, the optimizer), calls: kernel calls, all exact from common/compute.operations(); E_dram: the
+values of tensors larger than the machine's last-level cache (its record's l3_kb), which each pass
+streams from DRAM (beyond_cache()). The seven costs are
 positive (fitted as exp of a free parameter): c_flop is the inverse of the machine's GEMM FLOP rate on
 large shapes and c_move what a GEMM pays for its operands, so a GEMM's efficiency flops / time =
 1 / (c_flop + c_move * (1/m + 1/n + 1/k) / 2) rises with every dimension towards 1 / c_flop: small and
@@ -18,7 +21,9 @@ thin GEMMs are slow, large ones near the plateau, with no extra parameter per sh
 that is not a size (framework, precision, compile, cores, threads, allocator...) is a categorical factor
 on the whole step where the database holds runs with another value; a value the machine never ran is
 refused (BenchError), and values that always occur together in the data (framework=jax with
-compile=xla) are one factor, refused apart.
+compile=xla) are one factor, refused apart. A setting the machine ran at sizes at least RATE_SPAN apart
+in FLOPs per step also gets a rate: a factor on the compute terms alone (bf16 or another framework
+change the GEMMs' rate, not the per-call overhead); at one size the two cannot be told apart.
 
 The fit is least squares on log step time (run noise and model error are multiplicative). The interval:
 log prediction +- t(0.975, n - p) * sqrt(s^2 + g' C g), s^2 the residual variance, C = s^2 (J'J)^-1
@@ -46,10 +51,16 @@ SIZES = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_ratio", 
 STRUCTURE = ("activation", "attention", "optimizer")
 # Variables that do not change what one step costs (or are the run's bookkeeping).
 IGNORED = ("steps", "warmup_steps", "seed", "repeat", "dataset")
-TERMS = ("gemm_flops", "gemm_elements", "attention_flops", "memory_elements", "calls", "step")
+TERMS = ("gemm_flops", "gemm_elements", "attention_flops", "memory_elements", "calls", "step", "dram_elements")
 # The cost terms' scales: each feature divided by its scale is of order one on the quick base, so the
 # optimizer's free parameters are of order one too.
-_SCALE = np.array([1e9, 1e7, 1e8, 1e7, 1e2, 1.0])
+_SCALE = np.array([1e9, 1e7, 1e8, 1e7, 1e2, 1.0, 1e7])
+# The terms a setting's rate factor acts on (compute: the GEMMs and attention's products); the others
+# (memory-bound work, calls, the step's fixed cost, DRAM traffic) are overhead.
+COMPUTE = np.array([t in ("gemm_flops", "gemm_elements", "attention_flops") for t in TERMS])
+# A setting gets a factor on compute of its own (beside the one on the whole step) where the machine ran
+# it at sizes this far apart in FLOPs per step: then its runs tell the two apart.
+RATE_SPAN = 2.0
 LEVEL = 0.95
 
 
@@ -57,18 +68,61 @@ _FEATURE_KEYS = SIZES + STRUCTURE + ("task", "precision")  # all operations() re
 _features: dict[tuple, np.ndarray] = {}
 
 
-def features(config: dict) -> np.ndarray:
-    """The six terms of one step of `config` (TERMS), from its exact operations (memoised: the
-    leave-one-out check fits the same rows many times)."""
-    key = tuple(_word(config.get(k)) for k in _FEATURE_KEYS)
+def features(config: dict, llc_kb: float | None = None) -> np.ndarray:
+    """The terms of one step of `config` (TERMS), from its exact operations, on a machine whose
+    last-level cache holds `llc_kb` KiB (default: the row's own l3_kb, as v_results has it; unknown:
+    no DRAM term). Memoised: the leave-one-out check fits the same rows many times."""
+    llc = llc_kb if llc_kb is not None else config.get("l3_kb")
+    key = tuple(_word(config.get(k)) for k in _FEATURE_KEYS) + (llc,)
     if key not in _features:
         if len(_features) > 100_000:
             _features.clear()
-        _features[key] = _features_of(config)
+        _features[key] = _features_of(config, llc)
     return _features[key]
 
 
-def _features_of(config: dict) -> np.ndarray:
+def _bytes_per_value(config: dict) -> int:
+    """Bytes of one activation value: bf16 and mixed run their activations in bfloat16."""
+    return 2 if config.get("precision") in ("bf16", "mixed") else 4
+
+
+def beyond_cache(config: dict, llc_kb: float | None) -> float:
+    """Values one step streams from tensors larger than the last-level cache (`llc_kb` KiB): such a
+    tensor cannot stay in the cache between the kernels that write and read it, so each pass over it
+    goes to DRAM. GEMM operands (m x k, k x n, m x n, per call); attention's scores (batch x heads x
+    attended pairs) and its Q, K, V; the elementwise work's activations (tokens x d_model, tokens x MLP
+    hidden); the logits (tokens x vocab); the optimizer's weights. Each counted as often as
+    operations() streams it. 0 where the cache size is unknown."""
+    if not llc_kb:
+        return 0.0
+    from common.compute import linear_shapes, mlp_hidden
+    cap = float(llc_kb) * 1024 / _bytes_per_value(config)
+    total = 0.0
+
+    def big(values: float, times: float) -> float:
+        return values * times if values > cap else 0.0
+
+    for op in operations(config):
+        if op.kind == "gemm":
+            total += op.calls * sum(big(s, 1) for s in (op.m * op.k, op.k * op.n, op.m * op.n))
+        elif op.kind == "attention":
+            streams = op.batch / 6  # batch x heads of one micro-batch
+            total += op.calls * (big(streams * op.m * op.n, 6 + 3) + big(streams * op.m * op.k, 6 * 2))
+    b, t, d = config["batch_size"], config["seq_len"], config["d_model"]
+    m, hidden, calls = b * t, mlp_hidden(config), config["grad_accum"]
+    dropout = config.get("dropout", 0) > 0
+    per_layer = big(m * d, 3 * (4 + (2 if dropout else 0))) + \
+        big(m * hidden, 3 * ((3 if config["activation"] == "swiglu" else 1) + (1 if dropout else 0)))
+    total += calls * config["n_layers"] * per_layer
+    total += calls * (big(m * config["vocab_size"], 3) + big(m * d, 3))
+    sweeps = 7 if config.get("optimizer", "adamw") == "adamw" else 3
+    if config.get("task") != "finetune_lora":
+        weights = [n_in * n_out for _, n_in, n_out in linear_shapes(config)] * config["n_layers"]
+        total += sum(sweeps * w for w in weights + [config["vocab_size"] * d] if 4 * w > float(llc_kb) * 1024)
+    return total
+
+
+def _features_of(config: dict, llc_kb: float | None = None) -> np.ndarray:
     f = np.zeros(len(TERMS))
     for op in operations(config):
         if op.kind == "gemm":
@@ -81,6 +135,7 @@ def _features_of(config: dict) -> np.ndarray:
             f[3] += op.calls * op.elements
         f[4] += op.calls
     f[5] = 1.0
+    f[6] = beyond_cache(config, llc_kb)
     return f / _SCALE
 
 
@@ -122,7 +177,7 @@ class Prediction:
 @dataclass
 class Model:
     """A fitted model of one machine's step times; predict() is what callers use."""
-    log_costs: np.ndarray  # free parameters of the six costs
+    log_costs: np.ndarray  # free parameters of the costs (TERMS)
     factors: list[tuple[tuple[tuple[str, str], ...], float]]  # ((variable, value) group, log factor)
     reference: dict  # variable -> the value every factor is relative to
     measured: dict  # variable -> set of measured words (factor variables)
@@ -135,21 +190,25 @@ class Model:
     rms_log: float
     fixed: dict = field(default_factory=dict)  # variables with one value in the data -> that word
 
-    def _design(self, config: dict) -> tuple[np.ndarray, np.ndarray]:
-        x = features(config)
+    def _design(self, config: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        x = features(config, self.llc_kb)
+        rho = np.array([1.0 if all(_word(config.get(k)) == v for k, v in group) else 0.0 for group, _ in self.rates])
         d = np.array([1.0 if all(_word(config.get(k)) == v for k, v in group) else 0.0 for group, _ in self.factors])
         # an average block: the mean of every block's effect (the first block's is 0)
         blocks = np.full(len(self.block_params), 1.0 / (len(self.block_params) + 1))
-        return x, np.concatenate([d, blocks])
+        return x, rho, np.concatenate([d, blocks])
 
-    def log_step(self, x: np.ndarray, d: np.ndarray, params: np.ndarray | None = None) -> float:
+    def log_step(self, x: np.ndarray, rho: np.ndarray, d: np.ndarray, params: np.ndarray | None = None) -> float:
         p = self.params if params is None else params
-        k = len(TERMS)
-        return float(np.log(np.exp(p[:k]) @ x) + p[k:] @ d)
+        k, q = len(TERMS), len(self.rates)
+        seconds = np.exp(p[:k]) * x
+        total = seconds[COMPUTE].sum() * math.exp(float(rho @ p[k:k + q])) + seconds[~COMPUTE].sum()
+        return float(math.log(total) + p[k + q:] @ d)
 
     @property
     def params(self) -> np.ndarray:
-        return np.concatenate([self.log_costs, [b for _, b in self.factors], self.block_params])
+        return np.concatenate([self.log_costs, [r for _, r in self.rates], [b for _, b in self.factors],
+                               self.block_params])
 
     def refusal(self, config: dict) -> str | None:
         """Why this model cannot predict `config`, or None."""
@@ -170,13 +229,23 @@ class Model:
                         f"{', '.join(f'{k}={_word(config.get(k))}' for k, _ in group)} never was")
         return None
 
+    def point_ms(self, config: dict) -> float | None:
+        """The predicted median step time alone (no interval: cheap, for the ETA's many queued jobs);
+        None where predict() would refuse."""
+        if self.refusal(config):
+            return None
+        x, rho, d = self._design(config)
+        if self.null.size and np.any(np.abs(self.null @ d) > 1e-6):
+            return None
+        return 1e3 * math.exp(self.log_step(x, rho, d))
+
     def predict(self, config: dict) -> Prediction:
         """The median step time of `config` with its 95% prediction interval; BenchError where the
         machine never ran one of its settings."""
         why = self.refusal(config)
         if why:
             raise BenchError(why)
-        x, d = self._design(config)
+        x, rho, d = self._design(config)
         if self.null.size:
             lean = self.null @ d
             for v, amount in zip(self.null, lean):
@@ -186,8 +255,8 @@ class Model:
                     raise BenchError(f"this machine's runs cannot tell apart the effects of {'; '.join(tied)} "
                                      f"(they only ever changed together); this configuration takes some of them "
                                      f"without the others")
-        mu = self.log_step(x, d)
-        g = _gradient(lambda p: self.log_step(x, d, p), self.params)
+        mu = self.log_step(x, rho, d)
+        g = _gradient(lambda p: self.log_step(x, rho, d, p), self.params)
         var = self.s2 + self.block_var + float(g @ self.cov @ g)
         half = stats.t.ppf(0.5 + LEVEL / 2, max(self.dof, 1)) * math.sqrt(max(var, 0.0))
         extrapolated = {}
@@ -208,7 +277,8 @@ class Model:
                                               "beyond": flops / edge}
         basis = (f"{self.n_runs} done runs of {self.n_configs} configurations on this machine; log residual "
                  f"{self.rms_log:.3f} (rms) and block spread {math.sqrt(self.block_var):.3f}, {len(self.factors)} "
-                 f"setting factors, {self.dof} degrees of freedom")
+                 f"setting factors ({len(self.rates)} with a compute factor of their own), {self.dof} degrees of "
+                 f"freedom")
         return Prediction(step_ms=1e3 * math.exp(mu), step_ms_low=1e3 * math.exp(mu - half),
                           step_ms_high=1e3 * math.exp(mu + half), basis=basis, extrapolated=extrapolated,
                           flops_per_step=flops)
@@ -218,6 +288,9 @@ class Model:
     block_var: float = 0.0  # the spread of the blocks (log), noise a new run meets
     null: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # inestimable directions of (factors, blocks)
     factor_names: list = field(default_factory=list)
+    # settings with a factor on the compute terms of their own (log), on top of their whole-step factor
+    rates: list = field(default_factory=list)
+    llc_kb: float | None = None  # the machine's last-level cache (KiB), for the DRAM term
 
 
 def _matters(name: str, config: dict) -> bool:
@@ -292,21 +365,39 @@ def fit(rows: list[dict], start: Model | None = None) -> Model:
         j = index[block_of(r)]
         if j:
             B[i, j - 1] = 1.0
-    X = np.array([features(r) for r in rows])
+    llc_kb = next((float(r["l3_kb"]) for r in rows if r.get("l3_kb")), None)
+    X = np.array([features(r, llc_kb) for r in rows])
+    # Settings run at sizes RATE_SPAN apart in FLOPs also get a factor on the compute terms alone
+    # (their rows' columns of R): bf16 or another framework changes the GEMMs' rate, not the per-call
+    # overhead, and two sizes tell the two apart.
+    from common.compute import flops_per_step
+    flops = np.array([flops_per_step(r) for r in rows], dtype=float)
+    rate_groups = rate_columns(groups, flops)
+    R = np.column_stack([c for _, c in rate_groups]) if rate_groups else np.zeros((len(rows), 0))
     D = np.column_stack([c for _, c in groups] + ([B] if B.shape[1] else [])) if groups or B.shape[1] \
         else np.zeros((len(rows), 0))
     y = np.log(np.array([float(r["step_ms_median"]) / 1e3 for r in rows]))
-    k, n_factors = len(TERMS), len(groups)
+    k, q, n_factors = len(TERMS), R.shape[1], len(groups)
+    K = k + q  # the non-linear parameters: the costs (log) and the compute factors (log)
+
+    def nonlinear(theta):
+        """log of the priced seconds per run and its derivatives by theta."""
+        seconds = np.exp(theta[:k]) * X
+        scale = np.exp(R @ theta[k:])
+        compute = seconds[:, COMPUTE].sum(axis=1) * scale
+        total = compute + seconds[:, ~COMPUTE].sum(axis=1)
+        d_costs = np.where(COMPUTE, seconds * scale[:, None], seconds) / total[:, None]
+        d_rates = R * (compute / total)[:, None]
+        return np.log(total), np.hstack([d_costs, d_rates])
 
     def residuals(p):
-        return np.log(np.exp(p[:k]) @ X.T) + D @ p[k:] - y
+        return nonlinear(p[:K])[0] + D @ p[K:] - y
 
     def jacobian(p):
-        terms = np.exp(p[:k]) * X  # each term's seconds, per run
-        return np.hstack([terms / terms.sum(axis=1, keepdims=True), D])
+        return np.hstack([nonlinear(p[:K])[1], D])
 
     # Variable projection: for given costs the factors and blocks are a linear least-squares fit of
-    # what the costs leave unexplained, so the search runs over the six costs alone.
+    # what the costs leave unexplained, so the search runs over the costs (and compute factors) alone.
     # one SVD of D gives its pseudo-inverse and its null space (below)
     if D.shape[1]:
         u, sv, vt = np.linalg.svd(D, full_matrices=False)
@@ -316,28 +407,28 @@ def fit(rows: list[dict], start: Model | None = None) -> Model:
         D_pinv, rank, vt = np.zeros((0, len(rows))), 0, np.zeros((0, 0))
 
     def linear_part(theta):
-        return D_pinv @ (y - np.log(np.exp(theta) @ X.T))
+        return D_pinv @ (y - nonlinear(theta)[0])
 
     def projected(theta):
-        left = y - np.log(np.exp(theta) @ X.T)
+        left = y - nonlinear(theta)[0]
         return D @ (D_pinv @ left) - left
 
     def projected_jac(theta):
-        terms = np.exp(theta) * X
-        d_log = terms / terms.sum(axis=1, keepdims=True)
+        d_log = nonlinear(theta)[1]
         return d_log - D @ (D_pinv @ d_log)
 
     # Start: all time in the GEMM FLOPs at the median rate; other costs small. exp() of a free
     # parameter keeps each cost positive; bounds keep a cost the data cannot see from wandering to
     # -inf (it is then counted as no parameter).
     rate = float(np.median(np.exp(y) / X[:, 0]))
-    lower, upper = np.full(k, -40.0), np.full(k, 10.0)
+    lower, upper = np.r_[np.full(k, -40.0), np.full(q, -5.0)], np.r_[np.full(k, 10.0), np.full(q, 5.0)]
     starts = []
     if start is not None and len(start.log_costs) == k:
-        starts.append(np.clip(start.log_costs, lower + 1e-3, upper - 1e-3))
+        rates0 = [r for _, r in start.rates] if len(start.rates) == q else [0.0] * q
+        starts.append(np.clip(np.r_[start.log_costs, rates0], lower + 1e-3, upper - 1e-3))
     else:
         for shift in (0.0, -2.0, -4.0):
-            starts.append(np.log([rate, rate * 0.05, rate, rate * 0.05, rate * 0.05, rate * 0.05]) + np.r_[0, [shift] * (k - 1)])
+            starts.append(np.r_[np.log([rate] + [rate * 0.05] * (k - 1)) + np.r_[0, [shift] * (k - 1)], np.zeros(q)])
     best = None
     for s0 in starts:
         sol = optimize.least_squares(projected, s0, jac=projected_jac, bounds=(lower, upper), method="trf",
@@ -357,20 +448,20 @@ def fit(rows: list[dict], start: Model | None = None) -> Model:
     Ja = J[:, active]
     cov = np.zeros((n_params, n_params))
     cov[np.ix_(active, active)] = s2 * np.linalg.pinv(Ja.T @ Ja)
-    gamma = np.concatenate([[0.0], p[k + n_factors:]])
+    gamma = np.concatenate([[0.0], p[K + n_factors:]])
     ranges = {}
     for name in SIZES:
         values = [float(r[name]) for r in rows if isinstance(r.get(name), (int, float)) and not isinstance(r.get(name), bool)
                   and _matters(name, r)]
         if values:
             ranges[name] = (min(values), max(values))
-    from common.compute import flops_per_step
-    flops = [flops_per_step(r) for r in rows]
-    model = Model(log_costs=p[:k], factors=[(g, float(b)) for (g, _), b in zip(groups, p[k:k + n_factors])],
+    model = Model(log_costs=p[:k], factors=[(g, float(b)) for (g, _), b in zip(groups, p[K:K + n_factors])],
                   reference=reference, measured=measured, ranges=ranges, cov=cov, s2=s2, dof=dof, n_runs=n,
                   n_configs=len({config_key(r) for r in rows}), rms_log=float(np.sqrt(np.mean(res ** 2))),
                   fixed=fixed)
-    model.block_params = p[k + n_factors:]
+    model.rates = [(g, float(r)) for (g, _), r in zip(rate_groups, p[k:K])]
+    model.llc_kb = llc_kb
+    model.block_params = p[K + n_factors:]
     # Directions of the factors and blocks the data cannot tell apart (settings that only ever changed
     # together in some combination: jax and numpy runs record compile_cache=cold, say): a query whose
     # settings lean on one of them is refused (not estimable), one that takes the whole combination is not.
@@ -378,10 +469,34 @@ def fit(rows: list[dict], start: Model | None = None) -> Model:
         model.null = vt[rank:]
     model.factor_names = [g for g, _ in groups]
     # the spread of the block effects beyond their own estimation noise (Kalibera & Jones' second level)
-    block_noise = float(np.mean(np.diag(cov)[k + n_factors:])) if len(gamma) > 1 else 0.0
+    block_noise = float(np.mean(np.diag(cov)[K + n_factors:])) if len(gamma) > 1 else 0.0
     model.block_var = max(float(np.var(gamma)) - block_noise, 0.0) if len(gamma) > 1 else 0.0
-    model.ranges_flops = (float(min(flops)), float(max(flops)))
+    model.ranges_flops = (float(flops.min()), float(flops.max()))
     return model
+
+
+def rate_columns(groups: list, flops: np.ndarray) -> list:
+    """The factor groups that get a rate: those with runs of one combination of settings (the same
+    value of every factor) at sizes RATE_SPAN apart in FLOPs per step: NumPy at the base and JAX at 10x
+    both record compile_cache=cold, but that is no second size of anything. Groups whose larger runs
+    (beyond RATE_SPAN x their smallest) are the same runs cannot be told apart there (JAX's runs also
+    record compile_cache=cold, attn_backend=manual), so they are one rate, the most specific group's
+    (fewest runs): JAX's, not every setting it shares."""
+    if not groups:
+        return []
+    combination = np.column_stack([c for _, c in groups])
+    by_large: dict[bytes, tuple] = {}
+    for g, c in groups:
+        spans = {}
+        for i in np.flatnonzero(c):
+            lo, hi = spans.get(combination[i].tobytes(), (np.inf, 0.0))
+            spans[combination[i].tobytes()] = (min(lo, flops[i]), max(hi, flops[i]))
+        if not any(hi >= RATE_SPAN * lo for lo, hi in spans.values()):
+            continue
+        large = ((c > 0) & (flops >= RATE_SPAN * flops[c > 0].min())).tobytes()
+        if large not in by_large or c.sum() < by_large[large][1].sum():
+            by_large[large] = (g, c)
+    return list(by_large.values())
 
 
 def costs(model: Model) -> dict[str, float]:

@@ -10,6 +10,11 @@ Two estimates, the better one for each queued job:
   a job (common/compute.py's exact flops_per_step, the worker's own count, times the steps run,
   warm-up included), so a queued job needs no measurement. Both coefficients are fitted by least
   squares on the pool's latest done runs (a sample of DONE_SAMPLE) and kept non-negative.
+  Where the machine has a fitted cost model (orchestrator/cost_model.py, model_of: its done runs'
+  step times), work may instead be the model's predicted step seconds times the steps run: it knows
+  what FLOPs alone do not (bf16 or another framework at the same FLOPs, small GEMMs' low rate). The
+  ETA takes whichever of the two explains the done runs' costs better (smaller squared log error),
+  and FLOPs for a queued job the model refuses (a setting the machine never finished).
 A run's cost is the larger of its wall_s (the child's life) and its claim-to-finish time (the
 worker's share too: knobs, data), less what its repeats will not pay again (one_off_s: the cold
 compile into the shared cache, the GEMM peak of a new CPU set). On a 2-vCPU AVX-512 EPYC VM's quick
@@ -21,6 +26,7 @@ seconds; the fit is cached until a run finishes.
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 
 import numpy as np
@@ -97,9 +103,32 @@ def estimate_remaining_s(store: Store, machine_id: int, *, pool_id: int | None =
     key, sample = (store.url, pool_id), (len(finished), finished[0][0])
     cached = _fits.get(key)
     if cached is None or cached[0] != sample:
-        _fits[key] = (sample, learn(finished))
+        done = sum(r[1] == "done" for r in finished)
+        _fits[key] = (sample, learn(finished, machine_model(store, machine_id, done)))
         cached = _fits[key]
     return remaining_s(cached[1], queued_rows)
+
+
+# (db, machine) -> (done runs when fitted, the cost model or None): refitted when the done runs have
+# grown by a quarter, not after every run (a fit reads every done run: ~0.2 s for the quick sweep's).
+_models: dict[tuple[str, int], tuple[int, object]] = {}
+
+
+def machine_model(store: Store, machine_id: int, done: int):
+    """The cost model of the machine's done runs (cost_model.model_of, its one entry point for a
+    fitted machine), or None where it cannot be fitted (too few runs): the ETA then uses FLOPs."""
+    from common.errors import BenchError
+    from orchestrator import cost_model
+    key = (store.url, machine_id)
+    cached = _models.get(key)
+    if cached is not None and done < 1.25 * cached[0] + 4:
+        return cached[1]
+    try:
+        model = cost_model.model_of(store, machine_id)
+    except (BenchError, ValueError, np.linalg.LinAlgError):
+        model = None
+    _models[key] = (done, model)
+    return model
 
 
 def one_off_s(applied) -> float:
@@ -113,10 +142,23 @@ def one_off_s(applied) -> float:
         return 0.0
 
 
-def learn(finished: list[tuple]) -> tuple[float, float, dict]:
+def predicted_work(model, config: dict) -> float | None:
+    """The cost model's seconds of training for a whole run of `config` (its predicted step time
+    times the steps run, warm-up included); None where the model refuses it."""
+    ms = model.point_ms(config) if model is not None else None
+    return None if ms is None else ms / 1e3 * (config["steps"] + config["warmup_steps"])
+
+
+def _log_error(walls: np.ndarray, guess: np.ndarray) -> float:
+    ok = (walls > 0) & (guess > 0)
+    return float(np.mean(np.log(guess[ok] / walls[ok]) ** 2)) if ok.any() else math.inf
+
+
+def learn(finished: list[tuple], model=None) -> tuple:
     """From finished rows (run_id, status, cost, applied, *config; SELECT_FINISHED's columns):
     overhead_s and s_per_work fitted on the done runs, and the mean cost of each configuration, each
-    cost less its one-off part."""
+    cost less its one-off part. With the machine's cost model: also its fit on predicted seconds, and
+    the model itself when that fit explains the done runs better than FLOPs (a fourth item)."""
     def cost(r) -> float:
         return max(0.0, float(r[2] or 0.0) - one_off_s(r[3]))
 
@@ -126,7 +168,16 @@ def learn(finished: list[tuple]) -> tuple[float, float, dict]:
     costs = defaultdict(list)
     for r in finished:
         costs[tuple(r[_HEAD:])].append(cost(r))
-    return overhead_s, s_per_work, {k: sum(v) / len(v) for k, v in costs.items()}
+    per_config = {k: sum(v) / len(v) for k, v in costs.items()}
+    if model is not None and len(done) >= 2:
+        predicted = [predicted_work(model, _config(r[_HEAD:])) for r in done]
+        if all(p is not None for p in predicted):
+            seconds = np.array(predicted, dtype=float)
+            by_model = fit(walls, seconds)
+            if _log_error(walls, by_model[0] + by_model[1] * seconds) < \
+                    _log_error(walls, overhead_s + s_per_work * works):
+                return overhead_s, s_per_work, per_config, (model, *by_model)
+    return overhead_s, s_per_work, per_config
 
 
 def queued_of(finished_row: tuple) -> tuple:
@@ -136,9 +187,15 @@ def queued_of(finished_row: tuple) -> tuple:
 
 def remaining_s(learned: tuple[float, float, dict], queued: list[tuple]) -> float:
     """Seconds the queued rows (config values; SELECT_QUEUED's columns) should take."""
-    overhead_s, s_per_work, per_config = learned
+    overhead_s, s_per_work, per_config = learned[:3]
+    model, model_overhead_s, s_per_second = learned[3] if len(learned) > 3 else (None, 0.0, 0.0)
     total = 0.0
     for r in queued:
         known = per_config.get(tuple(r))
-        total += known if known is not None else overhead_s + s_per_work * work(_config(r))
+        if known is not None:
+            total += known
+            continue
+        config = _config(r)
+        seconds = predicted_work(model, config)
+        total += overhead_s + s_per_work * work(config) if seconds is None else model_overhead_s + s_per_second * seconds
     return float(total)

@@ -213,8 +213,9 @@ TOKENS_NOTE = ("Epochs: WikiText-2's training split is 2,088,628 and WikiText-10
                "vocab_size) gives on the project's built-in corpus (shown per row). One epoch = those tokens at the "
                "configuration's tokens per step.")
 MODEL_NOTE = ("Predictions come from the cost model of each machine (docs/prediction.md): the exact operations of a "
-              "step priced by GEMM FLOPs and operand traffic, attention, memory-bound elements and kernel calls, "
-              "fitted to every done run of the machine, with setting factors; the interval is a 95% prediction "
+              "step priced by GEMM FLOPs and operand traffic, attention, memory-bound elements, kernel calls and "
+              "the traffic of tensors larger than the last-level cache, fitted to every done run of the machine, "
+              "with setting factors (on compute alone as well, for a setting run at two sizes); the interval is a 95% prediction "
               "interval for one run's median step. 'beyond' names the sizes outside the measured range and how far. "
               "The published figures come from other hardware: they sit beside ours, they are not compared.")
 

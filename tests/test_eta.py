@@ -159,3 +159,30 @@ def test_what_a_first_run_pays_once_is_not_counted_again_for_its_repeats(store):
     enqueue(store, [c for c in configs({"compile": "eager"}, axes, repeats=3) if c["repeat"] > 0], sweep="repeats")
 
     assert estimate_remaining_s(store, m) == pytest.approx(2 * (2.0 + 4.0), rel=1e-6)
+
+
+def test_where_the_machine_has_a_cost_model_the_eta_knows_what_flops_alone_do_not(store):
+    """bf16 runs take a third of fp32's step time at the same FLOPs: FLOPs alone cannot see it (for
+    the queued bf16 jobs it gives the average of the two precisions), the machine's cost model (fitted
+    on its done runs' step times) does, and the ETA then uses it."""
+    from common.compute import flops_per_step
+    from orchestrator import eta
+
+    def step_ms(c: dict) -> float:
+        return 1e3 * (1e-9 * flops_per_step(c) * (0.3 if c["precision"] == "bf16" else 1.0) + 1e-3)
+
+    m = store.register_machine(machine_facts("alpha"))
+    enqueue(store, configs({"d_model": 64}, {"d_model": [32, 64, 128], "n_layers": [1, 2], "precision": ["fp32", "bf16"]},
+                           repeats=2, grid=True), sweep="small")
+    run_all(store, m, lambda c: ("done", None, metrics(step_ms(c), c)))
+    big = configs({"d_model": 256, "n_layers": 3, "precision": "bf16"}, {"d_model": [192, 256]}, repeats=1)
+    enqueue(store, big, sweep="big")
+    truth = sum(metrics(step_ms(c), c)["wall_s"] for c in big)
+
+    assert estimate_remaining_s(store, m) == pytest.approx(truth, rel=0.05)
+    with store.transaction() as conn:  # the same ETA without the cost model: FLOPs alone
+        from sqlalchemy import text
+        finished = conn.execute(text(eta.SELECT_FINISHED.format(limit=eta.DONE_SAMPLE)),
+                                {"pool_id": store.pool_id(m)}).all()
+    by_flops = eta.remaining_s(eta.learn(finished), [tuple(c.get(n) for n in eta._CONFIG_NAMES) for c in big])
+    assert abs(by_flops / truth - 1) > 0.15
