@@ -135,14 +135,35 @@ class Fit:
         var = float(a @ z)
         if var <= 0:
             return Contrast(est, 0.0, float(sum(s_dof.values())))
-        # Satterthwaite over the strata: Var = sum_s sum_{i in s} (w_i x_i' z)^2 sigma_s^2.
-        contrib = wts * (X @ z) ** 2  # per run: w_i^2 (x_i'z)^2 * sigma_i^2, sigma_i^2 = 1 / w_i
-        sums = np.bincount(s_of_run, weights=contrib)
+        # Satterthwaite over the strata: Var = sum_s sum_{i in s} (w_i x_i' z)^2 sigma_s^2, per run
+        # w_i^2 (x_i'z)^2 * sigma_i^2 (sigma_i^2 = 1 / w_i), summed over the runs that share a row of X
+        # and a stratum first (_cells): one term per (configuration, block, stratum), not per run.
+        Xu, wu, su = self._cells()
+        sums = np.bincount(su, weights=wu * (Xu @ z) ** 2)
         parts_v = {s: float(v) for s, v in enumerate(sums) if v > 0}
         total = sum(parts_v.values())
         denom = sum(v * v / s_dof[s] for s, v in parts_v.items() if s_dof.get(s, 0) > 0 and v > 0)
         dof = total * total / denom if denom > 0 else float(sum(s_dof.values()))
         return Contrast(est, math.sqrt(var), dof)
+
+    def _cells(self):
+        """(the distinct rows of X with their stratum, the runs' summed weights per such row, its
+        stratum): a contrast's per-stratum variance sums over these, O(cells) rather than O(runs)."""
+        if "_cells_of" not in self.__dict__:
+            X, wts, s_of_run, _ = self._design
+            X = X.tocsr().sorted_indices()
+            counts = np.diff(X.indptr)
+            width = int(counts.max(initial=0))
+            key = np.full((X.shape[0], 2 * width + 1), -1.0)
+            key[:, 0] = s_of_run
+            for k in range(width):  # each row's k-th entry: its column and its value
+                has = counts > k
+                key[has, 1 + 2 * k] = X.indices[X.indptr[:-1][has] + k]
+                key[has, 2 + 2 * k] = X.data[X.indptr[:-1][has] + k]
+            _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+            self.__dict__["_cells_of"] = (X[first], np.bincount(inverse.ravel(), weights=wts, minlength=len(first)),
+                                          np.asarray(s_of_run)[first])
+        return self.__dict__["_cells_of"]
 
     def covariance(self, vectors: list[dict[int, float]]) -> np.ndarray:
         """The covariance matrix of several contrasts (each estimable)."""
