@@ -38,6 +38,9 @@ sys.path.insert(0, {root!r})
 from pathlib import Path
 from orchestrator.report import write_report
 from orchestrator.store import Store
+if {no_predictions!r}:  # the cost model's section left out (--no-predictions): the rest of the report measured
+    from orchestrator import prediction_report
+    prediction_report.data = lambda ctx: {{"machines": {{}}}}
 t0 = time.perf_counter()
 rep = write_report(Store({db!r}, read_only=True), Path({out!r}), plots={plots!r})
 print(json.dumps({{"report_s": time.perf_counter() - t0, "child_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -45,10 +48,11 @@ print(json.dumps({{"report_s": time.perf_counter() - t0, "child_rss_mb": resourc
 """
 
 
-def run_report(db: str, out: Path, *, plots: bool, cap_gb: float, timeout_s: float) -> dict:
+def run_report(db: str, out: Path, *, plots: bool, cap_gb: float, timeout_s: float, no_predictions: bool = False) -> dict:
     """write_report in a child; its RSS polled so that it is stopped past the cap."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD.format(root=str(ROOT), db=db, out=str(out), plots=plots)],
+    child = CHILD.format(root=str(ROOT), db=db, out=str(out), plots=plots, no_predictions=no_predictions)
+    proc = subprocess.Popen([sys.executable, "-c", child],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak, why = 0, None
     p = psutil.Process(proc.pid)
@@ -82,6 +86,8 @@ def main() -> None:
     parser.add_argument("--no-plots", action="store_true", help="leave out the PNGs")
     parser.add_argument("--mem-cap-gb", type=float, default=6.0)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--no-predictions", action="store_true",
+                        help="leave out the cost model's section (prediction_report): the rest of the report alone")
     parser.add_argument("--keep", type=Path, help="keep the SQLite databases here (reused when present)")
     args = parser.parse_args()
     results = []
@@ -113,7 +119,8 @@ def main() -> None:
                     build(db, runs, quiet=True)
                 case["build_s"] = time.perf_counter() - t0
                 out = tmp / f"result-{backend}-{runs}"
-                case.update(run_report(db, out, plots=not args.no_plots, cap_gb=args.mem_cap_gb, timeout_s=args.timeout))
+                case.update(run_report(db, out, plots=not args.no_plots, cap_gb=args.mem_cap_gb, timeout_s=args.timeout,
+                                      no_predictions=args.no_predictions))
                 if "page" in case:
                     from html_report_scale import load_times
 

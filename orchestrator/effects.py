@@ -687,8 +687,8 @@ def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found:
     asked_values: dict[str, dict] = defaultdict(lambda: defaultdict(list))
     several = [n for n in FACTORS if len(set(map(dict.get, asked, repeat(n)))) > 1]  # (raw values: cheap)
     usable: dict[str, set] = defaultdict(set)  # the values asked for that have a usable run (as asked:
-    for r in runs:  # a value that ran as another, like the hub dataset as builtin, is said so elsewhere)
-        for n in several:
+    for r in {r.cell if r.cell is not None else id(r): r for r in runs}.values():  # a value that ran as another, like the hub dataset as
+        for n in several:  # builtin, is said so elsewhere; one run per cell: a cell's runs share their job columns
             usable[n].add(value_of(n, r.row.get(n)))
     for row in asked:
         for n in several:

@@ -39,6 +39,7 @@ from orchestrator import effects as fx
 from orchestrator import parallel_report, prediction_report, seeds
 from common.variables import BY_NAME, NAMES
 
+RUNS_ON_PAGE = 200_000  # runs the page's table carries: beyond it, a sample (every run in results.csv)
 DOTS_PER_LEVEL = 300  # runs drawn per value of a variable (evenly sampled beyond it; the table has them all)
 RUNS_PER_PAGE = 50
 SHARED_POINTS = 2000  # shared configurations drawn in the machines-compared scatter
@@ -231,6 +232,17 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
     dicts = {k: list(v) for k, v in interned.items()}
     return {"n": len(rows), "cols": cols, "dicts": dicts,
             "config_vars": [config_vars[i] for i in range(len(dicts["config"]))]}
+
+
+def page_runs(rows: list[dict], st: dict, cap: int | None = None) -> list[dict]:
+    """The runs the page's table carries: every one up to RUNS_ON_PAGE; beyond, every run not done,
+    every run drawn as a dot, and an even sample of the rest (a page of a million runs stays bounded)."""
+    cap = RUNS_ON_PAGE if cap is None else cap
+    if len(rows) <= cap:
+        return rows
+    drawn = {i for v in st["variables"] for lv in v.get("levels", []) for i in lv.get("run_ids", [])}
+    step = -(-len(rows) // cap)
+    return [r for i, r in enumerate(rows) if not i % step or r["status"] != "done" or r["run_id"] in drawn]
 
 
 def lost_values(rows: list[dict], modal: dict[int, dict]) -> dict[tuple[int, str], list[dict]]:
@@ -492,6 +504,9 @@ def _runs_section(ctx, runs: dict, varied: list[str]) -> str:
     opts = "".join(f'<option value="{_e(s)}">{_e(s)}</option>' for s in runs["dicts"]["status"])
     vopts = "".join(f'<option value="{_e(v)}">{_e(v)}</option>' for v in varied)
     more = f"<p>... and {len(ctx.failures) - 30} more reasons (results.csv has every run).</p>" if len(ctx.failures) > 30 else ""
+    if runs["n"] < len(ctx.rows):
+        more += (f"<p><strong>The table below holds {runs['n']:,} of the {len(ctx.rows):,} runs</strong> (every run "
+                 f"not done, every run drawn as a dot, and an even sample of the rest): results.csv has them all.</p>")
     return f"""<section id="runs"><h2>Runs</h2>
 <div class="cols">{_table(["status", "runs"], status_rows, "counts")}
 {_table(["status", "reason", "runs"], failures, "reasons") if failures else "<p>Every claimed run finished.</p>"}</div>{more}
@@ -601,7 +616,7 @@ def write_page(ctx, path: Path) -> Path:
     st = _clean(analysis_dicts(ctx.analysis, ctx.grids, ctx.names))
     modal = baselines(ctx.rows)
     disturbed = {r.row["run_id"] for ma in ctx.analysis.machines.values() for r in ma.disturbed}
-    runs = runs_table(ctx.rows, modal, ctx.names, disturbed)
+    runs = runs_table(page_runs(ctx.rows, st), modal, ctx.names, disturbed)
     lost = lost_values(ctx.rows, modal)
     # Every variable varied on a machine (done or not) gets a section, clearest first, then the rest.
     by_key = {(v["machine_id"], v["variable"]): v for v in st["variables"]}

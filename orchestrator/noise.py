@@ -81,7 +81,10 @@ def pass_drift(runs: list[Run], model: Model) -> Drift:
     passes = sorted(by_pass)
     if not passes:
         return Drift({}, {}, [])
-    configs = {p: len({r.config_key() for r in runs if r.pass_ == p}) for p in passes}
+    seen: dict[int, set] = defaultdict(set)
+    for r in runs:  # one scan of the runs, not one per pass
+        seen[r.pass_].add(r.config_key())
+    configs = {p: len(seen[p]) for p in passes}
     part = {}
     for r in runs:
         part.setdefault(r.pass_, int(f.component[model.config_index[r.config_key()]]))

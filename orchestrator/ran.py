@@ -111,7 +111,7 @@ class Run:
     """One done run as the report groups it."""
 
     row: dict
-    values: dict  # variable -> the value it ran with
+    values: dict  # factor -> the value it ran with (shared by the runs of a cell: never change it)
     changed: dict  # variable -> (asked, ran) where the run's record differs from its job
     log_ms: float  # log step time
     pass_: int
@@ -174,10 +174,6 @@ def peak_of(row: dict) -> dict:
 _APPLIED_KEYS = tuple(key for where, key in RAN_FROM.values() if where == "applied")
 
 
-_APPLIED_KEYS = tuple(key for where, key in RAN_FROM.values() if where == "applied")
-_PLACE = tuple(n for n in NAMES if n in NOT_FACTORS)  # where in the run order: differs between repeats
-
-
 def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
     """The done runs, each with the values it really ran with. Runs whose job columns (but their
     place in the run order), read-backs and derivations are the same share a cell: the report's
@@ -197,7 +193,7 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
         known = cells.get(key) if key is not None else None
         if known is None:
             values, changed = {}, {}
-            for n in NAMES:
+            for n in FACTORS:  # not repeat and block: the run's own (Run.pass_, row["block"])
                 asked = value_of(n, row[n])
                 ran = _ran_value(n, row, applied) if n in RAN_FROM else None
                 if ran is not None and ran != asked:
@@ -208,9 +204,7 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
                      tuple(values[n] for n in FACTORS), len(cells) if key is not None else object())
             if key is not None:
                 cells[key] = known
-        else:
-            values = {**known[0], **{n: value_of(n, row[n]) for n in _PLACE}}
-        _, changed, derived, config, cell = known
+        values, changed, derived, config, cell = known  # one values dict per cell, shared by its runs
         run = Run(row, values, changed, math.log(float(row[METRIC])), int(row.get("repeat") or 0),
                   derived, disturbed=disturbed(row), cell=cell)
         run.__dict__["_key"] = config  # the cached_property, filled from the cell's

@@ -27,6 +27,7 @@ from orchestrator import effects as fx
 from orchestrator import html_report, parallel_report
 from orchestrator.effects import Analysis, Effect, Grid, VariableEffect
 from orchestrator.pool_report import pool_lines
+from orchestrator.rows import read_rows
 from orchestrator.seeds import seeds_section
 from orchestrator import prediction_report
 from orchestrator.store import ReadOnlyDatabase, Store
@@ -115,15 +116,11 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
     for old in plots_dir.glob("*.png"):  # a plot of a variable no longer varied must not linger
         old.unlink()
     where = "WHERE machine_id = :machine_id" if machine_id is not None else ""
-    with store.transaction() as conn:
-        result = conn.execute(text(SELECT_RESULTS.format(where=where)), {"machine_id": machine_id})
-        columns = list(result.keys())
-        raw = result.all()
-        rows = [dict(zip(columns, r)) for r in raw]
+    csv_path = out_dir / "results.csv"
+    with store.transaction() as conn:  # the rows read in chunks, each written to results.csv as fetched
+        _, rows = read_rows(conn, SELECT_RESULTS.format(where=where), {"machine_id": machine_id}, csv_path)
         machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
         targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
-    csv_path = _write_csv(out_dir / "results.csv", columns, raw)  # the rows as fetched: no dict lookups
-    del raw
 
     machine_ids = sorted({r["machine_id"] for r in rows} | ({machine_id} if machine_id is not None else set()))
     facts = {m: next((r for r in rows if r["machine_id"] == m), {}) for m in machine_ids}
@@ -168,15 +165,6 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
 
 
 # -- files --------------------------------------------------------------------------------------
-
-def _write_csv(path: Path, columns: list[str], rows: list) -> Path:
-    """Every row (dicts, or sequences in the order of `columns`) under a header."""
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        writer.writerows(rows if rows and not isinstance(rows[0], dict) else ([r[c] for c in columns] for r in rows))
-    return path
-
 
 def _plots(analysis: Analysis, grids, names, plots_dir: Path) -> list[Path]:
     from orchestrator import plots  # matplotlib only when there is something to draw

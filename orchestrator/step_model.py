@@ -134,28 +134,53 @@ class Fit:
         z = self._solve(a)
         # Satterthwaite over the noise sources (strata, and configurations noisier than their stratum):
         # Var = sum_i w_i^2 (x_i'z)^2 sigma_i^2, sigma_i^2 = excess_i / w_i (excess: 1 but where a
-        # configuration's own variance exceeds its stratum's, see fit()).
-        contrib = wts * excess * (X @ z) ** 2
-        var = float(a @ z) + float(contrib.sum() - (wts * (X @ z) ** 2).sum())
+        # configuration's own variance exceeds its stratum's, see fit()), summed over the runs that share
+        # a row of X and a noise source first (_cells): one term per (configuration, block, source).
+        Xu, wu, wu_excess, su = self._cells()
+        xz2 = (Xu @ z) ** 2
+        var = float(a @ z) + float((wu_excess - wu) @ xz2)
         if var <= 0:
             return Contrast(est, 0.0, float(sum(s_dof.values())))
-        sums = np.bincount(s_of_run, weights=contrib)
+        sums = np.bincount(su, weights=wu_excess * xz2)
         parts_v = {s: float(v) for s, v in enumerate(sums) if v > 0}
         total = sum(parts_v.values())
         denom = sum(v * v / s_dof[s] for s, v in parts_v.items() if s_dof.get(s, 0) > 0 and v > 0)
         dof = total * total / denom if denom > 0 else float(sum(s_dof.values()))
         return Contrast(est, math.sqrt(var), dof)
 
+    def _cells(self):
+        """(the distinct rows of X with their noise source, the runs' summed weights per such row, the
+        same weighted by each run's excess variance, its source): a contrast's variance and its
+        per-source sums run over these, O(cells) rather than O(runs)."""
+        if "_cells_of" not in self.__dict__:
+            X, wts, s_of_run, _, excess = self._design
+            X = X.tocsr().sorted_indices()
+            counts = np.diff(X.indptr)
+            width = int(counts.max(initial=0))
+            key = np.full((X.shape[0], 2 * width + 1), -1.0)
+            key[:, 0] = s_of_run
+            for k in range(width):  # each row's k-th entry: its column and its value
+                has = counts > k
+                key[has, 1 + 2 * k] = X.indices[X.indptr[:-1][has] + k]
+                key[has, 2 + 2 * k] = X.data[X.indptr[:-1][has] + k]
+            _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+            inverse = inverse.ravel()
+            self.__dict__["_cells_of"] = (X[first], np.bincount(inverse, weights=wts, minlength=len(first)),
+                                          np.bincount(inverse, weights=wts * excess, minlength=len(first)),
+                                          np.asarray(s_of_run)[first])
+        return self.__dict__["_cells_of"]
+
     def covariance(self, vectors: list[dict[int, float]]) -> np.ndarray:
         """The covariance matrix of several contrasts (each estimable)."""
-        X, wts, _, _, excess = self._design
+        X = self._design[0]
         a = np.zeros((X.shape[1], len(vectors)))
         for j, weights in enumerate(vectors):
             for c, w in weights.items():
                 a[c, j] = w
         z = np.column_stack([self._solve(a[:, j]) for j in range(len(vectors))])
-        xz = X @ z
-        return a.T @ z + xz.T @ ((wts * (excess - 1.0))[:, None] * xz)
+        Xu, wu, wu_excess, _ = self._cells()
+        xz = Xu @ z
+        return a.T @ z + xz.T @ ((wu_excess - wu)[:, None] * xz)
 
 
 def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int, mixture: bool = True,

@@ -96,3 +96,57 @@ def test_the_pages_baselines_and_the_seeds_lookup_match_their_plain_definitions(
     found = seeds.measured_all(both)
     assert found == {ref.id: seeds.measured(ref, both) for ref in seeds.PUBLISHED}
     assert sum(1 for v in found.values() if v) >= 2
+
+
+def test_the_compact_rows_read_like_the_full_rows_and_the_report_says_the_same_from_them(tmp_path):
+    """write_report reads its rows in chunks as compact rows (orchestrator/rows.py): every column reads
+    as in the full row, results.csv is every row as fetched, and the effects (against the old per-run
+    path on full rows), the cost model and the page's run table come out the same."""
+    import csv
+    import io
+
+    from orchestrator import cost_model as cm
+    from orchestrator.report import SELECT_RESULTS
+    from orchestrator.rows import read_rows
+
+    store = build(str(tmp_path / "r.db"), 2400, machines=2, shape="small", disturbed=23, read_back=17, quiet=True)
+    plain = _rows(store)
+    with store.transaction() as conn:
+        columns, rows = read_rows(conn, SELECT_RESULTS.format(where=""), {}, tmp_path / "results.csv")
+    assert columns == list(plain[0]) and len(rows) == len(plain)
+    assert any(v is None for v in plain[0].values())  # some columns are NULL: the compact row leaves them out
+    for c, p in zip(rows, plain):
+        assert dict(c) == p and {**c} == p and list(c) == list(p) and len(c) == len(p) and c == p
+        assert all(c[k] == v and c.get(k) == v and k in c for k, v in p.items())
+        assert "no such column" not in c and c.get("no such column") is None
+        with pytest.raises(KeyError):
+            c["no such column"]
+    expected = io.StringIO(newline="")
+    writer = csv.writer(expected)
+    writer.writerow(columns)
+    with store.transaction() as conn:
+        writer.writerows(conn.execute(text(SELECT_RESULTS.format(where=""))).all())
+    assert (tmp_path / "results.csv").read_bytes() == expected.getvalue().encode()
+    new, old = fx.analyse(rows), fx.analyse(plain, per_run=True)
+    assert _said(new) == _said(old) and new.effects
+    for m in sorted({r["machine_id"] for r in plain}):
+        a, b = (cm.fit(cm.usable([r for r in rs if r["machine_id"] == m and r["status"] == "done"]))
+                for rs in (rows, plain))
+        assert list(a.log_costs) == list(b.log_costs) and a.factor_names == b.factor_names and a.s2 == b.s2
+    report = write_report(store, tmp_path / "result", plots=False)
+    assert [effect_row(e) for e in report.effects] == [effect_row(e) for e in old.effects]
+    assert (tmp_path / "result" / "results.csv").read_bytes() == expected.getvalue().encode()
+
+
+def test_the_pages_run_table_is_bounded_and_keeps_every_failure_and_every_drawn_run(tmp_path):
+    store = build(str(tmp_path / "r.db"), 2400, machines=2, shape="small", quiet=True)
+    rows = _rows(store)
+    analysis = fx.analyse(rows)
+    st = html_report.analysis_dicts(analysis, {m: fx.grids(a) for m, a in analysis.machines.items()}, {})
+    assert html_report.page_runs(rows, st) is rows  # under RUNS_ON_PAGE: every run
+    kept = html_report.page_runs(rows, st, cap=200)
+    drawn = {i for v in st["variables"] for lv in v["levels"] for i in lv["run_ids"]}
+    ids = {r["run_id"] for r in kept}
+    not_done = {r["run_id"] for r in rows if r["status"] != "done"}
+    assert not_done and not_done <= ids and drawn <= ids
+    assert len(ids - not_done - drawn) <= 200 < len(rows) - len(kept)
