@@ -190,6 +190,13 @@ class Model:
     rms_log: float
     fixed: dict = field(default_factory=dict)  # variables with one value in the data -> that word
 
+    @property
+    def runs_text(self) -> str:
+        """How many runs it rests on, in words: '260', or '20000 of 1000000 (the first passes)'."""
+        if self.n_runs_all > self.n_runs:
+            return f"{self.n_runs} of {self.n_runs_all} (the first passes)"
+        return str(self.n_runs)
+
     def _design(self, config: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         x = features(config, self.llc_kb)
         rho = np.array([1.0 if all(_word(config.get(k)) == v for k, v in group) else 0.0 for group, _ in self.rates])
@@ -275,7 +282,7 @@ class Model:
             edge = hi if flops > hi else lo
             extrapolated["flops_per_step"] = {"value": flops, "measured_min": lo, "measured_max": hi,
                                               "beyond": flops / edge}
-        basis = (f"{self.n_runs} done runs of {self.n_configs} configurations on this machine; log residual "
+        basis = (f"{self.runs_text} done runs of {self.n_configs} configurations on this machine; log residual "
                  f"{self.rms_log:.3f} (rms) and block spread {math.sqrt(self.block_var):.3f}, {len(self.factors)} "
                  f"setting factors ({len(self.rates)} with a compute factor of their own), {self.dof} degrees of "
                  f"freedom")
@@ -284,6 +291,7 @@ class Model:
                           flops_per_step=flops)
 
     ranges_flops: tuple[float, float] = (0.0, 0.0)
+    n_runs_all: int = 0  # the done runs it was given (n_runs: those fitted, fewer beyond FIT_MAX_RUNS)
     block_params: np.ndarray = field(default_factory=lambda: np.zeros(0))  # nuisance: each block but the first
     block_var: float = 0.0  # the spread of the blocks (log), noise a new run meets
     null: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # inestimable directions of (factors, blocks)
@@ -325,11 +333,40 @@ def block_of(row: dict) -> tuple:
     return (row.get("repeat"), stretch_of(row.get("block")))
 
 
+FIT_MAX_RUNS = 20_000  # a fleet's machine is fitted on its first passes up to this many runs (thin())
+
+
+def thin(rows: list[dict], most: int = FIT_MAX_RUNS) -> list[dict]:
+    """At most `most` of the rows, whole repeat passes first (lowest repeat first, so every kept pass
+    keeps its blocks), else an even sample of the first pass. The cost model's design is dense in its
+    blocks (runs x passes): at a million runs it would need gigabytes, while a model of six costs and
+    a few factors is as well determined by the first passes of every configuration."""
+    if len(rows) <= most:
+        return rows
+    per_pass: dict = {}
+    for r in rows:
+        per_pass[r.get("repeat") or 0] = per_pass.get(r.get("repeat") or 0, 0) + 1
+    kept, total = set(), 0
+    for p in sorted(per_pass):
+        if total + per_pass[p] > most and kept:
+            break
+        kept.add(p)
+        total += per_pass[p]
+    out = [r for r in rows if (r.get("repeat") or 0) in kept]
+    if len(out) > most:
+        step = len(out) / most
+        out = [out[int(i * step)] for i in range(most)]
+    return out
+
+
 def fit(rows: list[dict], start: Model | None = None) -> Model:
     """The model of one machine from its done runs (dicts with v_results' columns: every variable,
     repeat, block and step_ms_median). BenchError when there is nothing to fit. `start`: a model of
-    nearly the same rows to start from (leave-one-out)."""
+    nearly the same rows to start from (leave-one-out). Beyond FIT_MAX_RUNS runs it is fitted on
+    thin()'s share of them, and says so (n_runs of n_runs_all)."""
     rows = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
+    n_all = len(rows)
+    rows = thin(rows)
     if len(rows) < len(TERMS) + 1:
         raise BenchError(f"{len(rows)} done runs on this machine: the cost model needs at least {len(TERMS) + 1}")
     from common.variables import NAMES
@@ -460,6 +497,7 @@ def fit(rows: list[dict], start: Model | None = None) -> Model:
                   n_configs=len({config_key(r) for r in rows}), rms_log=float(np.sqrt(np.mean(res ** 2))),
                   fixed=fixed)
     model.rates = [(g, float(r)) for (g, _), r in zip(rate_groups, p[k:K])]
+    model.n_runs_all = n_all
     model.llc_kb = llc_kb
     model.block_params = p[K + n_factors:]
     # Directions of the factors and blocks the data cannot tell apart (settings that only ever changed

@@ -307,3 +307,18 @@ def test_a_rate_needs_one_combination_of_settings_at_two_sizes():
     assert [g for g, _ in cm.rate_columns(groups, flops)] == [jax]
     without_jax_base = [(g, np.delete(c, 1)) for g, c in groups]
     assert cm.rate_columns(without_jax_base, np.delete(flops, 1)) == []
+
+
+def test_a_fleets_machine_is_fitted_on_its_first_whole_passes_and_says_so():
+    """Beyond FIT_MAX_RUNS runs the design (dense in its blocks) would need gigabytes: the fit keeps
+    whole repeat passes, lowest first, and its basis names both counts."""
+    rows = [{"repeat": p, "i": i} for p in range(5) for i in range(10)]
+    kept = cm.thin(rows, 25)
+    assert {r["repeat"] for r in kept} == {0, 1} and len(kept) == 20  # a third pass would pass 25
+    assert cm.thin(rows, 50) is rows
+    one_pass = [{"repeat": 0, "i": i} for i in range(100)]
+    assert [r["i"] for r in cm.thin(one_pass, 10)] == list(range(0, 100, 10))  # an even sample of it
+    m = cm.Model(log_costs=np.zeros(1), factors=[], reference={}, measured={}, ranges={}, cov=np.zeros((1, 1)),
+                 s2=0.0, dof=1, n_runs=20, n_configs=2, rms_log=0.0)
+    m.n_runs_all = 50
+    assert m.runs_text == "20 of 50 (the first passes)"
