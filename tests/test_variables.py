@@ -116,7 +116,7 @@ def test_the_quick_presets_framework_axis_gives_one_job_per_framework():
     plan = sweep.load(preset="quick", machine=sweep.Machine(cpu_count=2))
     by_framework: dict[str, int] = {}
     for job in plan.jobs:
-        if job["config"]["repeat"] == 0:
+        if job["config"]["repeat"] == 0 and job["block"] != sweep.JOINT:  # the cost model's joint block runs JAX at 10x too
             by_framework[job["config"]["framework"]] = by_framework.get(job["config"]["framework"], 0) + 1
     assert by_framework["jax"] == by_framework["numpy"] == 1
     assert not [reason for reason in plan.rejected if "framework=" in reason]
