@@ -66,7 +66,7 @@ class Stratum:
     @property
     def noisy_config(self) -> bool:
         """A configuration far noisier than the rest, with a variance of its own."""
-        return isinstance(self.key, tuple) and self.key[:1] == ("noisy configuration",)
+        return _is_noisy_key(self.key)
 
     @property
     def bimodal(self) -> bool:
@@ -125,7 +125,7 @@ class Fit:
         if any(abs(v) > 1e-9 for v in parts.values()):
             return None
         est = float(sum(w * self.mu[c] for c, w in weights.items()))
-        X, wts, s_of_run, s_dof, excess = self._design
+        X, _, _, s_dof, _ = self._design
         if self._solve is None or not s_dof:
             return Contrast(est, None, None)
         a = np.zeros(X.shape[1])
@@ -385,6 +385,11 @@ OWN_VARIANCE_ALPHA = 0.05  # a configuration this much noisier than its stratum 
 OWN_VARIANCE_MIN_RUNS = 5
 
 
+def _is_noisy_key(key) -> bool:
+    """Is this stratum key a noisy configuration's own (fit()'s split_noisy)?"""
+    return isinstance(key, tuple) and key[:1] == ("noisy configuration",)
+
+
 def _own_variances(r, ci, s_of_run, lev, sigma2, s_dof: dict, n_configs: int, keys: list):
     """Where a configuration's own fast-mode residual variance is above its stratum's (an F test at
     OWN_VARIANCE_ALPHA, not corrected for the many tested: erring wide), its runs' variance in every
@@ -397,21 +402,22 @@ def _own_variances(r, ci, s_of_run, lev, sigma2, s_dof: dict, n_configs: int, ke
     from scipy.special import fdtrc
 
     source, excess = s_of_run.copy(), np.ones(len(r))
-    for c in range(n_configs):
-        m = ci == c
-        k = int(m.sum())
-        if k < OWN_VARIANCE_MIN_RUNS:
-            continue
-        s = int(s_of_run[m][0])
-        if isinstance(keys[s], tuple) and keys[s][:1] == ("noisy configuration",):
+    runs = np.bincount(ci, minlength=n_configs)
+    rss = np.bincount(ci, weights=r * r, minlength=n_configs)
+    dof = runs - np.bincount(ci, weights=lev, minlength=n_configs)
+    stratum = np.zeros(n_configs, dtype=int)
+    stratum[ci] = s_of_run  # a configuration's runs share one stratum
+    for c in np.nonzero(runs >= OWN_VARIANCE_MIN_RUNS)[0].tolist():
+        s = int(stratum[c])
+        if _is_noisy_key(keys[s]):
             continue  # already its own stratum
-        dof_c = float(k - lev[m].sum())
-        if dof_c < 1 or not (np.isfinite(sigma2[s]) and sigma2[s] > 0 and s_dof.get(s, 0) > 0):
+        if dof[c] < 1 or not (np.isfinite(sigma2[s]) and sigma2[s] > 0 and s_dof.get(s, 0) > 0):
             continue
-        ratio = float(r[m] @ r[m]) / dof_c / float(sigma2[s])
-        if ratio > 1 and fdtrc(dof_c, s_dof[s], ratio) < OWN_VARIANCE_ALPHA:
+        ratio = float(rss[c]) / float(dof[c]) / float(sigma2[s])
+        if ratio > 1 and fdtrc(float(dof[c]), s_dof[s], ratio) < OWN_VARIANCE_ALPHA:
             new = len(s_dof)
-            s_dof[new] = dof_c
+            s_dof[new] = float(dof[c])
+            m = ci == c
             source[m] = new
             excess[m] = ratio
     return source, excess
