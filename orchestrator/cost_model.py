@@ -34,6 +34,7 @@ identified), g the gradient of the log prediction; exp() of the two ends. Pure: 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -199,8 +200,7 @@ class Model:
 
     def _design(self, config: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         x = features(config, self.llc_kb)
-        rho = np.array([1.0 if all(_word(config.get(k)) == v for k, v in group) else 0.0 for group, _ in self.rates])
-        d = np.array([1.0 if all(_word(config.get(k)) == v for k, v in group) else 0.0 for group, _ in self.factors])
+        rho, d = _takes(config, self.rates), _takes(config, self.factors)
         # an average block: the mean of every block's effect (the first block's is 0)
         blocks = np.full(len(self.block_params), 1.0 / (len(self.block_params) + 1))
         return x, rho, np.concatenate([d, blocks])
@@ -301,6 +301,11 @@ class Model:
     llc_kb: float | None = None  # the machine's last-level cache (KiB), for the DRAM term
 
 
+def _takes(config: dict, groups: list) -> np.ndarray:
+    """1 for each (group, parameter) whose every (variable, value) the config has, else 0."""
+    return np.array([1.0 if all(_word(config.get(k)) == v for k, v in group) else 0.0 for group, _ in groups])
+
+
 def _matters(name: str, config: dict) -> bool:
     """Whether a size changes what this config computes: window only with local or sliding attention,
     lora_rank only with task=finetune_lora."""
@@ -343,9 +348,7 @@ def thin(rows: list[dict], most: int = FIT_MAX_RUNS) -> list[dict]:
     a few factors is as well determined by the first passes of every configuration."""
     if len(rows) <= most:
         return rows
-    per_pass: dict = {}
-    for r in rows:
-        per_pass[r.get("repeat") or 0] = per_pass.get(r.get("repeat") or 0, 0) + 1
+    per_pass = Counter(r.get("repeat") or 0 for r in rows)
     kept, total = set(), 0
     for p in sorted(per_pass):
         if total + per_pass[p] > most and kept:
@@ -547,15 +550,16 @@ def leave_one_config_out(rows: list[dict], only: set | None = None) -> list[dict
     time (median of its runs) and the prediction of a model fitted without any of its runs; refused
     ones carry the reason instead."""
     rows = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
+    keys = [config_key(r) for r in rows]  # once: each left-out configuration scans them all
     by_config: dict[tuple, list[dict]] = {}
-    for r in rows:
-        by_config.setdefault(config_key(r), []).append(r)
+    for key, r in zip(keys, rows):
+        by_config.setdefault(key, []).append(r)
     whole = fit(rows)
     out = []
     for key, own in by_config.items():
         if only is not None and key not in only:
             continue
-        rest = [r for r in rows if config_key(r) != key]
+        rest = [r for k, r in zip(keys, rows) if k != key]
         measured = float(np.median([r["step_ms_median"] for r in own]))
         entry = {"config": own[0], "measured_ms": measured, "runs": len(own)}
         try:

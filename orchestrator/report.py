@@ -11,7 +11,6 @@ markdown lines (none when it has nothing to say). A new section is one function 
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
