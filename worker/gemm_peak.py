@@ -234,10 +234,18 @@ def measure_here(cpus: list[int], quick: bool) -> dict:
     return {"gflops": {p: by_library[lib][p] for p, lib in fastest.items()}, "fastest": fastest,
             "by_library": by_library, "library_errors": errors, "cpus": cpus, "threads": torch.get_num_threads(),
             "xla_pool_threads": xla_pool_threads() if "jax" in products else None,
-            "torch_route": "mkl_intel_path" if "libmkl_intel_path" in os.environ.get("LD_PRELOAD", "") else "mkl",
+            **torch_route(),
             "main_thread_affinity": sorted(os.sched_getaffinity(0)), "window_s": round(window_s, 3),
             "other_cpu_s": round(other_s or 0.0, 3), "steal_s": round(steal_s or 0.0, 3),
             "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+def torch_route() -> dict:
+    """The route torch's MKL took in this child, read back as the trainer reads it (gemm_route.route_ran:
+    MKL's own branch and vendor answer), with them: mkl_intel_path only where its preload took."""
+    asked = "mkl_intel_path" if "libmkl_intel_path" in os.environ.get("LD_PRELOAD", "") else "mkl"
+    branch = gemm_route.mkl_branch()
+    return {"torch_route": gemm_route.route_ran(asked, {}, branch), **branch}
 
 
 def main(argv: list[str] | None = None) -> None:
