@@ -107,7 +107,7 @@ _eta_cache: dict[tuple, tuple] = {}  # (database, pool) -> (its counts when esti
 def progress(store: Store, *, eta: bool = True) -> Progress:
     """Where every pool and machine stands now, from aggregates (no run is read one by one but the
     RUNNING_SHOWN running and FAILURES_SHOWN latest failures)."""
-    from orchestrator.report import short_reason
+    from orchestrator.report.words import short_reason
 
     with store.transaction() as conn:
         now = float(conn.exec_driver_sql(SELECT_NOW[store.dialect]).scalar_one())

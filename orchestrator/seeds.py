@@ -228,5 +228,5 @@ def seeds_lines(rows: list[dict], names: dict[int, str]) -> list[str]:
 
 
 def seeds_section(ctx) -> list[str]:
-    """The report's section (orchestrator/report.py SECTIONS): the reference runs beside this machine's."""
+    """The report's section (orchestrator/report/markdown.py SECTIONS): the reference runs beside this machine's."""
     return seeds_lines(ctx.rows, ctx.names)

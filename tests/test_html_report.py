@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.html_report import SECTIONS, var_anchor
+from orchestrator.report.html import SECTIONS, var_anchor
 from orchestrator.report import write_report
 from orchestrator.store import Store
 from tests.reportdb import configs, enqueue, machine_facts, metrics, run_all

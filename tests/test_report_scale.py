@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import text
 
 from orchestrator import effects as fx
-from orchestrator import html_report, seeds
+from orchestrator import seeds
+from orchestrator.report import html as html_report
 from orchestrator.report import effect_row, write_report
 from orchestrator.store import Store
 from tests import scenarios

@@ -3,7 +3,7 @@ machine's figures beside the published ones (orchestrator/seeds.py)."""
 
 import pytest
 
-from orchestrator import report as report_module
+from orchestrator.report import markdown as report_module
 from orchestrator import seeds
 from common.errors import BadInput
 from orchestrator.report import write_report

@@ -1,264 +1,31 @@
-"""The report people read after a sweep: index.html (the page, orchestrator/html_report.py),
-results.csv (every run), summary.md (how step time changes with each variable, clearest first),
-plots/*.png, and the fitted effects written to the `effects` table.
-
-`write_report()` reads v_results once, leaves the statistics to effects.py and the pictures to
-plots.py, and returns a Report that bench.py prints; it prints nothing itself.
-
-summary.md is a list of sections (SECTIONS): each is a function of the report's Context that returns
-markdown lines (none when it has nothing to say). A new section is one function and one entry.
+"""summary.md: a list of sections (SECTIONS), each a function of the report's Context (data.py)
+that returns markdown lines (none when it has nothing to say). A new section is one function and
+one entry. The words and numbers come from words.py; the markdown (tables, escaping) is here.
+Imports no other writer (html.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-from sqlalchemy import text
 
 from orchestrator import effects as fx
-from orchestrator import html_report, parallel_report
-from orchestrator.effects import Analysis, Effect, Grid, VariableEffect
+from orchestrator import parallel_report
+from orchestrator.effects import Analysis, VariableEffect
 from orchestrator.pool_report import pool_lines
-from orchestrator.rows import read_rows
 from orchestrator.seeds import seeds_section
 from orchestrator import prediction_report
-from orchestrator.store import ReadOnlyDatabase, Store
-from common.metrics import peak_text
-from common.variables import BY_NAME, NAMES
+from orchestrator.report.data import Context
+from orchestrator.report.words import FACTS, _fact, _ms, _p, _pct, _rate, _ratio, _target_words, effect_words
+from common.variables import BY_NAME
 
-SELECT_RESULTS = "SELECT * FROM v_results {where} ORDER BY run_id"
-SELECT_MACHINES = "SELECT * FROM machines"
-SELECT_SWEEP_NOTES = "SELECT name, notes FROM sweeps ORDER BY sweep_id"
-SELECT_TARGETS = "SELECT machine_id, target_ci, max_repeats FROM adaptive_decisions ORDER BY decision_id"
-DELETE_EFFECTS = "DELETE FROM effects WHERE machine_id = :machine_id"
-EFFECT_COLUMNS = ("machine_id", "variable", "kind", "value", "baseline", "estimate", "ci_low", "ci_high",
-                  "ci_adj_low", "ci_adj_high", "se", "dof", "p_value", "p_adjusted", "significant", "family",
-                  "method", "n_runs", "min_runs", "n_passes", "half_width", "target_met", "repeats_needed")
-INSERT_EFFECT = (f"INSERT INTO effects ({', '.join(EFFECT_COLUMNS)}, created) "
-                 f"VALUES ({', '.join(':' + c for c in EFFECT_COLUMNS)}, {{now}})")
 
-# Machine facts shown side by side, with the words a reader needs.
-FACTS = (
-    ("cpu_model", "CPU"), ("hostname", "host"), ("sockets", "sockets"), ("physical_cores", "physical cores"),
-    ("logical_cores", "logical CPUs"), ("numa_nodes", "NUMA nodes"), ("isa_flags", "vector ISA"),
-    ("l2_kb", "L2 (KiB)"), ("l3_kb", "L3 (KiB)"), ("mem_total_gb", "memory (GB)"),
-    ("mem_bw_gbs_all", "memory bandwidth, all CPUs (GB/s)"), ("gemm_gflops_fp32_all", "GEMM fp32, torch (GFLOP/s)"),
-    ("gemm_gflops_bf16_all", "GEMM bf16, torch (GFLOP/s)"), ("probe_load", "the probe's peaks and noise"),
-    ("mfu_peak", "MFU is against (GFLOP/s)"),
-    ("freq_driver", "frequency driver"),
-    ("kernel", "kernel"),
-)
 # The variables that say how big one training step is: shown in the baseline line of the summary.
 SHAPE = ("n_layers", "d_model", "n_heads", "seq_len", "batch_size", "vocab_size", "precision", "steps", "cores")
 SHARED_ROWS = 40  # cross-machine table length before it is cut
-
-
-@dataclass
-class Report:
-    csv_path: Path
-    summary_path: Path
-    plot_paths: list[Path]
-    top_effects: list[Effect]  # one headline effect per (machine, variable), clearest first
-    counts: dict[str, int]  # status -> runs (queued included), as store.counts gives them
-    failures: list[tuple[str, str, int]]  # (status, reason, runs) of failed and skipped runs, most first
-    machines: int  # machines with runs in the report
-    effects: list[Effect]  # every effect written to the effects table
-    analysis: Analysis | None = None
-    html_path: Path | None = None  # index.html, the page people open
-    effects_not_written: str | None = None  # why the effects table was left as it was (a read-only database)
-
-
-@dataclass
-class Context:
-    """What the sections of summary.md draw on."""
-
-    rows: list[dict]
-    done: list[dict]
-    analysis: Analysis
-    grids: dict[int, list[Grid]]
-    names: dict[int, str]  # machine id -> its name in the text
-    facts: dict[int, dict]
-    counts: dict
-    failures: list
-    sweep_notes: list[tuple[str, str]]
-    plot_paths: list[Path]
-    out_dir: Path
-    targets: dict[int, tuple[float, int]]  # machine -> (--target-ci, --max-repeats) of its adaptive passes
-
-    @property
-    def several(self) -> bool:
-        return sum(1 for m in self.analysis.machines.values() if m.runs) > 1
-
-    @property
-    def varied(self) -> list[str]:
-        return [n for n in NAMES if any(n in m.varied for m in self.analysis.machines.values())]
-
-    @property
-    def together(self) -> list[str]:
-        return sorted({n for m in self.analysis.machines.values() for n in m.together}, key=NAMES.index)
-
-
-def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, plots: bool = True) -> Report:
-    """Write out_dir/index.html, results.csv, summary.md and plots/*.png for one machine (or all
-    machines when machine_id is None), and replace those machines' rows of the effects table.
-    plots=False leaves the pictures out (the statistics tests run the report many times)."""
-    out_dir = Path(out_dir)
-    plots_dir = out_dir / "plots"
-    plots_dir.mkdir(parents=True, exist_ok=True)
-    for old in plots_dir.glob("*.png"):  # a plot of a variable no longer varied must not linger
-        old.unlink()
-    where = "WHERE machine_id = :machine_id" if machine_id is not None else ""
-    csv_path = out_dir / "results.csv"
-    with store.transaction() as conn:  # the rows read in chunks, each written to results.csv as fetched
-        _, rows = read_rows(conn, SELECT_RESULTS.format(where=where), {"machine_id": machine_id}, csv_path)
-        machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
-        targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
-
-    machine_ids = sorted({r["machine_id"] for r in rows} | ({machine_id} if machine_id is not None else set()))
-    facts = {m: next((r for r in rows if r["machine_id"] == m), {}) for m in machine_ids}
-    names = {m: _machine_name(m, facts[m]) for m in machine_ids}
-    probe_cv = {}
-    for r in machine_rows:
-        probe = _probe_facts(r.get("facts"))
-        if r["machine_id"] in facts:
-            facts[r["machine_id"]] = {**facts[r["machine_id"]], "probe_load": probe_load(probe),
-                                      "mfu_peak": mfu_peak([x for x in rows if x["machine_id"] == r["machine_id"]])}
-        # The probe's measured noise (machines.noise_cv), from a quiet machine only: one taken under
-        # load would stand in for the runs' noise where nothing was repeated.
-        if r.get("noise_cv") is not None and not probe.get("limits_disturbed"):
-            probe_cv[r["machine_id"]] = float(r["noise_cv"])
-    analysis = fx.analyse(rows, machine_ids, probe_cv=probe_cv,
-                          target_ci={m: t for m, (t, _) in targets.items()} or None)
-    grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
-
-    plot_paths = _plots(analysis, grids, names, plots_dir) if plots else []
-    all_effects = analysis.effects
-    try:
-        _write_effects(store, machine_ids, all_effects)
-        not_written = None
-    except ReadOnlyDatabase as err:  # an archived or shared copy: the files are the report
-        not_written = str(err)
-    top = [ve.headline for ve in analysis.ranked()]
-
-    counts = store.counts(machine_id)
-    failures = _failures(rows)
-    with store.transaction() as conn:
-        sweep_notes = [(name, note) for name, notes in conn.execute(text(SELECT_SWEEP_NOTES))
-                       for note in json.loads(notes or "[]")]
-    ctx = Context(rows, fx.done_runs(rows), analysis, grids, names, facts, counts, failures, sweep_notes,
-                  plot_paths, out_dir, targets)
-    ctx.sweep_texts, ctx.check_predictions = prediction_report.sweep_texts(store), plots  # "How long here"
-    summary_path = out_dir / "summary.md"
-    summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
-    html_path = html_report.write_page(ctx, out_dir / "index.html")
-    return Report(csv_path=csv_path, summary_path=summary_path, plot_paths=plot_paths, top_effects=top,
-                  counts=counts, failures=failures, machines=len({r["machine_id"] for r in rows}),
-                  effects=all_effects, analysis=analysis, html_path=html_path, effects_not_written=not_written)
-
-
-# -- files --------------------------------------------------------------------------------------
-
-def _plots(analysis: Analysis, grids, names, plots_dir: Path) -> list[Path]:
-    from orchestrator import plots  # matplotlib only when there is something to draw
-
-    by_variable: dict[str, list[VariableEffect]] = defaultdict(list)
-    for m, ma in analysis.machines.items():
-        for ve in ma.variables:
-            by_variable[ve.variable].append(ve)
-    # Plot legends have room for the host only; the summary gives the CPU.
-    short = {m: n.split(",")[0] + (")" if "," in n else "") for m, n in names.items()}
-    paths = [plots.plot_variable(series, short, plots_dir / f"{name}.png")
-             for name, series in sorted(by_variable.items(), key=lambda kv: NAMES.index(kv[0]))]
-    several = len(analysis.machines) > 1
-    for m, gs in grids.items():
-        for g in gs:
-            suffix = f"_machine{m}" if several else ""
-            paths.append(plots.plot_grid(g, names[m], plots_dir / f"grid_{g.rows}_x_{g.cols}{suffix}.png"))
-    return paths
-
-
-def effect_row(e: Effect) -> dict:
-    """One row of the effects table."""
-    lo, hi = e.ci95
-    alo, ahi = e.ci_adj
-    return {"machine_id": e.machine_id, "variable": e.variable, "kind": e.kind, "value": e.value,
-            "baseline": e.baseline, "estimate": e.estimate, "ci_low": lo, "ci_high": hi, "ci_adj_low": alo,
-            "ci_adj_high": ahi, "se": e.se, "dof": e.dof, "p_value": e.p_value, "p_adjusted": e.p_adjusted,
-            "significant": e.significant, "family": e.family, "method": e.method, "n_runs": e.n_runs,
-            "min_runs": e.min_runs, "n_passes": e.n_passes, "half_width": e.half_width,
-            "target_met": e.target_met, "repeats_needed": e.repeats_needed}
-
-
-def _write_effects(store: Store, machine_ids: list[int], effects: list[Effect]) -> None:
-    rows = [effect_row(e) for e in effects]
-    with store.transaction(write=True) as conn:
-        for m in machine_ids:
-            conn.execute(text(DELETE_EFFECTS), {"machine_id": m})
-        if rows:
-            conn.execute(store.sql(INSERT_EFFECT), rows)
-
-
-def _failures(rows: list[dict]) -> list[tuple[str, str, int]]:
-    counted = Counter((r["status"], short_reason(r.get("reason"))) for r in rows if r["status"] in ("failed", "skipped"))
-    return [(s, why, n) for (s, why), n in sorted(counted.items(), key=lambda kv: (-kv[1], kv[0]))]
-
-
-def short_reason(reason: str | None) -> str:
-    """One line that names the cause: a traceback's last line, otherwise the first line."""
-    if not reason:
-        return "(no reason recorded)"
-    lines = [ln.strip() for ln in reason.strip().splitlines() if ln.strip()]
-    line = lines[-1] if "Traceback" in reason else lines[0]
-    return line if len(line) <= 160 else line[:157] + "..."
-
-
-def _machine_name(machine_id: int, facts: dict) -> str:
-    host = facts.get("hostname")
-    cpu = facts.get("cpu_model")
-    parts = [p for p in (host, cpu) if p]
-    return f"machine {machine_id}" + (f" ({', '.join(parts)})" if parts else "")
-
-
-# -- words and tables ---------------------------------------------------------------------------
-
-def _ms(x: float | None) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
-
-
-def _rate(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%" if x < 0.1 else f"{100 * x:.0f}%"
-
-
-def _p(p: float | None) -> str:
-    if p is None:
-        return "-"
-    return "<0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
-
-
-def _ci(e: Effect, unit: str = "") -> str:
-    lo, hi = e.ci_adj
-    return "no interval: a value ran once" if lo is None else f"95% CI {lo:.2f}{unit} to {hi:.2f}{unit}"
-
-
-def _ratio(e: Effect | None) -> str:
-    if e is None:
-        return "1 (baseline)"
-    lo, hi = e.ci_adj
-    ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None else " (a value ran once: no CI)"
-    return f"{e.estimate:.2f}x{ci}"
 
 
 def _cell(s: object) -> str:
@@ -269,41 +36,6 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return out + [""]
-
-
-def effect_words(ve: VariableEffect) -> str:
-    """The headline effect of a variable in one sentence, with its family-wise interval; plainly
-    "no detectable effect" when the adjusted test does not reject no change."""
-    h = ve.headline
-    where = f" at {h.group}" if h.group else ""
-    if ve.differs:
-        where += f" (the effect differs between {len(ve.interaction.groups)} groups: see its section)"
-    if h.kind == "elasticity":
-        what = f"step time ~ {ve.variable}^{h.estimate:.2f}{where}"
-        size = f"doubling it multiplies step time by {2 ** h.estimate:.2f}"
-    else:
-        what = f"{h.value} vs {h.baseline}: {h.estimate:.2f}x the step time{where}"
-        size = ""
-    if h.significant is None:
-        return f"{what}: {h.verdict()}"
-    if h.significant:
-        return f"{what} ({_ci(h)})" + (f": {size}" if size else "")
-    words = f"no detectable effect: {what} ({_ci(h)})"
-    if h.repeats_needed:
-        words += (f"; an effect this small needs about {h.repeats_needed} runs per value to be seen at this noise"
-                  if h.repeats_needed <= fx.MAX_REPEATS_SAID else
-                  f"; even {fx.MAX_REPEATS_SAID} runs per value would not resolve an effect this small at this noise")
-    return words
-
-
-def _target_words(e: Effect, target: tuple[float, int] | None) -> str:
-    if target is None or e.target_met is None:
-        return ""
-    hw = e.half_width
-    got = f"+-{_pct(hw)}" if hw is not None else "no interval"
-    if e.target_met:
-        return f"met ({got}) with {e.min_runs} runs"
-    return f"not met ({got}) with {e.min_runs} runs" + (" (maximum)" if e.min_runs >= target[1] else "")
 
 
 # -- sections of summary.md ---------------------------------------------------------------------
@@ -646,48 +378,6 @@ def machines_section(ctx: Context) -> list[str]:
     ids = list(ctx.facts)
     body = [[label] + [_fact(ctx.facts[m].get(col)) for m in ids] for col, label in FACTS]
     return ["## Machines", ""] + _table(["fact"] + [ctx.names[m] for m in ids], body)
-
-
-def _probe_facts(facts_json: str | dict | None) -> dict:
-    """machines.facts: JSON text in the database (a dict where a driver already parsed it)."""
-    return facts_json if isinstance(facts_json, dict) else json.loads(facts_json or "{}")
-
-
-def probe_load(facts: dict) -> str:
-    """Whether the probe's measured figures (GEMM peaks, memory bandwidth, noise) were taken on a
-    quiet machine, in words, from machines.facts (worker/probe.py: limits_disturbed). A provisional
-    noise figure is not used for the report's noise (write_report)."""
-    if "limits_disturbed" not in facts:
-        return "load not checked (probed before the check existed)"
-    why = facts["limits_disturbed"]
-    return (f"provisional: {why}; measured again by the next probe; its noise figure is not used here" if why
-            else "measured on a quiet machine")
-
-
-def mfu_peak(rows: list[dict]) -> str | None:
-    """The GEMM peak MFU is taken against on the machine's largest CPU set, in words: the fastest of
-    the trainers' libraries there (worker/gemm_peak.py) and the others' figures, from the runs'
-    applied.peak_gflops; the probe's torch figure where the runs' peaks were scaled from it (older
-    runs, BENCH_PEAK_PER_SET=0); None where no run recorded a peak."""
-    best, any_peak = None, False
-    for r in rows:
-        peak = fx.peak_of(r)
-        any_peak = any_peak or bool(peak.get("fp32"))
-        if peak.get("library") and r.get("cores") and (best is None or r["cores"] > best[0]):
-            best = (r["cores"], peak)
-    if best is None:
-        return "torch's GEMM peak (the probe's, scaled to each run's CPUs): `applied.peak_gflops.basis`" if any_peak \
-            else None
-    cores, peak = best
-    return f"{peak_text(peak)} on {cores} CPU(s): the fastest of the trainers' GEMM libraries"
-
-
-def _fact(v) -> str:
-    if v is None:
-        return "not measured"
-    if isinstance(v, float):
-        return f"{v:.3g}" if v < 100 else f"{v:,.0f}"
-    return re.sub(r"\s+", " ", str(v))
 
 
 def method_section(ctx: Context) -> list[str]:

@@ -1,0 +1,87 @@
+"""Is the report the same after a change? Two checkouts write the report of the same databases, and
+their files are compared byte for byte: summary.md, results.csv, index.html (its two clock
+readings set aside: the "Written <time>" stamp and the mtime in the runs' gzip header) and
+plots/*.png. Used when the report's code moves (orchestrator/report/ became a
+package): a move must change nothing a reader sees.
+
+    git archive main | tar -x -C /tmp/old          # the reference checkout (same venv)
+    venv/bin/python benchmarks/report_same.py --old /tmp/old DB [DB ...] [--plots]
+
+Each report runs in a child process with its checkout first on sys.path, on a copy of the database
+(the report rewrites the effects table). Exit status 1 when any file differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STAMP = re.compile(rb"Written \d{4}-\d\d-\d\d \d\d:\d\d UTC")  # the page's clock readings: this one,
+RUNS = re.compile(rb'(id="runs-data">)([A-Za-z0-9+/=]+)(<)')  # and the gzip header's mtime of the runs
+CHILD = """import sys; sys.path.insert(0, sys.argv[1])
+from orchestrator.store import Store
+from orchestrator.report import write_report
+write_report(Store(sys.argv[2]), sys.argv[3], plots=sys.argv[4] == '1')"""
+
+
+def write(tree: Path, db: Path, out: Path, plots: bool) -> None:
+    copy = out.with_suffix(".db")
+    shutil.copyfile(db, copy)
+    subprocess.run([sys.executable, "-c", CHILD, str(tree), str(copy), str(out), "1" if plots else "0"],
+                   cwd=tree, check=True)
+
+
+def files(out: Path) -> dict[str, bytes]:
+    found = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    if "index.html" in found:
+        found["index.html"] = RUNS.sub(_no_mtime, STAMP.sub(b"Written <time>", found["index.html"]))
+    return found
+
+
+def _no_mtime(m: re.Match) -> bytes:
+    """The runs' gzip stream with its header's mtime (bytes 4-7) zeroed: every other byte compared."""
+    packed = bytearray(base64.b64decode(m[2]))
+    packed[4:8] = bytes(4)
+    return m[1] + base64.b64encode(bytes(packed)) + m[3]
+
+
+def compare(old: Path, new: Path, db: Path, plots: bool, work: Path) -> list[str]:
+    """The names of the files that differ (or exist on one side only)."""
+    a, b = work / f"{db.stem}-old", work / f"{db.stem}-new"
+    write(old, db, a, plots)
+    write(new, db, b, plots)
+    fa, fb = files(a), files(b)
+    return sorted(n for n in fa.keys() | fb.keys() if fa.get(n) != fb.get(n))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dbs", nargs="+", type=Path)
+    ap.add_argument("--old", type=Path, required=True, help="the reference checkout")
+    ap.add_argument("--new", type=Path, default=ROOT, help="the checkout under test (default: this one)")
+    ap.add_argument("--plots", action="store_true", help="draw the PNGs too (as `bench.py report` does)")
+    ap.add_argument("--keep", type=Path, help="write the reports here (default: a temporary directory)")
+    args = ap.parse_args()
+    work = args.keep or Path(tempfile.mkdtemp(prefix="report_same-"))
+    work.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for db in args.dbs:
+        differ = compare(args.old.resolve(), args.new.resolve(), db.resolve(), args.plots, work)
+        n = len(files(work / f"{db.stem}-new"))
+        print(f"{db}: {'SAME' if not differ else 'DIFFERENT'} ({n} files compared)"
+              + (f": {', '.join(differ)}" if differ else ""))
+        failed += bool(differ)
+    if not args.keep:
+        shutil.rmtree(work)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

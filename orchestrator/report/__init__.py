@@ -1,0 +1,116 @@
+"""The report people read after a sweep: index.html (the page, html.py), results.csv (every run),
+summary.md (how step time changes with each variable, clearest first: markdown.py), plots/*.png,
+and the fitted effects written to the `effects` table.
+
+`write_report()` reads v_results once, leaves the statistics to effects.py and the pictures to
+plots.py, and returns a Report that bench.py prints; it prints nothing itself.
+
+The package's parts depend one way (tests/test_report_package.py reads their imports):
+- data.py: the data a report shows, no text (the SQL, Context, Report, the effects table's rows);
+- words.py: the words and number formatters, one copy for both writers;
+- markdown.py (summary.md) and html.py (index.html, with static/page.css and static/page.js):
+  the writers, each on data and words, neither importing the other;
+- this module: write_report, which reads the store, analyses, and calls the writers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from sqlalchemy import text
+
+from orchestrator import effects as fx
+from orchestrator.effects import Analysis, VariableEffect
+from orchestrator.rows import read_rows
+from orchestrator import prediction_report
+from orchestrator.store import ReadOnlyDatabase, Store
+from orchestrator.report import html as html_report
+from orchestrator.report.data import (SELECT_MACHINES, SELECT_RESULTS, SELECT_SWEEP_NOTES, SELECT_TARGETS,
+                                      Context, Report, _probe_facts, _write_effects, effect_row)
+from orchestrator.report.markdown import SECTIONS
+from orchestrator.report.words import FACTS, _failures, _machine_name, mfu_peak, probe_load, short_reason
+from common.variables import NAMES
+
+# What callers use (bench.py, live.py, tests, benchmarks): the package's face.
+__all__ = ["Context", "FACTS", "Report", "SECTIONS", "SELECT_RESULTS", "effect_row", "short_reason", "write_report"]
+
+
+def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, plots: bool = True) -> Report:
+    """Write out_dir/index.html, results.csv, summary.md and plots/*.png for one machine (or all
+    machines when machine_id is None), and replace those machines' rows of the effects table.
+    plots=False leaves the pictures out (the statistics tests run the report many times)."""
+    out_dir = Path(out_dir)
+    plots_dir = out_dir / "plots"
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    for old in plots_dir.glob("*.png"):  # a plot of a variable no longer varied must not linger
+        old.unlink()
+    where = "WHERE machine_id = :machine_id" if machine_id is not None else ""
+    csv_path = out_dir / "results.csv"
+    with store.transaction() as conn:  # the rows read in chunks, each written to results.csv as fetched
+        _, rows = read_rows(conn, SELECT_RESULTS.format(where=where), {"machine_id": machine_id}, csv_path)
+        machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
+        targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
+
+    machine_ids = sorted({r["machine_id"] for r in rows} | ({machine_id} if machine_id is not None else set()))
+    facts = {m: next((r for r in rows if r["machine_id"] == m), {}) for m in machine_ids}
+    names = {m: _machine_name(m, facts[m]) for m in machine_ids}
+    probe_cv = {}
+    for r in machine_rows:
+        probe = _probe_facts(r.get("facts"))
+        if r["machine_id"] in facts:
+            facts[r["machine_id"]] = {**facts[r["machine_id"]], "probe_load": probe_load(probe),
+                                      "mfu_peak": mfu_peak([x for x in rows if x["machine_id"] == r["machine_id"]])}
+        # The probe's measured noise (machines.noise_cv), from a quiet machine only: one taken under
+        # load would stand in for the runs' noise where nothing was repeated.
+        if r.get("noise_cv") is not None and not probe.get("limits_disturbed"):
+            probe_cv[r["machine_id"]] = float(r["noise_cv"])
+    analysis = fx.analyse(rows, machine_ids, probe_cv=probe_cv,
+                          target_ci={m: t for m, (t, _) in targets.items()} or None)
+    grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
+
+    plot_paths = _plots(analysis, grids, names, plots_dir) if plots else []
+    all_effects = analysis.effects
+    try:
+        _write_effects(store, machine_ids, all_effects)
+        not_written = None
+    except ReadOnlyDatabase as err:  # an archived or shared copy: the files are the report
+        not_written = str(err)
+    top = [ve.headline for ve in analysis.ranked()]
+
+    counts = store.counts(machine_id)
+    failures = _failures(rows)
+    with store.transaction() as conn:
+        sweep_notes = [(name, note) for name, notes in conn.execute(text(SELECT_SWEEP_NOTES))
+                       for note in json.loads(notes or "[]")]
+    ctx = Context(rows, fx.done_runs(rows), analysis, grids, names, facts, counts, failures, sweep_notes,
+                  plot_paths, out_dir, targets)
+    ctx.sweep_texts, ctx.check_predictions = prediction_report.sweep_texts(store), plots  # "How long here"
+    summary_path = out_dir / "summary.md"
+    summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
+    html_path = html_report.write_page(ctx, out_dir / "index.html")
+    return Report(csv_path=csv_path, summary_path=summary_path, plot_paths=plot_paths, top_effects=top,
+                  counts=counts, failures=failures, machines=len({r["machine_id"] for r in rows}),
+                  effects=all_effects, analysis=analysis, html_path=html_path, effects_not_written=not_written)
+
+
+# -- files --------------------------------------------------------------------------------------
+
+def _plots(analysis: Analysis, grids, names, plots_dir: Path) -> list[Path]:
+    from orchestrator import plots  # matplotlib only when there is something to draw
+
+    by_variable: dict[str, list[VariableEffect]] = defaultdict(list)
+    for m, ma in analysis.machines.items():
+        for ve in ma.variables:
+            by_variable[ve.variable].append(ve)
+    # Plot legends have room for the host only; the summary gives the CPU.
+    short = {m: n.split(",")[0] + (")" if "," in n else "") for m, n in names.items()}
+    paths = [plots.plot_variable(series, short, plots_dir / f"{name}.png")
+             for name, series in sorted(by_variable.items(), key=lambda kv: NAMES.index(kv[0]))]
+    several = len(analysis.machines) > 1
+    for m, gs in grids.items():
+        for g in gs:
+            suffix = f"_machine{m}" if several else ""
+            paths.append(plots.plot_grid(g, names[m], plots_dir / f"grid_{g.rows}_x_{g.cols}{suffix}.png"))
+    return paths

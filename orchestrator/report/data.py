@@ -1,0 +1,99 @@
+"""The data a report shows, with no text: what write_report reads from the store (the SQL), the
+Context the writers draw on (rows, the analysis, grids, counts, facts) and the Report it returns,
+and the rows of the `effects` table. Imports neither the words (words.py) nor a writer
+(markdown.py, html.py): they depend on it, never the other way round.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import text
+
+from orchestrator.effects import Analysis, Effect, Grid
+from orchestrator.store import Store
+from common.variables import NAMES
+
+SELECT_RESULTS = "SELECT * FROM v_results {where} ORDER BY run_id"
+SELECT_MACHINES = "SELECT * FROM machines"
+SELECT_SWEEP_NOTES = "SELECT name, notes FROM sweeps ORDER BY sweep_id"
+SELECT_TARGETS = "SELECT machine_id, target_ci, max_repeats FROM adaptive_decisions ORDER BY decision_id"
+DELETE_EFFECTS = "DELETE FROM effects WHERE machine_id = :machine_id"
+EFFECT_COLUMNS = ("machine_id", "variable", "kind", "value", "baseline", "estimate", "ci_low", "ci_high",
+                  "ci_adj_low", "ci_adj_high", "se", "dof", "p_value", "p_adjusted", "significant", "family",
+                  "method", "n_runs", "min_runs", "n_passes", "half_width", "target_met", "repeats_needed")
+INSERT_EFFECT = (f"INSERT INTO effects ({', '.join(EFFECT_COLUMNS)}, created) "
+                 f"VALUES ({', '.join(':' + c for c in EFFECT_COLUMNS)}, {{now}})")
+
+
+@dataclass
+class Report:
+    csv_path: Path
+    summary_path: Path
+    plot_paths: list[Path]
+    top_effects: list[Effect]  # one headline effect per (machine, variable), clearest first
+    counts: dict[str, int]  # status -> runs (queued included), as store.counts gives them
+    failures: list[tuple[str, str, int]]  # (status, reason, runs) of failed and skipped runs, most first
+    machines: int  # machines with runs in the report
+    effects: list[Effect]  # every effect written to the effects table
+    analysis: Analysis | None = None
+    html_path: Path | None = None  # index.html, the page people open
+    effects_not_written: str | None = None  # why the effects table was left as it was (a read-only database)
+
+
+@dataclass
+class Context:
+    """What the writers draw on: summary.md's sections (markdown.py) and the page (html.py)."""
+
+    rows: list[dict]
+    done: list[dict]
+    analysis: Analysis
+    grids: dict[int, list[Grid]]
+    names: dict[int, str]  # machine id -> its name in the text
+    facts: dict[int, dict]
+    counts: dict
+    failures: list
+    sweep_notes: list[tuple[str, str]]
+    plot_paths: list[Path]
+    out_dir: Path
+    targets: dict[int, tuple[float, int]]  # machine -> (--target-ci, --max-repeats) of its adaptive passes
+
+    @property
+    def several(self) -> bool:
+        return sum(1 for m in self.analysis.machines.values() if m.runs) > 1
+
+    @property
+    def varied(self) -> list[str]:
+        return [n for n in NAMES if any(n in m.varied for m in self.analysis.machines.values())]
+
+    @property
+    def together(self) -> list[str]:
+        return sorted({n for m in self.analysis.machines.values() for n in m.together}, key=NAMES.index)
+
+
+def effect_row(e: Effect) -> dict:
+    """One row of the effects table."""
+    lo, hi = e.ci95
+    alo, ahi = e.ci_adj
+    return {"machine_id": e.machine_id, "variable": e.variable, "kind": e.kind, "value": e.value,
+            "baseline": e.baseline, "estimate": e.estimate, "ci_low": lo, "ci_high": hi, "ci_adj_low": alo,
+            "ci_adj_high": ahi, "se": e.se, "dof": e.dof, "p_value": e.p_value, "p_adjusted": e.p_adjusted,
+            "significant": e.significant, "family": e.family, "method": e.method, "n_runs": e.n_runs,
+            "min_runs": e.min_runs, "n_passes": e.n_passes, "half_width": e.half_width,
+            "target_met": e.target_met, "repeats_needed": e.repeats_needed}
+
+
+def _write_effects(store: Store, machine_ids: list[int], effects: list[Effect]) -> None:
+    rows = [effect_row(e) for e in effects]
+    with store.transaction(write=True) as conn:
+        for m in machine_ids:
+            conn.execute(text(DELETE_EFFECTS), {"machine_id": m})
+        if rows:
+            conn.execute(store.sql(INSERT_EFFECT), rows)
+
+
+def _probe_facts(facts_json: str | dict | None) -> dict:
+    """machines.facts: JSON text in the database (a dict where a driver already parsed it)."""
+    return facts_json if isinstance(facts_json, dict) else json.loads(facts_json or "{}")
