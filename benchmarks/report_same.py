@@ -1,8 +1,8 @@
 """Is the report the same after a change? Two checkouts write the report of the same databases, and
 their files are compared byte for byte: summary.md, results.csv, index.html (its two clock
-readings set aside: the "Written <time>" stamp and the mtime in the runs' gzip header) and
-plots/*.png. Used when the report's code moves (orchestrator/report/ became a
-package): a move must change nothing a reader sees.
+readings set aside: the "Written <time>" stamp and the mtime in the runs' gzip header; its SVGs
+drawn with a fixed salt and date) and plots/*.png. Used when the report's code moves
+(orchestrator/report/ became a package): a move must change nothing a reader sees.
 
     git archive main | tar -x -C /tmp/old          # the reference checkout (same venv)
     venv/bin/python benchmarks/report_same.py --old /tmp/old DB [DB ...] [--plots]
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import os
 import re
 import shutil
 import subprocess
@@ -25,7 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 STAMP = re.compile(rb"Written \d{4}-\d\d-\d\d \d\d:\d\d UTC")  # the page's clock readings: this one,
 RUNS = re.compile(rb'(id="runs-data">)([A-Za-z0-9+/=]+)(<)')  # and the gzip header's mtime of the runs
+# The page inlines matplotlib SVGs (the cost model's check): their ids are random and they carry the
+# date unless salted and dated, here with svg.hashsalt and SOURCE_DATE_EPOCH.
 CHILD = """import sys; sys.path.insert(0, sys.argv[1])
+import matplotlib; matplotlib.rcParams['svg.hashsalt'] = 'report_same'
 from orchestrator.store import Store
 from orchestrator.report import write_report
 write_report(Store(sys.argv[2]), sys.argv[3], plots=sys.argv[4] == '1')"""
@@ -35,7 +39,7 @@ def write(tree: Path, db: Path, out: Path, plots: bool) -> None:
     copy = out.with_suffix(".db")
     shutil.copyfile(db, copy)
     subprocess.run([sys.executable, "-c", CHILD, str(tree), str(copy), str(out), "1" if plots else "0"],
-                   cwd=tree, check=True)
+                   cwd=tree, check=True, env={**os.environ, "SOURCE_DATE_EPOCH": "0"})
 
 
 def files(out: Path) -> dict[str, bytes]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from sqlalchemy import text
@@ -71,6 +72,11 @@ class Context:
     @property
     def together(self) -> list[str]:
         return sorted({n for m in self.analysis.machines.values() for n in m.together}, key=NAMES.index)
+
+    @cached_property
+    def sweeps(self) -> list[str]:
+        """The sweeps the runs came from, by name: both writers' first lines say them (one scan of the rows)."""
+        return sorted({r["sweep"] for r in self.rows if r.get("sweep")})
 
 
 def effect_row(e: Effect) -> dict:

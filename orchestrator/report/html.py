@@ -14,6 +14,10 @@ Two layers, so that the statistics can change under the page:
   the statistics' classes is adapted there and nowhere else.
 - everything else works on those dicts and on the rows of v_results (stable: the schema's columns).
 
+In the report package it is the page's writer: it draws on data.py's Context and words.py's words
+and numbers, its CSS and JavaScript are files of their own (static/page.css, static/page.js), and
+it imports no other writer (markdown.py).
+
 Scale: a database of 100k runs must give a page under ~10 MB that opens in seconds. The runs
 travel once, column by column, gzip-compressed and base64-encoded (the browser inflates them with
 DecompressionStream); repeated text (configurations, reasons) is interned; the dots of a value are
@@ -610,7 +614,7 @@ def write_page(ctx, path: Path) -> Path:
     for m, n in order:
         first_section.setdefault(n, m)
     index = "".join(f'<a href="#{var_anchor(n, m, several)}"><code>{_e(n)}</code></a> ' for n, m in first_section.items())
-    sweeps = sorted({r["sweep"] for r in ctx.rows if r.get("sweep")})
+    sweeps = ctx.sweeps
     done = len(ctx.done)
     where = (f"{len(ctx.names)} machines" if several else next(iter(ctx.names.values()), "no machine yet"))
     intro = (f"{done:,} finished training runs (of {len(ctx.rows):,} claimed) from "

@@ -41,7 +41,7 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
 # -- sections of summary.md ---------------------------------------------------------------------
 
 def title_section(ctx: Context) -> list[str]:
-    sweeps = sorted({r["sweep"] for r in ctx.rows if r.get("sweep")})
+    sweeps = ctx.sweeps
     names = ctx.names
     where = f"{len(names)} machines" if ctx.several else (next(iter(names.values())) if names else "no machine yet")
     sweep_words = f"sweep{'s' if len(sweeps) != 1 else ''} {', '.join(sweeps)}" if sweeps else "no sweep yet"
