@@ -8,7 +8,10 @@ drawn with a fixed salt and date) and plots/*.png. Used when the report's code m
     venv/bin/python benchmarks/report_same.py --old /tmp/old DB [DB ...] [--plots]
 
 Each report runs in a child process with its checkout first on sys.path, on a copy of the database
-(the report rewrites the effects table). Exit status 1 when any file differs.
+(the report rewrites the effects table). Exit status 1 when any file differs. The checkouts must
+hold the same data/builtin/corpus.txt (or none): the cost model's days per epoch count the tokens
+of that corpus (cost_model.tokens_per_word), and a test run writes it; the script says when they
+differ.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ STAMP = re.compile(rb"Written \d{4}-\d\d-\d\d \d\d:\d\d UTC")  # the page's cloc
 RUNS = re.compile(rb'(id="runs-data">)([A-Za-z0-9+/=]+)(<)')  # and the gzip header's mtime of the runs
 # The page inlines matplotlib SVGs (the cost model's check): their ids are random and they carry the
 # date unless salted and dated, here with svg.hashsalt and SOURCE_DATE_EPOCH.
+# and one hash seed: the cost model's last digits follow the order of sets of strings (str hashes).
+ENV = {"SOURCE_DATE_EPOCH": "0", "PYTHONHASHSEED": "0"}
 CHILD = """import sys; sys.path.insert(0, sys.argv[1])
 import matplotlib; matplotlib.rcParams['svg.hashsalt'] = 'report_same'
 from orchestrator.store import Store
@@ -39,7 +44,7 @@ def write(tree: Path, db: Path, out: Path, plots: bool) -> None:
     copy = out.with_suffix(".db")
     shutil.copyfile(db, copy)
     subprocess.run([sys.executable, "-c", CHILD, str(tree), str(copy), str(out), "1" if plots else "0"],
-                   cwd=tree, check=True, env={**os.environ, "SOURCE_DATE_EPOCH": "0"})
+                   cwd=tree, check=True, env={**os.environ, **ENV})
 
 
 def files(out: Path) -> dict[str, bytes]:
@@ -75,6 +80,9 @@ def main() -> int:
     args = ap.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="report_same-"))
     work.mkdir(parents=True, exist_ok=True)
+    corpus = [tree / "data" / "builtin" / "corpus.txt" for tree in (args.old, args.new)]
+    if len({c.read_bytes() if c.exists() else None for c in corpus}) > 1:
+        print(f"warning: {corpus[0]} and {corpus[1]} differ: the days per epoch will (copy one over the other)")
     failed = 0
     for db in args.dbs:
         differ = compare(args.old.resolve(), args.new.resolve(), db.resolve(), args.plots, work)
