@@ -252,7 +252,7 @@ def main() -> None:
     args = ap.parse_args()
 
     rows, cpus = rows_of(args.db)
-    model = cm.fit(rows)
+    model = cm.calibrate(cm.fit(rows), rows)  # the interval's model error, from the database's own leave-one-out
     naive_ofat, naive_nearest = ofat_predictor(rows), nearest_predictor(rows)
     seen = {cm.config_key(r) for r in rows}
     labels = args.only or (list(CONFIGS) if args.set == "all" else list(SETS[args.set]))
@@ -298,7 +298,8 @@ def main() -> None:
     errs = {"model": [], "ofat": [], "nearest": []}
     covered = []
     per_set = {name: {"model": [], "ofat": [], "nearest": [], "covered": []} for name in SETS}
-    print(f"\nfitted on {args.db}: {model.n_runs} runs of {model.n_configs} configurations; log rms {model.rms_log:.3f}")
+    print(f"\nfitted on {args.db}: {model.n_runs} runs of {model.n_configs} configurations; log rms {model.rms_log:.3f}"
+          f"{model.calibration_text}")
     header = (f"{'configuration':26} {'xFLOPs':>7} {'measured ms':>12} {'spread':>7} {'predicted':>10} "
               f"{'95% interval':>19} {'err':>7} {'in':>3} {'ofat err':>9} {'nearest err':>11}")
     print(header)

@@ -264,7 +264,7 @@ class Model:
                                      f"without the others")
         mu = self.log_step(x, rho, d)
         g = _gradient(lambda p: self.log_step(x, rho, d, p), self.params)
-        var = self.s2 + self.block_var + float(g @ self.cov @ g)
+        var = self.s2 + self.block_var + float(g @ self.cov @ g) + model_error_var(self, config)
         half = stats.t.ppf(0.5 + LEVEL / 2, max(self.dof, 1)) * math.sqrt(max(var, 0.0))
         extrapolated = {}
         for name, (lo, hi) in self.ranges.items():
@@ -285,7 +285,7 @@ class Model:
         basis = (f"{self.runs_text} done runs of {self.n_configs} configurations on this machine; log residual "
                  f"{self.rms_log:.3f} (rms) and block spread {math.sqrt(self.block_var):.3f}, {len(self.factors)} "
                  f"setting factors ({len(self.rates)} with a compute factor of their own), {self.dof} degrees of "
-                 f"freedom")
+                 f"freedom{self.calibration_text}")
         return Prediction(step_ms=1e3 * math.exp(mu), step_ms_low=1e3 * math.exp(mu - half),
                           step_ms_high=1e3 * math.exp(mu + half), basis=basis, extrapolated=extrapolated,
                           flops_per_step=flops)
@@ -299,6 +299,11 @@ class Model:
     # settings with a factor on the compute terms of their own (log), on top of their whole-step factor
     rates: list = field(default_factory=list)
     llc_kb: float | None = None  # the machine's last-level cache (KiB), for the DRAM term
+    # model error (calibrate()): log variance tau0^2 + tau1^2 * distance^2 beyond the fit's own, where
+    # distance is extrapolation_distance(); the support it measures distances from
+    model_error: tuple[float, float] = (0.0, 0.0)
+    support: dict | None = None
+    calibration_text: str = ""
 
 
 def _takes(config: dict, groups: list) -> np.ndarray:
@@ -573,6 +578,89 @@ def leave_one_config_out(rows: list[dict], only: set | None = None) -> list[dict
     return out
 
 
+# -- model error: the interval's share for what the model gets wrong, calibrated on leave-one-out ---
+#
+# The interval above counts the runs' noise and the parameters' uncertainty, not the model's own error:
+# a form that misses something (a cache effect, a setting measured at one size) is as confident 200x
+# beyond its data as at its centre. calibrate() adds a variance tau0^2 + tau1^2 d^2 in log, d the
+# extrapolation distance (how far in log FLOPs per step the configuration lies from the nearest
+# measured run sharing each of its settings), fitted by maximum likelihood to the leave-one-
+# configuration-out errors of the machine's own runs: each left-out configuration is a prediction
+# at a known distance from what the rest measured, with a known error.
+
+CALIBRATION_MIN = 5  # left-out configurations below which the model error stays unestimated (0)
+
+
+def support_of(rows: list[dict]) -> dict:
+    """What extrapolation_distance() measures from: per factor variable the rows' words, and their log
+    FLOPs per step."""
+    from common.compute import flops_per_step
+    varied = factor_variables(rows) if rows else []
+    return {"log_flops": np.log(np.array([float(flops_per_step(r)) for r in rows])),
+            "words": {n: np.array([_word(r.get(n)) for r in rows]) for n in varied}}
+
+
+def extrapolation_distance(config: dict, support: dict, keep: np.ndarray | None = None) -> float:
+    """How far `config` lies from the runs (the support's rows, those of `keep`): for each setting
+    variable, |log FLOPs| to the nearest run with the config's value of it; the largest of these
+    (0 inside the data). A bf16 model 38x the base, where bf16 ran at the base and at 11x: log(38/11)."""
+    from common.compute import flops_per_step
+    x = math.log(flops_per_step(config))
+    lf = support["log_flops"]
+    keep = np.ones(len(lf), bool) if keep is None else keep
+    gaps = [np.abs(lf[keep] - x).min()] if keep.any() else [0.0]
+    for name, words in support["words"].items():
+        same = keep & (words == _word(config.get(name)))
+        if same.any():
+            gaps.append(np.abs(lf[same] - x).min())
+    return float(max(gaps))
+
+
+def model_error_var(model: Model, config: dict) -> float:
+    """The calibrated model-error variance (log) of a prediction of `config`; 0 uncalibrated."""
+    tau0, tau1 = model.model_error
+    if not (tau0 or tau1) or model.support is None:
+        return 0.0
+    d = extrapolation_distance(config, model.support)
+    return tau0 + tau1 * d * d
+
+
+def calibrate(model: Model, rows: list[dict], loo: list[dict] | None = None) -> Model:
+    """`model` (fitted on `rows`) with its model error estimated from the leave-one-configuration-out
+    errors of the rows (leave_one_config_out(rows), or the `loo` entries a caller already has):
+    maximum likelihood of log errors e_i ~ N(0, v_i + tau0 + tau1 d_i^2), v_i each left-out prediction's
+    own interval variance, d_i its distance from the rest; tau0, tau1 >= 0. Too few predicted
+    configurations: the model as it was. Returns the same model object, calibrated."""
+    rows = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
+    if loo is None:
+        loo = leave_one_config_out(rows)
+    support = support_of(rows)
+    keys = np.array([hash(config_key(r)) for r in rows])
+    got = [e for e in loo if "predicted_ms" in e]
+    if len(got) < CALIBRATION_MIN:
+        model.calibration_text = f"; model error not calibrated ({len(got)} configurations predictable left out)"
+        return model
+    t = stats.t.ppf(0.5 + LEVEL / 2, max(model.dof, 1))
+    e = np.array([math.log(x["predicted_ms"] / x["measured_ms"]) for x in got])
+    v = np.array([(math.log(x["high_ms"] / x["predicted_ms"]) / t) ** 2 for x in got])
+    d2 = np.array([extrapolation_distance(x["config"], support, keys != hash(config_key(x["config"]))) ** 2
+                   for x in got])
+
+    def nll(theta):
+        var = v + math.exp(theta[0]) + math.exp(theta[1]) * d2
+        return float(np.sum(np.log(var) + e * e / var))
+
+    best = min((optimize.minimize(nll, s0, method="Nelder-Mead") for s0 in ([-8.0, -8.0], [-5.0, -3.0])),
+               key=lambda r: r.fun)
+    tau0, tau1 = (float(math.exp(z)) for z in best.x)
+    # a variance the likelihood pushes to nothing is nothing
+    model.model_error = (tau0 if tau0 > 1e-6 else 0.0, tau1 if tau1 > 1e-6 else 0.0)
+    model.support = support
+    model.calibration_text = (f"; model error from {len(got)} configurations left out: sd {math.sqrt(model.model_error[0]):.3f}"
+                              f" in the data + {math.sqrt(model.model_error[1]):.3f} per log FLOPs of extrapolation")
+    return model
+
+
 # -- the entry point: a configuration, a database, a machine -> the prediction -------------------
 
 SELECT_MACHINES = """
@@ -685,12 +773,14 @@ def tokens_per_word_uncached(vocab_size: int, data_dir=None) -> tuple[float, str
 _models: dict[tuple, Model] = {}
 
 
-def model_of(store, machine_id: int) -> Model:
-    """The fitted model of one machine (cached per database and run count)."""
+def model_of(store, machine_id: int, calibrated: bool = False) -> Model:
+    """The fitted model of one machine (cached per database and run count); `calibrated`: with its
+    model error (calibrate(): one refit per configuration, seconds; the ETA's point predictions need
+    no interval and skip it)."""
     rows = usable(machine_rows(store, machine_id))
-    key = (store.url, machine_id, len(rows), rows[-1]["run_id"] if rows else None)
+    key = (store.url, machine_id, len(rows), rows[-1]["run_id"] if rows else None, calibrated)
     if key not in _models:
-        _models[key] = fit(rows)
+        _models[key] = calibrate(fit(rows), rows) if calibrated else fit(rows)
     return _models[key]
 
 
@@ -716,7 +806,7 @@ def predict(store, settings: dict, *, machine: str | None = None, here: str | No
     config, why = V.resolve(settings, chosen.logical_cores)
     if why:
         raise BadInput(f"this configuration cannot run: {'; '.join(why)}")
-    model = model_of(store, chosen.machine_id)
+    model = model_of(store, chosen.machine_id, calibrated=True)
     p = model.predict(config)
     tokens_per_step = config["batch_size"] * config["grad_accum"] * config["seq_len"]
     doc = {"step_ms": p.step_ms, "step_ms_low": p.step_ms_low, "step_ms_high": p.step_ms_high,
