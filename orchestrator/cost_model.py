@@ -299,9 +299,9 @@ class Model:
     # settings with a factor on the compute terms of their own (log), on top of their whole-step factor
     rates: list = field(default_factory=list)
     llc_kb: float | None = None  # the machine's last-level cache (KiB), for the DRAM term
-    # model error (calibrate()): log variance tau0^2 + tau1^2 * distance^2 beyond the fit's own, where
-    # distance is extrapolation_distance(); the support it measures distances from
-    model_error: tuple[float, float] = (0.0, 0.0)
+    # model error (calibrate()): log variances (tau0, tau_size, tau_set) beyond the fit's own, with the
+    # distances of extrapolation_distances(); the support it measures them from
+    model_error: tuple[float, ...] = (0.0, 0.0, 0.0)
     support: dict | None = None
     calibration_text: str = ""
 
@@ -582,17 +582,21 @@ def leave_one_config_out(rows: list[dict], only: set | None = None) -> list[dict
 #
 # The interval above counts the runs' noise and the parameters' uncertainty, not the model's own error:
 # a form that misses something (a cache effect, a setting measured at one size) is as confident 200x
-# beyond its data as at its centre. calibrate() adds a variance tau0^2 + tau1^2 d^2 in log, d the
-# extrapolation distance (how far in log FLOPs per step the configuration lies from the nearest
-# measured run sharing each of its settings), fitted by maximum likelihood to the leave-one-
-# configuration-out errors of the machine's own runs: each left-out configuration is a prediction
-# at a known distance from what the rest measured, with a known error.
+# beyond its data as at its centre. calibrate() adds a variance in log
+#     tau0 + tau_size * d_size^2 + tau_set * d_set^2
+# d_size: how far (log FLOPs per step) the configuration lies from the nearest measured run of any
+# settings (a size beyond the data); d_set: from the nearest run sharing each of its settings, the
+# largest (a setting carried beyond the sizes it ran at), fitted by maximum likelihood to the
+# leave-one-configuration-out errors of the machine's own runs: each left-out configuration is a
+# prediction at known distances from what the rest measured, with a known error. Two distances, because
+# the two extrapolations fail differently: a bf16 model 4x beyond bf16's runs but among fp32 runs of its
+# size borrows their shape, a model 5x beyond every run borrows nothing.
 
 CALIBRATION_MIN = 5  # left-out configurations below which the model error stays unestimated (0)
 
 
 def support_of(rows: list[dict]) -> dict:
-    """What extrapolation_distance() measures from: per factor variable the rows' words, and their log
+    """What extrapolation_distances() measures from: per factor variable the rows' words, and their log
     FLOPs per step."""
     from common.compute import flops_per_step
     varied = factor_variables(rows) if rows else []
@@ -600,37 +604,39 @@ def support_of(rows: list[dict]) -> dict:
             "words": {n: np.array([_word(r.get(n)) for r in rows]) for n in varied}}
 
 
-def extrapolation_distance(config: dict, support: dict, keep: np.ndarray | None = None) -> float:
-    """How far `config` lies from the runs (the support's rows, those of `keep`): for each setting
-    variable, |log FLOPs| to the nearest run with the config's value of it; the largest of these
-    (0 inside the data). A bf16 model 38x the base, where bf16 ran at the base and at 11x: log(38/11)."""
+def extrapolation_distances(config: dict, support: dict, keep: np.ndarray | None = None) -> tuple[float, float]:
+    """(d_size, d_set) of `config` from the runs (the support's rows, those of `keep`): |log FLOPs| to the
+    nearest run; and for each setting variable |log FLOPs| to the nearest run with the config's value of
+    it, the largest (at least d_size). A bf16 model 38x the base, where bf16 ran at the base and at 11x and
+    fp32 at 37x: (log(38/37), log(38/11))."""
     from common.compute import flops_per_step
     x = math.log(flops_per_step(config))
     lf = support["log_flops"]
     keep = np.ones(len(lf), bool) if keep is None else keep
-    gaps = [np.abs(lf[keep] - x).min()] if keep.any() else [0.0]
+    d_size = float(np.abs(lf[keep] - x).min()) if keep.any() else 0.0
+    d_set = d_size
     for name, words in support["words"].items():
         same = keep & (words == _word(config.get(name)))
         if same.any():
-            gaps.append(np.abs(lf[same] - x).min())
-    return float(max(gaps))
+            d_set = max(d_set, float(np.abs(lf[same] - x).min()))
+    return d_size, d_set
 
 
 def model_error_var(model: Model, config: dict) -> float:
     """The calibrated model-error variance (log) of a prediction of `config`; 0 uncalibrated."""
-    tau0, tau1 = model.model_error
-    if not (tau0 or tau1) or model.support is None:
+    if not any(model.model_error) or model.support is None:
         return 0.0
-    d = extrapolation_distance(config, model.support)
-    return tau0 + tau1 * d * d
+    d_size, d_set = extrapolation_distances(config, model.support)
+    tau0, tau_size, tau_set = model.model_error
+    return tau0 + tau_size * d_size ** 2 + tau_set * d_set ** 2
 
 
 def calibrate(model: Model, rows: list[dict], loo: list[dict] | None = None) -> Model:
     """`model` (fitted on `rows`) with its model error estimated from the leave-one-configuration-out
     errors of the rows (leave_one_config_out(rows), or the `loo` entries a caller already has):
-    maximum likelihood of log errors e_i ~ N(0, v_i + tau0 + tau1 d_i^2), v_i each left-out prediction's
-    own interval variance, d_i its distance from the rest; tau0, tau1 >= 0. Too few predicted
-    configurations: the model as it was. Returns the same model object, calibrated."""
+    maximum likelihood of log errors e_i ~ N(0, v_i + tau0 + tau_size d_size_i^2 + tau_set d_set_i^2),
+    v_i each left-out prediction's own interval variance, d_i its distances from the rest; each tau >= 0.
+    Too few predicted configurations: the model as it was. Returns the same model object, calibrated."""
     rows = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
     if loo is None:
         loo = leave_one_config_out(rows)
@@ -643,21 +649,23 @@ def calibrate(model: Model, rows: list[dict], loo: list[dict] | None = None) -> 
     t = stats.t.ppf(0.5 + LEVEL / 2, max(model.dof, 1))
     e = np.array([math.log(x["predicted_ms"] / x["measured_ms"]) for x in got])
     v = np.array([(math.log(x["high_ms"] / x["predicted_ms"]) / t) ** 2 for x in got])
-    d2 = np.array([extrapolation_distance(x["config"], support, keys != hash(config_key(x["config"]))) ** 2
-                   for x in got])
+    d2 = np.array([extrapolation_distances(x["config"], support, keys != hash(config_key(x["config"])))
+                   for x in got]) ** 2
 
     def nll(theta):
-        var = v + math.exp(theta[0]) + math.exp(theta[1]) * d2
+        var = v + math.exp(theta[0]) + d2 @ np.exp(theta[1:])
         return float(np.sum(np.log(var) + e * e / var))
 
-    best = min((optimize.minimize(nll, s0, method="Nelder-Mead") for s0 in ([-8.0, -8.0], [-5.0, -3.0])),
+    best = min((optimize.minimize(nll, s0, method="Nelder-Mead") for s0 in ([-8.0] * 3, [-5.0, -3.0, -3.0])),
                key=lambda r: r.fun)
-    tau0, tau1 = (float(math.exp(z)) for z in best.x)
     # a variance the likelihood pushes to nothing is nothing
-    model.model_error = (tau0 if tau0 > 1e-6 else 0.0, tau1 if tau1 > 1e-6 else 0.0)
+    model.model_error = tuple(float(math.exp(z)) if math.exp(z) > 1e-6 else 0.0 for z in best.x)
     model.support = support
-    model.calibration_text = (f"; model error from {len(got)} configurations left out: sd {math.sqrt(model.model_error[0]):.3f}"
-                              f" in the data + {math.sqrt(model.model_error[1]):.3f} per log FLOPs of extrapolation")
+    sd = [math.sqrt(x) for x in model.model_error]
+    model.calibration_text = (f"; model error from {len(got)} configurations left out: sd {sd[0]:.3f} in the data, "
+                              f"+ {sd[1]:.3f} per log FLOPs beyond every run, + {sd[2]:.3f} per log FLOPs beyond "
+                              f"a setting's runs" if any(sd) else
+                              f"; model error from {len(got)} configurations left out: none beyond the runs' noise")
     return model
 
 
