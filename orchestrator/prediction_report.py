@@ -220,7 +220,8 @@ MODEL_NOTE = ("Predictions come from the cost model of each machine (docs/predic
               "step priced by GEMM FLOPs and operand traffic, attention, memory-bound elements, kernel calls and "
               "the traffic of tensors larger than the last-level cache, fitted to every done run of the machine, "
               "with setting factors (on compute alone as well, for a setting run at two sizes); the interval is a 95% prediction "
-              "interval for one run's median step. 'beyond' names the sizes outside the measured range and how far. "
+              "interval for one run's median step, with the model's own error as the leave-one-out check below "
+              "measured it (more the further a configuration lies beyond the runs). 'beyond' names the sizes outside the measured range and how far. "
               "The published figures come from other hardware: they sit beside ours, they are not compared.")
 
 
