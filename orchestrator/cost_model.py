@@ -264,7 +264,7 @@ class Model:
                                      f"without the others")
         mu = self.log_step(x, rho, d)
         g = _gradient(lambda p: self.log_step(x, rho, d, p), self.params)
-        var = self.s2 + self.block_var + float(g @ self.cov @ g)
+        var = self.s2 + self.block_var + float(g @ self.cov @ g) + model_error_var(self, config)
         half = stats.t.ppf(0.5 + LEVEL / 2, max(self.dof, 1)) * math.sqrt(max(var, 0.0))
         extrapolated = {}
         for name, (lo, hi) in self.ranges.items():
@@ -285,7 +285,7 @@ class Model:
         basis = (f"{self.runs_text} done runs of {self.n_configs} configurations on this machine; log residual "
                  f"{self.rms_log:.3f} (rms) and block spread {math.sqrt(self.block_var):.3f}, {len(self.factors)} "
                  f"setting factors ({len(self.rates)} with a compute factor of their own), {self.dof} degrees of "
-                 f"freedom")
+                 f"freedom{self.calibration_text}")
         return Prediction(step_ms=1e3 * math.exp(mu), step_ms_low=1e3 * math.exp(mu - half),
                           step_ms_high=1e3 * math.exp(mu + half), basis=basis, extrapolated=extrapolated,
                           flops_per_step=flops)
@@ -299,6 +299,11 @@ class Model:
     # settings with a factor on the compute terms of their own (log), on top of their whole-step factor
     rates: list = field(default_factory=list)
     llc_kb: float | None = None  # the machine's last-level cache (KiB), for the DRAM term
+    # model error (calibrate()): log variances (tau0, tau_size, tau_set) beyond the fit's own, with the
+    # distances of extrapolation_distances(); the support it measures them from
+    model_error: tuple[float, ...] = (0.0, 0.0, 0.0)
+    support: dict | None = None
+    calibration_text: str = ""
 
 
 def _takes(config: dict, groups: list) -> np.ndarray:
@@ -573,6 +578,97 @@ def leave_one_config_out(rows: list[dict], only: set | None = None) -> list[dict
     return out
 
 
+# -- model error: the interval's share for what the model gets wrong, calibrated on leave-one-out ---
+#
+# The interval above counts the runs' noise and the parameters' uncertainty, not the model's own error:
+# a form that misses something (a cache effect, a setting measured at one size) is as confident 200x
+# beyond its data as at its centre. calibrate() adds a variance in log
+#     tau0 + tau_size * d_size^2 + tau_set * d_set^2
+# d_size: how far (log FLOPs per step) the configuration lies from the nearest measured run of any
+# settings (a size beyond the data); d_set: from the nearest run sharing each of its settings, the
+# largest (a setting carried beyond the sizes it ran at), fitted by maximum likelihood to the
+# leave-one-configuration-out errors of the machine's own runs: each left-out configuration is a
+# prediction at known distances from what the rest measured, with a known error. Two distances, because
+# the two extrapolations fail differently: a bf16 model 4x beyond bf16's runs but among fp32 runs of its
+# size borrows their shape, a model 5x beyond every run borrows nothing.
+
+CALIBRATION_MIN = 5  # left-out configurations below which the model error stays unestimated (0)
+
+
+def support_of(rows: list[dict]) -> dict:
+    """What extrapolation_distances() measures from: per factor variable the rows' words, and their log
+    FLOPs per step."""
+    from common.compute import flops_per_step
+    varied = factor_variables(rows) if rows else []
+    return {"log_flops": np.log(np.array([float(flops_per_step(r)) for r in rows])),
+            "words": {n: np.array([_word(r.get(n)) for r in rows]) for n in varied}}
+
+
+def extrapolation_distances(config: dict, support: dict, keep: np.ndarray | None = None) -> tuple[float, float]:
+    """(d_size, d_set) of `config` from the runs (the support's rows, those of `keep`): |log FLOPs| to the
+    nearest run; and for each setting variable |log FLOPs| to the nearest run with the config's value of
+    it, the largest (at least d_size). A bf16 model 38x the base, where bf16 ran at the base and at 11x and
+    fp32 at 37x: (log(38/37), log(38/11))."""
+    from common.compute import flops_per_step
+    x = math.log(flops_per_step(config))
+    lf = support["log_flops"]
+    keep = np.ones(len(lf), bool) if keep is None else keep
+    d_size = float(np.abs(lf[keep] - x).min()) if keep.any() else 0.0
+    d_set = d_size
+    for name, words in support["words"].items():
+        same = keep & (words == _word(config.get(name)))
+        if same.any():
+            d_set = max(d_set, float(np.abs(lf[same] - x).min()))
+    return d_size, d_set
+
+
+def model_error_var(model: Model, config: dict) -> float:
+    """The calibrated model-error variance (log) of a prediction of `config`; 0 uncalibrated."""
+    if not any(model.model_error) or model.support is None:
+        return 0.0
+    d_size, d_set = extrapolation_distances(config, model.support)
+    tau0, tau_size, tau_set = model.model_error
+    return tau0 + tau_size * d_size ** 2 + tau_set * d_set ** 2
+
+
+def calibrate(model: Model, rows: list[dict], loo: list[dict] | None = None) -> Model:
+    """`model` (fitted on `rows`) with its model error estimated from the leave-one-configuration-out
+    errors of the rows (leave_one_config_out(rows), or the `loo` entries a caller already has):
+    maximum likelihood of log errors e_i ~ N(0, v_i + tau0 + tau_size d_size_i^2 + tau_set d_set_i^2),
+    v_i each left-out prediction's own interval variance, d_i its distances from the rest; each tau >= 0.
+    Too few predicted configurations: the model as it was. Returns the same model object, calibrated."""
+    rows = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
+    if loo is None:
+        loo = leave_one_config_out(rows)
+    support = support_of(rows)
+    keys = np.array([hash(config_key(r)) for r in rows])
+    got = [e for e in loo if "predicted_ms" in e]
+    if len(got) < CALIBRATION_MIN:
+        model.calibration_text = f"; model error not calibrated ({len(got)} configurations predictable left out)"
+        return model
+    t = stats.t.ppf(0.5 + LEVEL / 2, max(model.dof, 1))
+    e = np.array([math.log(x["predicted_ms"] / x["measured_ms"]) for x in got])
+    v = np.array([(math.log(x["high_ms"] / x["predicted_ms"]) / t) ** 2 for x in got])
+    d2 = np.array([extrapolation_distances(x["config"], support, keys != hash(config_key(x["config"])))
+                   for x in got]) ** 2
+
+    def nll(theta):
+        var = v + math.exp(theta[0]) + d2 @ np.exp(theta[1:])
+        return float(np.sum(np.log(var) + e * e / var))
+
+    best = min((optimize.minimize(nll, s0, method="Nelder-Mead") for s0 in ([-8.0] * 3, [-5.0, -3.0, -3.0])),
+               key=lambda r: r.fun)
+    # a variance the likelihood pushes to nothing is nothing
+    model.model_error = tuple(float(math.exp(z)) if math.exp(z) > 1e-6 else 0.0 for z in best.x)
+    model.support = support
+    sd = [math.sqrt(x) for x in model.model_error]
+    model.calibration_text = (f"; model error from {len(got)} configurations left out: sd {sd[0]:.3f} in the data, "
+                              f"+ {sd[1]:.3f} per log FLOPs beyond every run, + {sd[2]:.3f} per log FLOPs beyond "
+                              f"a setting's runs" if any(sd) else
+                              f"; model error from {len(got)} configurations left out: none beyond the runs' noise")
+    return model
+
+
 # -- the entry point: a configuration, a database, a machine -> the prediction -------------------
 
 SELECT_MACHINES = """
@@ -685,12 +781,14 @@ def tokens_per_word_uncached(vocab_size: int, data_dir=None) -> tuple[float, str
 _models: dict[tuple, Model] = {}
 
 
-def model_of(store, machine_id: int) -> Model:
-    """The fitted model of one machine (cached per database and run count)."""
+def model_of(store, machine_id: int, calibrated: bool = False) -> Model:
+    """The fitted model of one machine (cached per database and run count); `calibrated`: with its
+    model error (calibrate(): one refit per configuration, seconds; the ETA's point predictions need
+    no interval and skip it)."""
     rows = usable(machine_rows(store, machine_id))
-    key = (store.url, machine_id, len(rows), rows[-1]["run_id"] if rows else None)
+    key = (store.url, machine_id, len(rows), rows[-1]["run_id"] if rows else None, calibrated)
     if key not in _models:
-        _models[key] = fit(rows)
+        _models[key] = calibrate(fit(rows), rows) if calibrated else fit(rows)
     return _models[key]
 
 
@@ -716,7 +814,7 @@ def predict(store, settings: dict, *, machine: str | None = None, here: str | No
     config, why = V.resolve(settings, chosen.logical_cores)
     if why:
         raise BadInput(f"this configuration cannot run: {'; '.join(why)}")
-    model = model_of(store, chosen.machine_id)
+    model = model_of(store, chosen.machine_id, calibrated=True)
     p = model.predict(config)
     tokens_per_step = config["batch_size"] * config["grad_accum"] * config["seq_len"]
     doc = {"step_ms": p.step_ms, "step_ms_low": p.step_ms_low, "step_ms_high": p.step_ms_high,

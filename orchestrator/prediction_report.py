@@ -109,14 +109,16 @@ def data(ctx) -> dict:
             machines[machine_id] = entry
             continue
         cpus = int(ctx.facts.get(machine_id, {}).get("logical_cores") or rows[0].get("cores") or 1)
+        # the check refits the model once per configuration: a report without pictures (the statistics
+        # tests write hundreds) leaves it out with them, and the intervals then lack the model error
+        entry["loo"] = _loo(rows) if getattr(ctx, "check_predictions", True) else {"predicted": 0, "skipped": True}
+        if "entries" in entry["loo"]:
+            cm.calibrate(model, cm.thin(rows, LOO_MAX_RUNS), entry["loo"]["entries"])
         entry["basis"] = (f"{model.runs_text} runs of {model.n_configs} configurations, log residual "
-                          f"{model.rms_log:.3f}, block spread {math.sqrt(model.block_var):.3f}")
+                          f"{model.rms_log:.3f}, block spread {math.sqrt(model.block_var):.3f}{model.calibration_text}")
         entry["references"] = [(ref, _predict(model, dict(ref.config), cpus)) for ref in PUBLISHED
                                if ref.id in REFERENCES]
         entry["listed"] = [(label, partial, _predict(model, partial, cpus)) for label, partial in wanted.items()]
-        # the check refits the model once per configuration: a report without pictures (the statistics
-        # tests write hundreds) leaves it out with them
-        entry["loo"] = _loo(rows) if getattr(ctx, "check_predictions", True) else {"predicted": 0, "skipped": True}
         machines[machine_id] = entry
     _cache.clear()
     _cache[key] = {"machines": machines}
@@ -218,7 +220,8 @@ MODEL_NOTE = ("Predictions come from the cost model of each machine (docs/predic
               "step priced by GEMM FLOPs and operand traffic, attention, memory-bound elements, kernel calls and "
               "the traffic of tensors larger than the last-level cache, fitted to every done run of the machine, "
               "with setting factors (on compute alone as well, for a setting run at two sizes); the interval is a 95% prediction "
-              "interval for one run's median step. 'beyond' names the sizes outside the measured range and how far. "
+              "interval for one run's median step, with the model's own error as the leave-one-out check below "
+              "measured it (more the further a configuration lies beyond the runs). 'beyond' names the sizes outside the measured range and how far. "
               "The published figures come from other hardware: they sit beside ours, they are not compared.")
 
 
