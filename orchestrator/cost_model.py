@@ -331,6 +331,22 @@ def config_key(row: dict) -> tuple:
     return tuple(_word(row.get(n)) for n in NAMES if n not in IGNORED)
 
 
+def config_keys(rows: list[dict]) -> list[tuple]:
+    """config_key() of every row, computed once per distinct raw values (a fleet's runs repeat a few
+    thousand configurations)."""
+    from common.variables import NAMES
+    names = [n for n in NAMES if n not in IGNORED]
+    memo: dict = {}
+    out = []
+    for r in rows:
+        raw = tuple(map(r.get, names))
+        key = memo.get(raw)
+        if key is None:
+            key = memo[raw] = config_key(r)
+        out.append(key)
+    return out
+
+
 def block_of(row: dict) -> tuple:
     """A run's block in the run order: its repeat pass and its comparison's stretch (jobs.block; None:
     the whole pass), as the report's step model has it (orchestrator/noise.py)."""
@@ -402,6 +418,7 @@ class Cells:
         self.n = np.bincount(cell_of, minlength=len(reps)).astype(float)
         self.ybar = np.bincount(cell_of, y_run, minlength=len(reps)) / self.n
         self.ss = np.bincount(cell_of, (y_run - self.ybar[cell_of]) ** 2, minlength=len(reps))
+        self.memo: dict = {}  # (configuration, llc) -> its features and FLOPs: shared with without()'s cells
 
     def without(self, key: tuple) -> "Cells":
         """The cells of every configuration but `key` (leave-one-out), in the same order."""
@@ -414,7 +431,20 @@ class Cells:
         runs = keep[self.cell_of]
         out.cell_of, out.y_run = index[self.cell_of[runs]], self.y_run[runs]
         out.n, out.ybar, out.ss = self.n[keep], self.ybar[keep], self.ss[keep]
+        out.memo = self.memo
         return out
+
+    def terms(self, llc_kb: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """features() and FLOPs per step of every cell, computed once per configuration."""
+        from common.compute import flops_per_step
+        memo, x, f = self.memo, [], []
+        for key, r in zip(self.keys, self.rows):
+            got = memo.get((key, llc_kb))
+            if got is None:
+                got = memo[(key, llc_kb)] = (features(r, llc_kb), float(flops_per_step(r)))
+            x.append(got[0])
+            f.append(got[1])
+        return np.array(x), np.array(f, dtype=float)
 
     @property
     def n_runs(self) -> int:
@@ -445,13 +475,17 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
     if n < len(TERMS) + 1:
         raise BenchError(f"{n} done runs on this machine: the cost model needs at least {len(TERMS) + 1}")
     from common.variables import NAMES
-    varied = factor_variables(rows)
+    # a cell's words are its configuration key's (config_key: every catalogue variable but IGNORED)
+    pos = {name: i for i, name in enumerate(n_ for n_ in NAMES if n_ not in IGNORED)}
+    first = dict(zip(cells.keys, rows))  # one row per configuration (dicts keep the first)
+    varied = [name for name in rows[0] if name not in SIZES + STRUCTURE + IGNORED and name in pos
+              and len({key[pos[name]] for key in first}) > 1]  # factor_variables(rows), on the configurations
     fixed = {n_: _word(rows[0][n_]) for n_ in NAMES if n_ in rows[0] and n_ not in SIZES + STRUCTURE + IGNORED
              and n_ not in varied}
     # The reference of each factor: its most common value over the runs (the sweep's base).
     reference, measured, columns = {}, {}, []
     for name in varied:
-        words = [_word(r[name]) for r in rows]
+        words = [key[pos[name]] for key in cells.keys]
         counts: dict[str, float] = {}
         for x, m in zip(words, w):
             counts[x] = counts.get(x, 0.0) + m
@@ -481,12 +515,10 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
             B[i, j - 1] = 1.0
     if llc_kb is None:
         llc_kb = next((float(r["l3_kb"]) for r in rows if r.get("l3_kb")), None)
-    X = np.array([features(r, llc_kb) for r in rows])
+    X, flops = cells.terms(llc_kb)
     # Settings run at sizes RATE_SPAN apart in FLOPs also get a factor on the compute terms alone
     # (their rows' columns of R): bf16 or another framework changes the GEMMs' rate, not the per-call
     # overhead, and two sizes tell the two apart.
-    from common.compute import flops_per_step
-    flops = np.array([flops_per_step(r) for r in rows], dtype=float)
     rate_groups = rate_columns(groups, flops, w)
     R = np.column_stack([c for _, c in rate_groups]) if rate_groups else np.zeros((len(rows), 0))
     D = np.column_stack([c for _, c in groups] + ([B] if B.shape[1] else [])) if groups or B.shape[1] \
@@ -572,13 +604,13 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
     gamma = np.concatenate([[0.0], p[K + n_factors:]])
     ranges = {}
     for name in SIZES:
-        values = [float(r[name]) for r in rows if isinstance(r.get(name), (int, float)) and not isinstance(r.get(name), bool)
-                  and _matters(name, r)]
+        values = [float(r[name]) for r in first.values() if isinstance(r.get(name), (int, float))
+                  and not isinstance(r.get(name), bool) and _matters(name, r)]
         if values:
             ranges[name] = (min(values), max(values))
     model = Model(log_costs=p[:k], factors=[(g, float(b)) for (g, _), b in zip(groups, p[K:K + n_factors])],
                   reference=reference, measured=measured, ranges=ranges, cov=cov, s2=s2, dof=dof, n_runs=n,
-                  n_configs=len(set(cells.keys)), rms_log=float(np.sqrt(rss / n)), fixed=fixed)
+                  n_configs=len(first), rms_log=float(np.sqrt(rss / n)), fixed=fixed)
     model.rates = [(g, float(r)) for (g, _), r in zip(rate_groups, p[k:K])]
     model.n_runs_all = n if n_all is None else n_all
     model.llc_kb = llc_kb
@@ -626,19 +658,20 @@ def costs(model: Model) -> dict[str, float]:
     return {t: float(math.exp(v)) / s for t, v, s in zip(TERMS, model.log_costs, _SCALE)}
 
 
-def leave_one_config_out(rows: list[dict], only: set | None = None) -> list[dict]:
+def leave_one_config_out(rows: list[dict], only: set | None = None, *, per_run: bool = False) -> list[dict]:
     """For each configuration of the rows (or those of `only`, config_key()s): its measured median step
     time (median of its runs) and the prediction of a model fitted without any of its runs; refused
-    ones carry the reason instead."""
+    ones carry the reason instead. Refitted on the cells of the other configurations (fit_cells); `per_run`:
+    every refit on the runs themselves (fit(per_run=True), the tests' reference)."""
     rows = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
     # the cells once (each refit takes every configuration's but one), when no refit thins its rows
-    cells = Cells(rows) if len(rows) <= FIT_MAX_RUNS else None
-    keys = [cells.keys[j] for j in cells.cell_of] if cells else [config_key(r) for r in rows]
+    cells = Cells(rows) if len(rows) <= FIT_MAX_RUNS and not per_run else None
+    keys = [cells.keys[j] for j in cells.cell_of] if cells else config_keys(rows)
     llc_kb = next((float(r["l3_kb"]) for r in rows if r.get("l3_kb")), None)
     by_config: dict[tuple, list[dict]] = {}
     for key, r in zip(keys, rows):
         by_config.setdefault(key, []).append(r)
-    whole = fit(rows)
+    whole = fit(rows, per_run=per_run)
     out = []
     for key, own in by_config.items():
         if only is not None and key not in only:
@@ -653,7 +686,7 @@ def leave_one_config_out(rows: list[dict], only: set | None = None) -> list[dict
                                      f"{len(TERMS) + 1}")
                 model = fit_cells(rest, start=whole, llc_kb=llc_kb)
             else:
-                model = fit([r for k, r in zip(keys, rows) if k != key], start=whole)
+                model = fit([r for k, r in zip(keys, rows) if k != key], start=whole, per_run=per_run)
             pred = model.predict(own[0])
         except BenchError as error:
             entry["refused"] = str(error)
