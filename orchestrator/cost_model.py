@@ -336,6 +336,22 @@ def config_key(row: dict) -> tuple:
     return tuple(_word(row.get(n)) for n in NAMES if n not in IGNORED)
 
 
+def config_keys(rows: list[dict]) -> list[tuple]:
+    """config_key() of every row, computed once per distinct raw values (a fleet's runs repeat a few
+    thousand configurations)."""
+    from common.variables import NAMES
+    names = [n for n in NAMES if n not in IGNORED]
+    memo: dict = {}
+    out = []
+    for r in rows:
+        raw = tuple(map(r.get, names))
+        key = memo.get(raw)
+        if key is None:
+            key = memo[raw] = config_key(r)
+        out.append(key)
+    return out
+
+
 def block_of(row: dict) -> tuple:
     """A run's block in the run order: its repeat pass and its comparison's stretch (jobs.block; None:
     the whole pass), as the report's step model has it (orchestrator/noise.py)."""
@@ -367,30 +383,122 @@ def thin(rows: list[dict], most: int = FIT_MAX_RUNS) -> list[dict]:
     return out
 
 
-def fit(rows: list[dict], start: Model | None = None) -> Model:
+class Cells:
+    """A machine's runs grouped into (configuration, block) cells, the sufficient statistics of the
+    least squares on log step time: each cell's first run (its configuration), its runs n, their mean
+    log time and their sum of squares about it. The fit's residual sum over runs is, exactly,
+    sum_cells n (mean - f)^2 + the within-cell sum of squares, so a fit on the cells weighted by n gives
+    the per-run fit's estimates, covariance and s^2 at a cost that follows the cells.
+    `per_run`: every run a cell of its own (the per-run fit, kept for the tests' comparison)."""
+
+    def __init__(self, rows: list[dict], per_run: bool = False):
+        from common.variables import NAMES
+        names = [n for n in NAMES if n not in IGNORED]
+        y_run = np.log(np.array([float(r["step_ms_median"]) / 1e3 for r in rows]))
+        # group on the raw column values first (C-speed), then merge the raw keys whose words are equal
+        raw_cell: dict = {}
+        words: dict = {}
+        cell_of = np.empty(len(rows), dtype=np.int64)
+        reps, keys, blocks = [], [], []
+        merged: dict = {}
+        for i, r in enumerate(rows):
+            raw = (tuple(map(r.get, names)), r.get("repeat"), r.get("block")) if not per_run else i
+            j = raw_cell.get(raw)
+            if j is None:
+                conf = tuple(map(r.get, names))
+                key = words.get(conf)
+                if key is None:
+                    key = words[conf] = config_key(r)
+                cell = (key, block_of(r)) if not per_run else i
+                j = merged.get(cell)
+                if j is None:
+                    j = merged[cell] = len(reps)
+                    reps.append(r)
+                    keys.append(key)
+                    blocks.append(block_of(r))
+                raw_cell[raw] = j
+            cell_of[i] = j
+        self.rows, self.keys, self.blocks = reps, keys, blocks
+        self.cell_of, self.y_run = cell_of, y_run
+        self.n = np.bincount(cell_of, minlength=len(reps)).astype(float)
+        self.ybar = np.bincount(cell_of, y_run, minlength=len(reps)) / self.n
+        self.ss = np.bincount(cell_of, (y_run - self.ybar[cell_of]) ** 2, minlength=len(reps))
+        self.memo: dict = {}  # (configuration, llc) -> its features and FLOPs: shared with without()'s cells
+
+    def without(self, key: tuple) -> "Cells":
+        """The cells of every configuration but `key` (leave-one-out), in the same order."""
+        keep = np.array([k != key for k in self.keys])
+        out = Cells.__new__(Cells)
+        index = np.cumsum(keep) - 1
+        out.rows = [r for r, k in zip(self.rows, keep) if k]
+        out.keys = [x for x, k in zip(self.keys, keep) if k]
+        out.blocks = [b for b, k in zip(self.blocks, keep) if k]
+        runs = keep[self.cell_of]
+        out.cell_of, out.y_run = index[self.cell_of[runs]], self.y_run[runs]
+        out.n, out.ybar, out.ss = self.n[keep], self.ybar[keep], self.ss[keep]
+        out.memo = self.memo
+        return out
+
+    def terms(self, llc_kb: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """features() and FLOPs per step of every cell, computed once per configuration."""
+        from common.compute import flops_per_step
+        memo, x, f = self.memo, [], []
+        for key, r in zip(self.keys, self.rows):
+            got = memo.get((key, llc_kb))
+            if got is None:
+                got = memo[(key, llc_kb)] = (features(r, llc_kb), float(flops_per_step(r)))
+            x.append(got[0])
+            f.append(got[1])
+        return np.array(x), np.array(f, dtype=float)
+
+    @property
+    def n_runs(self) -> int:
+        return len(self.y_run)
+
+
+def fit(rows: list[dict], start: Model | None = None, *, per_run: bool = False) -> Model:
     """The model of one machine from its done runs (dicts with v_results' columns: every variable,
     repeat, block and step_ms_median). BenchError when there is nothing to fit. `start`: a model of
     nearly the same rows to start from (leave-one-out). Beyond FIT_MAX_RUNS runs it is fitted on
-    thin()'s share of them, and says so (n_runs of n_runs_all)."""
+    thin()'s share of them, and says so (n_runs of n_runs_all). Fitted on the runs' (configuration,
+    block) cells (Cells); `per_run`: on every run (the same numbers up to rounding: the tests' reference)."""
     rows = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
     n_all = len(rows)
     rows = thin(rows)
     if len(rows) < len(TERMS) + 1:
         raise BenchError(f"{len(rows)} done runs on this machine: the cost model needs at least {len(TERMS) + 1}")
+    llc_kb = next((float(r["l3_kb"]) for r in rows if r.get("l3_kb")), None)
+    return fit_cells(Cells(rows, per_run=per_run), start, n_all=n_all, llc_kb=llc_kb)
+
+
+def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = None,
+              llc_kb: float | None = None) -> Model:
+    """fit() on cells: least squares weighted by each cell's runs, on their mean log time; s^2 adds the
+    within-cell sum of squares and counts the runs."""
+    rows, w = cells.rows, cells.n
+    n = cells.n_runs
+    if n < len(TERMS) + 1:
+        raise BenchError(f"{n} done runs on this machine: the cost model needs at least {len(TERMS) + 1}")
     from common.variables import NAMES
-    varied = factor_variables(rows)
-    fixed = {n: _word(rows[0][n]) for n in NAMES if n in rows[0] and n not in SIZES + STRUCTURE + IGNORED
-             and n not in varied}
-    # The reference of each factor: its most common value (the sweep's base).
+    # a cell's words are its configuration key's (config_key: every catalogue variable but IGNORED)
+    pos = {name: i for i, name in enumerate(n_ for n_ in NAMES if n_ not in IGNORED)}
+    first = dict(zip(cells.keys, rows))  # one row per configuration (dicts keep the first)
+    varied = [name for name in rows[0] if name not in SIZES + STRUCTURE + IGNORED and name in pos
+              and len({key[pos[name]] for key in first}) > 1]  # factor_variables(rows), on the configurations
+    fixed = {n_: _word(rows[0][n_]) for n_ in NAMES if n_ in rows[0] and n_ not in SIZES + STRUCTURE + IGNORED
+             and n_ not in varied}
+    # The reference of each factor: its most common value over the runs (the sweep's base).
     reference, measured, columns = {}, {}, []
     for name in varied:
-        words = [_word(r[name]) for r in rows]
-        counts = {w: words.count(w) for w in set(words)}
-        reference[name] = max(counts, key=lambda w: (counts[w], w))
+        words = [key[pos[name]] for key in cells.keys]
+        counts: dict[str, float] = {}
+        for x, m in zip(words, w):
+            counts[x] = counts.get(x, 0.0) + m
+        reference[name] = max(counts, key=lambda x: (counts[x], x))
         measured[name] = set(counts)
-        for w in sorted(counts):
-            if w != reference[name]:
-                columns.append(((name, w), np.array([1.0 if x == w else 0.0 for x in words])))
+        for x in sorted(counts):
+            if x != reference[name]:
+                columns.append(((name, x), np.array([1.0 if v == x else 0.0 for v in words])))
     # Columns that are equal in the data (settings only ever changed together) are one factor.
     groups: list[tuple[tuple[tuple[str, str], ...], np.ndarray]] = []
     for key, col in columns:
@@ -403,30 +511,34 @@ def fit(rows: list[dict], start: Model | None = None) -> Model:
     # Blocks: the machine's slow and fast stretches (a comparison's runs share one). A nuisance effect
     # per block but the first; a prediction is for an average block, and the blocks' spread is noise
     # a new run will meet, so it joins the interval.
-    blocks = sorted({block_of(r) for r in rows}, key=str)
+    blocks = sorted(set(cells.blocks), key=str)
     index = {b: i for i, b in enumerate(blocks)}
     B = np.zeros((len(rows), max(len(blocks) - 1, 0)))
-    for i, r in enumerate(rows):
-        j = index[block_of(r)]
+    for i, b in enumerate(cells.blocks):
+        j = index[b]
         if j:
             B[i, j - 1] = 1.0
-    llc_kb = next((float(r["l3_kb"]) for r in rows if r.get("l3_kb")), None)
-    X = np.array([features(r, llc_kb) for r in rows])
+    if llc_kb is None:
+        llc_kb = next((float(r["l3_kb"]) for r in rows if r.get("l3_kb")), None)
+    X, flops = cells.terms(llc_kb)
     # Settings run at sizes RATE_SPAN apart in FLOPs also get a factor on the compute terms alone
     # (their rows' columns of R): bf16 or another framework changes the GEMMs' rate, not the per-call
     # overhead, and two sizes tell the two apart.
-    from common.compute import flops_per_step
-    flops = np.array([flops_per_step(r) for r in rows], dtype=float)
-    rate_groups = rate_columns(groups, flops)
+    rate_groups = rate_columns(groups, flops, w)
     R = np.column_stack([c for _, c in rate_groups]) if rate_groups else np.zeros((len(rows), 0))
     D = np.column_stack([c for _, c in groups] + ([B] if B.shape[1] else [])) if groups or B.shape[1] \
         else np.zeros((len(rows), 0))
-    y = np.log(np.array([float(r["step_ms_median"]) / 1e3 for r in rows]))
+    y = cells.ybar
+    sw = np.sqrt(w)
+    Dw = D * sw[:, None]
+    # the within-cell sum of squares: a constant residual of the weighted problem (zero derivative), so
+    # the optimizer sees the per-run cost itself, and stops where the per-run fit stops
+    within = math.sqrt(max(float(cells.ss.sum()), 0.0))
     k, q, n_factors = len(TERMS), R.shape[1], len(groups)
     K = k + q  # the non-linear parameters: the costs (log) and the compute factors (log)
 
     def nonlinear(theta):
-        """log of the priced seconds per run and its derivatives by theta."""
+        """log of the priced seconds per cell and its derivatives by theta."""
         seconds = np.exp(theta[:k]) * X
         scale = np.exp(R @ theta[k:])
         compute = seconds[:, COMPUTE].sum(axis=1) * scale
@@ -435,37 +547,37 @@ def fit(rows: list[dict], start: Model | None = None) -> Model:
         d_rates = R * (compute / total)[:, None]
         return np.log(total), np.hstack([d_costs, d_rates])
 
-    def residuals(p):
-        return nonlinear(p[:K])[0] + D @ p[K:] - y
+    def residuals(p):  # weighted, per cell
+        return sw * (nonlinear(p[:K])[0] + D @ p[K:] - y)
 
     def jacobian(p):
-        return np.hstack([nonlinear(p[:K])[1], D])
+        return np.hstack([nonlinear(p[:K])[1], D]) * sw[:, None]
 
     # Variable projection: for given costs the factors and blocks are a linear least-squares fit of
     # what the costs leave unexplained, so the search runs over the costs (and compute factors) alone.
-    # one SVD of D gives its pseudo-inverse and its null space (below)
+    # one SVD of D (weighted) gives its pseudo-inverse and its null space (below)
     if D.shape[1]:
-        u, sv, vt = np.linalg.svd(D, full_matrices=False)
+        u, sv, vt = np.linalg.svd(Dw, full_matrices=False)
         rank = int(np.sum(sv > sv[0] * 1e-10))
         D_pinv = (vt[:rank].T / sv[:rank]) @ u[:, :rank].T
     else:
         D_pinv, rank, vt = np.zeros((0, len(rows))), 0, np.zeros((0, 0))
 
     def linear_part(theta):
-        return D_pinv @ (y - nonlinear(theta)[0])
+        return D_pinv @ (sw * (y - nonlinear(theta)[0]))
 
     def projected(theta):
-        left = y - nonlinear(theta)[0]
-        return D @ (D_pinv @ left) - left
+        left = sw * (y - nonlinear(theta)[0])
+        return np.append(Dw @ (D_pinv @ left) - left, within)
 
     def projected_jac(theta):
-        d_log = nonlinear(theta)[1]
-        return d_log - D @ (D_pinv @ d_log)
+        d_log = nonlinear(theta)[1] * sw[:, None]
+        return np.vstack([d_log - Dw @ (D_pinv @ d_log), np.zeros((1, d_log.shape[1]))])
 
-    # Start: all time in the GEMM FLOPs at the median rate; other costs small. exp() of a free
-    # parameter keeps each cost positive; bounds keep a cost the data cannot see from wandering to
+    # Start: all time in the GEMM FLOPs at the median rate over the runs; other costs small. exp() of a
+    # free parameter keeps each cost positive; bounds keep a cost the data cannot see from wandering to
     # -inf (it is then counted as no parameter).
-    rate = float(np.median(np.exp(y) / X[:, 0]))
+    rate = float(np.median(np.exp(cells.y_run) / X[cells.cell_of, 0]))
     lower, upper = np.r_[np.full(k, -40.0), np.full(q, -5.0)], np.r_[np.full(k, 10.0), np.full(q, 5.0)]
     starts = []
     if start is not None and len(start.log_costs) == k:
@@ -484,28 +596,28 @@ def fit(rows: list[dict], start: Model | None = None) -> Model:
     p = np.concatenate([theta, linear_part(theta)])
     J = jacobian(p)
     lower = np.concatenate([lower, np.full(D.shape[1], -np.inf)])
-    n, n_params = len(y), len(p)
+    n_params = len(p)
     # a cost pushed to its lower bound is not identified: it counts as no parameter
     active = np.array([not (i < k and p[i] <= lower[i] + 1e-6) for i in range(n_params)])
     dof = max(n - int(active.sum()), 1)
     res = residuals(p)
-    s2 = float(res @ res) / dof
+    rss = float(res @ res) + float(cells.ss.sum())
+    s2 = rss / dof
     Ja = J[:, active]
     cov = np.zeros((n_params, n_params))
     cov[np.ix_(active, active)] = s2 * np.linalg.pinv(Ja.T @ Ja)
     gamma = np.concatenate([[0.0], p[K + n_factors:]])
     ranges = {}
     for name in SIZES:
-        values = [float(r[name]) for r in rows if isinstance(r.get(name), (int, float)) and not isinstance(r.get(name), bool)
-                  and _matters(name, r)]
+        values = [float(r[name]) for r in first.values() if isinstance(r.get(name), (int, float))
+                  and not isinstance(r.get(name), bool) and _matters(name, r)]
         if values:
             ranges[name] = (min(values), max(values))
     model = Model(log_costs=p[:k], factors=[(g, float(b)) for (g, _), b in zip(groups, p[K:K + n_factors])],
                   reference=reference, measured=measured, ranges=ranges, cov=cov, s2=s2, dof=dof, n_runs=n,
-                  n_configs=len({config_key(r) for r in rows}), rms_log=float(np.sqrt(np.mean(res ** 2))),
-                  fixed=fixed)
+                  n_configs=len(first), rms_log=float(np.sqrt(rss / n)), fixed=fixed)
     model.rates = [(g, float(r)) for (g, _), r in zip(rate_groups, p[k:K])]
-    model.n_runs_all = n_all
+    model.n_runs_all = n if n_all is None else n_all
     model.llc_kb = llc_kb
     model.block_params = p[K + n_factors:]
     # Directions of the factors and blocks the data cannot tell apart (settings that only ever changed
@@ -521,15 +633,16 @@ def fit(rows: list[dict], start: Model | None = None) -> Model:
     return model
 
 
-def rate_columns(groups: list, flops: np.ndarray) -> list:
+def rate_columns(groups: list, flops: np.ndarray, weights: np.ndarray | None = None) -> list:
     """The factor groups that get a rate: those with runs of one combination of settings (the same
     value of every factor) at sizes RATE_SPAN apart in FLOPs per step: NumPy at the base and JAX at 10x
     both record compile_cache=cold, but that is no second size of anything. Groups whose larger runs
     (beyond RATE_SPAN x their smallest) are the same runs cannot be told apart there (JAX's runs also
     record compile_cache=cold, attn_backend=manual), so they are one rate, the most specific group's
-    (fewest runs): JAX's, not every setting it shares."""
+    (fewest runs): JAX's, not every setting it shares. `weights`: the runs each row stands for (cells)."""
     if not groups:
         return []
+    w = np.ones(len(flops)) if weights is None else weights
     combination = np.column_stack([c for _, c in groups])
     by_large: dict[bytes, tuple] = {}
     for g, c in groups:
@@ -540,7 +653,7 @@ def rate_columns(groups: list, flops: np.ndarray) -> list:
         if not any(hi >= RATE_SPAN * lo for lo, hi in spans.values()):
             continue
         large = ((c > 0) & (flops >= RATE_SPAN * flops[c > 0].min())).tobytes()
-        if large not in by_large or c.sum() < by_large[large][1].sum():
+        if large not in by_large or (c * w).sum() < (by_large[large][1] * w).sum():
             by_large[large] = (g, c)
     return list(by_large.values())
 
@@ -550,25 +663,36 @@ def costs(model: Model) -> dict[str, float]:
     return {t: float(math.exp(v)) / s for t, v, s in zip(TERMS, model.log_costs, _SCALE)}
 
 
-def leave_one_config_out(rows: list[dict], only: set | None = None) -> list[dict]:
+def leave_one_config_out(rows: list[dict], only: set | None = None, *, per_run: bool = False) -> list[dict]:
     """For each configuration of the rows (or those of `only`, config_key()s): its measured median step
     time (median of its runs) and the prediction of a model fitted without any of its runs; refused
-    ones carry the reason instead."""
+    ones carry the reason instead. Refitted on the cells of the other configurations (fit_cells); `per_run`:
+    every refit on the runs themselves (fit(per_run=True), the tests' reference)."""
     rows = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
-    keys = [config_key(r) for r in rows]  # once: each left-out configuration scans them all
+    # the cells once (each refit takes every configuration's but one), when no refit thins its rows
+    cells = Cells(rows) if len(rows) <= FIT_MAX_RUNS and not per_run else None
+    keys = [cells.keys[j] for j in cells.cell_of] if cells else config_keys(rows)
+    llc_kb = next((float(r["l3_kb"]) for r in rows if r.get("l3_kb")), None)
     by_config: dict[tuple, list[dict]] = {}
     for key, r in zip(keys, rows):
         by_config.setdefault(key, []).append(r)
-    whole = fit(rows)
+    whole = fit(rows, per_run=per_run)
     out = []
     for key, own in by_config.items():
         if only is not None and key not in only:
             continue
-        rest = [r for k, r in zip(keys, rows) if k != key]
         measured = float(np.median([r["step_ms_median"] for r in own]))
         entry = {"config": own[0], "measured_ms": measured, "runs": len(own)}
         try:
-            pred = fit(rest, start=whole).predict(own[0])
+            if cells is not None:
+                rest = cells.without(key)
+                if rest.n_runs < len(TERMS) + 1:
+                    raise BenchError(f"{rest.n_runs} done runs on this machine: the cost model needs at least "
+                                     f"{len(TERMS) + 1}")
+                model = fit_cells(rest, start=whole, llc_kb=llc_kb)
+            else:
+                model = fit([r for k, r in zip(keys, rows) if k != key], start=whole, per_run=per_run)
+            pred = model.predict(own[0])
         except BenchError as error:
             entry["refused"] = str(error)
         else:
@@ -747,11 +871,52 @@ _ratios: dict[tuple, tuple[float, str]] = {}
 
 
 def tokens_per_word(vocab_size: int, data_dir=None) -> tuple[float, str]:
-    """tokens_per_word_uncached(), once per process and vocabulary (a BPE trains in about a second)."""
+    """tokens_per_word_uncached(), once per process and vocabulary, and once per corpus, vocabulary and
+    tokenizers version on this machine (a file in the temporary directory, RATIOS_FILE): a BPE trains in
+    about half a second, and every report asks for four vocabularies."""
     key = (vocab_size, str(data_dir))
     if key not in _ratios:
-        _ratios[key] = tokens_per_word_uncached(vocab_size, data_dir)
+        _ratios[key] = _stored_ratio(vocab_size, data_dir)
     return _ratios[key]
+
+
+RATIOS_FILE = "cpubench-tokens-per-word.json"
+
+
+def _stored_ratio(vocab_size: int, data_dir=None) -> tuple[float, str]:
+    """The ratio from RATIOS_FILE when it holds one for this corpus (its text's hash), vocabulary and
+    tokenizers version; else computed and added (atomically; a file that cannot be read or written is
+    only a missed cache)."""
+    import hashlib
+    import json
+    import os
+    import tempfile
+    from pathlib import Path
+    import tokenizers
+    from common.corpus import builtin_rows
+    folder = Path(data_dir or Path(__file__).resolve().parent.parent / "data") / "builtin"
+    corpus = folder / "corpus.txt"
+    text_ = corpus.read_text() if corpus.exists() else "\n".join(builtin_rows())
+    digest = hashlib.sha256(text_.encode()).hexdigest()
+    entry = f"{digest}:{vocab_size}:{tokenizers.__version__}"
+    path = Path(tempfile.gettempdir()) / RATIOS_FILE
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        stored = {}
+    if entry in stored:
+        ratio, where = stored[entry]
+        return float(ratio), where
+    ratio, where = tokens_per_word_uncached(vocab_size, data_dir)
+    stored[entry] = [ratio, where]
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=RATIOS_FILE)
+        with os.fdopen(fd, "w") as f:
+            json.dump(stored, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return ratio, where
 
 
 def tokens_per_word_uncached(vocab_size: int, data_dir=None) -> tuple[float, str]:

@@ -127,8 +127,8 @@ def data(ctx) -> dict:
 
 def _loo(rows: list[dict]) -> dict:
     configs = {}
-    for r in rows:
-        configs.setdefault(cm.config_key(r), r)
+    for key, r in zip(cm.config_keys(rows), rows):
+        configs.setdefault(key, r)
     keep = None
     if len(configs) > LOO_MAX_CONFIGS:
         step = len(configs) / LOO_MAX_CONFIGS

@@ -179,8 +179,17 @@ class Fit:
                 a[c, j] = w
         z = np.column_stack([self._solve(a[:, j]) for j in range(len(vectors))])
         Xu, wu, wu_excess, _ = self._cells()
-        xz = Xu @ z
-        return a.T @ z + xz.T @ ((wu_excess - wu)[:, None] * xz)
+        extra = wu_excess - wu
+        out = a.T @ z
+        # by slices of the cells: at a million runs X z for an interaction's contrasts is gigabytes
+        step = max(1, COVARIANCE_CHUNK // max(1, len(vectors)))
+        for lo in range(0, Xu.shape[0], step):
+            xz = Xu[lo:lo + step] @ z
+            out += xz.T @ (extra[lo:lo + step, None] * xz)
+        return out
+
+
+COVARIANCE_CHUNK = 4_000_000  # values of X z held at once by Fit.covariance (32 MB)
 
 
 def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int, mixture: bool = True,

@@ -151,3 +151,40 @@ def test_the_pages_run_table_is_bounded_and_keeps_every_failure_and_every_drawn_
     not_done = {r["run_id"] for r in rows if r["status"] != "done"}
     assert not_done and not_done <= ids and drawn <= ids
     assert len(ids - not_done - drawn) <= 200 < len(rows) - len(kept)
+
+
+def test_the_cost_model_fitted_on_cells_says_what_the_per_run_fit_says(tmp_path):
+    """cost_model.fit on (configuration, block) cells weighted by their runs (mean log time, s^2 with the
+    within-cell sum of squares) against the per-run fit, on the quick preset's synthetic machine (setting
+    factors, compute rates, blocks) with its passes paired so that cells hold two runs: the same
+    estimates, covariance, s^2, degrees of freedom, predictions and leave-one-out."""
+    import numpy as np
+
+    from orchestrator import cost_model as cm
+    from tests.test_cost_model import HELDOUT, build as build_quick, resolved
+
+    store = build_quick(tmp_path / "q.db")
+    rows = cm.usable(cm.machine_rows(store, cm.machines(store)[0].machine_id))
+    rows = [dict(r, repeat=(r.get("repeat") or 0) // 2) for r in rows]  # two passes in one block
+    cells = cm.Cells(rows)
+    assert cells.n.max() >= 2 and len(cells.rows) < len(rows) and cells.ss.sum() > 0
+    a, b = cm.fit(rows), cm.fit(rows, per_run=True)
+    assert a.factors and a.rates and len(a.block_params)  # the fit has every kind of parameter
+    assert np.allclose(a.params, b.params, rtol=1e-7, atol=1e-7)
+    assert np.allclose(a.cov, b.cov, rtol=1e-6, atol=1e-9 * np.abs(b.cov).max())
+    assert a.s2 == pytest.approx(b.s2, rel=1e-9) and a.rms_log == pytest.approx(b.rms_log, rel=1e-9)
+    assert (a.dof, a.n_runs, a.n_configs) == (b.dof, b.n_runs, b.n_configs) == (b.dof, len(rows), b.n_configs)
+    assert (a.factor_names, [g for g, _ in a.rates], a.reference, a.measured, a.fixed, a.ranges) == \
+        (b.factor_names, [g for g, _ in b.rates], b.reference, b.measured, b.fixed, b.ranges)
+    assert a.block_var == pytest.approx(b.block_var, rel=1e-6, abs=1e-12)
+    for settings in HELDOUT:
+        pa, pb = a.predict(resolved(**settings)), b.predict(resolved(**settings))
+        assert (pa.step_ms, pa.step_ms_low, pa.step_ms_high) == pytest.approx(
+            (pb.step_ms, pb.step_ms_low, pb.step_ms_high), rel=1e-8)
+    new, old = cm.leave_one_config_out(rows), cm.leave_one_config_out(rows, per_run=True)
+    assert [e.keys() for e in new] == [e.keys() for e in old] and any("predicted_ms" in e for e in new)
+    for e, f in zip(new, old):
+        assert e["config"] is f["config"] and e["runs"] == f["runs"] and e.get("refused") == f.get("refused")
+        if "predicted_ms" in e:
+            assert (e["predicted_ms"], e["low_ms"], e["high_ms"]) == pytest.approx(
+                (f["predicted_ms"], f["low_ms"], f["high_ms"]), rel=1e-8)
