@@ -454,7 +454,8 @@ def report(
 ) -> None:
     """Write result/: index.html (the page to open), results.csv, summary.md, plots/*.png, fitted effects (also to
     the effects table). --watch keeps index.html current while workers run: progress per machine and pool, the
-    effects as they stand, the last failures (orchestrator/live.py)."""
+    effects as they stand, the last failures (orchestrator/live.py); each update redoes the comparisons and
+    predictions of only the machines whose runs changed."""
     if watch:
         guarded(lambda: watch_and_print(db, out_dir, every))
         return

@@ -2,7 +2,7 @@
 
 Pure functions over run rows (dicts with the columns of v_results); numpy and scipy, no I/O. The
 statistical model itself (configuration + block + residual, fitted once per machine) is
-step_model.py; the words a reader sees are report.py's.
+step_model.py; the words a reader sees are the report package's (orchestrator/report/words.py).
 
 What is compared
 - Runs are grouped on what really ran: `dataset_used` rather than `dataset`, and the settings read
@@ -54,6 +54,7 @@ import numpy as np
 from scipy.special import fdtrc, ndtri, stdtr, stdtrit
 
 from orchestrator import step_model as sm
+from orchestrator.rows import runs_fingerprint
 # What each run ran with and the model's view of a machine live beside this module; their names are
 # re-exported for the report, the adaptive loop and the tests, which read them as effects.*.
 from orchestrator.noise import Drift, Model, Noise, cv_of, fit_model, machine_noise, pass_drift  # noqa: F401
@@ -603,19 +604,29 @@ class Analysis:
 
 
 def analyse(rows: list[dict], machine_ids: list[int] | None = None, *, probe_cv: dict[int, float] | None = None,
-            target_ci: dict[int, float] | None = None, per_run: bool = False) -> Analysis:
+            target_ci: dict[int, float] | None = None, per_run: bool = False, memo: dict | None = None) -> Analysis:
     """Every machine's comparisons, then one Bonferroni family across all of them. `probe_cv`:
     machine -> its measured noise (machines.noise_cv); `target_ci`: machine -> the relative
     half-width of the shown interval that `work --target-ci` asked for there. per_run=True groups
-    run by run instead of once per configuration (as_ran's share=False): slower, the same numbers."""
+    run by run instead of once per configuration (as_ran's share=False): slower, the same numbers.
+    `memo`: a dict kept by a long-lived caller (report --watch) between calls: a machine none of
+    whose runs changed since the last call keeps its comparisons (only the family-wise step is redone)."""
     # An ofat sweep's joint configurations (sweep.JOINT: several sizes at once, for the cost model)
     # belong to no comparison: left out here, they leave every effect and interval as without them
     # (in them, 27 quiet runs more narrowed a noisy level's shared-variance interval: tests/test_synthetic_truth).
     rows = [r for r in rows if r.get("block") != JOINT]
-    runs = as_ran(rows, share=not per_run)
     ids = machine_ids if machine_ids is not None else sorted({r["machine_id"] for r in rows})
-    machines = {m: analyse_machine([r for r in runs if r.row["machine_id"] == m], m, asked=[r for r in rows if r["machine_id"] == m],
-                                   probe_cv=(probe_cv or {}).get(m)) for m in ids}
+    if memo is None:
+        runs = as_ran(rows, share=not per_run)
+        machines = {m: analyse_machine([r for r in runs if r.row["machine_id"] == m], m, asked=[r for r in rows if r["machine_id"] == m],
+                                       probe_cv=(probe_cv or {}).get(m)) for m in ids}
+    else:
+        by_machine: dict[int, list[dict]] = defaultdict(list)
+        for r in rows:
+            by_machine[r["machine_id"]].append(r)
+        for gone in set(memo) - set(ids):
+            del memo[gone]
+        machines = {m: _kept_or_analysed(memo, by_machine[m], m, (probe_cv or {}).get(m), per_run) for m in ids}
     analysis = Analysis(machines, 0)
     analysis.family = adjust(analysis.effects, [i for m in machines.values() for i in m.interactions])
     for m in machines.values():
@@ -630,6 +641,35 @@ def analyse(rows: list[dict], machine_ids: list[int] | None = None, *, probe_cv:
                 e.target_met = e.half_width is not None and e.half_width <= target_ci[m.machine_id]
         m.variables.sort(key=VariableEffect.rank_key)
     return analysis
+
+
+@dataclass
+class _Kept:
+    """One machine's comparisons as analyse_machine left them, before the family-wise step changed them."""
+    key: tuple
+    analysis: MachineAnalysis
+    order: list  # the variables in analyse_machine's order (analyse sorts them in place)
+    pooled: list  # (variable, its elasticity, its by-group effects): analyse drops one of the two
+    targets: list  # (effect, target_met)
+
+
+def _kept_or_analysed(memo: dict, asked: list[dict], machine_id: int, probe_cv: float | None, per_run: bool) -> MachineAnalysis:
+    """The machine's comparisons from the memo when its runs are those of the last call (restored to
+    how analyse_machine left them), else analysed anew and kept."""
+    key = (runs_fingerprint(asked), probe_cv, per_run)
+    kept = memo.get(machine_id)
+    if kept is not None and kept.key == key:
+        ma = kept.analysis
+        ma.variables = list(kept.order)
+        for ve, elasticity, by_group in kept.pooled:
+            ve.elasticity, ve.by_group = elasticity, list(by_group)
+        for e, met in kept.targets:
+            e.target_met = met
+        return ma
+    ma = analyse_machine(as_ran(asked, share=not per_run), machine_id, asked=asked, probe_cv=probe_cv)
+    memo[machine_id] = _Kept(key, ma, list(ma.variables), [(ve, ve.elasticity, list(ve.by_group)) for ve in ma.variables],
+                             [(e, e.target_met) for e in ma.effects])
+    return ma
 
 
 def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (), probe_cv: float | None = None) -> MachineAnalysis:

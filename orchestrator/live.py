@@ -253,6 +253,7 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
     staging = out_dir / ".watch"
     out_dir.mkdir(parents=True, exist_ok=True)
     page, seen, analysed_at, next_ok, n = None, None, None, 0.0, 0
+    memo: dict = {}  # per machine: its comparisons and predictions, redone only when its runs changed
     while rounds is None or n < rounds:
         n += 1
         t0 = time.perf_counter()
@@ -264,7 +265,7 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
             t1 = time.perf_counter()
             if staging.exists():
                 shutil.rmtree(staging)
-            write_report(store, staging, plots=False)
+            write_report(store, staging, plots=False, memo=memo)
             for name in ("results.csv", "summary.md"):
                 os.replace(staging / name, out_dir / name)
             page = (staging / "index.html").read_text(encoding="utf-8")

@@ -6,7 +6,8 @@ published estimates and their hardware; the same for the configurations the swee
 (predicted vs measured: a plot, the median and worst error).
 
 data(ctx) computes it once per report; markdown(ctx) and html(ctx) write it for summary.md and
-index.html. report.py and html_report.py each call one of them (a line each).
+index.html. The report package's writers (report/markdown.py and report/html.py) each call one of them
+(a line each).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sqlalchemy import text
 from common import variables as V
 from common.errors import BenchError
 from orchestrator import cost_model as cm
+from orchestrator.rows import runs_fingerprint
 from orchestrator.seeds import PUBLISHED
 
 REFERENCES = ("R1", "R3", "R4", "R6")
@@ -93,36 +95,48 @@ def _predict(model, partial: dict, cpus: int) -> dict:
 def data(ctx) -> dict:
     """Per machine of the report: the model's basis, the references' and [predict] tables' predictions,
     the leave-one-configuration-out check."""
-    key = id(ctx)
-    if key in _cache:
-        return _cache[key]
+    key_of_ctx = id(ctx)
+    if key_of_ctx in _cache:
+        return _cache[key_of_ctx]
     sweep_texts = getattr(ctx, "sweep_texts", None) or {}
     wanted = sweep_predictions(ctx.rows, sweep_texts)
     machines = {}
+    memo = getattr(ctx, "memo", None)  # report --watch: a machine whose runs did not change keeps its entry
     for machine_id, name in ctx.names.items():
         rows = cm.usable([r for r in ctx.rows if r["machine_id"] == machine_id and r.get("status") == "done"])
-        entry = {"name": name, "runs": len(rows)}
-        try:
-            model = cm.fit(rows)
-        except BenchError as error:
-            entry["refused"] = str(error)
-            machines[machine_id] = entry
+        key = (runs_fingerprint(rows), name, repr(wanted), getattr(ctx, "check_predictions", True),
+               ctx.facts.get(machine_id, {}).get("logical_cores"))
+        if memo is not None and memo.get(machine_id, (None,))[0] == key:
+            machines[machine_id] = memo[machine_id][1]
             continue
-        cpus = int(ctx.facts.get(machine_id, {}).get("logical_cores") or rows[0].get("cores") or 1)
-        # the check refits the model once per configuration: a report without pictures (the statistics
-        # tests write hundreds) leaves it out with them, and the intervals then lack the model error
-        entry["loo"] = _loo(rows) if getattr(ctx, "check_predictions", True) else {"predicted": 0, "skipped": True}
-        if "entries" in entry["loo"]:
-            cm.calibrate(model, cm.thin(rows, LOO_MAX_RUNS), entry["loo"]["entries"])
-        entry["basis"] = (f"{model.runs_text} runs of {model.n_configs} configurations, log residual "
-                          f"{model.rms_log:.3f}, block spread {math.sqrt(model.block_var):.3f}{model.calibration_text}")
-        entry["references"] = [(ref, _predict(model, dict(ref.config), cpus)) for ref in PUBLISHED
-                               if ref.id in REFERENCES]
-        entry["listed"] = [(label, partial, _predict(model, partial, cpus)) for label, partial in wanted.items()]
-        machines[machine_id] = entry
+        machines[machine_id] = _entry(ctx, machine_id, name, rows, wanted)
+        if memo is not None:
+            memo[machine_id] = (key, machines[machine_id])
     _cache.clear()
-    _cache[key] = {"machines": machines}
-    return _cache[key]
+    _cache[key_of_ctx] = {"machines": machines}
+    return _cache[key_of_ctx]
+
+
+def _entry(ctx, machine_id: int, name: str, rows: list[dict], wanted: dict) -> dict:
+    """One machine's part of the section: the model's basis, its predictions, its check."""
+    entry = {"name": name, "runs": len(rows)}
+    try:
+        model = cm.fit(rows)
+    except BenchError as error:
+        entry["refused"] = str(error)
+        return entry
+    cpus = int(ctx.facts.get(machine_id, {}).get("logical_cores") or rows[0].get("cores") or 1)
+    # the check refits the model once per configuration: a report without pictures (the statistics
+    # tests write hundreds) leaves it out with them, and the intervals then lack the model error
+    entry["loo"] = _loo(rows) if getattr(ctx, "check_predictions", True) else {"predicted": 0, "skipped": True}
+    if "entries" in entry["loo"]:
+        cm.calibrate(model, cm.thin(rows, LOO_MAX_RUNS), entry["loo"]["entries"])
+    entry["basis"] = (f"{model.runs_text} runs of {model.n_configs} configurations, log residual "
+                      f"{model.rms_log:.3f}, block spread {math.sqrt(model.block_var):.3f}{model.calibration_text}")
+    entry["references"] = [(ref, _predict(model, dict(ref.config), cpus)) for ref in PUBLISHED
+                           if ref.id in REFERENCES]
+    entry["listed"] = [(label, partial, _predict(model, partial, cpus)) for label, partial in wanted.items()]
+    return entry
 
 
 def _loo(rows: list[dict]) -> dict:

@@ -96,3 +96,10 @@ def read_rows(conn, query: str, params: dict, csv_path: Path | None = None) -> t
         if f is not None:
             f.close()
     return columns, rows
+
+
+def runs_fingerprint(rows: list[dict]) -> int:
+    """What a machine's analysis depends on, in one number (report --watch keeps a machine's work while
+    it is unchanged): a run's row changes only as its status, attempts and end time do, and a new or
+    deleted run changes the list of ids."""
+    return hash(tuple((r.get("run_id"), r["status"], r.get("attempts"), r.get("finished")) for r in rows))

@@ -188,3 +188,23 @@ def test_the_cost_model_fitted_on_cells_says_what_the_per_run_fit_says(tmp_path)
         if "predicted_ms" in e:
             assert (e["predicted_ms"], e["low_ms"], e["high_ms"]) == pytest.approx(
                 (f["predicted_ms"], f["low_ms"], f["high_ms"]), rel=1e-8)
+
+
+def test_a_watched_report_redoes_only_the_machine_whose_runs_changed_and_says_what_a_fresh_report_says(tmp_path):
+    store = build(str(tmp_path / "r.db"), 2400, machines=2, shape="small", disturbed=23, read_back=17, quiet=True)
+    memo: dict = {}
+    write_report(store, tmp_path / "a", plots=True, memo=memo)
+    first = {m: kept.analysis for m, kept in memo["effects"].items()}
+    predicted = {m: entry for m, (_, entry) in memo["predictions"].items()}
+    assert sorted(first) == [1, 2] and sorted(predicted) == [1, 2]
+    with store.transaction() as conn:  # one of machine 2's finished runs is found to have failed
+        run_id = conn.execute(text("SELECT min(run_id) FROM runs WHERE machine_id = 2 AND status = 'done'")).scalar()
+        conn.execute(text("UPDATE runs SET status = 'failed', reason = 'found broken', finished = finished + 1 "
+                          "WHERE run_id = :r"), {"r": run_id})
+    for round_ in ("b", "c"):  # the second round reuses both machines: their kept state must be restored whole
+        watched = write_report(store, tmp_path / round_, plots=True, memo=memo)
+        assert memo["effects"][1].analysis is first[1] and memo["predictions"][1][1] is predicted[1]
+        assert memo["effects"][2].analysis is not first[2] and memo["predictions"][2][1] is not predicted[2]
+        fresh = write_report(store, tmp_path / f"{round_}-fresh", plots=True)
+        assert _said(watched.analysis) == _said(fresh.analysis)
+        assert (tmp_path / round_ / "summary.md").read_text() == (tmp_path / f"{round_}-fresh" / "summary.md").read_text()

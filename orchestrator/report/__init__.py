@@ -37,10 +37,13 @@ from common.variables import NAMES
 __all__ = ["Context", "FACTS", "Report", "SECTIONS", "SELECT_RESULTS", "effect_row", "short_reason", "write_report"]
 
 
-def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, plots: bool = True) -> Report:
+def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, plots: bool = True,
+                 memo: dict | None = None) -> Report:
     """Write out_dir/index.html, results.csv, summary.md and plots/*.png for one machine (or all
     machines when machine_id is None), and replace those machines' rows of the effects table.
-    plots=False leaves the pictures out (the statistics tests run the report many times)."""
+    plots=False leaves the pictures out (the statistics tests run the report many times). `memo`: a
+    dict a long-lived caller keeps between reports (report --watch): the comparisons and predictions
+    of a machine whose runs did not change since the last report are kept, not redone."""
     out_dir = Path(out_dir)
     plots_dir = out_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
@@ -67,7 +70,8 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
         if r.get("noise_cv") is not None and not probe.get("limits_disturbed"):
             probe_cv[r["machine_id"]] = float(r["noise_cv"])
     analysis = fx.analyse(rows, machine_ids, probe_cv=probe_cv,
-                          target_ci={m: t for m, (t, _) in targets.items()} or None)
+                          target_ci={m: t for m, (t, _) in targets.items()} or None,
+                          memo=memo.setdefault("effects", {}) if memo is not None else None)
     grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
 
     plot_paths = _plots(analysis, grids, names, plots_dir) if plots else []
@@ -87,6 +91,7 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
     ctx = Context(rows, fx.done_runs(rows), analysis, grids, names, facts, counts, failures, sweep_notes,
                   plot_paths, out_dir, targets)
     ctx.sweep_texts, ctx.check_predictions = prediction_report.sweep_texts(store), plots  # "How long here"
+    ctx.memo = memo.setdefault("predictions", {}) if memo is not None else None
     summary_path = out_dir / "summary.md"
     summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
     html_path = html_report.write_page(ctx, out_dir / "index.html")
