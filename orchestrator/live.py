@@ -224,6 +224,17 @@ def live_page(page: str, section: str, every_s: float) -> str:
     return page.replace("</body>", RELOAD_JS % int(every_s * 1000) + "</body>", 1)
 
 
+def first_page() -> str:
+    """The page before the first report is written: the live section goes first in its <main>. At
+    nice 19 on a machine whose workers fill every CPU, the first report of a large database can take
+    minutes; the sweep's progress (a few aggregate queries) shows at once."""
+    from orchestrator.report.html import CSS
+    return ("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>cpubench report (live)</title>"
+            f"<style>{CSS}</style></head><body><main><p class='meta'>The first report of this database is being "
+            "written (at low priority: the workers come first); the effects appear here when it is done.</p>"
+            "</main></body></html>")
+
+
 def write_atomic(path: Path, content: str) -> None:
     """Write so that a reader sees the old file or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -262,6 +273,8 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
         report_s = 0.0
         finished = sum(m.done + m.failed + m.skipped for p in pr.pools for m in p.machines)
         if pr.fingerprint != seen and time.monotonic() >= next_ok:
+            if page is None:  # the progress now, the effects when the first report is done
+                write_atomic(out_dir / "index.html", live_page(first_page(), progress_html(pr, every_s=every_s, analysed=None), every_s))
             t1 = time.perf_counter()
             if staging.exists():
                 shutil.rmtree(staging)

@@ -117,6 +117,26 @@ def test_watch_rewrites_the_page_atomically_and_redoes_the_statistics_only_when_
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "results.csv", "summary.md"]  # no temp file left
 
 
+def test_the_live_section_is_on_the_page_before_the_first_report_is_written(tmp_path, monkeypatch):
+    # at nice 19 beside workers on every CPU the first report can take minutes: the progress shows at once
+    import orchestrator.report as report_package
+    store = Store(str(tmp_path / "results.db"))
+    _fleet(store)
+    out = tmp_path / "result"
+    seen, real = [], report_package.write_report
+
+    def spy(*args, **kwargs):  # the real report, with a look at the page just before it starts
+        seen.append((out / "index.html").read_text())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(report_package, "write_report", spy)
+    watch(store, out, every_s=0.01, rounds=1, duty=1e6)
+    assert len(seen) == 1 and "<section id='live'>" in seen[0] and "being written" in seen[0]
+    assert 'id="effects"' not in seen[0] and "location.reload" in seen[0]
+    page = (out / "index.html").read_text()
+    assert 'id="effects"' in page and "being written" not in page
+
+
 def test_report_watch_keeps_the_page_current_until_interrupted(tmp_path):
     db = str(tmp_path / "results.db")
     _fleet(Store(db))
