@@ -463,10 +463,9 @@ def report(
 
 
 def watch_and_print(db: str, out_dir: Path, every: float) -> None:
-    from orchestrator.live import WATCH_NICE, watch as keep_current
+    from orchestrator.live import watch as keep_current
 
-    os.nice(WATCH_NICE)  # the workers' runs come first
-    store = open_store(db, read_only=True)
+    store = open_store(db, read_only=True)  # the statistics run in a child at nice 19 (live.WATCH_NICE)
     err.print(f"keeping {out_dir / 'index.html'} current every {every:g} s (Ctrl+C stops)", highlight=False)
 
     def said(tick):

@@ -7,9 +7,10 @@ costs the same at 100 runs and at a million; `bench.py status` prints it too (a 
 
 watch() redoes the statistics only when runs finished since it last did (the per-pool, per-machine
 counts and the latest finish are its fingerprint), and no more often than WATCH_DUTY allows (the
-report took T seconds: the next one waits at least T / WATCH_DUTY), so a watcher on a worker's
-machine takes a bounded share of one CPU. Between two reports it rewrites only the progress on the
-page. Every write is atomic (a temporary file, then os.replace), so a browser or a copy never sees
+report took T seconds of CPU: the next one waits at least T / WATCH_DUTY), so a watcher on a worker's
+machine takes a bounded share of one CPU. The statistics run in a child process at WATCH_NICE (the
+workers' runs come first); the watcher itself only reads the progress and rewrites the page, also
+while a report is being written, so the progress stays current where the workers leave no CPU idle. Every write is atomic (a temporary file, then os.replace), so a browser or a copy never sees
 half a page; the page reloads itself every --every seconds and keeps its scroll position.
 """
 
@@ -254,46 +255,84 @@ class Tick:
     done: int  # finished runs (done + failed + skipped) in the database
 
 
+def _reporter(store: Store, staging: Path, channel) -> None:
+    """The watcher's report process (forked): at WATCH_NICE, one report per request into `staging`,
+    keeping its per-machine memo between them; answers (wall seconds, CPU seconds, None) or the error."""
+    import signal
+
+    from orchestrator.report import write_report
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole group: the watcher stops us
+    os.nice(WATCH_NICE)  # the workers' runs come first
+    store.engine.dispose(close=False)  # connections of its own: none of the watcher's cross the fork
+    memo: dict = {}  # per machine: its comparisons and predictions, redone only when its runs changed
+    while channel.recv():
+        t, cpu = time.perf_counter(), time.process_time()
+        try:
+            if staging.exists():
+                shutil.rmtree(staging)
+            write_report(store, staging, plots=False, memo=memo)
+            channel.send((time.perf_counter() - t, time.process_time() - cpu, None))
+        except Exception as error:  # noqa: BLE001 - handed to the watcher, which raises it
+            channel.send((0.0, 0.0, error))
+
+
 def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | None = None,
           on_tick: Callable[[Tick], None] | None = None, until_idle: bool = False, duty: float = WATCH_DUTY) -> None:
     """Keep out_dir/index.html (and results.csv, summary.md) current while workers run, until
-    interrupted, `rounds` rounds, or (until_idle) a round finds nothing queued or running."""
-    from orchestrator.report import write_report
+    interrupted, `rounds` rounds, or (until_idle) a round finds nothing queued or running. The
+    statistics run in a child process at WATCH_NICE; this process only reads the progress (a few
+    aggregate queries) and rewrites the page, also while a report is being written, so the progress
+    stays current even where the workers leave the report no CPU."""
+    import multiprocessing
 
     out_dir = Path(out_dir)
     staging = out_dir / ".watch"
     out_dir.mkdir(parents=True, exist_ok=True)
+    channel, theirs = multiprocessing.Pipe()
+    reporter = multiprocessing.get_context("fork").Process(target=_reporter, args=(store, staging, theirs), daemon=True)
+    reporter.start()
     page, seen, analysed_at, next_ok, n = None, None, None, 0.0, 0
-    memo: dict = {}  # per machine: its comparisons and predictions, redone only when its runs changed
-    while rounds is None or n < rounds:
-        n += 1
-        t0 = time.perf_counter()
-        pr = progress(store)
-        progress_s = time.perf_counter() - t0
-        report_s = 0.0
-        finished = sum(m.done + m.failed + m.skipped for p in pr.pools for m in p.machines)
-        if pr.fingerprint != seen and time.monotonic() >= next_ok:
-            if page is None:  # the progress now, the effects when the first report is done
-                write_atomic(out_dir / "index.html", live_page(first_page(), progress_html(pr, every_s=every_s, analysed=None), every_s))
-            t1 = time.perf_counter()
-            if staging.exists():
-                shutil.rmtree(staging)
-            write_report(store, staging, plots=False, memo=memo)
-            for name in ("results.csv", "summary.md"):
-                os.replace(staging / name, out_dir / name)
-            page = (staging / "index.html").read_text(encoding="utf-8")
-            report_s = time.perf_counter() - t1
-            seen, analysed_at = pr.fingerprint, (pr.now, finished)
-            next_ok = time.monotonic() + report_s / duty
-        if page is not None:
-            write_atomic(out_dir / "index.html",
-                         live_page(page, progress_html(pr, every_s=every_s, analysed=analysed_at), every_s))
-        if on_tick is not None:
-            on_tick(Tick(report_s > 0, report_s, progress_s, finished))
-        idle = not any(p.queued or p.running for p in pr.pools)
-        if until_idle and idle and pr.fingerprint == seen:
-            break
-        if rounds is None or n < rounds:
-            time.sleep(max(0.0, every_s - (time.perf_counter() - t0)))
-    if staging.exists():
-        shutil.rmtree(staging)
+
+    def show(pr: Progress) -> None:
+        write_atomic(out_dir / "index.html", live_page(page or first_page(),
+                                                        progress_html(pr, every_s=every_s, analysed=analysed_at), every_s))
+    try:
+        while rounds is None or n < rounds:
+            n += 1
+            t0 = time.perf_counter()
+            pr = progress(store)
+            progress_s = time.perf_counter() - t0
+            report_s = 0.0
+            finished = sum(m.done + m.failed + m.skipped for p in pr.pools for m in p.machines)
+            if pr.fingerprint != seen and time.monotonic() >= next_ok:
+                show(pr)  # the progress now (and before the first report, a page at all)
+                channel.send(True)
+                while not channel.poll(every_s):  # the report runs: keep the progress current meanwhile
+                    if not reporter.is_alive():
+                        raise RuntimeError(f"the watcher's report process died (exit code {reporter.exitcode})")
+                    show(progress(store))
+                report_s, report_cpu_s, error = channel.recv()
+                if error is not None:
+                    raise error
+                for name in ("results.csv", "summary.md"):
+                    os.replace(staging / name, out_dir / name)
+                page = (staging / "index.html").read_text(encoding="utf-8")
+                seen, analysed_at = pr.fingerprint, (pr.now, finished)
+                next_ok = time.monotonic() + report_cpu_s / duty  # its share of one CPU, however long it waited for one
+            if page is not None:
+                show(pr)
+            if on_tick is not None:
+                on_tick(Tick(report_s > 0, report_s, progress_s, finished))
+            idle = not any(p.queued or p.running for p in pr.pools)
+            if until_idle and idle and pr.fingerprint == seen:
+                break
+            if rounds is None or n < rounds:
+                time.sleep(max(0.0, every_s - (time.perf_counter() - t0)))
+    finally:
+        if reporter.is_alive():
+            channel.send(False)
+            reporter.join(timeout=30)
+        if reporter.is_alive():
+            reporter.kill()
+        if staging.exists():
+            shutil.rmtree(staging)

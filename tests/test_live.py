@@ -117,22 +117,29 @@ def test_watch_rewrites_the_page_atomically_and_redoes_the_statistics_only_when_
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "results.csv", "summary.md"]  # no temp file left
 
 
-def test_the_live_section_is_on_the_page_before_the_first_report_is_written(tmp_path, monkeypatch):
-    # at nice 19 beside workers on every CPU the first report can take minutes: the progress shows at once
+def test_the_progress_is_on_the_page_before_and_while_the_first_report_is_written_at_low_priority(tmp_path, monkeypatch):
+    # beside workers on every CPU the report (at nice 19) can take minutes: the progress shows at once
     import orchestrator.report as report_package
     store = Store(str(tmp_path / "results.db"))
     _fleet(store)
     out = tmp_path / "result"
-    seen, real = [], report_package.write_report
+    looked, real = tmp_path / "looked.json", report_package.write_report
 
-    def spy(*args, **kwargs):  # the real report, with a look at the page just before it starts
-        seen.append((out / "index.html").read_text())
+    def slow(*args, **kwargs):  # the real report (in the watcher's child), slowed, looking at the page meanwhile
+        page = out / "index.html"
+        before = (page.read_text(), page.stat().st_mtime_ns, os.getpriority(os.PRIO_PROCESS, 0))
+        time.sleep(1.0)
+        looked.write_text(json.dumps([*before, page.stat().st_mtime_ns]))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(report_package, "write_report", spy)
-    watch(store, out, every_s=0.01, rounds=1, duty=1e6)
-    assert len(seen) == 1 and "<section id='live'>" in seen[0] and "being written" in seen[0]
-    assert 'id="effects"' not in seen[0] and "location.reload" in seen[0]
+    monkeypatch.setattr(report_package, "write_report", slow)
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    watch(store, out, every_s=0.1, rounds=1, duty=1e6)
+    first, started, priority, later = json.loads(looked.read_text())
+    assert "<section id='live'>" in first and "being written" in first and 'id="effects"' not in first
+    assert "location.reload" in first
+    assert later > started, "the progress was not rewritten while the report ran"
+    assert priority == min(19, nice + 19) and os.getpriority(os.PRIO_PROCESS, 0) == nice  # only the report yields
     page = (out / "index.html").read_text()
     assert 'id="effects"' in page and "being written" not in page
 
