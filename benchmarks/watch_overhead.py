@@ -16,6 +16,7 @@ the watcher makes costs what it would on a fleet's database. --screenshot: a PNG
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
@@ -62,7 +63,7 @@ def screenshot(page: Path, png: Path) -> None:
     try:
         driver.get(page.resolve().as_uri() + "#print")
         driver.execute_async_script("const done = arguments[arguments.length - 1];"
-                                    "window.cpubench.ready.then(() => done(true));")
+                                    "(window.cpubench ? window.cpubench.ready : Promise.resolve()).then(() => done(true));")
         driver.save_screenshot(str(png))
     finally:
         driver.quit()
@@ -91,6 +92,8 @@ def main() -> None:
         workers = [subprocess.Popen(bench("work", "--pool", "fleet", "--cpus", str(cpu), "--db", url),
                                     stdout=subprocess.DEVNULL, stderr=open(tmp / f"worker{cpu}.log", "w"))
                    for cpu in (0, 1)]
+        # a failure below must not leave two workers holding the CPUs' locks for the next run
+        atexit.register(lambda: [w.kill() for w in workers if w.poll() is None])
         out = tmp / "result"
         on: list[list[float]] = []
         shots: list[tuple[float, float]] = []
@@ -111,7 +114,9 @@ def main() -> None:
                     watcher = None
                     on[-1][1] = time.time()
                 t_switch = time.time() + args.toggle
-            if args.screenshot and not shots and watcher is not None and (out / "index.html").exists():
+            # the live page with its effects (before the watcher's first report it holds the progress only)
+            if args.screenshot and not shots and watcher is not None and (out / "index.html").exists() \
+                    and 'id="effects"' in (out / "index.html").read_text(encoding="utf-8"):
                 with store.transaction() as conn:
                     done = conn.execute(text("SELECT COUNT(*) FROM runs r JOIN pools p ON p.pool_id = r.pool_id "
                                              "WHERE p.name = 'fleet' AND r.status = 'done'")).scalar_one()
