@@ -663,6 +663,23 @@ def costs(model: Model) -> dict[str, float]:
     return {t: float(math.exp(v)) / s for t, v, s in zip(TERMS, model.log_costs, _SCALE)}
 
 
+CHECK_MAX_CONFIGS = 60  # the check: beyond this many configurations, an even sample of them (the quick preset has 63)
+CHECK_MAX_RUNS = 3_000  # and beyond this many runs, the first passes (thin): one refit per configuration
+
+
+def check(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The leave-one-configuration-out check as the report shows it and `predict` calibrates on, bounded
+    for a fleet's machine: at most CHECK_MAX_CONFIGS configurations (evenly spaced in the order they
+    first ran), refitted on the first passes (CHECK_MAX_RUNS runs). (entries, the rows it used)."""
+    configs = list(dict.fromkeys(config_keys(rows)))
+    keep = None
+    if len(configs) > CHECK_MAX_CONFIGS:
+        step = len(configs) / CHECK_MAX_CONFIGS
+        keep = {configs[int(i * step)] for i in range(CHECK_MAX_CONFIGS)}
+    used = thin(rows, CHECK_MAX_RUNS)
+    return leave_one_config_out(used, only=keep), used
+
+
 def leave_one_config_out(rows: list[dict], only: set | None = None, *, per_run: bool = False) -> list[dict]:
     """For each configuration of the rows (or those of `only`, config_key()s): its measured median step
     time (median of its runs) and the prediction of a model fitted without any of its runs; refused
@@ -948,12 +965,16 @@ _models: dict[tuple, Model] = {}
 
 def model_of(store, machine_id: int, calibrated: bool = False) -> Model:
     """The fitted model of one machine (cached per database and run count); `calibrated`: with its
-    model error (calibrate(): one refit per configuration, seconds; the ETA's point predictions need
-    no interval and skip it)."""
+    model error (calibrate() on the report's check(): one refit per configuration checked, seconds; the
+    ETA's point predictions need no interval and skip it)."""
     rows = usable(machine_rows(store, machine_id))
     key = (store.url, machine_id, len(rows), rows[-1]["run_id"] if rows else None, calibrated)
     if key not in _models:
-        _models[key] = calibrate(fit(rows), rows) if calibrated else fit(rows)
+        model = fit(rows)
+        if calibrated:
+            entries, used = check(rows)
+            calibrate(model, used, entries)
+        _models[key] = model
     return _models[key]
 
 

@@ -27,8 +27,6 @@ from orchestrator.rows import runs_fingerprint
 from orchestrator.seeds import PUBLISHED
 
 REFERENCES = ("R1", "R3", "R4", "R6")
-LOO_MAX_CONFIGS = 60  # beyond this many configurations the check uses an even sample of them (the quick preset has 59)
-LOO_MAX_RUNS = 3_000  # and beyond this many runs, the first passes (cost_model.thin): one refit per configuration
 PLOT_NAME = "predicted_vs_measured.png"
 _cache: dict[int, dict] = {}
 
@@ -128,9 +126,9 @@ def _entry(ctx, machine_id: int, name: str, rows: list[dict], wanted: dict) -> d
     cpus = int(ctx.facts.get(machine_id, {}).get("logical_cores") or rows[0].get("cores") or 1)
     # the check refits the model once per configuration: a report without pictures (the statistics
     # tests write hundreds) leaves it out with them, and the intervals then lack the model error
-    entry["loo"] = _loo(rows) if getattr(ctx, "check_predictions", True) else {"predicted": 0, "skipped": True}
+    entry["loo"], used = _loo(rows) if getattr(ctx, "check_predictions", True) else ({"predicted": 0, "skipped": True}, [])
     if "entries" in entry["loo"]:
-        cm.calibrate(model, cm.thin(rows, LOO_MAX_RUNS), entry["loo"]["entries"])
+        cm.calibrate(model, used, entry["loo"]["entries"])
     entry["basis"] = (f"{model.runs_text} runs of {model.n_configs} configurations, log residual "
                       f"{model.rms_log:.3f}, block spread {math.sqrt(model.block_var):.3f}{model.calibration_text}")
     entry["references"] = [(ref, _predict(model, dict(ref.config), cpus)) for ref in PUBLISHED
@@ -139,22 +137,14 @@ def _entry(ctx, machine_id: int, name: str, rows: list[dict], wanted: dict) -> d
     return entry
 
 
-def _loo(rows: list[dict]) -> dict:
-    configs = {}
-    for key, r in zip(cm.config_keys(rows), rows):
-        configs.setdefault(key, r)
-    keep = None
-    if len(configs) > LOO_MAX_CONFIGS:
-        step = len(configs) / LOO_MAX_CONFIGS
-        keys = list(configs)
-        keep = {keys[int(i * step)] for i in range(LOO_MAX_CONFIGS)}
-    # each left-out configuration refits the model: on a fleet's machine, on its first passes only
-    out = cm.leave_one_config_out(cm.thin(rows, LOO_MAX_RUNS), only=keep)
+def _loo(rows: list[dict]) -> tuple[dict, list[dict]]:
+    """The check (cost_model.check: bounded for a fleet's machine) summed up, and the rows it used."""
+    out, used = cm.check(rows)
     got = [e for e in out if "predicted_ms" in e]
     errors = [abs(e["error"]) for e in got]
     return {"entries": out, "predicted": len(got), "refused": len(out) - len(got),
             "median": statistics.median(errors) if errors else None, "worst": max(errors) if errors else None,
-            "covered": sum(e["low_ms"] <= e["measured_ms"] <= e["high_ms"] for e in got)}
+            "covered": sum(e["low_ms"] <= e["measured_ms"] <= e["high_ms"] for e in got)}, used
 
 
 def plot(ctx, machine_id: int, loo: dict) -> Path | None:
