@@ -782,7 +782,7 @@ def calibrate(model: Model, rows: list[dict], loo: list[dict] | None = None) -> 
     if loo is None:
         loo = leave_one_config_out(rows)
     support = support_of(rows)
-    keys = np.array([hash(config_key(r)) for r in rows])
+    keys = np.array([hash(k) for k in config_keys(rows)])
     got = [e for e in loo if "predicted_ms" in e]
     if len(got) < CALIBRATION_MIN:
         model.calibration_text = f"; model error not calibrated ({len(got)} configurations predictable left out)"

@@ -616,17 +616,12 @@ def analyse(rows: list[dict], machine_ids: list[int] | None = None, *, probe_cv:
     # (in them, 27 quiet runs more narrowed a noisy level's shared-variance interval: tests/test_synthetic_truth).
     rows = [r for r in rows if r.get("block") != JOINT]
     ids = machine_ids if machine_ids is not None else sorted({r["machine_id"] for r in rows})
-    if memo is None:
-        runs = as_ran(rows, share=not per_run)
-        machines = {m: analyse_machine([r for r in runs if r.row["machine_id"] == m], m, asked=[r for r in rows if r["machine_id"] == m],
-                                       probe_cv=(probe_cv or {}).get(m)) for m in ids}
-    else:
-        by_machine: dict[int, list[dict]] = defaultdict(list)
-        for r in rows:
-            by_machine[r["machine_id"]].append(r)
-        for gone in set(memo) - set(ids):
-            del memo[gone]
-        machines = {m: _kept_or_analysed(memo, by_machine[m], m, (probe_cv or {}).get(m), per_run) for m in ids}
+    by_machine: dict[int, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_machine[r["machine_id"]].append(r)
+    for gone in set(memo or ()) - set(ids):
+        del memo[gone]
+    machines = {m: _kept_or_analysed(memo, by_machine[m], m, (probe_cv or {}).get(m), per_run) for m in ids}
     analysis = Analysis(machines, 0)
     analysis.family = adjust(analysis.effects, [i for m in machines.values() for i in m.interactions])
     for m in machines.values():
@@ -653,9 +648,12 @@ class _Kept:
     targets: list  # (effect, target_met)
 
 
-def _kept_or_analysed(memo: dict, asked: list[dict], machine_id: int, probe_cv: float | None, per_run: bool) -> MachineAnalysis:
+def _kept_or_analysed(memo: dict | None, asked: list[dict], machine_id: int, probe_cv: float | None,
+                      per_run: bool) -> MachineAnalysis:
     """The machine's comparisons from the memo when its runs are those of the last call (restored to
-    how analyse_machine left them), else analysed anew and kept."""
+    how analyse_machine left them), else analysed anew (and kept, with a memo)."""
+    if memo is None:
+        return analyse_machine(as_ran(asked, share=not per_run), machine_id, asked=asked, probe_cv=probe_cv)
     key = (runs_fingerprint(asked), probe_cv, per_run)
     kept = memo.get(machine_id)
     if kept is not None and kept.key == key:

@@ -10,8 +10,9 @@ counts and the latest finish are its fingerprint), and no more often than WATCH_
 report took T seconds of CPU: the next one waits at least T / WATCH_DUTY), so a watcher on a worker's
 machine takes a bounded share of one CPU. The statistics run in a child process at WATCH_NICE (the
 workers' runs come first); the watcher itself only reads the progress and rewrites the page, also
-while a report is being written, so the progress stays current where the workers leave no CPU idle. Every write is atomic (a temporary file, then os.replace), so a browser or a copy never sees
-half a page; the page reloads itself every --every seconds and keeps its scroll position.
+while a report is being written, so the progress stays current where the workers leave no CPU idle.
+Every write is atomic (a temporary file, then os.replace), so a browser or a copy never sees half a
+page; the page reloads itself every --every seconds and keeps its scroll position.
 """
 
 from __future__ import annotations

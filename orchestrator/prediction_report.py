@@ -102,14 +102,14 @@ def data(ctx) -> dict:
     memo = getattr(ctx, "memo", None)  # report --watch: a machine whose runs did not change keeps its entry
     for machine_id, name in ctx.names.items():
         rows = cm.usable([r for r in ctx.rows if r["machine_id"] == machine_id and r.get("status") == "done"])
+        if memo is None:
+            machines[machine_id] = _entry(ctx, machine_id, name, rows, wanted)
+            continue
         key = (runs_fingerprint(rows), name, repr(wanted), getattr(ctx, "check_predictions", True),
                ctx.facts.get(machine_id, {}).get("logical_cores"))
-        if memo is not None and memo.get(machine_id, (None,))[0] == key:
-            machines[machine_id] = memo[machine_id][1]
-            continue
-        machines[machine_id] = _entry(ctx, machine_id, name, rows, wanted)
-        if memo is not None:
-            memo[machine_id] = (key, machines[machine_id])
+        if memo.get(machine_id, (None,))[0] != key:
+            memo[machine_id] = (key, _entry(ctx, machine_id, name, rows, wanted))
+        machines[machine_id] = memo[machine_id][1]
     _cache.clear()
     _cache[key_of_ctx] = {"machines": machines}
     return _cache[key_of_ctx]
