@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from contextlib import ExitStack
 from pathlib import Path
+from types import SimpleNamespace
 
 from sqlalchemy import text
+from threadpoolctl import threadpool_limits
 
 from orchestrator import effects as fx
 from orchestrator.effects import Analysis, VariableEffect
+from orchestrator.forked import Forked
 from orchestrator.rows import read_rows
 from orchestrator import prediction_report
 from orchestrator.store import ReadOnlyDatabase, Store
@@ -69,12 +73,34 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
         # load would stand in for the runs' noise where nothing was repeated.
         if r.get("noise_cv") is not None and not probe.get("limits_disturbed"):
             probe_cv[r["machine_id"]] = float(r["noise_cv"])
+    with ExitStack() as children:  # a child still running when this fails is stopped
+        if plots:  # children will share the CPUs: one BLAS thread each, not two fighting per CPU
+            children.enter_context(threadpool_limits(1))
+        return _analysed_and_written(children, store, out_dir, csv_path, rows, machine_id, machine_ids, names, facts,
+                                     probe_cv, targets, plots, memo)
+
+
+def _analysed_and_written(children: ExitStack, store: Store, out_dir: Path, csv_path: Path, rows: list[dict],
+                          machine_id: int | None, machine_ids: list[int], names: dict, facts: dict, probe_cv: dict,
+                          targets: dict, plots: bool, memo: dict | None) -> Report:
+    # The cost model's section needs the rows only: a fresh report with pictures (its leave-one-out is
+    # most of that section's time) fits it in a child on the other CPU while this process analyses.
+    # --watch (a memo) keeps its per-machine entries in this process.
+    sweep_texts = prediction_report.sweep_texts(store)
+    ahead = None
+    if plots and memo is None:
+        ahead = children.enter_context(Forked(_predictions_drawn, SimpleNamespace(
+            rows=rows, names=names, facts=facts, sweep_texts=sweep_texts, check_predictions=True, memo=None,
+            out_dir=out_dir)))
     analysis = fx.analyse(rows, machine_ids, probe_cv=probe_cv,
                           target_ci={m: t for m, (t, _) in targets.items()} or None,
                           memo=memo.setdefault("effects", {}) if memo is not None else None)
     grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
 
-    plot_paths = _plots(analysis, grids, names, plots_dir) if plots else []
+    # The PNGs are drawn in a child on the other CPU while this process writes the effects and the pages.
+    jobs = _plot_jobs(analysis, grids, names, out_dir / "plots") if plots else []
+    plot_paths = [path for _, _, path in jobs]
+    drawing = children.enter_context(Forked(_draw, jobs)) if jobs else None
     all_effects = analysis.effects
     try:
         _write_effects(store, machine_ids, all_effects)
@@ -90,11 +116,15 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
                        for note in json.loads(notes or "[]")]
     ctx = Context(rows, fx.done_runs(rows), analysis, grids, names, facts, counts, failures, sweep_notes,
                   plot_paths, out_dir, targets)
-    ctx.sweep_texts, ctx.check_predictions = prediction_report.sweep_texts(store), plots  # "How long here"
+    ctx.sweep_texts, ctx.check_predictions = sweep_texts, plots  # "How long here"
     ctx.memo = memo.setdefault("predictions", {}) if memo is not None else None
+    if ahead is not None:
+        prediction_report.adopt(ctx, ahead.result())
     summary_path = out_dir / "summary.md"
     summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
     html_path = html_report.write_page(ctx, out_dir / "index.html")
+    if drawing is not None:
+        drawing.result()  # the PNGs are on disk (or the child's failure is raised here)
     return Report(csv_path=csv_path, summary_path=summary_path, plot_paths=plot_paths, top_effects=top,
                   counts=counts, failures=failures, machines=len({r["machine_id"] for r in rows}),
                   effects=all_effects, analysis=analysis, html_path=html_path, effects_not_written=not_written)
@@ -102,20 +132,37 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
 
 # -- files --------------------------------------------------------------------------------------
 
-def _plots(analysis: Analysis, grids, names, plots_dir: Path) -> list[Path]:
-    from orchestrator import plots  # matplotlib only when there is something to draw
-
+def _plot_jobs(analysis: Analysis, grids, names, plots_dir: Path) -> list[tuple[str, tuple, Path]]:
+    """The PNGs to draw: (kind, its arguments, its path), one per varied variable, then one per grid."""
     by_variable: dict[str, list[VariableEffect]] = defaultdict(list)
     for m, ma in analysis.machines.items():
         for ve in ma.variables:
             by_variable[ve.variable].append(ve)
     # Plot legends have room for the host only; the summary gives the CPU.
     short = {m: n.split(",")[0] + (")" if "," in n else "") for m, n in names.items()}
-    paths = [plots.plot_variable(series, short, plots_dir / f"{name}.png")
-             for name, series in sorted(by_variable.items(), key=lambda kv: NAMES.index(kv[0]))]
+    jobs = [("variable", (series, short), plots_dir / f"{name}.png")
+            for name, series in sorted(by_variable.items(), key=lambda kv: NAMES.index(kv[0]))]
     several = len(analysis.machines) > 1
     for m, gs in grids.items():
         for g in gs:
             suffix = f"_machine{m}" if several else ""
-            paths.append(plots.plot_grid(g, names[m], plots_dir / f"grid_{g.rows}_x_{g.cols}{suffix}.png"))
-    return paths
+            jobs.append(("grid", (g, names[m]), plots_dir / f"grid_{g.rows}_x_{g.cols}{suffix}.png"))
+    return jobs
+
+
+def _draw(jobs: list[tuple[str, tuple, Path]]) -> None:
+    from orchestrator import plots  # matplotlib only when there is something to draw
+
+    draw = {"variable": plots.plot_variable, "grid": plots.plot_grid}
+    for kind, args, path in jobs:
+        draw[kind](*args, path)
+
+
+def _predictions_drawn(ahead: SimpleNamespace) -> dict:
+    """The cost model's section (prediction_report.data) with its predicted-vs-measured plots drawn
+    where the writers draw them."""
+    d = prediction_report.data(ahead)
+    for machine_id, m in d["machines"].items():
+        if "refused" not in m and m["loo"]["predicted"]:
+            prediction_report.plot(ahead, machine_id, m["loo"])
+    return d
