@@ -26,9 +26,13 @@ class Model:
     def weights(self, levels: list[list[Run]], coefs: list[float]) -> dict[int, float]:
         """The contrast sum_k coefs[k] * (mean effect of the configurations of level k): each
         configuration counted once, however many runs it has."""
+        return self.weights_of([{self.config_index[k] for k in {r.config_key() for r in runs}} for runs in levels], coefs)
+
+    def weights_of(self, levels: list[set[int]], coefs: list[float]) -> dict[int, float]:
+        """weights() of levels given as their sets of configuration indices."""
         out: dict[int, float] = defaultdict(float)
-        for runs, c in zip(levels, coefs):
-            idx = sorted({self.config_index[k] for k in {r.config_key() for r in runs}})
+        for configs, c in zip(levels, coefs):
+            idx = sorted(configs)
             for i in idx:
                 out[i] += c / len(idx)
         return dict(out)
