@@ -47,7 +47,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from itertools import repeat
+from itertools import compress, repeat
+from operator import attrgetter, not_
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -760,9 +761,9 @@ def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (),
             (found.append(ve) if ve else together.append(n))
         for ve in found:
             ve.fixed = drop_derived(ve.fixed, together)
-    lost, uncompared, base_note = lost_levels(runs, flagged if not kept_all else [], list(asked), found, together)
+    lost, uncompared, base_note = lost_levels(runs, flagged if not kept_all else [], list(asked), found, together, cells)
     return MachineAnalysis(machine_id, found, [n for n in together if n not in uncompared], drift, noise,
-                           _identical(runs, asked), _regrouped(runs), runs, varied, flagged, kept_all, lost,
+                           _identical(runs, asked, cells), _regrouped(runs, cells), runs, varied, flagged, kept_all, lost,
                            uncompared, model, base_note, cells)
 
 
@@ -787,38 +788,54 @@ def _status_words(rows: list[dict], disturbed_ids: set) -> str:
 
 
 def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found: list[VariableEffect],
-                together: list[str]) -> tuple[list[Lost], dict[str, str], str]:
+                together: list[str], cells: Cells | None = None) -> tuple[list[Lost], dict[str, str], str]:
     """Values that jobs asked for and that have no usable run, with why; the varied variables that
     could not be compared, with why (their baseline configuration or their other values lost), as
     against those that only ever moved with another variable (followers); and, where the baseline
-    configuration itself has no usable run, that said in words ("" otherwise)."""
-    asked_values: dict[str, dict] = defaultdict(lambda: defaultdict(list))
-    several = [n for n in FACTORS if len(set(map(dict.get, asked, repeat(n)))) > 1]  # (raw values: cheap)
+    configuration itself has no usable run, that said in words ("" otherwise). `cells`: the runs by
+    cell (Cells(runs) when not given)."""
+    cells = cells if cells is not None else Cells(runs)
+    # The asked rows that say something new about the raw job columns: every row without a usable run,
+    # and of those with one, the first of each cell (a cell's runs share their job columns: as_ran).
+    ran = set(map(id, map(attrgetter("row"), runs)))
+    said = ran - set(map(id, (r.row for r in cells.rep)))
+    sample = asked if not said or not ran <= set(map(id, asked)) else \
+        list(compress(asked, map(not_, map(said.__contains__, map(id, asked)))))  # (in asked order)
+    several = [n for n in FACTORS if len(set(map(dict.get, sample, repeat(n)))) > 1]  # (raw values: cheap)
     usable: dict[str, set] = defaultdict(set)  # the values asked for that have a usable run (as asked:
-    for r in {r.cell if r.cell is not None else id(r): r for r in runs}.values():  # a value that ran as another, like the hub dataset as
-        for n in several:  # builtin, is said so elsewhere; one run per cell: a cell's runs share their job columns
-            usable[n].add(value_of(n, r.row.get(n)))
-    for row in asked:
+    for r in cells.rep:  # a value that ran as another, like the hub dataset as builtin, is said so elsewhere)
         for n in several:
-            asked_values[n][value_of(n, row[n])].append(row)
+            usable[n].add(value_of(n, r.row.get(n)))
+    asked_values: dict[str, dict] = {}  # variable -> value -> its raw values, in the order of their rows
+    for n in several:
+        by_value = asked_values[n] = defaultdict(set)
+        for raw in dict.fromkeys(map(dict.get, sample, repeat(n))):
+            by_value[value_of(n, raw)].add(raw)
+
+    def rows_at(rows: list[dict], n: str, raws: set) -> list[dict]:  # those of these raw values, in order
+        return list(compress(rows, map(raws.__contains__, map(dict.get, rows, repeat(n)))))
     d_ids = {r.row.get("run_id") for r in disturbed}
     lost = []
     for n, by_value in asked_values.items():
         if len(by_value) < 2:
             continue
-        for v, rows in sorted(by_value.items(), key=lambda kv: sort_key(n, kv[0])):
+        for v, raws in sorted(by_value.items(), key=lambda kv: sort_key(n, kv[0])):
             if v not in usable.get(n, set()):
-                lost.append(Lost(n, label(n, v), _status_words(rows, d_ids)))
+                lost.append(Lost(n, label(n, v), _status_words(rows_at(asked, n, raws), d_ids)))
     # The baseline configuration as asked: per varied variable, the value most asked-for configurations share.
     varied = [n for n, by_value in asked_values.items() if len(by_value) > 1]
-    configs = {row.get("config_hash") or id(row): row for row in asked}.values()
+    hashes = list(map(dict.get, asked, repeat("config_hash")))
+    configs = (dict(zip(hashes, asked)) if all(hashes) else
+               {h or id(row): row for h, row in zip(hashes, asked)}).values()
     modal = {}
     for n in varied:
         counts = Counter(value_of(n, row[n]) for row in configs)
         modal[n] = counts.most_common(1)[0][0]
-    base_rows = [row for row in asked if all(value_of(n, row[n]) == modal[n] for n in varied)]
-    done_ids = {r.row.get("run_id") for r in runs}
-    base_lost = bool(base_rows) and not any(row.get("run_id") in done_ids for row in base_rows)
+    base_rows = list(asked)
+    for n in varied:
+        base_rows = rows_at(base_rows, n, asked_values[n][modal[n]])
+    base_ids = {row.get("run_id") for row in base_rows}
+    base_lost = bool(base_rows) and base_ids.isdisjoint(map(dict.get, map(attrgetter("row"), runs), repeat("run_id")))
     base_words = ", ".join(f"{n}={label(n, modal[n])}" for n in varied)
     compared = {ve.variable for ve in found}
     lost_by_var = defaultdict(list)
@@ -885,11 +902,11 @@ def smallest_resolvable(e: Effect) -> float | None:
     return math.expm1(z * e.se * (1.0 if e.kind == "ratio" else math.log(2)))
 
 
-def _identical(runs: list[Run], asked: list[dict]) -> list[str]:
+def _identical(runs: list[Run], asked: list[dict], cells: Cells | None = None) -> list[str]:
     """Variables whose asked-for values ran as fewer values (e.g. dataset: both on builtin)."""
     out = []
-    done = {r.row["run_id"]: r for r in runs}
-    changed = {n for r in {id(r.changed): r for r in runs}.values() for n in r.changed}
+    changed = {n for r in {id(r.changed): r for r in (cells.rep if cells else runs)}.values() for n in r.changed}
+    done = {r.row["run_id"]: r for r in runs} if changed else {}
     for n in RAN_FROM:
         if n not in changed:  # every run ran with what it asked for: nothing ran as something else
             continue
@@ -914,8 +931,13 @@ def _identical(runs: list[Run], asked: list[dict]) -> list[str]:
     return out
 
 
-def _regrouped(runs: list[Run]) -> list[str]:
-    counts = Counter((n, label(n, a), label(n, b)) for r in runs for n, (a, b) in r.changed.items() if n != "dataset")
+def _regrouped(runs: list[Run], cells: Cells | None = None) -> list[str]:
+    cells = cells if cells is not None else Cells(runs)
+    counts = Counter()
+    for r, k in zip(cells.rep, cells.n):  # (a cell's runs share what changed)
+        for n, (a, b) in r.changed.items():
+            if n != "dataset":
+                counts[(n, label(n, a), label(n, b))] += k
     return [f"{k} run(s) asked for {n}={a} ran with {n}={b} (read back in the child) and count under {b}"
             for (n, a, b), k in sorted(counts.items())]
 
