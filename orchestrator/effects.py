@@ -750,12 +750,12 @@ def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (),
         runs = [r for r in runs if not r.disturbed]
     model = fit_model(runs) if runs else None
     drift = pass_drift(runs, model) if model else Drift({}, {}, [])
-    varied = varied_variables(runs)
-    noise = machine_noise(runs, varied, model, probe_cv)
     cells = Cells(runs)
+    varied = varied_variables(cells.rep)  # (one run per cell: a cell's runs share their values)
+    modal = modal_config(cells.rep, varied) if runs else {}  # (a cell's runs share their configuration)
+    noise = machine_noise(runs, varied, model, probe_cv, modal)
     found, together = [], []
     if runs and varied:
-        modal = modal_config(cells.rep, varied)  # (a cell's runs share their configuration)
         for n in varied:
             ve = analyse_variable(cells, n, varied, modal, machine_id, model)
             (found.append(ve) if ve else together.append(n))
@@ -829,7 +829,9 @@ def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found:
                {h or id(row): row for h, row in zip(hashes, asked)}).values()
     modal = {}
     for n in varied:
-        counts = Counter(value_of(n, row[n]) for row in configs)
+        counts = Counter()
+        for raw, k in Counter(map(dict.get, configs, repeat(n))).items():  # value_of once per raw value
+            counts[value_of(n, raw)] += k
         modal[n] = counts.most_common(1)[0][0]
     base_rows = list(asked)
     for n in varied:
