@@ -47,8 +47,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from itertools import repeat
+from itertools import compress, repeat
+from operator import attrgetter, not_
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from scipy.special import fdtrc, ndtri, stdtr, stdtrit
@@ -337,39 +339,99 @@ class Grid:
 
 # -- comparison groups --------------------------------------------------------------------------
 
-def _group_keys(runs: list[Run], free: set[str], varied: list[str]) -> tuple[list[str], list[tuple]]:
-    """The key of each run's comparison group: the varied variables outside `free` at their values,
+class Cells:
+    """One machine's runs by cell (as_ran: the runs of one configuration, asked and read back alike,
+    share their values): what the comparisons need of each cell (its values, runs, passes, job ids,
+    configuration in the model), worked out once, so that grouping and counting go over the cells,
+    not over every run. Cells are numbered in the order of their first run, so a group of cells in
+    that order keeps the order of the runs' groups; `runs_of` gives a list of cells' runs in run order.
+    A run without a cell (built by hand) is a cell of its own."""
+
+    def __init__(self, runs: list[Run]):
+        self.runs = runs
+        index: dict = {}
+        of_run = np.fromiter((index.setdefault(r.cell if r.cell is not None else id(r), len(index)) for r in runs),
+                             dtype=np.intp, count=len(runs))
+        self.n = np.bincount(of_run, minlength=len(index)).tolist()  # runs per cell
+        self.pos = np.split(np.argsort(of_run, kind="stable"), np.cumsum(self.n)[:-1]) if runs else []
+        self.rep = [runs[int(p[0])] for p in self.pos]  # each cell's first run: its values, changed, derived
+        self.all = range(len(self.rep))
+
+    def runs_of(self, cells) -> list[Run]:
+        """The runs of these cells, in run order."""
+        if len(cells) == 1:
+            return list(map(self.runs.__getitem__, self.pos[cells[0]].tolist()))
+        if not cells:
+            return []
+        return list(map(self.runs.__getitem__, np.sort(np.concatenate([self.pos[c] for c in cells])).tolist()))
+
+    def values(self, cells, name: str) -> set:
+        return {self.rep[c].values[name] for c in cells}
+
+    def n_runs(self, cells) -> int:
+        return sum(map(self.n.__getitem__, cells))
+
+    def n_configs(self, cells) -> int:
+        """Distinct configurations among these cells (each counted once, however many runs it has)."""
+        return len({self.rep[c]._key for c in cells})  # (_key: config_key()'s cache, read without the call)
+
+    def passes(self, cells) -> set:
+        return set().union(*map(self._passes.__getitem__, cells))
+
+    def job_ids(self, cells) -> tuple:
+        return tuple(sorted(set().union(*map(self._jobs.__getitem__, cells))))
+
+    @cached_property
+    def _passes(self) -> list[frozenset]:
+        passes = [r.pass_ for r in self.runs]
+        return [frozenset(map(passes.__getitem__, p.tolist())) for p in self.pos]
+
+    @cached_property
+    def _jobs(self) -> list[frozenset]:
+        jobs = [r.row["job_id"] for r in self.runs]
+        return [frozenset(map(jobs.__getitem__, p.tolist())) for p in self.pos]
+
+    def configs(self, model: Model) -> list[int]:
+        """Each cell's configuration index in the model."""
+        if getattr(self, "_model", None) is not model:
+            self._model, self._configs = model, [model.config_index[r._key] for r in self.rep]
+        return self._configs
+
+    def weights(self, model: Model, levels: list, coefs: list[float]) -> dict[int, float]:
+        """Model.weights of levels given as lists of cells."""
+        config = self.configs(model)
+        return model.weights_of([{config[c] for c in cells} for cells in levels], coefs)
+
+    def mean_adj(self, cells) -> float:
+        return np.mean([r.adj for r in self.runs_of(cells)])
+
+
+def _group_keys(cells: Cells, free: set[str], varied: list[str]) -> tuple[list[str], list[tuple]]:
+    """The key of each cell's comparison group: the varied variables outside `free` at their values,
     the followers of the free variables as DERIVED_MARK when at their derived value."""
     follow = set().union(*(followers_of(n) for n in free)) - free
     keys = [n for n in varied if n not in free]
-    out = []
-    seen: dict = {}  # runs of one cell (as_ran) share their key
-    for r in runs:
-        cell = r.cell if r.cell is not None else id(r)
-        key = seen.get(cell)
-        if key is None:
-            key = seen[cell] = tuple(DERIVED_MARK if n in follow and r.at_derived(n) else r.values[n]
-                                             for n in keys)
-        out.append(key)
-    return keys, out
+    return keys, [tuple(DERIVED_MARK if n in follow and r.at_derived(n) else r.values[n] for n in keys)
+                  for r in cells.rep]
 
 
-def _groups(runs: list[Run], free: set[str], varied: list[str]) -> tuple[list[str], dict[tuple, list[Run]]]:
-    keys, run_keys = _group_keys(runs, free, varied)
-    groups: dict[tuple, list[Run]] = defaultdict(list)
-    for r, k in zip(runs, run_keys):
-        groups[k].append(r)
+def _groups(cells: Cells, free: set[str], varied: list[str]) -> tuple[list[str], dict[tuple, list[int]]]:
+    """The comparison groups: key -> its cells (in the order of their first runs)."""
+    keys, cell_keys = _group_keys(cells, free, varied)
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for c, k in enumerate(cell_keys):
+        groups[k].append(c)
     return keys, groups
 
 
-def _best_group(groups: dict[tuple, list[Run]], distinct) -> tuple | None:
+def _best_group(cells: Cells, groups: dict[tuple, list[int]], distinct) -> tuple | None:
     """The group with the most distinct values of the free variables, then closest to the modal key,
     then with the most configurations (each counted once, so repeats added to some do not move it;
     ties: the group seen first)."""
     if not groups:
         return None
     width = len(next(iter(groups)))
-    n_configs = {key: len(_configs(members)) for key, members in groups.items()}
+    n_configs = {key: cells.n_configs(members) for key, members in groups.items()}
     modal = []
     for i in range(width):
         counts = Counter()
@@ -392,39 +454,46 @@ def _group_words(keys: list[str], key: tuple) -> str:
                      if not any(n in followers_of(m) for m in leaders if m != n)) or "the baseline"
 
 
-def analyse_variable(runs: list[Run], name: str, varied: list[str], modal: dict, machine_id: int,
+def _by_value(cells: Cells, members: list[int], name: str) -> dict:
+    """value of `name` -> the cells at it (in the order of their first runs)."""
+    by_value: dict = defaultdict(list)
+    for c in members:
+        by_value[cells.rep[c].values[name]].append(c)
+    return by_value
+
+
+def analyse_variable(cells: Cells, name: str, varied: list[str], modal: dict, machine_id: int,
                      model: Model) -> VariableEffect | None:
     """The comparison group, levels, ratios, elasticity and interaction of one variable; None when
     no two runs differ in it alone."""
-    keys, groups = _groups(runs, {name}, varied)
-    best = _best_group(groups, lambda ms: len({r.values[name] for r in ms}))
+    keys, groups = _groups(cells, {name}, varied)
+    best = _best_group(cells, groups, lambda ms: len(cells.values(ms, name)))
     members = groups[best]
-    by_value: dict = defaultdict(list)
-    for r in members:
-        by_value[r.values[name]].append(r)
+    by_value = _by_value(cells, members, name)
     if len(by_value) < 2:
         return None
     values = sorted(by_value, key=lambda v: sort_key(name, v))
-    levels = [Level(v, label(name, v), by_value[v]) for v in values]
-    base_value = modal[name] if modal[name] in by_value else max(values, key=lambda v: len(_configs(by_value[v])))
+    levels = [Level(v, label(name, v), cells.runs_of(by_value[v])) for v in values]
+    base_value = modal[name] if modal[name] in by_value else max(values, key=lambda v: cells.n_configs(by_value[v]))
     baseline = next(lv for lv in levels if lv.value == base_value)
     follow = followers_of(name)
-    followers = sorted((n for n in follow if n in varied and len({r.values[n] for r in members}) > 1), key=NAMES.index)
+    followers = sorted((n for n in follow if n in varied and len(cells.values(members, n)) > 1), key=NAMES.index)
     fixed = {n: ("follows" if v == DERIVED_MARK else label(n, v)) for n, v in zip(keys, best)}
     fixed = {n: v for n, v in fixed.items() if v != "follows"}
     ve = VariableEffect(machine_id=machine_id, variable=name, size_like=is_size(name, values), baseline=baseline,
                         levels=levels, fixed=fixed, followers=followers,
-                        ratios=[ratio(lv, baseline, name, machine_id, model) for lv in levels if lv is not baseline])
+                        ratios=[ratio(cells, by_value[lv.value], by_value[base_value], lv.label, baseline.label, name,
+                                      machine_id, model) for lv in levels if lv is not baseline])
     # Runs at the baseline's other settings that the group leaves out because a follower was set by hand.
-    ve.left_out = sum(len(ms) for k, ms in groups.items() if k != best and all(
+    ve.left_out = sum(cells.n_runs(ms) for k, ms in groups.items() if k != best and all(
         a == b or DERIVED_MARK in (a, b) for a, b in zip(k, best)))
     several = {k: ms for k, ms in sorted(groups.items(), key=lambda kv: [
         sort_key(n, v) if v != DERIVED_MARK else (2, 0, "") for n, v in zip(keys, kv[0])])
-        if len({r.values[name] for r in ms}) >= 2}
-    if ve.size_like and any(len({r.values[name] for r in ms}) >= 3 for ms in several.values()):
-        ve.elasticity, ve.n_groups = elasticity(list(several.values()), name, machine_id, model)
+        if len(cells.values(ms, name)) >= 2}
+    if ve.size_like and any(len(cells.values(ms, name)) >= 3 for ms in several.values()):
+        ve.elasticity, ve.n_groups = elasticity(cells, list(several.values()), name, machine_id, model)
     if len(several) >= 2:
-        _interaction(ve, keys, several, model)
+        _interaction(ve, cells, keys, several, model)
     return ve
 
 
@@ -443,56 +512,58 @@ def _test(e: Effect, c: sm.Contrast | None, why: str) -> None:
 NOT_ESTIMABLE = "not estimable: its runs share no block with the baseline's, directly or through other configurations"
 
 
-def ratio(lv: Level, base: Level, name: str, machine_id: int, model: Model, group: str | None = None) -> Effect:
-    """Step time at lv over the baseline's: exp of the difference of their configurations' effects in
-    the model, with the model's shared variance and degrees of freedom."""
-    weights = model.weights([lv.runs, base.runs], [1.0, -1.0])
+def ratio(cells: Cells, at: list[int], base: list[int], value: str, base_label: str, name: str, machine_id: int,
+          model: Model, group: str | None = None) -> Effect:
+    """Step time at a value (its cells `at`) over the baseline's (`base`): exp of the difference of
+    their configurations' effects in the model, with the model's shared variance and degrees of freedom."""
+    weights = cells.weights(model, [at, base], [1.0, -1.0])
     c = model.fit.contrast(weights)
-    runs = lv.runs + base.runs
-    est = c.estimate if c is not None else float(np.mean(lv.adj) - np.mean(base.adj))
-    e = Effect(machine_id, name, "ratio", lv.label, base.label, math.exp(est), None, None, len(runs),
-               min_runs=min(lv.n, base.n), n_passes=len(lv.passes | base.passes), method=METHOD,
-               job_ids=tuple(sorted({r.row["job_id"] for r in runs})), group=group)
+    est = c.estimate if c is not None else float(cells.mean_adj(at) - cells.mean_adj(base))
+    both = at + base
+    e = Effect(machine_id, name, "ratio", value, base_label, math.exp(est), None, None, cells.n_runs(both),
+               min_runs=min(cells.n_runs(at), cells.n_runs(base)), n_passes=len(cells.passes(both)), method=METHOD,
+               job_ids=cells.job_ids(both), group=group)
     _test(e, c, NOT_ESTIMABLE)
     return e
 
 
-def _slope_cells(groups: list[list[Run]], name: str) -> list[tuple[int, float, list[Run]]]:
-    """(group, log value, runs) of every value of `name` in every group with two or more values."""
-    cells = []
+def _slope_cells(cells: Cells, groups: list[list[int]], name: str) -> list[tuple[int, float, list[int]]]:
+    """(group, log value, its cells) of every value of `name` in every group with two or more values."""
+    out = []
     for g, members in enumerate(groups):
         by_value: dict = defaultdict(list)
-        for r in members:
-            by_value[float(r.values[name])].append(r)
+        for c in members:
+            by_value[float(cells.rep[c].values[name])].append(c)
         if len(by_value) >= 2:
-            cells += [(g, math.log(v), rs) for v, rs in by_value.items()]
-    return cells
+            out += [(g, math.log(v), cs) for v, cs in by_value.items()]
+    return out
 
 
-def elasticity(groups: list[list[Run]], name: str, machine_id: int, model: Model,
+def elasticity(cells: Cells, groups: list[list[int]], name: str, machine_id: int, model: Model,
                group: str | None = None) -> tuple[Effect | None, int]:
     """The least-squares slope of the values' effects in the model on log value, within groups (each
     group its own intercept): a contrast of the one fit."""
-    cells = _slope_cells(groups, name)
-    if not cells:
+    slope = _slope_cells(cells, groups, name)
+    if not slope:
         return None, 0
-    used = sorted({c[0] for c in cells})
-    centre = {g: float(np.mean([c[1] for c in cells if c[0] == g])) for g in used}
-    x = np.array([c[1] - centre[c[0]] for c in cells])
+    used = sorted({s[0] for s in slope})
+    centre = {g: float(np.mean([s[1] for s in slope if s[0] == g])) for g in used}
+    x = np.array([s[1] - centre[s[0]] for s in slope])
     sxx = float(x @ x)
-    weights = model.weights([c[2] for c in cells], list(x / sxx))
+    weights = cells.weights(model, [s[2] for s in slope], list(x / sxx))
     c = model.fit.contrast(weights)
-    runs = [r for cell in cells for r in cell[2]]
-    est = c.estimate if c is not None else float(sum(xi / sxx * np.mean([r.adj for r in cell[2]]) for xi, cell in zip(x, cells)))
-    e = Effect(machine_id, name, "elasticity", None, None, est, None, None, len(runs),
-               min_runs=min(len(cell[2]) for cell in cells), n_passes=len({r.pass_ for r in runs}), method=METHOD,
-               job_ids=tuple(sorted({r.row["job_id"] for r in runs})),
-               log_range=max(cell[1] for cell in cells) - min(cell[1] for cell in cells), group=group)
+    every = [cell for s in slope for cell in s[2]]
+    est = c.estimate if c is not None else float(sum(xi / sxx * cells.mean_adj(s[2]) for xi, s in zip(x, slope)))
+    e = Effect(machine_id, name, "elasticity", None, None, est, None, None, cells.n_runs(every),
+               min_runs=min(cells.n_runs(s[2]) for s in slope), n_passes=len(cells.passes(every)), method=METHOD,
+               job_ids=cells.job_ids(every),
+               log_range=max(s[1] for s in slope) - min(s[1] for s in slope), group=group)
     _test(e, c, NOT_ESTIMABLE)
     return e, len(used)
 
 
-def _interaction(ve: VariableEffect, keys: list[str], several: dict[tuple, list[Run]], model: Model) -> None:
+def _interaction(ve: VariableEffect, cells: Cells, keys: list[str], several: dict[tuple, list[int]],
+                 model: Model) -> None:
     """Is the variable's effect the same in every group where it took two or more values? A Wald F
     test on the groups' slopes (sizes) or their log ratios to the baseline value (others), with the
     model's covariance. The per-group effects are kept for the report where the test rejects."""
@@ -501,34 +572,32 @@ def _interaction(ve: VariableEffect, keys: list[str], several: dict[tuple, list[
     per_group: list[tuple[str, list[dict], list[Effect]]] = []
     if ve.size_like:
         for key, ms in several.items():
-            if len({r.values[name] for r in ms}) < 2:
+            if len(cells.values(ms, name)) < 2:
                 continue
             words = _group_words(keys, key)
-            e, _ = elasticity([ms], name, ve.machine_id, model, group=words)
-            cells = _slope_cells([ms], name)
-            lx = np.array([c[1] for c in cells])
+            e, _ = elasticity(cells, [ms], name, ve.machine_id, model, group=words)
+            slope = _slope_cells(cells, [ms], name)
+            lx = np.array([s[1] for s in slope])
             x = lx - lx.mean()
-            per_group.append((words, [model.weights([c[2] for c in cells], list(x / float(x @ x)))], [e]))
+            per_group.append((words, [cells.weights(model, [s[2] for s in slope], list(x / float(x @ x)))], [e]))
     else:
         shared = None
         for ms in several.values():
-            vals = {r.values[name] for r in ms}
+            vals = cells.values(ms, name)
             if base in vals:
                 shared = vals if shared is None else shared & vals
         shared = sorted((shared or set()) - {base}, key=lambda v: sort_key(name, v))
         if not shared:
             return
         for key, ms in several.items():
-            by_value: dict = defaultdict(list)
-            for r in ms:
-                by_value[r.values[name]].append(r)
+            by_value = _by_value(cells, ms, name)
             if base not in by_value:
                 continue
             words = _group_words(keys, key)
-            b = Level(base, label(name, base), by_value[base])
-            effects = [ratio(Level(v, label(name, v), by_value[v]), b, name, ve.machine_id, model, group=words)
-                       for v in shared]
-            per_group.append((words, [model.weights([by_value[v], by_value[base]], [1.0, -1.0]) for v in shared], effects))
+            effects = [ratio(cells, by_value[v], by_value[base], label(name, v), label(name, base), name,
+                             ve.machine_id, model, group=words) for v in shared]
+            per_group.append((words, [cells.weights(model, [by_value[v], by_value[base]], [1.0, -1.0]) for v in shared],
+                              effects))
     if len(per_group) < 2 or any(e.se is None for _, _, es in per_group for e in es):
         return
     f = model.fit
@@ -580,6 +649,7 @@ class MachineAnalysis:
     uncompared: dict[str, str] = field(default_factory=dict)  # variable -> why it could not be compared
     model: Model | None = None
     baseline_lost: str = ""  # where the baseline configuration has no usable run: what happened, in words
+    cells: Cells | None = field(default=None, repr=False)  # the runs by cell (grids group them again)
 
     @property
     def effects(self) -> list[Effect]:
@@ -680,20 +750,21 @@ def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (),
         runs = [r for r in runs if not r.disturbed]
     model = fit_model(runs) if runs else None
     drift = pass_drift(runs, model) if model else Drift({}, {}, [])
-    varied = varied_variables(runs)
-    noise = machine_noise(runs, varied, model, probe_cv)
+    cells = Cells(runs)
+    varied = varied_variables(cells.rep)  # (one run per cell: a cell's runs share their values)
+    modal = modal_config(cells.rep, varied) if runs else {}  # (a cell's runs share their configuration)
+    noise = machine_noise(runs, varied, model, probe_cv, modal)
     found, together = [], []
     if runs and varied:
-        modal = modal_config(runs, varied)
         for n in varied:
-            ve = analyse_variable(runs, n, varied, modal, machine_id, model)
+            ve = analyse_variable(cells, n, varied, modal, machine_id, model)
             (found.append(ve) if ve else together.append(n))
         for ve in found:
             ve.fixed = drop_derived(ve.fixed, together)
-    lost, uncompared, base_note = lost_levels(runs, flagged if not kept_all else [], list(asked), found, together)
+    lost, uncompared, base_note = lost_levels(runs, flagged if not kept_all else [], list(asked), found, together, cells)
     return MachineAnalysis(machine_id, found, [n for n in together if n not in uncompared], drift, noise,
-                           _identical(runs, asked), _regrouped(runs), runs, varied, flagged, kept_all, lost,
-                           uncompared, model, base_note)
+                           _identical(runs, asked, cells), _regrouped(runs, cells), runs, varied, flagged, kept_all, lost,
+                           uncompared, model, base_note, cells)
 
 
 def _status_words(rows: list[dict], disturbed_ids: set) -> str:
@@ -717,38 +788,56 @@ def _status_words(rows: list[dict], disturbed_ids: set) -> str:
 
 
 def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found: list[VariableEffect],
-                together: list[str]) -> tuple[list[Lost], dict[str, str], str]:
+                together: list[str], cells: Cells | None = None) -> tuple[list[Lost], dict[str, str], str]:
     """Values that jobs asked for and that have no usable run, with why; the varied variables that
     could not be compared, with why (their baseline configuration or their other values lost), as
     against those that only ever moved with another variable (followers); and, where the baseline
-    configuration itself has no usable run, that said in words ("" otherwise)."""
-    asked_values: dict[str, dict] = defaultdict(lambda: defaultdict(list))
-    several = [n for n in FACTORS if len(set(map(dict.get, asked, repeat(n)))) > 1]  # (raw values: cheap)
+    configuration itself has no usable run, that said in words ("" otherwise). `cells`: the runs by
+    cell (Cells(runs) when not given)."""
+    cells = cells if cells is not None else Cells(runs)
+    # The asked rows that say something new about the raw job columns: every row without a usable run,
+    # and of those with one, the first of each cell (a cell's runs share their job columns: as_ran).
+    ran = set(map(id, map(attrgetter("row"), runs)))
+    said = ran - set(map(id, (r.row for r in cells.rep)))
+    sample = asked if not said or not ran <= set(map(id, asked)) else \
+        list(compress(asked, map(not_, map(said.__contains__, map(id, asked)))))  # (in asked order)
+    several = [n for n in FACTORS if len(set(map(dict.get, sample, repeat(n)))) > 1]  # (raw values: cheap)
     usable: dict[str, set] = defaultdict(set)  # the values asked for that have a usable run (as asked:
-    for r in {r.cell if r.cell is not None else id(r): r for r in runs}.values():  # a value that ran as another, like the hub dataset as
-        for n in several:  # builtin, is said so elsewhere; one run per cell: a cell's runs share their job columns
-            usable[n].add(value_of(n, r.row.get(n)))
-    for row in asked:
+    for r in cells.rep:  # a value that ran as another, like the hub dataset as builtin, is said so elsewhere)
         for n in several:
-            asked_values[n][value_of(n, row[n])].append(row)
+            usable[n].add(value_of(n, r.row.get(n)))
+    asked_values: dict[str, dict] = {}  # variable -> value -> its raw values, in the order of their rows
+    for n in several:
+        by_value = asked_values[n] = defaultdict(set)
+        for raw in dict.fromkeys(map(dict.get, sample, repeat(n))):
+            by_value[value_of(n, raw)].add(raw)
+
+    def rows_at(rows: list[dict], n: str, raws: set) -> list[dict]:  # those of these raw values, in order
+        return list(compress(rows, map(raws.__contains__, map(dict.get, rows, repeat(n)))))
     d_ids = {r.row.get("run_id") for r in disturbed}
     lost = []
     for n, by_value in asked_values.items():
         if len(by_value) < 2:
             continue
-        for v, rows in sorted(by_value.items(), key=lambda kv: sort_key(n, kv[0])):
+        for v, raws in sorted(by_value.items(), key=lambda kv: sort_key(n, kv[0])):
             if v not in usable.get(n, set()):
-                lost.append(Lost(n, label(n, v), _status_words(rows, d_ids)))
+                lost.append(Lost(n, label(n, v), _status_words(rows_at(asked, n, raws), d_ids)))
     # The baseline configuration as asked: per varied variable, the value most asked-for configurations share.
     varied = [n for n, by_value in asked_values.items() if len(by_value) > 1]
-    configs = {row.get("config_hash") or id(row): row for row in asked}.values()
+    hashes = list(map(dict.get, asked, repeat("config_hash")))
+    configs = (dict(zip(hashes, asked)) if all(hashes) else
+               {h or id(row): row for h, row in zip(hashes, asked)}).values()
     modal = {}
     for n in varied:
-        counts = Counter(value_of(n, row[n]) for row in configs)
+        counts = Counter()
+        for raw, k in Counter(map(dict.get, configs, repeat(n))).items():  # value_of once per raw value
+            counts[value_of(n, raw)] += k
         modal[n] = counts.most_common(1)[0][0]
-    base_rows = [row for row in asked if all(value_of(n, row[n]) == modal[n] for n in varied)]
-    done_ids = {r.row.get("run_id") for r in runs}
-    base_lost = bool(base_rows) and not any(row.get("run_id") in done_ids for row in base_rows)
+    base_rows = list(asked)
+    for n in varied:
+        base_rows = rows_at(base_rows, n, asked_values[n][modal[n]])
+    base_ids = {row.get("run_id") for row in base_rows}
+    base_lost = bool(base_rows) and base_ids.isdisjoint(map(dict.get, map(attrgetter("row"), runs), repeat("run_id")))
     base_words = ", ".join(f"{n}={label(n, modal[n])}" for n in varied)
     compared = {ve.variable for ve in found}
     lost_by_var = defaultdict(list)
@@ -815,11 +904,11 @@ def smallest_resolvable(e: Effect) -> float | None:
     return math.expm1(z * e.se * (1.0 if e.kind == "ratio" else math.log(2)))
 
 
-def _identical(runs: list[Run], asked: list[dict]) -> list[str]:
+def _identical(runs: list[Run], asked: list[dict], cells: Cells | None = None) -> list[str]:
     """Variables whose asked-for values ran as fewer values (e.g. dataset: both on builtin)."""
     out = []
-    done = {r.row["run_id"]: r for r in runs}
-    changed = {n for r in {id(r.changed): r for r in runs}.values() for n in r.changed}
+    changed = {n for r in {id(r.changed): r for r in (cells.rep if cells else runs)}.values() for n in r.changed}
+    done = {r.row["run_id"]: r for r in runs} if changed else {}
     for n in RAN_FROM:
         if n not in changed:  # every run ran with what it asked for: nothing ran as something else
             continue
@@ -844,8 +933,13 @@ def _identical(runs: list[Run], asked: list[dict]) -> list[str]:
     return out
 
 
-def _regrouped(runs: list[Run]) -> list[str]:
-    counts = Counter((n, label(n, a), label(n, b)) for r in runs for n, (a, b) in r.changed.items() if n != "dataset")
+def _regrouped(runs: list[Run], cells: Cells | None = None) -> list[str]:
+    cells = cells if cells is not None else Cells(runs)
+    counts = Counter()
+    for r, k in zip(cells.rep, cells.n):  # (a cell's runs share what changed)
+        for n, (a, b) in r.changed.items():
+            if n != "dataset":
+                counts[(n, label(n, a), label(n, b))] += k
     return [f"{k} run(s) asked for {n}={a} ran with {n}={b} (read back in the child) and count under {b}"
             for (n, a, b), k in sorted(counts.items())]
 
@@ -859,24 +953,26 @@ def drop_derived(fixed: dict[str, str], together: list[str]) -> dict[str, str]:
 def grids(analysis: MachineAnalysis) -> list[Grid]:
     """Pairs of variables varied jointly (more combinations than a one-at-a-time cross would give)."""
     runs, varied, together = analysis.runs, analysis.varied, analysis.together
+    cells = analysis.cells if analysis.cells is not None and analysis.cells.runs is runs else Cells(runs)
     names = [ve.variable for ve in analysis.variables]
     out = []
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             if b in followers_of(a) or a in followers_of(b):
                 continue
-            keys, groups = _groups(runs, {a, b}, varied)
-            best = _best_group(groups, lambda ms: len({(r.values[a], r.values[b]) for r in ms}))
+            keys, groups = _groups(cells, {a, b}, varied)
+            best = _best_group(cells, groups, lambda ms: len({(cells.rep[c].values[a], cells.rep[c].values[b]) for c in ms}))
             if best is None:
                 continue
-            cells: dict = defaultdict(list)
-            for r in groups[best]:
-                cells[(r.values[a], r.values[b])].append(r.step_ms)
-            av = sorted({k[0] for k in cells}, key=lambda v: sort_key(a, v))
-            bv = sorted({k[1] for k in cells}, key=lambda v: sort_key(b, v))
-            if len(av) < 2 or len(bv) < 2 or len(cells) <= len(av) + len(bv) - 1:
+            at: dict = defaultdict(list)
+            for c in groups[best]:
+                at[(cells.rep[c].values[a], cells.rep[c].values[b])].append(c)
+            av = sorted({k[0] for k in at}, key=lambda v: sort_key(a, v))
+            bv = sorted({k[1] for k in at}, key=lambda v: sort_key(b, v))
+            if len(av) < 2 or len(bv) < 2 or len(at) <= len(av) + len(bv) - 1:
                 continue
-            matrix = [[float(np.median(cells[(x, y)])) if (x, y) in cells else None for y in bv] for x in av]
+            matrix = [[float(np.median([r.step_ms for r in cells.runs_of(at[(x, y)])])) if (x, y) in at else None
+                       for y in bv] for x in av]
             fixed = {n: label(n, v) for n, v in zip(keys, best) if v != DERIVED_MARK}
             out.append(Grid(analysis.machine_id, a, b, [label(a, v) for v in av], [label(b, v) for v in bv], matrix,
                             drop_derived(fixed, list(together))))

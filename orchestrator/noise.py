@@ -5,8 +5,10 @@ fitted model, each pass's drift and the machine's noise in words a report can us
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -26,9 +28,13 @@ class Model:
     def weights(self, levels: list[list[Run]], coefs: list[float]) -> dict[int, float]:
         """The contrast sum_k coefs[k] * (mean effect of the configurations of level k): each
         configuration counted once, however many runs it has."""
+        return self.weights_of([{self.config_index[k] for k in {r.config_key() for r in runs}} for runs in levels], coefs)
+
+    def weights_of(self, levels: list[set[int]], coefs: list[float]) -> dict[int, float]:
+        """weights() of levels given as their sets of configuration indices."""
         out: dict[int, float] = defaultdict(float)
-        for runs, c in zip(levels, coefs):
-            idx = sorted({self.config_index[k] for k in {r.config_key() for r in runs}})
+        for configs, c in zip(levels, coefs):
+            idx = sorted(configs)
             for i in idx:
                 out[i] += c / len(idx)
         return dict(out)
@@ -47,8 +53,10 @@ def stratum_of(r: Run):
 def fit_model(runs: list[Run]) -> Model:
     configs: dict = {}
     blocks: dict = {}
-    config_idx = [configs.setdefault(r.config_key(), len(configs)) for r in runs]
-    block_idx = [blocks.setdefault(block_of(r), len(blocks)) for r in runs]
+    config_idx = [configs.setdefault(k, len(configs)) for k in map(attrgetter("_key"), runs)]  # (config_key()'s cache)
+    raw = list(map(dict.get, map(attrgetter("row"), runs), repeat("block")))
+    stretch = {b: stretch_of(b) for b in set(raw)}  # block_of, once per distinct jobs.block
+    block_idx = [blocks.setdefault((p, stretch[b]), len(blocks)) for p, b in zip(map(attrgetter("pass_"), runs), raw)]
     log_ms = [r.log_ms for r in runs]
     f = sm.fit(log_ms, config_idx, block_idx, [stratum_of(r) for r in runs], n_configs=len(configs),
                n_blocks=len(blocks), pass_idx=[r.pass_ for r in runs])
@@ -81,13 +89,11 @@ def pass_drift(runs: list[Run], model: Model) -> Drift:
     passes = sorted(by_pass)
     if not passes:
         return Drift({}, {}, [])
-    seen: dict[int, set] = defaultdict(set)
-    for r in runs:  # one scan of the runs, not one per pass
-        seen[r.pass_].add(r.config_key())
-    configs = {p: len(seen[p]) for p in passes}
-    part = {}
-    for r in runs:
-        part.setdefault(r.pass_, int(f.component[model.config_index[r.config_key()]]))
+    keys = list(map(attrgetter("pass_", "_key"), runs))  # (pass, configuration) per run (_key: config_key()'s cache)
+    seen = Counter(map(itemgetter(0), set(keys)))  # configurations per pass
+    configs = {p: seen[p] for p in passes}
+    first = dict(reversed(keys))  # each pass's first run's configuration
+    part = {p: int(f.component[model.config_index[k]]) for p, k in first.items()}
     shift = {p: float(np.mean(f.gamma[by_pass[p]])) for p in passes}
     return Drift({p: v - shift[passes[0]] for p, v in shift.items()}, configs,
                  [p for p in passes if part.get(p) != part.get(passes[0])])
@@ -158,13 +164,15 @@ def cv_of(var: float | None) -> float | None:
     return None if var is None or not math.isfinite(var) else math.sqrt(math.expm1(var))
 
 
-def machine_noise(runs: list[Run], varied: list[str], model: Model | None, probe_cv: float | None = None) -> Noise:
+def machine_noise(runs: list[Run], varied: list[str], model: Model | None, probe_cv: float | None = None,
+                  modal: dict | None = None) -> Noise:
+    """`modal`: modal_config(runs, varied), where the caller has it."""
     by_config: dict[tuple, list[Run]] = defaultdict(list)
-    for r in runs:
-        by_config[r.config_key()].append(r)
+    for k, r in zip(map(attrgetter("_key"), runs), runs):  # (_key: config_key()'s cache)
+        by_config[k].append(r)
     repeated = [rs for rs in by_config.values() if len(rs) >= 2]
     raw = _typical_variance([np.array([r.log_ms for r in rs]) for rs in repeated])
-    modal = modal_config(runs, varied) if runs else {}
+    modal = modal if modal is not None else modal_config(runs, varied) if runs else {}
 
     def name(rs):
         v = rs[0].values
@@ -183,8 +191,8 @@ def _median_sampling_cv(runs: list[Run]) -> float | None:
     """The typical noise of a run's median step time from its own steps: the steps' log spread from
     p10 and p90 (a normal's p90/p10 is 2.563 sigmas) times sqrt(pi/2 / steps), the median's."""
     out = []
-    for r in runs:
-        p10, p90, steps = r.row.get("step_ms_p10"), r.row.get("step_ms_p90"), r.row.get("steps")
+    rows = list(map(attrgetter("row"), runs))
+    for p10, p90, steps in zip(*(map(dict.get, rows, repeat(c)) for c in ("step_ms_p10", "step_ms_p90", "steps"))):
         if p10 and p90 and steps and p90 >= p10 > 0:
             out.append(math.log(p90 / p10) / 2.563 * math.sqrt(math.pi / 2 / int(steps)))
     return float(np.median(out)) if out else None
