@@ -34,13 +34,16 @@ identified), g the gradient of the log prediction; exp() of the two ends. Pure: 
 from __future__ import annotations
 
 import math
+import operator
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import compress, repeat
 
 import numpy as np
 from scipy import optimize, stats
 
 from common.compute import operations
+from common.metrics import DISTURBED_FLOOR_S
 from common.errors import BenchError
 
 # Variables the operations price: a new value is arithmetic, extrapolated but never refused.
@@ -352,6 +355,16 @@ def config_keys(rows: list[dict]) -> list[tuple]:
     return out
 
 
+def distinct_config_keys(rows: list[dict]) -> list[tuple]:
+    """list(dict.fromkeys(config_keys(rows))): each configuration's key once, in the order they first
+    ran. The rows' raw values are deduplicated at C speed (no Python call per row), then config_key()
+    runs once per distinct raw values (it reads only those columns, so it gives what the row would)."""
+    from common.variables import NAMES
+    names = tuple(n for n in NAMES if n not in IGNORED)
+    raws = dict.fromkeys(map(tuple, map(map, map(operator.attrgetter("get"), rows), repeat(names))))
+    return list(dict.fromkeys(config_key(dict(zip(names, raw))) for raw in raws))
+
+
 def block_of(row: dict) -> tuple:
     """A run's block in the run order: its repeat pass and its comparison's stretch (jobs.block; None:
     the whole pass), as the report's step model has it (orchestrator/noise.py)."""
@@ -369,14 +382,18 @@ def thin(rows: list[dict], most: int = FIT_MAX_RUNS) -> list[dict]:
     a few factors is as well determined by the first passes of every configuration."""
     if len(rows) <= most:
         return rows
-    per_pass = Counter(r.get("repeat") or 0 for r in rows)
+    raw = Counter(map(operator.methodcaller("get", "repeat"), rows))  # each run's repeat, counted at C speed
+    per_pass = Counter()
+    for v, n in raw.items():
+        per_pass[v or 0] += n
     kept, total = set(), 0
     for p in sorted(per_pass):
         if total + per_pass[p] > most and kept:
             break
         kept.add(p)
         total += per_pass[p]
-    out = [r for r in rows if (r.get("repeat") or 0) in kept]
+    keep_raw = {v for v in raw if (v or 0) in kept}
+    out = list(compress(rows, map(keep_raw.__contains__, map(operator.methodcaller("get", "repeat"), rows))))
     if len(out) > most:
         step = len(out) / most
         out = [out[int(i * step)] for i in range(most)]
@@ -491,6 +508,7 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
     reference, measured, columns = {}, {}, []
     for name in varied:
         words = [key[pos[name]] for key in cells.keys]
+        word_array = np.array(words, dtype=object)
         counts: dict[str, float] = {}
         for x, m in zip(words, w):
             counts[x] = counts.get(x, 0.0) + m
@@ -498,7 +516,7 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
         measured[name] = set(counts)
         for x in sorted(counts):
             if x != reference[name]:
-                columns.append(((name, x), np.array([1.0 if v == x else 0.0 for v in words])))
+                columns.append(((name, x), (word_array == x).astype(float)))
     # Columns that are equal in the data (settings only ever changed together) are one factor.
     groups: list[tuple[tuple[tuple[str, str], ...], np.ndarray]] = []
     for key, col in columns:
@@ -607,10 +625,17 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
     cov = np.zeros((n_params, n_params))
     cov[np.ix_(active, active)] = s2 * np.linalg.pinv(Ja.T @ Ja)
     gamma = np.concatenate([[0.0], p[K + n_factors:]])
+    sizes = []  # per configuration (its row in `first`): each size's value where it is a number that matters
+    for r in first.values():  # once per row for the leave-one-out's refits too (they share the memo)
+        got = cells.memo.get(("sizes", id(r)))
+        if got is None or got[0] is not r:
+            got = cells.memo[("sizes", id(r))] = (r, tuple(
+                float(r[name]) if isinstance(r.get(name), (int, float)) and not isinstance(r.get(name), bool)
+                and _matters(name, r) else None for name in SIZES))
+        sizes.append(got[1])
     ranges = {}
-    for name in SIZES:
-        values = [float(r[name]) for r in first.values() if isinstance(r.get(name), (int, float))
-                  and not isinstance(r.get(name), bool) and _matters(name, r)]
+    for i, name in enumerate(SIZES):
+        values = [v[i] for v in sizes if v[i] is not None]
         if values:
             ranges[name] = (min(values), max(values))
     model = Model(log_costs=p[:k], factors=[(g, float(b)) for (g, _), b in zip(groups, p[K:K + n_factors])],
@@ -671,7 +696,7 @@ def check(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     """The leave-one-configuration-out check as the report shows it and `predict` calibrates on, bounded
     for a fleet's machine: at most CHECK_MAX_CONFIGS configurations (evenly spaced in the order they
     first ran), refitted on the first passes (CHECK_MAX_RUNS runs). (entries, the rows it used)."""
-    configs = list(dict.fromkeys(config_keys(rows)))
+    configs = distinct_config_keys(rows)
     keep = None
     if len(configs) > CHECK_MAX_CONFIGS:
         step = len(configs) / CHECK_MAX_CONFIGS
@@ -880,8 +905,19 @@ def usable(rows: list[dict]) -> list[dict]:
     unless every run was."""
     from orchestrator.ran import disturbed
     done = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
-    quiet = [r for r in done if not disturbed(r)]
+    quiet = [r for r in done if _surely_quiet(r) or not disturbed(r)]
     return quiet or done
+
+
+def _surely_quiet(row: dict) -> bool:
+    """True where ran.disturbed(row) is None whatever the run's applied says: neither other processes'
+    CPU time nor steal above DISTURBED_FLOOR_S, the least a limit can be (it is at least the floor times
+    the CPUs, and those are one or more: the affinity's, else `cores` or 1). Anything else (a value of
+    another type, cores below 1) is left to disturbed() itself."""
+    other, steal, cores = row.get("other_cpu_s"), row.get("steal_s"), row.get("cores")
+    return ((other is None or (type(other) is float or type(other) is int) and other <= DISTURBED_FLOOR_S)
+            and (steal is None or (type(steal) is float or type(steal) is int) and steal <= DISTURBED_FLOOR_S)
+            and (not cores or type(cores) is int and cores >= 1))
 
 
 _ratios: dict[tuple, tuple[float, str]] = {}

@@ -13,6 +13,7 @@ done rows (v_results) and nothing else.
 from __future__ import annotations
 
 import html
+import operator
 import statistics
 from collections import defaultdict
 
@@ -20,13 +21,29 @@ from collections import defaultdict
 SHAPE = ("cores", "d_model", "n_layers", "n_heads", "seq_len", "batch_size", "grad_accum", "precision", "framework")
 
 
+_last: list = [None, 0, None]  # (done, its length, breakdown(done)): summary.md and the page ask for the same rows
+
+
 def breakdown(done: list[dict]) -> list[dict]:
-    """One row per (machine, shape, ranks, nodes) among the shapes that ran with several ranks somewhere."""
-    parallel_shapes = {_shape(r) for r in done if (r.get("world_size") or 1) > 1}
+    """One row per (machine, shape, ranks, nodes) among the shapes that ran with several ranks somewhere.
+    Computed once for a list of rows (both writers call it); a sweep with no parallel run costs one
+    C-speed look at world_size per run, and a shape is read once per run."""
+    if _last[0] is done and _last[1] == len(done):
+        return _last[2]
+    rows = _breakdown(done)
+    _last[:] = [done, len(done), rows]
+    return rows
+
+
+def _breakdown(done: list[dict]) -> list[dict]:
+    if not any((w or 1) > 1 for w in set(map(operator.methodcaller("get", "world_size"), done))):
+        return []
+    shapes = list(map(_shape, done))
+    parallel_shapes = {s for s, r in zip(shapes, done) if (r.get("world_size") or 1) > 1}
     groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in done:
-        if _shape(r) in parallel_shapes and r.get("step_ms_median") is not None:
-            groups[(_shape(r), r.get("ranks") or 1, r.get("nodes") or 1)].append(r)
+    for s, r in zip(shapes, done):
+        if s in parallel_shapes and r.get("step_ms_median") is not None:
+            groups[(s, r.get("ranks") or 1, r.get("nodes") or 1)].append(r)
     rows = []
     for (shape, ranks, nodes), runs in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):
         step = statistics.median(r["step_ms_median"] for r in runs)
@@ -41,7 +58,7 @@ def breakdown(done: list[dict]) -> list[dict]:
 
 
 def _shape(r: dict) -> tuple:
-    return (r["machine_id"], *(r.get(k) for k in SHAPE))
+    return (r["machine_id"], *map(r.get, SHAPE))
 
 
 HEADER = ["machine", "model (d_model x layers)", "cores", "ranks x nodes", "runs", "step ms", "compute ms",

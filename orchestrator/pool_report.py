@@ -10,6 +10,7 @@ configurations is not identical, and its runs mix into the pool's numbers).
 from __future__ import annotations
 
 import math
+import operator
 from collections import defaultdict
 
 import numpy as np
@@ -23,7 +24,8 @@ KEY = tuple(n for n in NAMES if n != "repeat")  # a configuration; repeats of it
 def pool_lines(rows: list[dict]) -> list[str]:
     """Markdown lines (none when no named pool has runs): queues compared on shared configurations,
     then each named pool's hosts compared with each other."""
-    if not any(r.get("pool") and not str(r["pool"]).startswith("machine ") for r in rows):
+    pools = set(map(operator.methodcaller("get", "pool"), rows))  # (each run's pool read at C speed)
+    if not any(p and not str(p).startswith("machine ") for p in pools):
         return []
     done = [r for r in rows if r["status"] == "done" and r.get(METRIC)]
     queues = sorted({(r["pool_id"], r["pool"]) for r in rows})

@@ -100,8 +100,14 @@ def data(ctx) -> dict:
     wanted = sweep_predictions(ctx.rows, sweep_texts)
     machines = {}
     memo = getattr(ctx, "memo", None)  # report --watch: a machine whose runs did not change keeps its entry
+    done: dict = {machine_id: [] for machine_id in ctx.names}  # each machine's done runs: one pass over the rows
+    for r in ctx.rows:
+        if r.get("status") == "done":
+            mine = done.get(r["machine_id"])
+            if mine is not None:
+                mine.append(r)
     for machine_id, name in ctx.names.items():
-        rows = cm.usable([r for r in ctx.rows if r["machine_id"] == machine_id and r.get("status") == "done"])
+        rows = cm.usable(done[machine_id])
         if memo is None:
             machines[machine_id] = _entry(ctx, machine_id, name, rows, wanted)
             continue

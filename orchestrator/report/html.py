@@ -31,8 +31,10 @@ import base64
 import functools
 import gzip
 import html
+import itertools
 import json
 import math
+import operator
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -164,17 +166,41 @@ def _round(x, digits: int = 4):
     return round(x, max(0, digits - 1 - int(math.floor(math.log10(abs(x))))))
 
 
+_CONFIG_NAMES = tuple(n for n in NAMES if n not in NOT_CONFIG)
+_last_index: list = [None, 0, None]  # (rows, their number, _config_index(rows)): baselines and shared_configs
+
+
+def _config_index(rows: list[dict]) -> tuple[list[int], list[tuple]]:
+    """Each run's configuration as a number (its raw values of every variable but the pass, numbered
+    in the order they first ran) and each number's raw values: the rows read once for the page's
+    per-configuration tables, each key built without a Python call per run."""
+    if _last_index[0] is rows and _last_index[1] == len(rows):
+        return _last_index[2]
+    number: dict[tuple, int] = {}
+    keys = map(tuple, map(map, map(operator.attrgetter("get"), rows), itertools.repeat(_CONFIG_NAMES)))
+    ids = [number.setdefault(k, len(number)) for k in keys]
+    _last_index[:] = [rows, len(rows), (ids, list(number))]
+    return _last_index[2]
+
+
 def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
     """Per machine, the value of each variable most of its configurations share (each configuration
     counted once), over every claimed run: failed and skipped ones say what differs too."""
     out = {}
-    by_machine: dict[int, dict[str, dict]] = defaultdict(dict)
-    for r in rows:
-        by_machine[r["machine_id"]].setdefault(r.get("config_hash") or r["run_id"], r)
-    names = [n for n in NAMES if n not in NOT_CONFIG]
-    for m, configs in by_machine.items():
+    ids, raws = _config_index(rows)
+    # a configuration is a config_hash (a run without one: the run itself); its first run's values count
+    jobs = [(r["machine_id"], r.get("config_hash") or r["run_id"]) for r in rows]
+    first = dict(zip(reversed(jobs), reversed(ids)))  # the earliest run of each wins
+    by_machine: dict[int, Counter] = {}
+    for job in dict.fromkeys(jobs):  # in the order they first ran
+        c = by_machine.get(job[0])
+        if c is None:
+            c = by_machine[job[0]] = Counter()
+        c[first[job]] += 1
+    names = list(_CONFIG_NAMES)
+    for m, per_id in by_machine.items():
         # Configurations that differ only in their repeat count as many times as they are, once each.
-        raw = Counter(tuple(map(c.get, names)) for c in configs.values())
+        raw = {raws[i]: k for i, k in per_id.items()}
         modal = {}
         for i, n in enumerate(names):
             counts = Counter()
@@ -213,30 +239,37 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
             table[text] = len(table)
         return table[text]
 
-    cols: dict[str, list] = {k: [] for k in ("run_id", "machine", "status", "pass", "step_ms", "tokens_per_s",
-                                             "mfu", "config", "reason", "disturbed")}
+    cols: dict[str, list] = {}
     config_vars: dict[int, list[str]] = {}
     seen: dict[tuple, int] = {}  # (machine, the run's values of its baseline's variables) -> config text index
-    for r in rows:
-        base = modal.get(r["machine_id"], {})
-        key = (r["machine_id"], *map(r.get, base))
+    machines = list(map(operator.itemgetter("machine_id"), rows))
+    config = []
+    for r, m in zip(rows, machines):
+        base = modal.get(m, {})
+        key = (m, *map(r.get, base))
         ci = seen.get(key)
         if ci is None:
             diff = config_difference(r, base)
             text = ", ".join(f"{k}={v}" for k, v in diff.items()) or "baseline"
             ci = seen[key] = idx("config", text)
             config_vars.setdefault(ci, list(diff))
-        cols["run_id"].append(r["run_id"])
-        cols["machine"].append(idx("machine", names.get(r["machine_id"], f"machine {r['machine_id']}")))
-        cols["status"].append(idx("status", r["status"]))
-        cols["pass"].append(int(r.get("repeat") or 0))
-        cols["config"].append(ci)
-        cols["step_ms"].append(_round(r.get("step_ms_median")))
-        cols["tokens_per_s"].append(_round(r.get("tokens_per_s")))
-        cols["mfu"].append(_round(r.get("mfu"), 3))
-        cols["reason"].append(idx("reason", short_reason(r.get("reason")) if r["status"] in ("failed", "skipped")
-                                  else ""))
-        cols["disturbed"].append(1 if r["run_id"] in disturbed else 0)
+        config.append(ci)
+    # column by column (each kind's text interned in the order the runs show it, as run by run)
+    get = operator.methodcaller
+    cols["run_id"] = list(map(operator.itemgetter("run_id"), rows))
+    machine = {m: idx("machine", names.get(m, f"machine {m}")) for m in dict.fromkeys(machines)}
+    cols["machine"] = list(map(machine.__getitem__, machines))
+    statuses = list(map(operator.itemgetter("status"), rows))
+    status = {s: idx("status", s) for s in dict.fromkeys(statuses)}
+    cols["status"] = list(map(status.__getitem__, statuses))
+    cols["pass"] = [int(x or 0) for x in map(get("get", "repeat"), rows)]
+    cols["step_ms"] = list(map(_round, map(get("get", "step_ms_median"), rows)))
+    cols["tokens_per_s"] = list(map(_round, map(get("get", "tokens_per_s"), rows)))
+    cols["mfu"] = [_round(x, 3) for x in map(get("get", "mfu"), rows)]
+    cols["config"] = config
+    cols["reason"] = [idx("reason", short_reason(r.get("reason")) if s in ("failed", "skipped") else "")
+                      for r, s in zip(rows, statuses)]
+    cols["disturbed"] = [1 if i in disturbed else 0 for i in cols["run_id"]]
     dicts = {k: list(v) for k, v in interned.items()}
     return {"n": len(rows), "cols": cols, "dicts": dicts,
             "config_vars": [config_vars[i] for i in range(len(dicts["config"]))]}
@@ -271,11 +304,15 @@ def shared_configs(rows: list[dict]) -> dict:
     """Machines side by side: per pair (reference, other) the median step time of every configuration
     both finished, and the geometric mean of their ratios."""
     done = [r for r in fx.done_runs(rows)]
-    config_names = [n for n in NAMES if n not in NOT_CONFIG]
-    cells: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in done:
-        key = tuple(map(r.get, config_names))
-        cells[key][r["machine_id"]].append(float(r["step_ms_median"]))
+    ids = _config_index(rows)[0]
+    finished = set(map(id, done))
+    cells: dict[int, dict[int, list[float]]] = {}  # configuration (as first finished) -> machine -> step times
+    for i, r in zip(ids, rows):
+        if id(r) in finished:
+            per = cells.get(i)
+            if per is None:
+                per = cells[i] = defaultdict(list)
+            per[r["machine_id"]].append(float(r["step_ms_median"]))
     machines = sorted({r["machine_id"] for r in done})
     if len(machines) < 2:
         return {"machines": machines, "pairs": []}
@@ -295,15 +332,20 @@ def shared_configs(rows: list[dict]) -> dict:
 
 
 def pools_table(rows: list[dict]) -> list[dict]:
+    # the distinct (pool, machine, hosts, status) of the runs, counted at C speed, then added up per queue
+    get = operator.methodcaller
+    seen = Counter(zip(map(get("get", "pool_id"), rows), map(get("get", "pool"), rows),
+                       map(operator.itemgetter("machine_id"), rows), map(get("get", "worker_host"), rows),
+                       map(get("get", "hostname"), rows), map(operator.itemgetter("status"), rows)))
     per: dict[tuple, dict] = {}
-    for r in rows:
-        key = (r.get("pool_id"), r.get("pool") or f"machine {r['machine_id']}")
+    for (pool_id, pool, machine, worker_host, hostname, status), n in seen.items():
+        key = (pool_id, pool or f"machine {machine}")
         p = per.setdefault(key, {"pool": key[1], "hosts": set(), "machines": set(), "done": 0, "failed": 0,
                                  "skipped": 0, "running": 0})
-        p["hosts"].add(r.get("worker_host") or r.get("hostname") or "?")
-        p["machines"].add(r["machine_id"])
-        if r["status"] in p:
-            p[r["status"]] += 1
+        p["hosts"].add(worker_host or hostname or "?")
+        p["machines"].add(machine)
+        if status in p:
+            p[status] += n
     return [{**p, "hosts": sorted(p["hosts"]), "machines": sorted(p["machines"])} for _, p in sorted(per.items(),
                                                                                                    key=lambda kv: str(kv[0]))]
 
@@ -505,13 +547,7 @@ where a run differs from its machine's baseline. Click a column to sort.</p>
 
 
 def _seeds_section(ctx) -> str:
-    # Match each distinct shape once, not every run against every reference.
-    by_shape: dict[tuple, list[dict]] = defaultdict(list)
-    for r in ctx.rows:
-        by_shape[tuple(r.get(k) for k in seeds.MATCH_KEYS)].append(r)
-    found = {ref.id: seeds.measured(ref, [r for shape, rs in by_shape.items()
-                                          if seeds.matches(ref, dict(zip(seeds.MATCH_KEYS, shape))) for r in rs])
-             for ref in seeds.PUBLISHED}
+    found = seeds.measured_all(ctx.rows)  # each distinct shape matched once (and summary.md's answer kept)
     body = []
     for ref in seeds.PUBLISHED:
         mine = found[ref.id] or {None: None}
@@ -625,7 +661,8 @@ def write_page(ctx, path: Path) -> Path:
     page_data = {"effects": st["effects"], "variables": st["variables"], "grids": st["grids"],
                  "shared": shared_configs(ctx.rows), "names": {str(k): v for k, v in ctx.names.items()},
                  "per_page": RUNS_PER_PAGE, "several": several}
-    packed = base64.b64encode(gzip.compress(json.dumps(_clean(runs), separators=(",", ":")).encode(), 6)).decode()
+    # the runs need no _clean(): their floats come from _round(), which gives None for NaN and infinities
+    packed = base64.b64encode(gzip.compress(json.dumps(runs, separators=(",", ":")).encode(), 6)).decode()
     generated = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = "".join([
         _head("cpubench report"), _nav(), '<main>',

@@ -7,6 +7,7 @@ Imports no other writer (html.py).
 from __future__ import annotations
 
 import math
+import operator
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -172,8 +173,9 @@ def noise_section(ctx: Context) -> list[str]:
             drift += f" vs pass {min(rel)}"
         if ma.drift.not_estimated:
             drift += f"; pass {', '.join(map(str, ma.drift.not_estimated))} shares no configuration with the first"
-        spreads = [r.row["step_ms_p90"] / r.row["step_ms_p10"] for r in ma.runs
-                   if r.row.get("step_ms_p90") and r.row.get("step_ms_p10")]
+        rows = list(map(operator.attrgetter("row"), ma.runs))
+        spreads = [p90 / p10 for p90, p10 in zip(map(operator.methodcaller("get", "step_ms_p90"), rows),
+                                                 map(operator.methodcaller("get", "step_ms_p10"), rows)) if p90 and p10]
         within = f"{np.median(spreads):.2f}" if spreads else "-"
         shown = [e for e in ma.effects if e.kind == "ratio" and e.se is not None]
         if shown:
@@ -239,7 +241,7 @@ def disturbed_lines(done: list[dict], analysis: Analysis) -> list[str]:
              f"hypervisor (`steal_s`) took more than {fx.DISTURBED_SHARE:.0%} of the job's CPU time over the "
              f"timed window (a step slows by about the share taken, as much as the smaller effects measured "
              f"here). {fate}", ""]
-    provisional = sum(1 for r in done if fx.provisional_peak(r))
+    provisional = sum(1 for r in done if _may_be_provisional(r.get("applied")) and fx.provisional_peak(r))
     if provisional:
         lines += [f"MFU of {provisional} of {len(done)} done runs is against a provisional GEMM peak (measured under "
                   f"load, or not measured on the run's CPU set: `applied.peak_gflops.basis` says which).", ""]
@@ -251,19 +253,32 @@ def disturbed_lines(done: list[dict], analysis: Analysis) -> list[str]:
     return lines
 
 
+def _may_be_provisional(applied) -> bool:
+    """False where a run's applied (JSON text) cannot hold a provisional peak: the word is nowhere in
+    it, not even \\u-escaped (a million runs' applied are then not parsed for it)."""
+    return not isinstance(applied, str) or "provisional" in applied or "\\u" in applied
+
+
 def variables_section(ctx: Context) -> list[str]:
     by_variable: dict[str, list[VariableEffect]] = defaultdict(list)
     for ve in ctx.analysis.ranked():
         by_variable[ve.variable].append(ve)
     if not by_variable:
         return []
+    # each machine's baseline values of every variable some comparison holds: one look at its runs
+    held_names: dict[int, dict] = defaultdict(dict)
+    for ves in by_variable.values():
+        for ve in ves:
+            held_names[ve.machine_id].update(dict.fromkeys(ve.fixed))
+    modal = {m: fx.modal_config(ctx.analysis.machines[m].runs, list(names))
+             for m, names in held_names.items() if names}
     lines = ["## Each variable", ""]
     for name, ves in by_variable.items():  # clearest first
         lines += [f"### {name}", "", f"*{BY_NAME[name].doc}.*", ""]
         for ve in ves:
             if ctx.several:
                 lines += [f"**{ctx.names[ve.machine_id]}**", ""]
-            held = _held(ve.fixed, ctx.analysis.machines[ve.machine_id])
+            held = _held(ve.fixed, ctx.analysis.machines[ve.machine_id], modal.get(ve.machine_id))
             follow = (f" {', '.join(f'`{f}`' for f in ve.followers)} moved with it, at the values derived from it."
                       if ve.followers else "")
             left = (f" {ve.left_out} runs at these settings are left out: a variable that follows `{name}` was set "
@@ -306,11 +321,13 @@ def gemm_formats(done: list[dict]) -> list[str]:
                                         [[fx.label("precision", p), f, g] for p, f, g in seen])
 
 
-def _held(fixed: dict[str, str], ma) -> str:
-    """The held values in words: those that differ from the baseline configuration, by name."""
+def _held(fixed: dict[str, str], ma, modal: dict | None = None) -> str:
+    """The held values in words: those that differ from the baseline configuration, by name.
+    `modal`: fx.modal_config(ma.runs, names) already taken for these names and maybe more (each
+    variable's modal value is its own)."""
     if not fixed:
         return "nothing else varied"
-    modal = fx.modal_config(ma.runs, list(fixed))
+    modal = modal if modal is not None else fx.modal_config(ma.runs, list(fixed))
     other = {k: v for k, v in fixed.items() if v != fx.label(k, modal[k])}
     if not other:
         return "everything else at the baseline"
