@@ -473,14 +473,14 @@ class Cells:
         return len(self.y_run)
 
 
-def fit(rows: list[dict], start: Model | None = None, *, per_run: bool = False) -> Model:
+def fit(rows: list[dict], start: Model | None = None, *, per_run: bool = False, n_all: int | None = None) -> Model:
     """The model of one machine from its done runs (dicts with v_results' columns: every variable,
     repeat, block and step_ms_median). BenchError when there is nothing to fit. `start`: a model of
     nearly the same rows to start from (leave-one-out). Beyond FIT_MAX_RUNS runs it is fitted on
     thin()'s share of them, and says so (n_runs of n_runs_all). Fitted on the runs' (configuration,
     block) cells (Cells); `per_run`: on every run (the same numbers up to rounding: the tests' reference)."""
     rows = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
-    n_all = len(rows)
+    n_all = len(rows) if n_all is None else n_all  # given: the rows are thin()'s share of that many
     rows = thin(rows)
     if len(rows) < len(TERMS) + 1:
         raise BenchError(f"{len(rows)} done runs on this machine: the cost model needs at least {len(TERMS) + 1}")
@@ -696,13 +696,23 @@ def check(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     """The leave-one-configuration-out check as the report shows it and `predict` calibrates on, bounded
     for a fleet's machine: at most CHECK_MAX_CONFIGS configurations (evenly spaced in the order they
     first ran), refitted on the first passes (CHECK_MAX_RUNS runs). (entries, the rows it used)."""
+    keep, used = check_share(rows)
+    return check_on(keep, used), used
+
+
+def check_share(rows: list[dict]) -> tuple[set | None, list[dict]]:
+    """What check() refits on: the configurations it predicts (None: every one) and the rows it uses."""
     configs = distinct_config_keys(rows)
     keep = None
     if len(configs) > CHECK_MAX_CONFIGS:
         step = len(configs) / CHECK_MAX_CONFIGS
         keep = {configs[int(i * step)] for i in range(CHECK_MAX_CONFIGS)}
-    used = thin(rows, CHECK_MAX_RUNS)
-    return leave_one_config_out(used, only=keep), used
+    return keep, thin(rows, CHECK_MAX_RUNS)
+
+
+def check_on(keep: set | None, used: list[dict]) -> list[dict]:
+    """check()'s entries from its share (check_share): the refits."""
+    return leave_one_config_out(used, only=keep)
 
 
 def leave_one_config_out(rows: list[dict], only: set | None = None, *, per_run: bool = False) -> list[dict]:

@@ -1,17 +1,20 @@
 """Work done beside the report in a forked child, so that the report's parts that do not depend on
-each other use both CPUs of a small machine (issue 31: the PNGs and the cost model's section are drawn
-and fitted while the parent analyses and writes the page).
+each other use both CPUs of a small machine (issue 31: the PNGs are drawn and the cost model's
+section fitted while the parent analyses and writes the page).
 
-`Forked(fn, *args)` forks at once; the child runs fn(*args), sends back its result (pickled; the
-report's compact rows travel as their columns and values) and exits; `result()` waits for it and
-returns it, or raises with the child's traceback; leaving its `with` block first stops the child. Where the platform cannot fork, fn runs in the
-caller when result() is asked for. The child touches no database connection (it inherited the
-parent's: it must neither use nor close them) and exits with os._exit, running no finalizer.
+`Worker()` forks at once, while the report's process is still small, and the child waits; later
+`submit(fn, *args)` sends it the work (pickled: the arguments should be small, plain data; the
+report's compact rows travel as their columns and values), and `result()` returns what fn returned,
+or raises with the child's traceback. Forking before the runs are read matters: a child forked from a
+process holding a million rows keeps its own copy of every page the parent writes to afterwards (and
+of every page it touches itself), which doubles the report's memory; this one holds only what it is
+sent. Leaving the Worker's `with` block stops a child that is still running. The child touches no
+database connection and exits with os._exit, running none of the parent's finalizers. Where the
+platform cannot fork, the work runs in the caller when result() is asked for.
 """
 
 from __future__ import annotations
 
-import gc
 import io
 import os
 import pickle
@@ -51,57 +54,69 @@ def _dumps(value) -> bytes:
     return buf.getvalue()
 
 
-class Forked:
-    """fn(*args) in a forked child; result() gives what it returned."""
+def _read_all(fd: int) -> bytes:
+    with os.fdopen(fd, "rb") as pipe:
+        return pipe.read()
 
-    def __init__(self, fn, *args):
-        self._fn, self._args = fn, args
+
+def _serve(task_fd: int, result_fd: int) -> None:
+    """The child: one task in, its result (or its failure) out."""
+    try:
+        payload = _read_all(task_fd)
+        if not payload:  # the parent went on without it
+            return
+        fn, args = pickle.loads(payload)
+        out = _dumps(("ok", fn(*args)))
+    except BaseException:  # noqa: BLE001 - every failure goes back to the parent
+        out = _dumps(("error", traceback.format_exc()))
+    with os.fdopen(result_fd, "wb") as pipe:
+        pipe.write(out)
+
+
+class Worker:
+    """A child forked now that runs one task given later (submit), in parallel with this process."""
+
+    def __init__(self):
         self._pid = None
+        self._task = None  # (fn, args) where there is no child
         if not hasattr(os, "fork"):
             return
-        read_end, write_end = os.pipe()
-        # The parent's objects out of the child's garbage collections: a collection writes into every
-        # object it visits, and each page it writes to would be copied (a million runs' rows, twice).
-        gc.freeze()
+        task_r, task_w = os.pipe()
+        result_r, result_w = os.pipe()
         pid = os.fork()
-        if pid != 0:
-            gc.unfreeze()
-        if pid == 0:  # the child: run, send, leave without running the parent's finalizers
-            os.close(read_end)
+        if pid == 0:
             try:
-                try:
-                    payload = _dumps(("ok", fn(*args)))
-                except BaseException:  # noqa: BLE001 - every failure goes back to the parent
-                    payload = _dumps(("error", traceback.format_exc()))
-                with os.fdopen(write_end, "wb") as out:
-                    out.write(payload)
+                os.close(task_w)
+                os.close(result_r)
+                _serve(task_r, result_w)
             finally:
                 os._exit(0)
-        os.close(write_end)
-        self._pid, self._read = pid, read_end
+        os.close(task_r)
+        os.close(result_w)
+        self._pid, self._task_w, self._result_r = pid, task_w, result_r
 
-    def __enter__(self) -> "Forked":
+    def __enter__(self) -> "Worker":
         return self
 
     def __exit__(self, *exc) -> None:
         self.cancel()
 
-    def cancel(self) -> None:
-        """Stop the child (the parent failed before it asked for the result)."""
-        if self._pid is not None:
-            try:
-                os.kill(self._pid, signal.SIGKILL)
-                os.waitpid(self._pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
-            os.close(self._read)
-            self._pid = None
+    def submit(self, fn, *args) -> "Worker":
+        if self._pid is None:
+            self._task = (fn, args)
+            return self
+        payload = _dumps((fn, args))
+        with os.fdopen(self._task_w, "wb") as pipe:  # the child reads it to the end, then works
+            pipe.write(payload)
+        self._task_w = None
+        return self
 
     def result(self):
         if self._pid is None:  # no fork here: the work runs now, in the caller
-            return self._fn(*self._args)
-        with os.fdopen(self._read, "rb") as pipe:
-            payload = pipe.read()  # before waiting: a large result would fill the pipe and block the child
+            fn, args = self._task
+            return fn(*args)
+        payload = _read_all(self._result_r)  # before waiting: a large result would fill the pipe
+        self._result_r = None
         _, status = os.waitpid(self._pid, 0)
         self._pid = None
         if not payload:
@@ -110,3 +125,17 @@ class Forked:
         if kind == "error":
             raise ChildFailed(f"the report's child process failed:\n{value}")
         return value
+
+    def cancel(self) -> None:
+        """Stop the child if it still runs (the parent failed, or had nothing to give it)."""
+        if self._pid is None:
+            return
+        try:
+            os.kill(self._pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self._pid, 0)
+        for fd in (self._task_w, self._result_r):
+            if fd is not None:
+                os.close(fd)
+        self._pid = None

@@ -96,43 +96,64 @@ def data(ctx) -> dict:
     key_of_ctx = id(ctx)
     if key_of_ctx in _cache:
         return _cache[key_of_ctx]
-    sweep_texts = getattr(ctx, "sweep_texts", None) or {}
-    wanted = sweep_predictions(ctx.rows, sweep_texts)
-    machines = {}
     memo = getattr(ctx, "memo", None)  # report --watch: a machine whose runs did not change keeps its entry
+    d = fitted(shares(ctx), memo)
+    _cache.clear()
+    _cache[key_of_ctx] = d
+    return d
+
+
+def shares(ctx) -> dict:
+    """What the section's fits need from the runs, taken from them where they are held: the [predict]
+    configurations wanted and, per machine, its usable runs' share that the fit and the check use
+    (cost_model.thin, check_share: bounded for a fleet's machine), with their count and the machine's
+    CPUs. Small where the runs are many: write_report sends it to a child process that fits."""
+    sweep_texts = getattr(ctx, "sweep_texts", None) or {}
+    check_predictions = getattr(ctx, "check_predictions", True)
     done: dict = {machine_id: [] for machine_id in ctx.names}  # each machine's done runs: one pass over the rows
     for r in ctx.rows:
         if r.get("status") == "done":
             mine = done.get(r["machine_id"])
             if mine is not None:
                 mine.append(r)
+    machines = {}
     for machine_id, name in ctx.names.items():
         rows = cm.usable(done[machine_id])
+        cpus = int(ctx.facts.get(machine_id, {}).get("logical_cores") or (rows[0].get("cores") if rows else None) or 1)
+        share = {"name": name, "runs": len(rows), "fit_rows": cm.thin(rows), "cpus": cpus,
+                 "check": cm.check_share(rows) if check_predictions and rows else None,
+                 "fingerprint": runs_fingerprint(rows) if getattr(ctx, "memo", None) is not None else None}
+        machines[machine_id] = share
+    return {"wanted": sweep_predictions(ctx.rows, sweep_texts), "check_predictions": check_predictions,
+            "machines": machines}
+
+
+def fitted(shares: dict, memo: dict | None = None) -> dict:
+    """The section's data from shares(): per machine its model's basis, predictions and check."""
+    wanted, machines = shares["wanted"], {}
+    for machine_id, share in shares["machines"].items():
         if memo is None:
-            machines[machine_id] = _entry(ctx, machine_id, name, rows, wanted)
+            machines[machine_id] = _entry(share, wanted, shares["check_predictions"])
             continue
-        key = (runs_fingerprint(rows), name, repr(wanted), getattr(ctx, "check_predictions", True),
-               ctx.facts.get(machine_id, {}).get("logical_cores"))
+        key = (share["fingerprint"], share["name"], repr(wanted), shares["check_predictions"], share["cpus"])
         if memo.get(machine_id, (None,))[0] != key:
-            memo[machine_id] = (key, _entry(ctx, machine_id, name, rows, wanted))
+            memo[machine_id] = (key, _entry(share, wanted, shares["check_predictions"]))
         machines[machine_id] = memo[machine_id][1]
-    _cache.clear()
-    _cache[key_of_ctx] = {"machines": machines}
-    return _cache[key_of_ctx]
+    return {"machines": machines}
 
 
-def _entry(ctx, machine_id: int, name: str, rows: list[dict], wanted: dict) -> dict:
+def _entry(share: dict, wanted: dict, check_predictions: bool) -> dict:
     """One machine's part of the section: the model's basis, its predictions, its check."""
-    entry = {"name": name, "runs": len(rows)}
+    entry = {"name": share["name"], "runs": share["runs"]}
     try:
-        model = cm.fit(rows)
+        model = cm.fit(share["fit_rows"], n_all=share["runs"])
     except BenchError as error:
         entry["refused"] = str(error)
         return entry
-    cpus = int(ctx.facts.get(machine_id, {}).get("logical_cores") or rows[0].get("cores") or 1)
+    cpus = share["cpus"]
     # the check refits the model once per configuration: a report without pictures (the statistics
     # tests write hundreds) leaves it out with them, and the intervals then lack the model error
-    entry["loo"], used = _loo(rows) if getattr(ctx, "check_predictions", True) else ({"predicted": 0, "skipped": True}, [])
+    entry["loo"], used = _loo(*share["check"]) if check_predictions else ({"predicted": 0, "skipped": True}, [])
     if "entries" in entry["loo"]:
         cm.calibrate(model, used, entry["loo"]["entries"])
     entry["basis"] = (f"{model.runs_text} runs of {model.n_configs} configurations, log residual "
@@ -143,9 +164,9 @@ def _entry(ctx, machine_id: int, name: str, rows: list[dict], wanted: dict) -> d
     return entry
 
 
-def _loo(rows: list[dict]) -> tuple[dict, list[dict]]:
-    """The check (cost_model.check: bounded for a fleet's machine) summed up, and the rows it used."""
-    out, used = cm.check(rows)
+def _loo(keep: set | None, used: list[dict]) -> tuple[dict, list[dict]]:
+    """The check (cost_model.check, on its share: check_share) summed up, and the rows it used."""
+    out = cm.check_on(keep, used)
     got = [e for e in out if "predicted_ms" in e]
     errors = [abs(e["error"]) for e in got]
     return {"entries": out, "predicted": len(got), "refused": len(out) - len(got),

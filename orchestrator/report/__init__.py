@@ -26,7 +26,7 @@ from threadpoolctl import threadpool_limits
 
 from orchestrator import effects as fx
 from orchestrator.effects import Analysis, VariableEffect
-from orchestrator.forked import Forked
+from orchestrator.forked import Worker
 from orchestrator.rows import read_rows
 from orchestrator import prediction_report
 from orchestrator.store import ReadOnlyDatabase, Store
@@ -48,7 +48,18 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
     plots=False leaves the pictures out (the statistics tests run the report many times). `memo`: a
     dict a long-lived caller keeps between reports (report --watch): the comparisons and predictions
     of a machine whose runs did not change since the last report are kept, not redone."""
-    out_dir = Path(out_dir)
+    with ExitStack() as children:  # a child still running when this fails is stopped
+        workers = None
+        if plots:  # the PNGs and the cost model's fits go to children on the other CPU (forked.py)
+            children.enter_context(threadpool_limits(1))  # one BLAS thread per process: two per CPU fight
+            # forked now, before the runs are read: each holds only what it is sent
+            workers = SimpleNamespace(drawer=children.enter_context(Worker()),
+                                      fitter=children.enter_context(Worker()) if memo is None else None)
+        return _write(store, Path(out_dir), machine_id, plots, memo, workers)
+
+
+def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, memo: dict | None,
+           workers: SimpleNamespace | None) -> Report:
     plots_dir = out_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
     for old in plots_dir.glob("*.png"):  # a plot of a variable no longer varied must not linger
@@ -73,25 +84,15 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
         # load would stand in for the runs' noise where nothing was repeated.
         if r.get("noise_cv") is not None and not probe.get("limits_disturbed"):
             probe_cv[r["machine_id"]] = float(r["noise_cv"])
-    with ExitStack() as children:  # a child still running when this fails is stopped
-        if plots:  # children will share the CPUs: one BLAS thread each, not two fighting per CPU
-            children.enter_context(threadpool_limits(1))
-        return _analysed_and_written(children, store, out_dir, csv_path, rows, machine_id, machine_ids, names, facts,
-                                     probe_cv, targets, plots, memo)
-
-
-def _analysed_and_written(children: ExitStack, store: Store, out_dir: Path, csv_path: Path, rows: list[dict],
-                          machine_id: int | None, machine_ids: list[int], names: dict, facts: dict, probe_cv: dict,
-                          targets: dict, plots: bool, memo: dict | None) -> Report:
-    # The cost model's section needs the rows only: a fresh report with pictures (its leave-one-out is
-    # most of that section's time) fits it in a child on the other CPU while this process analyses.
-    # --watch (a memo) keeps its per-machine entries in this process.
+    # The cost model's section needs the runs only: a fresh report with pictures (its leave-one-out is
+    # most of that section's time) sends the share of them its fits use to a child, which fits while
+    # this process analyses. --watch (a memo) keeps its per-machine entries in this process.
     sweep_texts = prediction_report.sweep_texts(store)
-    ahead = None
-    if plots and memo is None:
-        ahead = children.enter_context(Forked(_predictions_drawn, SimpleNamespace(
-            rows=rows, names=names, facts=facts, sweep_texts=sweep_texts, check_predictions=True, memo=None,
-            out_dir=out_dir)))
+    fitter = workers.fitter if workers is not None else None
+    if fitter is not None:
+        fitter.submit(_predictions_drawn, prediction_report.shares(SimpleNamespace(
+            rows=rows, names=names, facts=facts, sweep_texts=sweep_texts, check_predictions=plots, memo=None)),
+            SimpleNamespace(names=names, out_dir=out_dir))
     analysis = fx.analyse(rows, machine_ids, probe_cv=probe_cv,
                           target_ci={m: t for m, (t, _) in targets.items()} or None,
                           memo=memo.setdefault("effects", {}) if memo is not None else None)
@@ -100,7 +101,7 @@ def _analysed_and_written(children: ExitStack, store: Store, out_dir: Path, csv_
     # The PNGs are drawn in a child on the other CPU while this process writes the effects and the pages.
     jobs = _plot_jobs(analysis, grids, names, out_dir / "plots") if plots else []
     plot_paths = [path for _, _, path in jobs]
-    drawing = children.enter_context(Forked(_draw, jobs)) if jobs else None
+    drawing = workers.drawer.submit(_draw, jobs) if jobs else None
     all_effects = analysis.effects
     try:
         _write_effects(store, machine_ids, all_effects)
@@ -118,8 +119,8 @@ def _analysed_and_written(children: ExitStack, store: Store, out_dir: Path, csv_
                   plot_paths, out_dir, targets)
     ctx.sweep_texts, ctx.check_predictions = sweep_texts, plots  # "How long here"
     ctx.memo = memo.setdefault("predictions", {}) if memo is not None else None
-    if ahead is not None:
-        prediction_report.adopt(ctx, ahead.result())
+    if fitter is not None:
+        prediction_report.adopt(ctx, fitter.result())
     summary_path = out_dir / "summary.md"
     summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
     html_path = html_report.write_page(ctx, out_dir / "index.html")
@@ -158,11 +159,11 @@ def _draw(jobs: list[tuple[str, tuple, Path]]) -> None:
         draw[kind](*args, path)
 
 
-def _predictions_drawn(ahead: SimpleNamespace) -> dict:
-    """The cost model's section (prediction_report.data) with its predicted-vs-measured plots drawn
-    where the writers draw them."""
-    d = prediction_report.data(ahead)
+def _predictions_drawn(shares: dict, where: SimpleNamespace) -> dict:
+    """The cost model's section (prediction_report.fitted) with its predicted-vs-measured plots drawn
+    where the writers draw them (`where`: the report's machine names and folder)."""
+    d = prediction_report.fitted(shares)
     for machine_id, m in d["machines"].items():
         if "refused" not in m and m["loo"]["predicted"]:
-            prediction_report.plot(ahead, machine_id, m["loo"])
+            prediction_report.plot(where, machine_id, m["loo"])
     return d
