@@ -391,6 +391,11 @@ class Cells:
         jobs = [r.row["job_id"] for r in self.runs]
         return [frozenset(map(jobs.__getitem__, p.tolist())) for p in self.pos]
 
+    def drop_counts(self) -> None:
+        """Let go of the per-cell passes and job ids (tens of MB at a million runs) once the effects are made."""
+        self.__dict__.pop("_passes", None)
+        self.__dict__.pop("_jobs", None)
+
     def configs(self, model: Model) -> list[int]:
         """Each cell's configuration index in the model."""
         if getattr(self, "_model", None) is not model:
@@ -762,6 +767,7 @@ def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (),
         for ve in found:
             ve.fixed = drop_derived(ve.fixed, together)
     lost, uncompared, base_note = lost_levels(runs, flagged if not kept_all else [], list(asked), found, together, cells)
+    cells.drop_counts()
     return MachineAnalysis(machine_id, found, [n for n in together if n not in uncompared], drift, noise,
                            _identical(runs, asked, cells), _regrouped(runs, cells), runs, varied, flagged, kept_all, lost,
                            uncompared, model, base_note, cells)
