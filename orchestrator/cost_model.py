@@ -441,6 +441,7 @@ class Cells:
         self.ybar = np.bincount(cell_of, y_run, minlength=len(reps)) / self.n
         self.ss = np.bincount(cell_of, (y_run - self.ybar[cell_of]) ** 2, minlength=len(reps))
         self.memo: dict = {}  # (configuration, llc) -> its features and FLOPs: shared with without()'s cells
+        self.source = None  # (the cells, which of them) this one was cut from by without()
 
     def without(self, key: tuple) -> "Cells":
         """The cells of every configuration but `key` (leave-one-out), in the same order."""
@@ -454,11 +455,20 @@ class Cells:
         out.cell_of, out.y_run = index[self.cell_of[runs]], self.y_run[runs]
         out.n, out.ybar, out.ss = self.n[keep], self.ybar[keep], self.ss[keep]
         out.memo = self.memo
+        out.source = (self, keep)  # its terms are these cells' (terms())
         return out
 
     def terms(self, llc_kb: float | None) -> tuple[np.ndarray, np.ndarray]:
-        """features() and FLOPs per step of every cell, computed once per configuration."""
+        """features() and FLOPs per step of every cell, computed once per configuration (and for the
+        cells without() cut, those of the cells they came from: the leave-one-out's refits)."""
         from common.compute import flops_per_step
+        if self.source is not None:
+            parent, keep = self.source
+            x, f = parent.terms(llc_kb)
+            return x[keep], f[keep]
+        got = self.memo.get(("terms", llc_kb))
+        if got is not None and got[0] is self:
+            return got[1]
         memo, x, f = self.memo, [], []
         for key, r in zip(self.keys, self.rows):
             got = memo.get((key, llc_kb))
@@ -466,7 +476,8 @@ class Cells:
                 got = memo[(key, llc_kb)] = (features(r, llc_kb), float(flops_per_step(r)))
             x.append(got[0])
             f.append(got[1])
-        return np.array(x), np.array(f, dtype=float)
+        memo[("terms", llc_kb)] = (self, (np.array(x), np.array(f, dtype=float)))
+        return memo[("terms", llc_kb)][1]
 
     @property
     def n_runs(self) -> int:
@@ -479,7 +490,7 @@ def fit(rows: list[dict], start: Model | None = None, *, per_run: bool = False, 
     nearly the same rows to start from (leave-one-out). Beyond FIT_MAX_RUNS runs it is fitted on
     thin()'s share of them, and says so (n_runs of n_runs_all). Fitted on the runs' (configuration,
     block) cells (Cells); `per_run`: on every run (the same numbers up to rounding: the tests' reference)."""
-    rows = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
+    rows = _done(rows)
     n_all = len(rows) if n_all is None else n_all  # given: the rows are thin()'s share of that many
     rows = thin(rows)
     if len(rows) < len(TERMS) + 1:
@@ -914,17 +925,36 @@ def usable(rows: list[dict]) -> list[dict]:
     the job's CPUs, orchestrator/ran.disturbed) are left out, as the report's effects leave them out,
     unless every run was."""
     from orchestrator.ran import disturbed
-    done = [r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")]
-    quiet = [r for r in done if _surely_quiet(r) or not disturbed(r)]
+    done = _done(rows)
+    # disturbed() parses a run's applied: only where its figures could pass a limit (_surely_quiet,
+    # asked once per distinct (other_cpu_s, steal_s, cores))
+    seen: dict[tuple, bool] = {}
+    quiet = []
+    for r, figures in zip(done, zip(map(_get("other_cpu_s"), done), map(_get("steal_s"), done),
+                                    map(_get("cores"), done))):
+        sure = seen.get(figures)
+        if sure is None:
+            sure = seen[figures] = _surely_quiet(*figures)
+        if sure or not disturbed(r):
+            quiet.append(r)
     return quiet or done
 
 
-def _surely_quiet(row: dict) -> bool:
+def _get(column: str):
+    return operator.methodcaller("get", column)
+
+
+def _done(rows: list[dict]) -> list[dict]:
+    """[r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")], at C speed."""
+    done = map(operator.eq, map(operator.methodcaller("get", "status", "done"), rows), repeat("done"))
+    return list(compress(rows, map(operator.and_, done, map(bool, map(_get("step_ms_median"), rows)))))
+
+
+def _surely_quiet(other, steal, cores) -> bool:
     """True where ran.disturbed(row) is None whatever the run's applied says: neither other processes'
     CPU time nor steal above DISTURBED_FLOOR_S, the least a limit can be (it is at least the floor times
     the CPUs, and those are one or more: the affinity's, else `cores` or 1). Anything else (a value of
     another type, cores below 1) is left to disturbed() itself."""
-    other, steal, cores = row.get("other_cpu_s"), row.get("steal_s"), row.get("cores")
     return ((other is None or (type(other) is float or type(other) is int) and other <= DISTURBED_FLOOR_S)
             and (steal is None or (type(steal) is float or type(steal) is int) and steal <= DISTURBED_FLOOR_S)
             and (not cores or type(cores) is int and cores >= 1))

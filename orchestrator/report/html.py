@@ -300,30 +300,44 @@ def lost_values(rows: list[dict], modal: dict[int, dict]) -> dict[tuple[int, str
             for k, c in counted.items()}
 
 
-def shared_configs(rows: list[dict]) -> dict:
+def shared_configs(rows: list[dict], done: list[dict] | None = None) -> dict:
     """Machines side by side: per pair (reference, other) the median step time of every configuration
-    both finished, and the geometric mean of their ratios."""
-    done = [r for r in fx.done_runs(rows)]
-    ids = _config_index(rows)[0]
-    finished = set(map(id, done))
-    cells: dict[int, dict[int, list[float]]] = {}  # configuration (as first finished) -> machine -> step times
-    for i, r in zip(ids, rows):
-        if id(r) in finished:
-            per = cells.get(i)
-            if per is None:
-                per = cells[i] = defaultdict(list)
-            per[r["machine_id"]].append(float(r["step_ms_median"]))
-    machines = sorted({r["machine_id"] for r in done})
+    both finished, and the geometric mean of their ratios. `done`: fx.done_runs(rows), where known."""
+    done = fx.done_runs(rows) if done is None else done
+    machine_of = list(map(operator.itemgetter("machine_id"), done))
+    machines = sorted(set(machine_of))
     if len(machines) < 2:
         return {"machines": machines, "pairs": []}
+    # each finished run's configuration number (done is in the rows' order: one walk along both)
+    ids, config, pending = _config_index(rows)[0], [], iter(done)
+    nxt = next(pending, None)
+    for i, r in zip(ids, rows):
+        if r is nxt:
+            config.append(i)
+            nxt = next(pending, None)
+    if len(config) != len(done):  # not a subsequence of the rows: look each one up
+        number = dict(zip(map(id, rows), ids))
+        config = [number[id(r)] for r in done]
+    # the runs sorted into (configuration, machine) cells; the configurations in the order they first finished
+    n_machines, column = len(machines), {m: j for j, m in enumerate(machines)}
+    config_array = np.array(config, dtype=np.int64)
+    cell = config_array * n_machines + np.array([column[m] for m in machine_of], dtype=np.int64)
+    steps = np.array([float(x) for x in map(operator.itemgetter("step_ms_median"), done)], dtype=float)
+    order = np.argsort(cell, kind="stable")
+    cell, steps = cell[order], steps[order]
+    starts = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]])
+    bounds = dict(zip(cell[starts].tolist(), zip(starts.tolist(), np.r_[starts[1:], len(cell)].tolist())))
+    seen, first = np.unique(config_array, return_index=True)
+    in_order = seen[np.argsort(first)].tolist()  # each configuration once, in the order it first finished
     ref = machines[0]
     pairs = []
-    for m in machines[1:]:
+    for j, m in enumerate(machines[1:], 1):
         xs, ys = [], []
-        for per in cells.values():
-            if ref in per and m in per:
-                xs.append(float(np.median(per[ref])))
-                ys.append(float(np.median(per[m])))
+        for c in in_order:
+            here, there = bounds.get(c * n_machines), bounds.get(c * n_machines + j)
+            if here is not None and there is not None:
+                xs.append(float(np.median(steps[here[0]:here[1]])))
+                ys.append(float(np.median(steps[there[0]:there[1]])))
         ratio = float(np.exp(np.mean(np.log(np.array(ys) / np.array(xs))))) if xs else None
         keep = _sample(list(range(len(xs))), SHARED_POINTS)
         pairs.append({"ref": ref, "other": m, "shared": len(xs), "ratio": ratio,
@@ -659,7 +673,7 @@ def write_page(ctx, path: Path) -> Path:
              "step time</strong> (lower is faster), with the tokens/s it implies. Variables differ one at a time "
              "around a baseline where the sweep is one-factor-at-a-time.")
     page_data = {"effects": st["effects"], "variables": st["variables"], "grids": st["grids"],
-                 "shared": shared_configs(ctx.rows), "names": {str(k): v for k, v in ctx.names.items()},
+                 "shared": shared_configs(ctx.rows, ctx.done), "names": {str(k): v for k, v in ctx.names.items()},
                  "per_page": RUNS_PER_PAGE, "several": several}
     # the runs need no _clean(): their floats come from _round(), which gives None for NaN and infinities
     packed = base64.b64encode(gzip.compress(json.dumps(runs, separators=(",", ":")).encode(), 6)).decode()

@@ -254,9 +254,9 @@ def disturbed_lines(done: list[dict], analysis: Analysis) -> list[str]:
 
 
 def _may_be_provisional(applied) -> bool:
-    """False where a run's applied (JSON text) cannot hold a provisional peak: the word is nowhere in
-    it, not even \\u-escaped (a million runs' applied are then not parsed for it)."""
-    return not isinstance(applied, str) or "provisional" in applied or "\\u" in applied
+    """False where a run's applied cannot hold a provisional peak: none, or JSON text without the word
+    anywhere in it, not even \\u-escaped (a million runs' applied are then not parsed for it)."""
+    return applied is not None and (not isinstance(applied, str) or "provisional" in applied or "\\u" in applied)
 
 
 def variables_section(ctx: Context) -> list[str]:
@@ -358,8 +358,18 @@ def shared_section(ctx: Context) -> list[str]:
     varied = [n for n in ctx.varied if n not in ctx.together]
     cells: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for ma in ctx.analysis.machines.values():
-        for r in ma.runs:
-            cells[r.config_key()][ma.machine_id].append(r.step_ms)
+        # the runs of a cell share one key object (as_ran): group on it (cheap), then on the key's values
+        # (a key per run hashes every value of it); the step times of a key come in another order, which
+        # no median minds
+        by_object: dict[int, tuple[tuple, list[float]]] = {}
+        keys = map(operator.methodcaller("config_key"), ma.runs)
+        for key, row in zip(keys, map(operator.attrgetter("row"), ma.runs)):
+            got = by_object.get(id(key))
+            if got is None:
+                got = by_object[id(key)] = (key, [])
+            got[1].append(float(row[fx.METRIC]))  # Run.step_ms
+        for key, steps in by_object.values():
+            cells[key][ma.machine_id].extend(steps)
     machines = sorted(m for m, ma in ctx.analysis.machines.items() if ma.runs)
     ref = machines[0]
     shared = {k: v for k, v in cells.items() if len(v) > 1}
