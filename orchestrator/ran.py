@@ -151,14 +151,21 @@ def disturbed(row: dict) -> str | None:
     """Why a done run was disturbed (worker/sensors.disturbance: other processes' CPU time or steal
     above DISTURBED_SHARE of the window), or None. The window is applied.timed_window (train_s
     without one), the CPUs the child's read-back affinity (else `cores`)."""
-    applied = _json(row.get("applied")) or {}
+    return _disturbance(row, _json(row.get("applied")) or {})
+
+
+def _disturbance(row: dict, applied: dict) -> str | None:
+    """disturbed() on the run's `applied` already parsed."""
+    other, steal = row.get("other_cpu_s"), row.get("steal_s")
+    if other is None and steal is None:  # nothing measured: nothing to exceed
+        return None
     window = applied.get("timed_window") or {}
     if window.get("end_unix_s") is not None and window.get("start_unix_s") is not None:
         window_s = float(window["end_unix_s"]) - float(window["start_unix_s"])
     else:
         window_s = float(row.get("train_s") or 0)
     cpus = len(applied.get("affinity") or []) or int(row.get("cores") or 1)
-    return disturbance(row.get("other_cpu_s"), row.get("steal_s"), cpus, window_s)
+    return disturbance(other, steal, cpus, window_s)
 
 
 def provisional_peak(row: dict) -> str | None:
@@ -185,7 +192,7 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
         applied = _json(row.get("applied")) or {}
         try:
             key = (tuple(map(row.__getitem__, FACTORS)), row.get("dataset_used"), row.get("derived"),
-                   tuple((k in applied, applied.get(k)) for k in _APPLIED_KEYS))
+                   tuple(map(applied.__contains__, _APPLIED_KEYS)), tuple(map(applied.get, _APPLIED_KEYS)))
             hash(key)
             key = key if share else None
         except TypeError:  # an unhashable read-back: this run is a cell of its own
@@ -206,18 +213,31 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
                 cells[key] = known
         values, changed, derived, config, cell = known  # one values dict per cell, shared by its runs
         run = Run(row, values, changed, math.log(float(row[METRIC])), int(row.get("repeat") or 0),
-                  derived, disturbed=disturbed(row), cell=cell)
+                  derived, disturbed=_disturbance(row, applied), cell=cell)
         run.__dict__["_key"] = config  # the cached_property, filled from the cell's
         out.append(run)
     return out
 
 
 def _json(text):
+    """A JSON column parsed (None where it is NULL or unreadable). A text is parsed once however many
+    runs repeat it (a fleet's runs share their `derived` and often their `applied`): the parsed value
+    is shared, so no caller may change it."""
     if text is None or isinstance(text, dict):
         return text
+    if isinstance(text, str):
+        return _parsed(text)
     try:
         return json.loads(text)
     except (TypeError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _parsed(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
         return None
 
 

@@ -99,12 +99,13 @@ def test_the_pages_baselines_and_the_seeds_lookup_match_their_plain_definitions(
     assert sum(1 for v in found.values() if v) >= 2
 
 
-def test_the_compact_rows_read_like_the_full_rows_and_the_report_says_the_same_from_them(tmp_path):
+def test_the_compact_rows_read_like_the_full_rows_and_the_report_says_the_same_from_them(tmp_path, monkeypatch):
     """write_report reads its rows in chunks as compact rows (orchestrator/rows.py): every column reads
     as in the full row, results.csv is every row as fetched, and the effects (against the old per-run
     path on full rows), the cost model and the page's run table come out the same."""
     import csv
     import io
+    import os
 
     from orchestrator import cost_model as cm
     from orchestrator.report import SELECT_RESULTS
@@ -119,6 +120,7 @@ def test_the_compact_rows_read_like_the_full_rows_and_the_report_says_the_same_f
     for c, p in zip(rows, plain):
         assert dict(c) == p and {**c} == p and list(c) == list(p) and len(c) == len(p) and c == p
         assert all(c[k] == v and c.get(k) == v and k in c for k, v in p.items())
+        assert all(type(c[k]) is type(v) and repr(c[k]) == repr(v) for k, v in p.items())  # shared copies alike
         assert "no such column" not in c and c.get("no such column") is None
         with pytest.raises(KeyError):
             c["no such column"]
@@ -137,6 +139,10 @@ def test_the_compact_rows_read_like_the_full_rows_and_the_report_says_the_same_f
     report = write_report(store, tmp_path / "result", plots=False)
     assert [effect_row(e) for e in report.effects] == [effect_row(e) for e in old.effects]
     assert (tmp_path / "result" / "results.csv").read_bytes() == expected.getvalue().encode()
+    with store.transaction() as conn:  # without fork, the CSV written in this process: the same bytes
+        monkeypatch.delattr(os, "fork")
+        again = read_rows(conn, SELECT_RESULTS.format(where=""), {}, tmp_path / "here.csv")
+    assert again[1] == rows and (tmp_path / "here.csv").read_bytes() == expected.getvalue().encode()
 
 
 def test_the_pages_run_table_is_bounded_and_keeps_every_failure_and_every_drawn_run(tmp_path):

@@ -71,15 +71,18 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
         machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
         targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
 
-    machine_ids = sorted({r["machine_id"] for r in rows} | ({machine_id} if machine_id is not None else set()))
-    facts = {m: next((r for r in rows if r["machine_id"] == m), {}) for m in machine_ids}
+    by_machine = defaultdict(list)  # the rows of each machine, in their order (one pass over the rows)
+    for r in rows:
+        by_machine[r["machine_id"]].append(r)
+    machine_ids = sorted(set(by_machine) | ({machine_id} if machine_id is not None else set()))
+    facts = {m: by_machine[m][0] if by_machine.get(m) else {} for m in machine_ids}
     names = {m: _machine_name(m, facts[m]) for m in machine_ids}
     probe_cv = {}
     for r in machine_rows:
         probe = _probe_facts(r.get("facts"))
         if r["machine_id"] in facts:
             facts[r["machine_id"]] = {**facts[r["machine_id"]], "probe_load": probe_load(probe),
-                                      "mfu_peak": mfu_peak([x for x in rows if x["machine_id"] == r["machine_id"]])}
+                                      "mfu_peak": mfu_peak(by_machine[r["machine_id"]])}
         # The probe's measured noise (machines.noise_cv), from a quiet machine only: one taken under
         # load would stand in for the runs' noise where nothing was repeated.
         if r.get("noise_cv") is not None and not probe.get("limits_disturbed"):
