@@ -136,9 +136,17 @@ class Fit:
         # Var = sum_i w_i^2 (x_i'z)^2 sigma_i^2, sigma_i^2 = excess_i / w_i (excess: 1 but where a
         # configuration's own variance exceeds its stratum's, see fit()), summed over the runs that share
         # a row of X and a noise source first (_cells): one term per (configuration, block, source).
+        extra = self._extra()
+        if extra is None and len(s_dof) == 1 and getattr(self._solve, "__self__", None) is not None \
+                and self._solve.__self__._cho is not None:
+            # one noise source and no excess variance: Var = a'z, and Satterthwaite's degrees of freedom
+            # over one source, total^2 / (total^2 / dof), are that source's own (no pass over the cells)
+            var = float(a @ z)
+            return Contrast(est, math.sqrt(var) if var > 0 else 0.0, float(sum(s_dof.values())))
         Xu, wu, wu_excess, su = self._cells()
         xz2 = (Xu @ z) ** 2
-        var = float(a @ z) + float((wu_excess - wu) @ xz2)
+        # extra = 0 for every cell (no configuration with an excess variance): its term is 0.0 exactly
+        var = float(a @ z) + (float(extra @ xz2) if extra is not None else 0.0)
         if var <= 0:
             return Contrast(est, 0.0, float(sum(s_dof.values())))
         sums = np.bincount(su, weights=wu_excess * xz2)
@@ -163,12 +171,32 @@ class Fit:
                 has = counts > k
                 key[has, 1 + 2 * k] = X.indices[X.indptr[:-1][has] + k]
                 key[has, 2 + 2 * k] = X.data[X.indptr[:-1][has] + k]
-            _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
-            inverse = inverse.ravel()
+            # np.unique(key, axis=0, return_index=True, return_inverse=True), from one stable lexsort of
+            # the columns (np.unique sorts the rows as records, stably, far slower at a million runs):
+            # the same cells in the same order, each with its first run
+            order = np.lexsort(key.T[::-1])
+            sk = key[order]
+            starts = np.ones(len(order), dtype=bool)
+            starts[1:] = np.any(sk[1:] != sk[:-1], axis=1)
+            first = order[starts]
+            inverse = np.empty(len(order), dtype=np.intp)
+            inverse[order] = np.cumsum(starts) - 1
             self.__dict__["_cells_of"] = (X[first], np.bincount(inverse, weights=wts, minlength=len(first)),
                                           np.bincount(inverse, weights=wts * excess, minlength=len(first)),
                                           np.asarray(s_of_run)[first])
         return self.__dict__["_cells_of"]
+
+    def _extra(self):
+        """wu_excess - wu per cell (the excess variance's share of a contrast's variance), or None where
+        it is 0 for every cell."""
+        if "_extra_of" not in self.__dict__:
+            if np.all(self._design[4] == 1.0):  # w * 1 = w: every cell's two sums are equal
+                self.__dict__["_extra_of"] = None
+                return None
+            _, wu, wu_excess, _ = self._cells()
+            extra = wu_excess - wu
+            self.__dict__["_extra_of"] = extra if extra.any() else None
+        return self.__dict__["_extra_of"]
 
     def covariance(self, vectors: list[dict[int, float]]) -> np.ndarray:
         """The covariance matrix of several contrasts (each estimable)."""
@@ -178,9 +206,11 @@ class Fit:
             for c, w in weights.items():
                 a[c, j] = w
         z = np.column_stack([self._solve(a[:, j]) for j in range(len(vectors))])
-        Xu, wu, wu_excess, _ = self._cells()
-        extra = wu_excess - wu
+        extra = self._extra()
         out = a.T @ z
+        if extra is None:  # no excess variance anywhere: every slice would add 0.0
+            return out
+        Xu = self._cells()[0]
         # by slices of the cells: at a million runs X z for an interaction's contrasts is gigabytes
         step = max(1, COVARIANCE_CHUNK // max(1, len(vectors)))
         for lo in range(0, Xu.shape[0], step):
@@ -214,9 +244,12 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     col_of_block = {b: n_configs + k for k, b in enumerate(free_blocks)}
     p = n_configs + len(free_blocks)
     rows, cols = [np.arange(n)], [ci]
-    has_block = np.array([b in col_of_block for b in bi])
+    col_arr = np.full(n_blocks, -1, dtype=int)  # each block's column, -1: a reference block
+    for b, c in col_of_block.items():
+        col_arr[b] = c
+    has_block = col_arr[bi] >= 0
     rows.append(np.arange(n)[has_block])
-    cols.append(np.array([col_of_block[b] for b in bi[has_block]], dtype=int))
+    cols.append(col_arr[bi[has_block]])
     X = sparse.csr_matrix((np.ones(sum(len(r) for r in rows)), (np.concatenate(rows), np.concatenate(cols))), shape=(n, p))
 
     # Strata: merge those with too few residual degrees of freedom into the largest.
@@ -225,7 +258,8 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     approx_dof = {k: keys.count(k) * (1 - p / max(n, 1)) for k in distinct}
     big = [k for k in distinct if approx_dof[k] >= MIN_STRATUM_DF] or distinct[:1]
     home = {k: (k if k in big else big[0]) for k in distinct}
-    s_of_run = np.array([big.index(home[k]) for k in keys]) if n else np.zeros(0, dtype=int)
+    index_of = {k: big.index(home[k]) for k in distinct}
+    s_of_run = np.array([index_of[k] for k in keys]) if n else np.zeros(0, dtype=int)
     n_strata = len(big)
 
     sigma2 = np.full(n_strata, 1.0)
@@ -235,8 +269,13 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     theta = np.zeros(p)
     lev = np.full(n, p / max(n, 1))
 
+    last = {}  # the factor of the last weights solved with: a refit under the same weights reuses it
+
     def solve_weighted(weights, target):
-        return _solve(X, weights)(target)
+        if "w" not in last or not np.array_equal(last["w"], weights):
+            last["w"], last["f"] = np.array(weights, copy=True), _factor(X, weights)
+        f = last["f"]
+        return f, f.solve(X.T @ (weights * target))
 
     def variances(rounds: int):
         nonlocal lu, theta, weights
@@ -279,10 +318,11 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
         pi_ = np.asarray(pass_idx, dtype=int)
         passes = sorted(set(pi_.tolist()))
         col = {q: n_configs + k for k, q in enumerate(passes[1:])}
-        keep = np.array([q in col for q in pi_])
+        rank = np.searchsorted(np.asarray(passes, dtype=int), pi_)  # each run's pass among passes
+        keep = rank >= 1  # the first pass is the reference
         Xc = sparse.csr_matrix((np.ones(n + int(keep.sum())),
                                 (np.concatenate([np.arange(n), np.arange(n)[keep]]),
-                                 np.concatenate([ci, np.array([col[q] for q in pi_[keep]], dtype=int)]))),
+                                 np.concatenate([ci, n_configs + rank[keep] - 1]))),
                                shape=(n, n_configs + len(col)))
         if Xc.shape[1] < n - MIN_STRATUM_DF:
             coarse = Xc
@@ -370,18 +410,27 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     for b, col in col_of_block.items():
         gamma[b] = theta[col]
     return Fit(theta[:n_configs].copy(), gamma, strata, component,
-               post, n, lu.solve if has_noise else None, (X, eff_w, source, s_dof if has_noise else {}, excess))
+               post, n, lu.solve_few if has_noise else None, (X, eff_w, source, s_dof if has_noise else {}, excess))
 
 
 NOISY_ALPHA = 0.01  # family-wise, over the configurations tested
 NOISY_MIN_RATIO = 4.0  # before the slow modes: a noisy configuration's (trimmed) variance is at least 4x its stratum's
 
 
+def _runs_of(ci, n_configs: int) -> list[np.ndarray]:
+    """Each configuration's runs (indices, in run order: what the mask ci == c selects), from one
+    stable sort rather than a scan of every run per configuration."""
+    order = np.argsort(ci, kind="stable")
+    bounds = np.searchsorted(ci[order], np.arange(n_configs + 1))
+    return [order[bounds[c]:bounds[c + 1]] for c in range(n_configs)]
+
+
 def _robust_weights(y, ci, n_configs: int) -> np.ndarray:
     """Per run: 1 / its configuration's own variance of y, never above 1 / the median one's."""
     var = np.full(n_configs, np.nan)
+    runs_of = _runs_of(ci, n_configs)
     for c in range(n_configs):
-        yc = y[ci == c]
+        yc = y[runs_of[c]]
         if len(yc) >= 2:
             var[c] = float(np.var(yc, ddof=1))
     ok = np.isfinite(var) & (var > 0)
@@ -453,17 +502,19 @@ def _noisy_configs(r, ci, s_of_run, lev, n_configs: int, *, trim: float = 0.2, t
     own_rss, own_dof = np.zeros(n_configs), np.zeros(n_configs)
     rest_rss, rest_dof = np.zeros(n_configs), np.zeros(n_configs)
     stratum_of_config = np.full(n_configs, -1)
+    runs_of = _runs_of(ci, n_configs)
     for c in range(n_configs):
-        m = ci == c
-        if not m.any():
+        m = runs_of[c]  # its runs in run order, as a mask ci == c would give them
+        if not len(m):
             continue
-        dof_c = float(m.sum() - lev[m].sum())
-        rc = np.sort(np.abs(r[m] - (np.median(r[m]) if centre and m.sum() >= 5 else 0.0)))
+        dof_c = float(len(m) - lev[m].sum())
+        rm = r[m]
+        rc = np.sort(np.abs(rm - (np.median(rm) if centre and len(m) >= 5 else 0.0)))
         cut = int(len(rc) * trim) if len(rc) >= 5 else 0
         kept = rc[:len(rc) - cut]
         own_rss[c], own_dof[c] = float(kept @ kept), dof_c * len(kept) / len(rc)
-        rest_rss[c], rest_dof[c] = (own_rss[c], own_dof[c]) if trim_rest else (float(r[m] @ r[m]), dof_c)
-        stratum_of_config[c] = int(s_of_run[m][0])
+        rest_rss[c], rest_dof[c] = (own_rss[c], own_dof[c]) if trim_rest else (float(rm @ rm), dof_c)
+        stratum_of_config[c] = int(s_of_run[m[0]])
     tested = []
     for s in set(stratum_of_config[stratum_of_config >= 0].tolist()):
         mine = stratum_of_config == s
@@ -479,11 +530,81 @@ def _noisy_configs(r, ci, s_of_run, lev, n_configs: int, *, trim: float = 0.2, t
     return [c for c, f, d1, d2 in tested if f >= min_ratio and fdtrc(d1, d2, f) < NOISY_ALPHA / max(1, len(tested))]
 
 
-def _solve(X, weights):
-    """A weighted least-squares solver for design X: target -> (lu, theta)."""
+# Parameters up to which the normal equations are factored dense (LAPACK Cholesky) rather than by
+# SuperLU. OFF (0) by default: the page carries the estimates' full floats, and a dense factor's
+# differ from SuperLU's in the last digits (1e-15..1e-10 relative), so the report would not be
+# byte-identical to before. Set to DENSE_LEVERAGE_MAX for the fast path (at a million runs the fit
+# takes half the time; the notes of issue 31, session 4, give the figures).
+DENSE_SOLVE_MAX = 0
+DENSE_MIN_PIVOT = 1e-8  # a dense factor whose smallest pivot is below this share of the largest is left to SuperLU
+
+
+class _Factor:
+    """The factored normal equations A = X'WX (+ a 1e-12 ridge) of one weighted fit: solve(b) for a
+    vector or the columns of a matrix, inverse() (dense, computed once). Up to DENSE_SOLVE_MAX
+    parameters a dense Cholesky factor (LAPACK): the design has at most two ones per run
+    (configuration, block), so A is a p x p matrix of at most a few thousand rows, and where every
+    configuration ran in every block (a sweep's passes) it is nearly dense, which a sparse LU fills in
+    at many times the cost. Beyond that, or where A is too ill-conditioned to trust a Cholesky factor
+    (a design left without a reference in some part), SuperLU as before."""
+
+    def __init__(self, A):
+        import scipy.linalg as la
+
+        self._inv = None
+        self._cho = None
+        self._lu = None
+        p = A.shape[0]
+        if 0 < p <= DENSE_SOLVE_MAX:
+            try:
+                c = la.cho_factor(A.toarray(), lower=False, check_finite=False)
+                d = np.abs(np.diag(c[0]))
+                if d.min() ** 2 >= DENSE_MIN_PIVOT * float(A.diagonal().max()):
+                    self._cho = c
+            except la.LinAlgError:
+                pass
+        if self._cho is None:
+            self._lu = splu(A.tocsc())
+
+    def solve(self, b):
+        if self._cho is None:
+            return self._lu.solve(b)
+        import scipy.linalg as la
+
+        return la.cho_solve(self._cho, b, check_finite=False)
+
+    def solve_few(self, b):
+        """solve(b) for a vector b of few non-zeros (a contrast's coefficients): once the dense inverse
+        is there (the leverages computed it), the columns of A^-1 of b's non-zeros, O(p) per non-zero
+        rather than two triangular solves of O(p^2)."""
+        if self._inv is None or self._cho is None:  # SuperLU: its own solve, float for float as before
+            return self.solve(b)
+        nz = np.flatnonzero(b)
+        return self._inv[:, nz] @ b[nz]
+
+    def inverse(self) -> np.ndarray:
+        if self._inv is None:
+            if self._cho is None:
+                self._inv = self._lu.solve(np.eye(self._lu.shape[0]))
+            else:
+                from scipy.linalg import lapack
+
+                inv, info = lapack.dpotri(self._cho[0], lower=0)
+                if info != 0:
+                    raise np.linalg.LinAlgError(f"dpotri: {info}")
+                self._inv = np.triu(inv) + np.triu(inv, 1).T
+        return self._inv
+
+
+def _factor(X, weights) -> _Factor:
     A = (X.T @ sparse.diags(weights) @ X).tocsc()
-    lu = splu(A + sparse.identity(A.shape[0], format="csc") * 1e-12 * max(1.0, float(A.diagonal().max(initial=1.0))))
-    return lambda target: (lu, lu.solve(X.T @ (weights * target)))
+    return _Factor(A + sparse.identity(A.shape[0], format="csc") * 1e-12 * max(1.0, float(A.diagonal().max(initial=1.0))))
+
+
+def _solve(X, weights):
+    """A weighted least-squares solver for design X: target -> (factor, theta)."""
+    f = _factor(X, weights)
+    return lambda target: (f, f.solve(X.T @ (weights * target)))
 
 
 def _leverages(X, weights, lu, p: int, out: np.ndarray) -> None:
@@ -493,21 +614,21 @@ def _leverages(X, weights, lu, p: int, out: np.ndarray) -> None:
     if p > DENSE_LEVERAGE_MAX or n == 0:
         out[:] = p / max(n, 1)
         return
-    inv = lu.solve(np.eye(p))
+    inv = lu.inverse()
     X = X.tocsr()
     counts = np.diff(X.indptr)
+    width = int(counts.max(initial=0))
     h = np.zeros(n)
-    for k in range(int(counts.max(initial=0))):  # each row's k-th entry against every entry of the row
-        has = counts > k
-        rows = np.nonzero(has)[0]
+    for k in range(width):  # each row's k-th entry against every entry of the row
+        rows = np.nonzero(counts > k)[0]
         ck = X.indices[X.indptr[rows] + k]
         vk = X.data[X.indptr[rows] + k]
-        for j in range(int(counts.max(initial=0))):
+        for j in range(width):
             both = counts[rows] > j
             r2 = rows[both]
             cj = X.indices[X.indptr[r2] + j]
             vj = X.data[X.indptr[r2] + j]
-            np.add.at(h, r2, vk[both] * vj * inv[ck[both], cj])
+            h[r2] += vk[both] * vj * inv[ck[both], cj]  # r2 holds each row once
     out[:] = weights * h
 
 
@@ -520,8 +641,9 @@ def _mixture(X, y, m, theta, lev, sigma2, weights):
     if not _two_modes(u0):
         return None
     best = None
+    solver = _solve(X, weights)  # the weights stay: one factor for every start and iteration
     for share in (0.1, 0.2, 0.3, 0.4):
-        got = _em(X, y, m, theta, lev, weights, u0 > np.quantile(u0, 1 - share))
+        got = _em(X, y, m, theta, lev, weights, u0 > np.quantile(u0, 1 - share), solver)
         if got is not None and (best is None or got[-1] > best[-1]):
             best = got
     if best is None:
@@ -544,18 +666,29 @@ def _two_modes(u: np.ndarray) -> bool:
         return False
     ll_one = -0.5 * n * (math.log(2 * math.pi * v0) + 1)
     best = None
+    # The EM below computes each iteration's quantities once, into buffers of their own (at half a
+    # million runs it is a few hundred passes over them); every value is the one the plain
+    # expressions give (pi = clip(mean(w)), m0 = sum((1 - w) u) / sum(1 - w), ...), float for float.
+    w1, d0, d1, t, lf, ls = (np.empty(n) for _ in range(6))
     for share in (0.1, 0.2, 0.3, 0.4):
         w = (u > np.quantile(u, 1 - share)).astype(float)
         for _ in range(200):
-            pi = float(np.clip(w.mean(), 1e-3, 1 - 1e-3))
-            m0 = float(np.sum((1 - w) * u) / max(1e-9, (1 - w).sum()))
-            m1 = float(np.sum(w * u) / max(1e-9, w.sum()))
-            s2 = float(np.sum((1 - w) * (u - m0) ** 2 + w * (u - m1) ** 2) / n)
+            sw = float(w.sum())
+            pi = min(max(sw / n, 1e-3), 1 - 1e-3)
+            np.subtract(1, w, out=w1)
+            m0 = float(np.sum(np.multiply(w1, u, out=t)) / max(1e-9, float(w1.sum())))
+            m1 = float(np.sum(np.multiply(w, u, out=t)) / max(1e-9, sw))
+            np.square(np.subtract(u, m0, out=d0), out=d0)
+            np.square(np.subtract(u, m1, out=d1), out=d1)
+            np.multiply(w1, d0, out=t)
+            s2 = float(np.sum(np.add(t, np.multiply(w, d1, out=lf), out=t)) / n)
             if s2 <= 1e-12:
                 break
-            lf, ls = np.log(1 - pi) - 0.5 * (u - m0) ** 2 / s2, np.log(pi) - 0.5 * (u - m1) ** 2 / s2
-            new = 1.0 / (1.0 + np.exp(np.clip(lf - ls, -50, 50)))
-            if np.max(np.abs(new - w)) < 1e-7:
+            np.subtract(np.log(1 - pi), np.divide(np.multiply(0.5, d0, out=lf), s2, out=lf), out=lf)
+            np.subtract(np.log(pi), np.divide(np.multiply(0.5, d1, out=ls), s2, out=ls), out=ls)
+            np.minimum(np.maximum(np.subtract(lf, ls, out=t), -50, out=t), 50, out=t)
+            new = np.divide(1.0, np.add(1.0, np.exp(t, out=t), out=t))
+            if np.max(np.abs(np.subtract(new, w, out=d0))) < 1e-7:
                 w = new
                 break
             w = new
@@ -571,11 +704,12 @@ def _two_modes(u: np.ndarray) -> bool:
             and gap >= MIX_SEPARATION * math.sqrt(s2))
 
 
-def _em(X, y, m, theta, lev, weights, slow0):
+def _em(X, y, m, theta, lev, weights, slow0, solver=None):
     """EM from one start (the runs slow0 of m in the slow mode): a latent shift delta on a share pi
     of the runs, one variance for both modes, theta refitted to the targets with each run's expected
     shift removed. The variance divides by the residual degrees of freedom, not by n: with nearly a
     parameter per two runs the ML variance would be half the truth and the modes would collapse."""
+    solver = solver or _solve(X, weights)
     post_m = slow0.astype(float)
     n_s = len(post_m)
     if post_m.sum() < 2 or post_m.sum() > n_s - 2:
@@ -587,7 +721,7 @@ def _em(X, y, m, theta, lev, weights, slow0):
         pi = float(np.clip(post_m.mean(), 1e-3, 1 - 1e-3))
         target = y.copy()
         target[m] = y[m] - delta * post_m
-        _, theta = _solve(X, weights)(target)
+        _, theta = solver(target)
         r = (y - X @ theta)[m]  # fast-mode residual; the slow mode's is r - delta
         delta = float(np.sum(post_m * r) / max(1e-9, post_m.sum()))
         s2 = float(np.sum((1 - post_m) * r * r + post_m * (r - delta) ** 2) / dof)

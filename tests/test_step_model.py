@@ -1,0 +1,138 @@
+"""step_model's numerics: the dense factor of the normal equations says what SuperLU says, the
+leverages are the hat matrix's diagonal, a contrast's shortcuts give the per-cell formula's numbers,
+and the vectorised helpers select what the plain masks select."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from orchestrator import step_model as sm
+
+
+def sweep(seed: int, *, n_configs=30, passes=10, slow=0.3, noisy=(), two_strata=True):
+    """Runs of a sweep: every configuration once per pass (block = pass), a drift per pass, 1- and
+    2-CPU strata (the 2-CPU one with a slow mode), some configurations far noisier."""
+    rng = np.random.default_rng(seed)
+    mu = rng.normal(3.0, 0.5, n_configs)
+    drift = rng.normal(0.0, 0.03, passes)
+    ci, bi, keys, y, pi = [], [], [], [], []
+    for q in range(passes):
+        for c in rng.permutation(n_configs):
+            cores = (1 if c % 3 == 0 else 2) if two_strata else 2
+            e = rng.normal(0.0, 0.02 * (6 if c in noisy else 1))
+            if cores == 2 and rng.random() < slow:
+                e += 0.15
+            ci.append(int(c)), bi.append(q), keys.append(cores), pi.append(q)
+            y.append(mu[c] + drift[q] + e)
+    return np.array(y), np.array(ci), np.array(bi), keys, np.array(pi), n_configs, passes
+
+
+def fitted(data, **kw):
+    y, ci, bi, keys, pi, nc, nb = data
+    return sm.fit(y, ci, bi, keys, n_configs=nc, n_blocks=nb, pass_idx=pi, **kw)
+
+
+def contrasts(n_configs):
+    out = [{c: 1.0, 0: -1.0} for c in range(1, n_configs)]
+    out.append({c: 1.0 / (n_configs // 2) for c in range(n_configs // 2)} | {c: -1.0 / (n_configs - n_configs // 2) for c in range(n_configs // 2, n_configs)})
+    return out
+
+
+def close(a, b, rel):
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    assert a.shape == b.shape
+    scale = max(float(np.max(np.abs(a), initial=0.0)), 1e-300)
+    assert float(np.max(np.abs(a - b), initial=0.0)) <= rel * scale, (a, b)
+
+
+@pytest.mark.parametrize("noisy", [(), (4, 7)])
+def test_the_dense_factor_says_what_superlu_says(monkeypatch, noisy):
+    data = sweep(1, noisy=noisy)
+    ref = fitted(data)  # the default: every factor a SuperLU one, as before
+    monkeypatch.setattr(sm, "DENSE_SOLVE_MAX", sm.DENSE_LEVERAGE_MAX)
+    dense = fitted(data)
+    assert dense._solve.__self__._cho is not None  # the dense Cholesky path was taken
+    assert ref._solve.__self__._cho is None
+    # the slow mode was found (the EM ran with its one factor per start), and with noisy
+    # configurations some have a variance of their own
+    assert any(s.bimodal for s in dense.distinct_strata())
+    if noisy:
+        assert len(dense.distinct_strata()) > 2 or dense._extra() is not None
+    close(dense.mu, ref.mu, 1e-10)
+    close(dense.gamma, ref.gamma, 1e-8)
+    close(dense.slow_prob, ref.slow_prob, 1e-8)
+    sd, sr = dense.distinct_strata(), ref.distinct_strata()
+    assert [(s.key, s.runs, s.members) for s in sd] == [(s.key, s.runs, s.members) for s in sr]
+    for a, b in zip(sd, sr):
+        for f in ("sigma2", "dof", "slow_share", "slow_shift"):
+            assert getattr(a, f) == pytest.approx(getattr(b, f), rel=1e-9, abs=1e-12)
+    vecs = contrasts(data[5])
+    for w in vecs:
+        a, b = dense.contrast(w), ref.contrast(w)
+        assert a.estimate == pytest.approx(b.estimate, rel=1e-10)
+        assert a.se == pytest.approx(b.se, rel=1e-9) and a.dof == pytest.approx(b.dof, rel=1e-9)
+    close(dense.covariance(vecs[:6]), ref.covariance(vecs[:6]), 1e-9)
+
+
+def test_leverages_are_the_hat_matrix_diagonal():
+    y, ci, bi, keys, pi, nc, nb = sweep(2, n_configs=12, passes=6)
+    rng = np.random.default_rng(0)
+    w = rng.uniform(0.5, 2.0, len(y))
+    n = len(y)
+    from scipy import sparse
+
+    X = sparse.csr_matrix((np.ones(2 * n - int((bi == 0).sum())),
+                           (np.concatenate([np.arange(n), np.nonzero(bi > 0)[0]]),
+                            np.concatenate([ci, nc + bi[bi > 0] - 1]))), shape=(n, nc + nb - 1))
+    p = X.shape[1]
+    lev = np.empty(n)
+    sm._leverages(X, w, sm._factor(X, w), p, lev)
+    Xd = X.toarray() * np.sqrt(w)[:, None]
+    hat = Xd @ np.linalg.solve(Xd.T @ Xd, Xd.T)
+    close(lev, np.diag(hat), 1e-9)
+    assert lev.sum() == pytest.approx(p, rel=1e-9)
+
+
+def test_one_noise_source_contrast_is_the_per_cell_formula(monkeypatch):
+    monkeypatch.setattr(sm, "DENSE_SOLVE_MAX", sm.DENSE_LEVERAGE_MAX)  # the shortcut is the dense path's
+    data = sweep(3, two_strata=False, slow=0.0)
+    f = fitted(data)
+    X, wts, source, s_dof, excess = f._design
+    assert len(s_dof) == 1 and f._extra() is None  # the shortcut applies
+    z_of = lambda a: np.linalg.solve((X.T @ sparse_diag(wts) @ X).toarray(), a)
+    for w in contrasts(data[5])[:5]:
+        a = np.zeros(X.shape[1])
+        for c, v in w.items():
+            a[c] = v
+        z = z_of(a)
+        xz2 = (X @ z) ** 2
+        total = float((wts * excess) @ xz2)
+        dof = total * total / (total * total / s_dof[0])
+        got = f.contrast(w)
+        assert got.se == pytest.approx(math.sqrt(float(a @ z)), rel=1e-9)
+        assert got.dof == pytest.approx(dof, rel=1e-12)
+
+
+def sparse_diag(w):
+    from scipy import sparse
+
+    return sparse.diags(w)
+
+
+def test_runs_of_selects_what_the_masks_select():
+    rng = np.random.default_rng(5)
+    ci = rng.integers(0, 9, 500)
+    ci[ci == 4] = 3  # a configuration without runs
+    for c, idx in enumerate(sm._runs_of(ci, 10)):
+        assert idx.tolist() == np.nonzero(ci == c)[0].tolist()
+
+
+def test_two_modes_finds_a_slow_mode_and_only_one():
+    rng = np.random.default_rng(7)
+    n = 4000
+    assert sm._two_modes(np.where(rng.random(n) < 0.2, 4.0, 0.0) + rng.standard_normal(n))
+    assert not sm._two_modes(rng.standard_normal(n))
+    assert not sm._two_modes(rng.standard_t(3, n))
