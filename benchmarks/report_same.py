@@ -32,7 +32,9 @@ RUNS = re.compile(rb'(id="runs-data">)([A-Za-z0-9+/=]+)(<)')  # and the gzip hea
 # The page inlines matplotlib SVGs (the cost model's check): their ids are random and they carry the
 # date unless salted and dated, here with svg.hashsalt and SOURCE_DATE_EPOCH.
 # and one hash seed: the cost model's last digits follow the order of sets of strings (str hashes).
-ENV = {"SOURCE_DATE_EPOCH": "0", "PYTHONHASHSEED": "0"}
+# One BLAS thread, as write_report computes since it forks children (OpenBLAS sums in another order with
+# more threads: an older checkout's last digits followed the CPU count).
+ENV = {"SOURCE_DATE_EPOCH": "0", "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
 CHILD = """import sys; sys.path.insert(0, sys.argv[1])
 import matplotlib; matplotlib.rcParams['svg.hashsalt'] = 'report_same'
 from orchestrator.store import Store

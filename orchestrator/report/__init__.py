@@ -49,9 +49,11 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
     dict a long-lived caller keeps between reports (report --watch): the comparisons and predictions
     of a machine whose runs did not change since the last report are kept, not redone."""
     with ExitStack() as children:  # a child still running when this fails is stopped
+        # One BLAS thread in each process: the report's numbers then do not depend on how many CPUs the
+        # machine has (OpenBLAS sums in another order with more threads), and its children do not fight it.
+        children.enter_context(threadpool_limits(1))
         workers = None
         if plots:  # the PNGs and the cost model's fits go to children on the other CPU (forked.py)
-            children.enter_context(threadpool_limits(1))  # one BLAS thread per process: two per CPU fight
             # forked now, before the runs are read: each holds only what it is sent
             workers = SimpleNamespace(drawer=children.enter_context(Worker()),
                                       fitter=children.enter_context(Worker()) if memo is None else None)
