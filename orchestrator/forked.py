@@ -19,6 +19,7 @@ import io
 import os
 import pickle
 import signal
+import struct
 import traceback
 from functools import lru_cache
 
@@ -54,29 +55,45 @@ def _dumps(value) -> bytes:
     return buf.getvalue()
 
 
-def _read_all(fd: int) -> bytes:
+def _send(fd: int, payload: bytes) -> None:
+    """One message: its length, then its bytes. Not up to end-of-file: a process forked later (another
+    worker, the CSV writer) inherits this end of the pipe, and the reader would see no end until it exits."""
+    with os.fdopen(fd, "wb") as pipe:
+        pipe.write(struct.pack("<Q", len(payload)))
+        pipe.write(payload)
+
+
+def _receive(fd: int) -> bytes:
+    """One message (_send), or b"" where the other end closed before sending it."""
     with os.fdopen(fd, "rb") as pipe:
-        return pipe.read()
+        head = pipe.read(8)
+        if len(head) < 8:
+            return b""
+        (size,) = struct.unpack("<Q", head)
+        payload = pipe.read(size)
+        return payload if len(payload) == size else b""
 
 
-def _serve(task_fd: int, result_fd: int) -> None:
+def _serve(task_fd: int, result_fd: int, warm) -> None:
     """The child: one task in, its result (or its failure) out."""
     try:
-        payload = _read_all(task_fd)
+        if warm is not None:  # while the parent reads the runs: imports its task will need
+            warm()
+        payload = _receive(task_fd)
         if not payload:  # the parent went on without it
             return
         fn, args = pickle.loads(payload)
         out = _dumps(("ok", fn(*args)))
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent
         out = _dumps(("error", traceback.format_exc()))
-    with os.fdopen(result_fd, "wb") as pipe:
-        pipe.write(out)
+    _send(result_fd, out)
 
 
 class Worker:
     """A child forked now that runs one task given later (submit), in parallel with this process."""
 
-    def __init__(self):
+    def __init__(self, warm=None):
+        """warm: called in the child as soon as it is forked, before it waits for its task (imports)."""
         self._pid = None
         self._task = None  # (fn, args) where there is no child
         if not hasattr(os, "fork"):
@@ -88,7 +105,7 @@ class Worker:
             try:
                 os.close(task_w)
                 os.close(result_r)
-                _serve(task_r, result_w)
+                _serve(task_r, result_w, warm)
             finally:
                 os._exit(0)
         os.close(task_r)
@@ -105,18 +122,16 @@ class Worker:
         if self._pid is None:
             self._task = (fn, args)
             return self
-        payload = _dumps((fn, args))
-        with os.fdopen(self._task_w, "wb") as pipe:  # the child reads it to the end, then works
-            pipe.write(payload)
-        self._task_w = None
+        task_w, self._task_w = self._task_w, None
+        _send(task_w, _dumps((fn, args)))  # the child reads it whole, then works
         return self
 
     def result(self):
         if self._pid is None:  # no fork here: the work runs now, in the caller
             fn, args = self._task
             return fn(*args)
-        payload = _read_all(self._result_r)  # before waiting: a large result would fill the pipe
-        self._result_r = None
+        result_r, self._result_r = self._result_r, None
+        payload = _receive(result_r)  # before waiting: a large result would fill the pipe
         _, status = os.waitpid(self._pid, 0)
         self._pid = None
         if not payload:

@@ -54,3 +54,23 @@ def test_leaving_the_block_stops_a_child_still_running_or_still_waiting(given):
             assert psutil.pid_exists(pid)
             raise RuntimeError("the parent failed first")
     assert not psutil.pid_exists(pid)
+
+
+def test_a_worker_forked_later_does_not_hold_back_an_earlier_ones_task():
+    """Each child inherits the open ends of the pipes of those forked before it: a task read to the
+    end of its pipe would wait for every later child to exit (here: forever)."""
+    import signal
+
+    def timeout(*_):
+        raise TimeoutError("the first worker never got its task")
+
+    old = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(20)
+    try:
+        with Worker() as first, Worker() as second:  # the second waits for a task it never gets
+            pid = first._pid
+            assert first.submit(os.getpid).result() == pid
+            assert second._pid is not None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

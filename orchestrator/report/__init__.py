@@ -55,8 +55,8 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
         workers = None
         if plots:  # the PNGs and the cost model's fits go to children on the other CPU (forked.py)
             # forked now, before the runs are read: each holds only what it is sent
-            workers = SimpleNamespace(drawer=children.enter_context(Worker()),
-                                      fitter=children.enter_context(Worker()) if memo is None else None)
+            workers = SimpleNamespace(drawers=[children.enter_context(Worker(warm=_import_plots)) for _ in range(2)],
+                                      fitter=children.enter_context(Worker(warm=_import_plots)) if memo is None else None)
         return _write(store, Path(out_dir), machine_id, plots, memo, workers)
 
 
@@ -106,7 +106,8 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     # The PNGs are drawn in a child on the other CPU while this process writes the effects and the pages.
     jobs = _plot_jobs(analysis, grids, names, out_dir / "plots") if plots else []
     plot_paths = [path for _, _, path in jobs]
-    drawing = workers.drawer.submit(_draw, jobs) if jobs else None
+    # two drawers: with this process writing the pages, three share the two CPUs until the last PNG
+    drawing = [w.submit(_draw, jobs[k::2]) for k, w in enumerate(workers.drawers) if jobs[k::2]] if jobs else []
     all_effects = analysis.effects
     try:
         _write_effects(store, machine_ids, all_effects)
@@ -129,8 +130,8 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     summary_path = out_dir / "summary.md"
     summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
     html_path = html_report.write_page(ctx, out_dir / "index.html")
-    if drawing is not None:
-        drawing.result()  # the PNGs are on disk (or the child's failure is raised here)
+    for drawer in drawing:
+        drawer.result()  # its PNGs are on disk (or the child's failure is raised here)
     return Report(csv_path=csv_path, summary_path=summary_path, plot_paths=plot_paths, top_effects=top,
                   counts=counts, failures=failures, machines=len({r["machine_id"] for r in rows}),
                   effects=all_effects, analysis=analysis, html_path=html_path, effects_not_written=not_written)
@@ -154,6 +155,10 @@ def _plot_jobs(analysis: Analysis, grids, names, plots_dir: Path) -> list[tuple[
             suffix = f"_machine{m}" if several else ""
             jobs.append(("grid", (g, names[m]), plots_dir / f"grid_{g.rows}_x_{g.cols}{suffix}.png"))
     return jobs
+
+
+def _import_plots() -> None:
+    from orchestrator import plots  # noqa: F401 - matplotlib, imported before the child's task comes
 
 
 def _draw(jobs: list[tuple[str, tuple, Path]]) -> None:
