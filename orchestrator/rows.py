@@ -1,5 +1,6 @@
-"""The report's rows, read once in chunks: each chunk goes to results.csv as fetched, then becomes
-compact rows, so the report never holds the fetched tuples beside the rows (issue 31: a million runs).
+"""The report's rows, read once in chunks from the DBAPI cursor, each chunk made compact rows as
+fetched, so the report never holds the fetched tuples beside the rows (issue 31: a million runs);
+results.csv is written meanwhile by a forked child from the same query on its own connection.
 
 A compact row is a dict that keeps only its non-NULL columns, with the text values shared between
 rows (a fleet's runs repeat the same few words: status, host, CPU, configuration hash...). It reads

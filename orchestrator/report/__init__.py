@@ -3,7 +3,10 @@ summary.md (how step time changes with each variable, clearest first: markdown.p
 and the fitted effects written to the `effects` table.
 
 `write_report()` reads v_results once, leaves the statistics to effects.py and the pictures to
-plots.py, and returns a Report that bench.py prints; it prints nothing itself.
+plots.py, and returns a Report that bench.py prints; it prints nothing itself. With pictures it uses
+both CPUs of a small machine: children forked before the runs are read (orchestrator/forked.py) fit
+the cost model's section on the share of the runs it uses while this process analyses, and draw the
+PNGs while it writes the pages; results.csv is written by a child of rows.read_rows.
 
 The package's parts depend one way (tests/test_report_package.py reads their imports):
 - data.py: the data a report shows, no text (the SQL, Context, Report, the effects table's rows);
@@ -103,10 +106,10 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
                           memo=memo.setdefault("effects", {}) if memo is not None else None)
     grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
 
-    # The PNGs are drawn in a child on the other CPU while this process writes the effects and the pages.
+    # The PNGs are drawn by two children while this process writes the effects and the pages (three
+    # processes on two CPUs until the last PNG: one drawer would finish well after the pages).
     jobs = _plot_jobs(analysis, grids, names, out_dir / "plots") if plots else []
     plot_paths = [path for _, _, path in jobs]
-    # two drawers: with this process writing the pages, three share the two CPUs until the last PNG
     drawing = [w.submit(_draw, jobs[k::2]) for k, w in enumerate(workers.drawers) if jobs[k::2]] if jobs else []
     all_effects = analysis.effects
     try:
