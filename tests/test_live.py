@@ -148,8 +148,11 @@ def test_report_watch_keeps_the_page_current_until_interrupted(tmp_path):
     db = str(tmp_path / "results.db")
     _fleet(Store(db))
     out = tmp_path / "result"
+    # Ctrl+C as a user's terminal sends it: a test run started in the background (`cmd &` in a script)
+    # ignores SIGINT, and the watcher would inherit that and never see it.
     proc = subprocess.Popen([sys.executable, str(ROOT / "bench.py"), "report", "--watch", "--every", "1", "--out",
-                             str(out), "--db", db], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(out), "--db", db], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not (out / "index.html").exists() and time.monotonic() < deadline and proc.poll() is None:
