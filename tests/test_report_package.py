@@ -84,3 +84,26 @@ def test_the_page_carries_its_css_and_javascript_files_as_they_are(tmp_path):
     css, js = ((html.STATIC / name).read_text(encoding="utf-8") for name in ("page.css", "page.js"))
     assert f"<style>\n{css}</style>" in page and f"<script>\n{js}</script>" in page
     assert "window.cpubench" in js and "@media print" in css
+
+
+def test_a_report_leaves_the_garbage_collector_as_it_found_it(tmp_path):
+    """write_report freezes what exists (and the rows once read) so that its collections skip them: a
+    long-lived caller (report --watch) must find every object collectable again afterwards."""
+    import gc
+    import weakref
+
+    from tests.scaledb import build
+
+    class Node:
+        pass
+
+    store = build(str(tmp_path / "r.db"), 300, machines=1, shape="small", quiet=True)
+    cycle = Node()
+    cycle.me = cycle  # garbage from before the report: only the cyclic collector frees it
+    gone = weakref.ref(cycle)
+    del cycle
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    write_report(store, tmp_path / "result", plots=True)  # the forked children too
+    assert gc.isenabled() and gc.get_freeze_count() == 0, "the report left objects frozen"
+    gc.collect()
+    assert gone() is None, "the cycle made before the report was never collected after it"
