@@ -211,11 +211,21 @@ class Fit:
         if extra is None:  # no excess variance anywhere: every slice would add 0.0
             return out
         Xu = self._cells()[0]
-        # by slices of the cells: at a million runs X z for an interaction's contrasts is gigabytes
+        # by slices of the cells: at a million runs X z for an interaction's contrasts is gigabytes.
+        # A slice whose cells all have extra = 0 (no configuration with an excess variance in it: the
+        # cells are sorted by noise source, so the excess ones sit together at the end) adds a matrix
+        # of exact +0.0 (finite z): skipped, its one effect on out (-0.0 -> +0.0) kept by out += 0.0.
         step = max(1, COVARIANCE_CHUNK // max(1, len(vectors)))
+        finite = bool(np.isfinite(z).all())
+        skipped = False
         for lo in range(0, Xu.shape[0], step):
+            if finite and not extra[lo:lo + step].any():
+                skipped = True
+                continue
             xz = Xu[lo:lo + step] @ z
             out += xz.T @ (extra[lo:lo + step, None] * xz)
+        if skipped:
+            out += 0.0
         return out
 
 
