@@ -728,9 +728,10 @@ def _two_modes_best(u: np.ndarray):
     # Each EM iteration is the plain one, float for float (pi = clip(mean(w)), m0 = sum((1 - w) u) /
     # sum(1 - w), m1, s2 = sum((1 - w) (u - m0)^2 + w (u - m1)^2) / n, the log densities, the new
     # w = 1 / (1 + exp(clip(lf - ls)))): every element the same float (the same ufuncs of the same
-    # operands, but for the log densities' one noted below), every sum numpy's over the same whole array. At half a million runs it is 4 starts x 200 iterations of ~30
-    # passes: each writes into a buffer of its own, allocated once (a fresh array per pass, as the
-    # plain expressions make, cost more than the arithmetic).
+    # operands, but for the log densities' one noted below), every sum numpy's over the same whole
+    # array. At half a million runs it is 4 starts x 200 iterations of ~30 passes: each writes into a
+    # buffer of its own, allocated once (a fresh array per pass, as the plain expressions make, cost
+    # more than the arithmetic).
     w, w1, d0, d1, lf, ls, new, t = (np.empty(n) for _ in range(8))
     for share in (0.1, 0.2, 0.3, 0.4):
         np.greater(u, np.quantile(u, 1 - share), out=w)  # 1.0 / 0.0
