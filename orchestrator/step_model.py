@@ -144,12 +144,14 @@ class Fit:
             var = float(a @ z)
             return Contrast(est, math.sqrt(var) if var > 0 else 0.0, float(sum(s_dof.values())))
         Xu, wu, wu_excess, su = self._cells()
-        xz2 = (Xu @ z) ** 2
+        xz2, wx = self._cell_buffers(Xu.shape[0])
+        _csr_matvec(Xu, z, xz2)
+        np.square(xz2, out=xz2)  # (Xu @ z) ** 2, into a buffer of the fit's (no fresh array per contrast)
         # extra = 0 for every cell (no configuration with an excess variance): its term is 0.0 exactly
         var = float(a @ z) + (float(extra @ xz2) if extra is not None else 0.0)
         if var <= 0:
             return Contrast(est, 0.0, float(sum(s_dof.values())))
-        sums = np.bincount(su, weights=wu_excess * xz2)
+        sums = np.bincount(su, weights=np.multiply(wu_excess, xz2, out=wx))
         parts_v = {s: float(v) for s, v in enumerate(sums) if v > 0}
         total = sum(parts_v.values())
         denom = sum(v * v / s_dof[s] for s, v in parts_v.items() if s_dof.get(s, 0) > 0 and v > 0)
@@ -186,6 +188,12 @@ class Fit:
                                           np.asarray(s_of_run)[first])
         return self.__dict__["_cells_of"]
 
+    def _cell_buffers(self, cells: int):
+        """Two arrays of one value per cell, reused by every contrast of this fit."""
+        if "_cell_buf" not in self.__dict__:
+            self.__dict__["_cell_buf"] = (np.empty(cells), np.empty(cells))
+        return self.__dict__["_cell_buf"]
+
     def _extra(self):
         """wu_excess - wu per cell (the excess variance's share of a contrast's variance), or None where
         it is 0 for every cell."""
@@ -211,12 +219,38 @@ class Fit:
         if extra is None:  # no excess variance anywhere: every slice would add 0.0
             return out
         Xu = self._cells()[0]
-        # by slices of the cells: at a million runs X z for an interaction's contrasts is gigabytes
+        # by slices of the cells: at a million runs X z for an interaction's contrasts is gigabytes.
+        # A slice whose cells all have extra = 0 (no configuration with an excess variance in it: the
+        # cells are sorted by noise source, so the excess ones sit together at the end) adds a matrix
+        # of exact +0.0 (finite z): skipped, its one effect on out (-0.0 -> +0.0) kept by out += 0.0.
         step = max(1, COVARIANCE_CHUNK // max(1, len(vectors)))
+        finite = bool(np.isfinite(z).all())
+        skipped = False
         for lo in range(0, Xu.shape[0], step):
+            if finite and not extra[lo:lo + step].any():
+                skipped = True
+                continue
             xz = Xu[lo:lo + step] @ z
             out += xz.T @ (extra[lo:lo + step, None] * xz)
+        if skipped:
+            out += 0.0
         return out
+
+
+def _csr_matvec(A, x, out) -> None:
+    """out = A @ x for a CSR matrix A, into out: what A @ x computes (scipy's csr_matvec summing each
+    row's entries in order into zeros), without a fresh array."""
+    out.fill(0.0)
+    if _sparsetools is None or A.format != "csr" or A.dtype != np.float64 or x.dtype != np.float64:
+        out[:] = A @ x
+        return
+    _sparsetools.csr_matvec(A.shape[0], A.shape[1], A.indptr, A.indices, A.data, x, out)
+
+
+try:
+    from scipy.sparse import _sparsetools
+except ImportError:  # a scipy without it: A @ x
+    _sparsetools = None
 
 
 COVARIANCE_CHUNK = 4_000_000  # values of X z held at once by Fit.covariance (32 MB)
@@ -325,11 +359,19 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
                                  np.concatenate([ci, n_configs + rank[keep] - 1]))),
                                shape=(n, n_configs + len(col)))
         if Xc.shape[1] < n - MIN_STRATUM_DF:
-            coarse = Xc
+            # where every block is a whole pass (and the blocks are numbered in pass order), the coarse
+            # model is the fine one, entry for entry: its fits then share the fine model's factor
+            coarse = X if _same_matrix(Xc, X) else Xc
+
+    def solver_of(design):
+        """theta for a target under the current weights: the fine model's shared factor where design is X."""
+        if design is X:
+            return lambda target: solve_weighted(weights, target)
+        return _solve(design, weights)
 
     def coarse_fit():
         """The configuration + pass model under the current weights: (theta, leverages)."""
-        luc, thc = _solve(coarse, weights)(y)
+        luc, thc = solver_of(coarse)(y)
         levc = np.empty(n)
         _leverages(coarse, weights, luc, coarse.shape[1], levc)
         return thc, levc
@@ -346,7 +388,7 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
             if coarse is not None:  # found in the coarse model; the fine one takes its shifts
                 r = y - coarse @ thc
                 s2c = float(r[m] @ r[m]) / max(1.0, float(m.sum() - levc[m].sum()))
-                got = _mixture(coarse, y, m, thc, levc, s2c, weights)
+                got = _mixture(coarse, y, m, thc, levc, s2c, weights, solver_of(coarse))
                 if got is None:
                     continue
                 _, post_m, pi_s, delta_s, _ = got
@@ -358,7 +400,7 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
                 dof_s = max(1.0, float(m.sum() - lev[m].sum()) - 2)
                 sigma2[s] = float(r @ r) / dof_s + delta_s * delta_s * float(np.mean(post[m] * (1 - post[m])))
                 continue
-            got = _mixture(X, y, m, theta, lev, sigma2[s], weights)
+            got = _mixture(X, y, m, theta, lev, sigma2[s], weights, solver_of(X))
             if got is None:
                 continue
             theta, post_m, pi[s], delta[s], sigma2[s] = got
@@ -415,6 +457,12 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
 
 NOISY_ALPHA = 0.01  # family-wise, over the configurations tested
 NOISY_MIN_RATIO = 4.0  # before the slow modes: a noisy configuration's (trimmed) variance is at least 4x its stratum's
+
+
+def _same_matrix(a, b) -> bool:
+    """Are two CSR matrices the same entries in the same order (so every product with them is the same)?"""
+    return (a.shape == b.shape and a.nnz == b.nnz and np.array_equal(a.indptr, b.indptr)
+            and np.array_equal(a.indices, b.indices) and np.array_equal(a.data, b.data))
 
 
 def _runs_of(ci, n_configs: int) -> list[np.ndarray]:
@@ -632,7 +680,7 @@ def _leverages(X, weights, lu, p: int, out: np.ndarray) -> None:
     out[:] = weights * h
 
 
-def _mixture(X, y, m, theta, lev, sigma2, weights):
+def _mixture(X, y, m, theta, lev, sigma2, weights, solver=None):
     """A slow mode among the runs m, from the best of a few EM starts (the slowest 10-40% as the
     first guess of the slow mode): (theta, posterior, pi, delta, sigma2), or None where
     one normal explains the residuals as well (BIC) or the modes are not separated."""
@@ -641,7 +689,7 @@ def _mixture(X, y, m, theta, lev, sigma2, weights):
     if not _two_modes(u0):
         return None
     best = None
-    solver = _solve(X, weights)  # the weights stay: one factor for every start and iteration
+    solver = solver or _solve(X, weights)  # the weights stay: one factor for every start and iteration
     for share in (0.1, 0.2, 0.3, 0.4):
         got = _em(X, y, m, theta, lev, weights, u0 > np.quantile(u0, 1 - share), solver)
         if got is not None and (best is None or got[-1] > best[-1]):
@@ -665,43 +713,56 @@ def _two_modes(u: np.ndarray) -> bool:
     if n < MIX_MIN_RUNS or v0 <= 0:
         return False
     ll_one = -0.5 * n * (math.log(2 * math.pi * v0) + 1)
-    best = None
-    # The EM below computes each iteration's quantities once, into buffers of their own (at half a
-    # million runs it is a few hundred passes over them); every value is the one the plain
-    # expressions give (pi = clip(mean(w)), m0 = sum((1 - w) u) / sum(1 - w), ...), float for float.
-    w1, d0, d1, t, lf, ls = (np.empty(n) for _ in range(6))
-    for share in (0.1, 0.2, 0.3, 0.4):
-        w = (u > np.quantile(u, 1 - share)).astype(float)
-        for _ in range(200):
-            sw = float(w.sum())
-            pi = min(max(sw / n, 1e-3), 1 - 1e-3)
-            np.subtract(1, w, out=w1)
-            m0 = float(np.sum(np.multiply(w1, u, out=t)) / max(1e-9, float(w1.sum())))
-            m1 = float(np.sum(np.multiply(w, u, out=t)) / max(1e-9, sw))
-            np.square(np.subtract(u, m0, out=d0), out=d0)
-            np.square(np.subtract(u, m1, out=d1), out=d1)
-            np.multiply(w1, d0, out=t)
-            s2 = float(np.sum(np.add(t, np.multiply(w, d1, out=lf), out=t)) / n)
-            if s2 <= 1e-12:
-                break
-            np.subtract(np.log(1 - pi), np.divide(np.multiply(0.5, d0, out=lf), s2, out=lf), out=lf)
-            np.subtract(np.log(pi), np.divide(np.multiply(0.5, d1, out=ls), s2, out=ls), out=ls)
-            np.minimum(np.maximum(np.subtract(lf, ls, out=t), -50, out=t), 50, out=t)
-            new = np.divide(1.0, np.add(1.0, np.exp(t, out=t), out=t))
-            if np.max(np.abs(np.subtract(new, w, out=d0))) < 1e-7:
-                w = new
-                break
-            w = new
-        if s2 <= 1e-12:
-            continue
-        ll = float(np.sum(np.logaddexp(lf, ls)) - 0.5 * n * math.log(2 * math.pi * s2))
-        if best is None or ll > best[0]:
-            best = (ll, pi, m1 - m0, s2)
+    best = _two_modes_best(u)
     if best is None:
         return False
     ll, pi, gap, s2 = best
     return (2 * (ll - ll_one) > 2 * math.log(n) + 6 and MIX_MIN_SHARE <= pi <= MIX_MAX_SHARE
             and gap >= MIX_SEPARATION * math.sqrt(s2))
+
+
+def _two_modes_best(u: np.ndarray):
+    """_two_modes' EM: the (log-likelihood, pi, gap, s2) of its best start, None where none fitted."""
+    n = len(u)
+    best = None
+    # Each EM iteration is the plain one, float for float (pi = clip(mean(w)), m0 = sum((1 - w) u) /
+    # sum(1 - w), m1, s2 = sum((1 - w) (u - m0)^2 + w (u - m1)^2) / n, the log densities, the new
+    # w = 1 / (1 + exp(clip(lf - ls)))): every element the same float (the same ufuncs of the same
+    # operands, but for the log densities' one noted below), every sum numpy's over the same whole
+    # array. At half a million runs it is 4 starts x 200 iterations of ~30 passes: each writes into a
+    # buffer of its own, allocated once (a fresh array per pass, as the plain expressions make, cost
+    # more than the arithmetic).
+    w, w1, d0, d1, lf, ls, new, t = (np.empty(n) for _ in range(8))
+    for share in (0.1, 0.2, 0.3, 0.4):
+        np.greater(u, np.quantile(u, 1 - share), out=w)  # 1.0 / 0.0
+        for _ in range(200):
+            sw = float(w.sum())
+            pi = min(max(sw / n, 1e-3), 1 - 1e-3)
+            np.subtract(1, w, out=w1)
+            m0 = float(np.multiply(w1, u, out=t).sum() / max(1e-9, float(w1.sum())))
+            m1 = float(np.multiply(w, u, out=t).sum() / max(1e-9, sw))
+            np.square(np.subtract(u, m0, out=d0), out=d0)
+            np.square(np.subtract(u, m1, out=d1), out=d1)
+            np.multiply(w1, d0, out=t)
+            s2 = float(np.add(t, np.multiply(w, d1, out=lf), out=t).sum() / n)
+            if s2 <= 1e-12:
+                break
+            # (0.5 d) / s2 as d / (2 s2): halving and doubling are exact, so both are the one rounding of
+            # d / (2 s2) (a d so small that halving it rounds is far below an ulp of log(1 - pi) and log(pi))
+            np.subtract(np.log(1 - pi), np.divide(d0, 2 * s2, out=lf), out=lf)
+            np.subtract(np.log(pi), np.divide(d1, 2 * s2, out=ls), out=ls)
+            np.clip(np.subtract(lf, ls, out=t), -50, 50, out=t)  # min(max(t, -50), 50), in one pass
+            np.divide(1.0, np.add(1.0, np.exp(t, out=t), out=t), out=new)
+            done = np.max(np.abs(np.subtract(new, w, out=t), out=t)) < 1e-7
+            w, new = new, w
+            if done:
+                break
+        if s2 <= 1e-12:
+            continue
+        ll = float(np.sum(np.logaddexp(lf, ls)) - 0.5 * n * math.log(2 * math.pi * s2))
+        if best is None or ll > best[0]:
+            best = (ll, pi, m1 - m0, s2)
+    return best
 
 
 def _em(X, y, m, theta, lev, weights, slow0, solver=None):

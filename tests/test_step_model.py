@@ -136,3 +136,84 @@ def test_two_modes_finds_a_slow_mode_and_only_one():
     assert sm._two_modes(np.where(rng.random(n) < 0.2, 4.0, 0.0) + rng.standard_normal(n))
     assert not sm._two_modes(rng.standard_normal(n))
     assert not sm._two_modes(rng.standard_t(3, n))
+
+
+def plain_two_modes_best(u):
+    """_two_modes' EM written plainly over whole arrays (as main had it before it went span by span):
+    the (ll, pi, gap, s2) of its best start."""
+    n = len(u)
+    best = None
+    for share in (0.1, 0.2, 0.3, 0.4):
+        w = (u > np.quantile(u, 1 - share)).astype(float)
+        for _ in range(200):
+            pi = min(max(float(w.sum()) / n, 1e-3), 1 - 1e-3)
+            m0 = float(np.sum((1 - w) * u) / max(1e-9, float((1 - w).sum())))
+            m1 = float(np.sum(w * u) / max(1e-9, float(w.sum())))
+            s2 = float(np.sum((1 - w) * (u - m0) ** 2 + w * (u - m1) ** 2) / n)
+            if s2 <= 1e-12:
+                break
+            lf = np.log(1 - pi) - 0.5 * (u - m0) ** 2 / s2
+            ls = np.log(pi) - 0.5 * (u - m1) ** 2 / s2
+            new = 1.0 / (1.0 + np.exp(np.clip(lf - ls, -50, 50)))
+            done = np.max(np.abs(new - w)) < 1e-7
+            w = new
+            if done:
+                break
+        if s2 <= 1e-12:
+            continue
+        ll = float(np.sum(np.logaddexp(lf, ls)) - 0.5 * n * math.log(2 * math.pi * s2))
+        if best is None or ll > best[0]:
+            best = (ll, pi, m1 - m0, s2)
+    return best
+
+
+def test_two_modes_with_its_buffers_is_the_plain_em_float_for_float():
+    rng = np.random.default_rng(12)
+    n = 6000
+    for u in (np.where(rng.random(n) < 0.2, 4.0, 0.0) + rng.standard_normal(n), rng.standard_normal(n),
+              rng.standard_t(3, n), np.where(rng.random(50) < 0.3, 3.0, 0.0) + rng.standard_normal(50),
+              np.where(rng.random(n) < 0.05, 2.0, 0.0) + rng.standard_normal(n)):
+        assert sm._two_modes_best(u) == plain_two_modes_best(u)
+
+
+def test_covariance_skips_only_slices_that_add_zero(monkeypatch):
+    data = sweep(4, noisy=(4, 7), slow=0.0, two_strata=False)
+    f = fitted(data)
+    extra = f._extra()
+    assert extra is not None and 0 < np.count_nonzero(extra) < len(extra) // 3  # some cells have an excess
+    vecs = contrasts(data[5])[:5]
+    # slices of 9 cells: most hold no excess, one holds both kinds (the excess cells are the last 20 of 300)
+    monkeypatch.setattr(sm, "COVARIANCE_CHUNK", 9 * len(vecs))
+    got = f.covariance(vecs)
+    # every slice, as main computed it
+    X = f._design[0]
+    a = np.zeros((X.shape[1], len(vecs)))
+    for j, w in enumerate(vecs):
+        for c, v in w.items():
+            a[c, j] = v
+    z = np.column_stack([f._solve(a[:, j]) for j in range(len(vecs))])
+    want = a.T @ z
+    Xu = f._cells()[0]
+    for lo in range(0, Xu.shape[0], 9):
+        xz = Xu[lo:lo + 9] @ z
+        want += xz.T @ (extra[lo:lo + 9, None] * xz)
+    assert np.array_equal(got, want)
+
+
+def test_the_coarse_model_shares_the_fine_factor_where_it_is_the_same(monkeypatch):
+    data = sweep(6, noisy=(5,))  # block = pass: the coarse model (configuration + pass) is the fine one
+    factors = []
+    real = sm._factor
+    monkeypatch.setattr(sm, "_factor", lambda X, w: factors.append(1) or real(X, w))
+    shared = fitted(data)
+    n_shared = len(factors)
+    monkeypatch.setattr(sm, "_same_matrix", lambda a, b: False)  # as main: the coarse model's own factors
+    factors.clear()
+    own = fitted(data)
+    assert n_shared < len(factors)
+    assert any(s.bimodal for s in own.distinct_strata())  # the slow mode's EM ran on the coarse model
+    for f in ("mu", "gamma", "slow_prob"):
+        assert np.array_equal(getattr(shared, f), getattr(own, f))
+    assert [vars(s) for s in shared.distinct_strata()] == [vars(s) for s in own.distinct_strata()]
+    for w in contrasts(data[5]):
+        assert shared.contrast(w) == own.contrast(w)
