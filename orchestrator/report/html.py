@@ -43,6 +43,7 @@ import numpy as np
 
 from orchestrator import effects as fx
 from orchestrator import parallel_report, prediction_report, seeds
+from orchestrator.config_index import CONFIG_NAMES, config_index
 from orchestrator.report.words import FACTS, _fact, _fmt, _p, _pct, short_reason
 from common.variables import BY_NAME, NAMES
 
@@ -192,21 +193,8 @@ def _round_all(values, digits: int = 4) -> list:
     return [next(it) if k == 2 else (0 if k else None) for k in kind.tolist()]
 
 
-_CONFIG_NAMES = tuple(n for n in NAMES if n not in NOT_CONFIG)
-_last_index: list = [None, 0, None]  # (rows, their number, _config_index(rows)): baselines and shared_configs
-
-
-def _config_index(rows: list[dict]) -> tuple[list[int], list[tuple]]:
-    """Each run's configuration as a number (its raw values of every variable but the pass, numbered
-    in the order they first ran) and each number's raw values: the rows read once for the page's
-    per-configuration tables, each key built without a Python call per run."""
-    if _last_index[0] is rows and _last_index[1] == len(rows):
-        return _last_index[2]
-    number: dict[tuple, int] = {}
-    keys = map(tuple, map(map, map(operator.attrgetter("get"), rows), itertools.repeat(_CONFIG_NAMES)))
-    ids = [number.setdefault(k, len(number)) for k in keys]
-    _last_index[:] = [rows, len(rows), (ids, list(number))]
-    return _last_index[2]
+_CONFIG_NAMES = CONFIG_NAMES  # every variable but repeat (NOT_CONFIG)
+_config_index = config_index  # each run's configuration as a number, read once per report (shared with the cost model's share)
 
 
 def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
