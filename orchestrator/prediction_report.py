@@ -65,7 +65,7 @@ def sweep_predictions(rows: list[dict], sweep_texts: dict[str, str]) -> dict[str
     """name -> partial config of every [predict] table of the sweeps the rows ran."""
     from orchestrator.sweep import predict_configs
     out = {}
-    for name in sorted({r.get("sweep") for r in rows if r.get("sweep")}):
+    for name in sorted(filter(None, set(map(operator.methodcaller("get", "sweep"), rows)))):
         try:
             out.update(predict_configs(tomllib.loads(sweep_texts.get(name) or ""), f"sweep {name}"))
         except (tomllib.TOMLDecodeError, BenchError):

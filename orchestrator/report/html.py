@@ -310,16 +310,21 @@ def page_runs(rows: list[dict], st: dict, cap: int | None = None) -> list[dict]:
         return rows
     drawn = {i for v in st["variables"] for lv in v.get("levels", []) for i in lv.get("run_ids", [])}
     step = -(-len(rows) // cap)
-    return [r for i, r in enumerate(rows) if not i % step or r["status"] != "done" or r["run_id"] in drawn]
+    # every step-th run, every run not done, every drawn run: the three masks at C speed
+    keep = np.zeros(len(rows), dtype=bool)
+    keep[::step] = True
+    keep |= np.array(list(map(operator.ne, map(operator.itemgetter("status"), rows), itertools.repeat("done"))),
+                     dtype=bool)
+    keep |= np.array(list(map(drawn.__contains__, map(operator.itemgetter("run_id"), rows))), dtype=bool)
+    return list(itertools.compress(rows, keep.tolist()))
 
 
 def lost_values(rows: list[dict], modal: dict[int, dict]) -> dict[tuple[int, str], list[dict]]:
     """(machine, variable) -> the values that failed or were skipped, with why and how many runs:
     a run that did not finish is charged to every variable where it differs from the baseline."""
     counted: dict[tuple[int, str], Counter] = defaultdict(Counter)
-    for r in rows:
-        if r["status"] not in ("failed", "skipped"):
-            continue
+    stopped = map(("failed", "skipped").__contains__, map(operator.itemgetter("status"), rows))
+    for r in itertools.compress(rows, stopped):  # only the runs that did not finish (picked at C speed)
         diff = config_difference(r, modal.get(r["machine_id"], {})) or {"(baseline)": "baseline"}
         for n, v in diff.items():
             counted[(r["machine_id"], n)][(v, r["status"], short_reason(r.get("reason")))] += 1
@@ -348,8 +353,8 @@ def shared_configs(rows: list[dict], done: list[dict] | None = None) -> dict:
     # the runs sorted into (configuration, machine) cells; the configurations in the order they first finished
     n_machines, column = len(machines), {m: j for j, m in enumerate(machines)}
     config_array = np.array(config, dtype=np.int64)
-    cell = config_array * n_machines + np.array([column[m] for m in machine_of], dtype=np.int64)
-    steps = np.array([float(x) for x in map(operator.itemgetter("step_ms_median"), done)], dtype=float)
+    cell = config_array * n_machines + np.array(list(map(column.__getitem__, machine_of)), dtype=np.int64)
+    steps = np.array(list(map(float, map(operator.itemgetter("step_ms_median"), done))), dtype=float)
     order = np.argsort(cell, kind="stable")
     cell, steps = cell[order], steps[order]
     starts = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]])
