@@ -711,9 +711,10 @@ def check(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     return check_on(keep, used), used
 
 
-def check_share(rows: list[dict]) -> tuple[set | None, list[dict]]:
-    """What check() refits on: the configurations it predicts (None: every one) and the rows it uses."""
-    configs = distinct_config_keys(rows)
+def check_share(rows: list[dict], configs: list[tuple] | None = None) -> tuple[set | None, list[dict]]:
+    """What check() refits on: the configurations it predicts (None: every one) and the rows it uses.
+    `configs`: distinct_config_keys(rows), where the caller knows it."""
+    configs = distinct_config_keys(rows) if configs is None else configs
     keep = None
     if len(configs) > CHECK_MAX_CONFIGS:
         step = len(configs) / CHECK_MAX_CONFIGS
@@ -928,15 +929,11 @@ def usable(rows: list[dict]) -> list[dict]:
     done = _done(rows)
     # disturbed() parses a run's applied: only where its figures could pass a limit (_surely_quiet,
     # asked once per distinct (other_cpu_s, steal_s, cores))
-    seen: dict[tuple, bool] = {}
-    quiet = []
-    for r, figures in zip(done, zip(map(_get("other_cpu_s"), done), map(_get("steal_s"), done),
-                                    map(_get("cores"), done))):
-        sure = seen.get(figures)
-        if sure is None:
-            sure = seen[figures] = _surely_quiet(*figures)
-        if sure or not disturbed(r):
-            quiet.append(r)
+    figures = list(zip(map(_get("other_cpu_s"), done), map(_get("steal_s"), done), map(_get("cores"), done)))
+    seen = {f: _surely_quiet(*f) for f in dict.fromkeys(figures)}
+    if all(seen.values()):  # every run surely quiet (no Python call per run)
+        return list(done)
+    quiet = [r for r, sure in zip(done, map(seen.__getitem__, figures)) if sure or not disturbed(r)]
     return quiet or done
 
 

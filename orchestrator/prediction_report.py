@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import html as html_lib
 import math
+import operator
 import statistics
 import tomllib
+from itertools import repeat
 from pathlib import Path
+
+import numpy as np
 
 from sqlalchemy import text
 
 from common import variables as V
 from common.errors import BenchError
 from orchestrator import cost_model as cm
+from orchestrator.config_index import CONFIG_NAMES, config_index
 from orchestrator.rows import runs_fingerprint
 from orchestrator.seeds import PUBLISHED
 
@@ -60,7 +65,7 @@ def sweep_predictions(rows: list[dict], sweep_texts: dict[str, str]) -> dict[str
     """name -> partial config of every [predict] table of the sweeps the rows ran."""
     from orchestrator.sweep import predict_configs
     out = {}
-    for name in sorted({r.get("sweep") for r in rows if r.get("sweep")}):
+    for name in sorted(filter(None, set(map(operator.methodcaller("get", "sweep"), rows)))):
         try:
             out.update(predict_configs(tomllib.loads(sweep_texts.get(name) or ""), f"sweep {name}"))
         except (tomllib.TOMLDecodeError, BenchError):
@@ -110,22 +115,54 @@ def shares(ctx) -> dict:
     CPUs. Small where the runs are many: write_report sends it to a child process that fits."""
     sweep_texts = getattr(ctx, "sweep_texts", None) or {}
     check_predictions = getattr(ctx, "check_predictions", True)
-    done: dict = {machine_id: [] for machine_id in ctx.names}  # each machine's done runs: one pass over the rows
-    for r in ctx.rows:
-        if r.get("status") == "done":
-            mine = done.get(r["machine_id"])
-            if mine is not None:
-                mine.append(r)
+    done, numbers = _done_by_machine(ctx.rows, ctx.names, check_predictions)
     machines = {}
     for machine_id, name in ctx.names.items():
         rows = cm.usable(done[machine_id])
         cpus = int(ctx.facts.get(machine_id, {}).get("logical_cores") or (rows[0].get("cores") if rows else None) or 1)
         share = {"name": name, "runs": len(rows), "fit_rows": cm.thin(rows), "cpus": cpus,
-                 "check": cm.check_share(rows) if check_predictions and rows else None,
+                 "check": cm.check_share(rows, _configs(rows, done[machine_id], numbers and numbers[machine_id],
+                                                        numbers and config_index(ctx.rows)[1]))
+                 if check_predictions and rows else None,
                  "fingerprint": runs_fingerprint(rows) if getattr(ctx, "memo", None) is not None else None}
         machines[machine_id] = share
     return {"wanted": sweep_predictions(ctx.rows, sweep_texts), "check_predictions": check_predictions,
             "machines": machines}
+
+
+def _done_by_machine(rows: list[dict], names: dict, numbered: bool) -> tuple[dict, dict | None]:
+    """Each machine's done runs (of `names`, in the rows' order), read at C speed, and where `numbered`
+    their configuration numbers (config_index: the page reads the same numbers later)."""
+    machine_of = np.array(list(map(operator.methodcaller("get", "machine_id"), rows)))
+    is_done = np.array(list(map(operator.eq, map(operator.methodcaller("get", "status"), rows), repeat("done"))),
+                       dtype=bool)
+    ids = config_index(rows)[0] if numbered else None
+    done, numbers = {}, {} if numbered else None
+    for machine_id in names:
+        at = np.flatnonzero(is_done & (machine_of == machine_id)).tolist() if len(rows) else []
+        done[machine_id] = list(map(rows.__getitem__, at))
+        if numbered:
+            numbers[machine_id] = list(map(ids.__getitem__, at))
+    return done, numbers
+
+
+def _configs(rows: list[dict], done: list[dict], numbers: list[int] | None, raws: list[tuple]) -> list[tuple] | None:
+    """cm.distinct_config_keys(rows) for `rows`, usable()'s runs of `done` (whose configuration numbers,
+    config_index's, are `numbers`): each number's key made once, in the order they first ran. Runs of
+    one number hold equal values of every variable config_key() reads, so they have one key."""
+    if numbers is None or not rows:
+        return None
+    if len(rows) != len(done):  # usable() left some out: its runs are a subsequence of done
+        pending, kept = iter(rows), []
+        nxt = next(pending, None)
+        for r, i in zip(done, numbers):
+            if r is nxt:
+                kept.append(i)
+                nxt = next(pending, None)
+        if len(kept) != len(rows):
+            return None
+        numbers = kept
+    return list(dict.fromkeys(cm.config_key(dict(zip(CONFIG_NAMES, raws[i]))) for i in dict.fromkeys(numbers)))
 
 
 def fitted(shares: dict, memo: dict | None = None) -> dict:

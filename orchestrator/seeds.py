@@ -17,7 +17,11 @@ from __future__ import annotations
 import operator
 import statistics
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import chain
+
+import numpy as np
+
+from orchestrator.config_index import CONFIG_NAMES, config_index
 
 # The variables a reference fixes; the rest (steps, threads, system settings) is this machine's choice.
 MATCH_KEYS = ("n_layers", "d_model", "n_heads", "mlp_ratio", "dropout", "vocab_size", "seq_len", "batch_size",
@@ -177,23 +181,26 @@ def measured_all(rows: list[dict]) -> dict[str, dict[int, Measured]]:
 
 
 def _measured_all(rows: list[dict]) -> dict[str, dict[int, Measured]]:
-    # group the runs on the matched columns (each run's key is tuple(map(r.get, MATCH_KEYS)), built
-    # without a Python frame per run); measured() then sees only the runs of the groups a reference
-    # matches, which are the runs it would pick out of all the rows (it keeps the done ones itself)
-    keys = map(tuple, map(map, map(operator.attrgetter("get"), rows), repeat(MATCH_KEYS)))
-    groups: dict[tuple, list[int]] = {}
-    for i, shape in enumerate(keys):
-        g = groups.get(shape)
-        if g is None:
-            groups[shape] = [i]
-        else:
-            g.append(i)
-    found = {}
+    # group the runs' configurations (config_index: each run's number, read once per report) on the
+    # matched columns; measured() then sees only the runs of the groups a reference matches, which are
+    # the runs it would pick out of all the rows (it keeps the done ones itself). A group's shape is its
+    # first run's, as grouping run by run would keep.
+    ids, raws = config_index(rows)
+    shape_of = operator.itemgetter(*(CONFIG_NAMES.index(k) for k in MATCH_KEYS))
+    groups: dict[tuple, list[int]] = {}  # shape -> its configuration numbers
+    for number, raw in enumerate(raws):
+        groups.setdefault(shape_of(raw), []).append(number)
+    found, numbered = {}, None
     for ref in PUBLISHED:
-        hit = [ix for shape, ix in groups.items() if matches(ref, dict(zip(MATCH_KEYS, shape)))]
+        hit = [numbers for shape, numbers in groups.items() if matches(ref, dict(zip(MATCH_KEYS, shape)))]
+        if not hit:
+            found[ref.id] = {}
+            continue
+        if numbered is None:
+            numbered = np.array(ids, dtype=np.int64)
         # in the rows' order (the machines' order in the answer follows it)
-        found[ref.id] = measured(ref, [rows[i] for i in (hit[0] if len(hit) == 1 else sorted(chain(*hit)))]) \
-            if hit else {}
+        at = np.flatnonzero(np.isin(numbered, np.fromiter(chain(*hit), dtype=np.int64))).tolist()
+        found[ref.id] = measured(ref, list(map(rows.__getitem__, at)))
     return found
 
 

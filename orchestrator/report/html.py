@@ -43,6 +43,7 @@ import numpy as np
 
 from orchestrator import effects as fx
 from orchestrator import parallel_report, prediction_report, seeds
+from orchestrator.config_index import CONFIG_NAMES, config_index
 from orchestrator.report.words import FACTS, _fact, _fmt, _p, _pct, short_reason
 from common.variables import BY_NAME, NAMES
 
@@ -166,21 +167,34 @@ def _round(x, digits: int = 4):
     return round(x, max(0, digits - 1 - int(math.floor(math.log10(abs(x))))))
 
 
-_CONFIG_NAMES = tuple(n for n in NAMES if n not in NOT_CONFIG)
-_last_index: list = [None, 0, None]  # (rows, their number, _config_index(rows)): baselines and shared_configs
+def _round_all(values, digits: int = 4) -> list:
+    """[_round(x, digits) for x in values], the digits of every value found at once (numpy): the same
+    Python round() of the same float per value, so the same numbers. A power of ten's logarithm is
+    asked of math.log10, as _round asks it, wherever numpy's could fall on the other side of an integer."""
+    xs = list(values)
+    try:
+        a = np.array(xs, dtype=float)  # None: NaN, which _round also gives None for
+    except (TypeError, ValueError):
+        return [_round(x, digits) for x in xs]
+    if a.ndim != 1:
+        return [_round(x, digits) for x in xs]
+    finite = np.isfinite(a)
+    nonzero = finite & (a != 0)
+    mag = np.abs(a[nonzero])
+    logs = np.log10(mag)
+    exponent = np.floor(logs)
+    for i in np.flatnonzero(np.abs(logs - np.round(logs)) < 1e-9).tolist():
+        exponent[i] = math.floor(math.log10(float(mag[i])))
+    rounded = list(map(round, a[nonzero].tolist(), np.maximum(0, digits - 1 - exponent).astype(np.int64).tolist()))
+    if len(rounded) == len(xs):
+        return rounded
+    kind = finite.astype(np.int8) + nonzero  # 0: None, 1: zero, 2: rounded
+    it = iter(rounded)
+    return [next(it) if k == 2 else (0 if k else None) for k in kind.tolist()]
 
 
-def _config_index(rows: list[dict]) -> tuple[list[int], list[tuple]]:
-    """Each run's configuration as a number (its raw values of every variable but the pass, numbered
-    in the order they first ran) and each number's raw values: the rows read once for the page's
-    per-configuration tables, each key built without a Python call per run."""
-    if _last_index[0] is rows and _last_index[1] == len(rows):
-        return _last_index[2]
-    number: dict[tuple, int] = {}
-    keys = map(tuple, map(map, map(operator.attrgetter("get"), rows), itertools.repeat(_CONFIG_NAMES)))
-    ids = [number.setdefault(k, len(number)) for k in keys]
-    _last_index[:] = [rows, len(rows), (ids, list(number))]
-    return _last_index[2]
+_CONFIG_NAMES = CONFIG_NAMES  # every variable but repeat (NOT_CONFIG)
+_config_index = config_index  # each run's configuration as a number, read once per report (shared with the cost model's share)
 
 
 def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
@@ -189,7 +203,12 @@ def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
     out = {}
     ids, raws = _config_index(rows)
     # a configuration is a config_hash (a run without one: the run itself); its first run's values count
-    jobs = [(r["machine_id"], r.get("config_hash") or r["run_id"]) for r in rows]
+    machines = list(map(operator.itemgetter("machine_id"), rows))
+    hashes = list(map(operator.methodcaller("get", "config_hash"), rows))
+    if all(hashes):  # every run has one (the usual case): read at C speed
+        jobs = list(zip(machines, hashes))
+    else:
+        jobs = [(m, h or r["run_id"]) for m, h, r in zip(machines, hashes, rows)]
     first = dict(zip(reversed(jobs), reversed(ids)))  # the earliest run of each wins
     by_machine: dict[int, Counter] = {}
     for job in dict.fromkeys(jobs):  # in the order they first ran
@@ -243,17 +262,18 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
     config_vars: dict[int, list[str]] = {}
     seen: dict[tuple, int] = {}  # (machine, the run's values of its baseline's variables) -> config text index
     machines = list(map(operator.itemgetter("machine_id"), rows))
-    config = []
-    for r, m in zip(rows, machines):
-        base = modal.get(m, {})
-        key = (m, *map(r.get, base))
-        ci = seen.get(key)
-        if ci is None:
-            diff = config_difference(r, base)
-            text = ", ".join(f"{k}={v}" for k, v in diff.items()) or "baseline"
-            ci = seen[key] = idx("config", text)
-            config_vars.setdefault(ci, list(diff))
-        config.append(ci)
+    # each run's key (its machine, its values of the baseline's variables) read at C speed; a key's
+    # text made once, in the order the keys first appear (as run by run)
+    base_names = {m: tuple(modal.get(m, {})) for m in dict.fromkeys(machines)}
+    keys = list(zip(machines, map(tuple, map(map, map(operator.attrgetter("get"), rows),
+                                             map(base_names.__getitem__, machines)))))
+    first_row = dict(zip(reversed(keys), reversed(rows)))
+    for key in dict.fromkeys(keys):
+        diff = config_difference(first_row[key], modal.get(key[0], {}))
+        text = ", ".join(f"{k}={v}" for k, v in diff.items()) or "baseline"
+        ci = seen[key] = idx("config", text)
+        config_vars.setdefault(ci, list(diff))
+    config = list(map(seen.__getitem__, keys))
     # column by column (each kind's text interned in the order the runs show it, as run by run)
     get = operator.methodcaller
     cols["run_id"] = list(map(operator.itemgetter("run_id"), rows))
@@ -263,13 +283,20 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
     status = {s: idx("status", s) for s in dict.fromkeys(statuses)}
     cols["status"] = list(map(status.__getitem__, statuses))
     cols["pass"] = [int(x or 0) for x in map(get("get", "repeat"), rows)]
-    cols["step_ms"] = list(map(_round, map(get("get", "step_ms_median"), rows)))
-    cols["tokens_per_s"] = list(map(_round, map(get("get", "tokens_per_s"), rows)))
-    cols["mfu"] = [_round(x, 3) for x in map(get("get", "mfu"), rows)]
+    cols["step_ms"] = _round_all(map(get("get", "step_ms_median"), rows))
+    cols["tokens_per_s"] = _round_all(map(get("get", "tokens_per_s"), rows))
+    cols["mfu"] = _round_all(map(get("get", "mfu"), rows), 3)
     cols["config"] = config
-    cols["reason"] = [idx("reason", short_reason(r.get("reason")) if s in ("failed", "skipped") else "")
-                      for r, s in zip(rows, statuses)]
-    cols["disturbed"] = [1 if i in disturbed else 0 for i in cols["run_id"]]
+    # the reasons of the runs that failed or were skipped; "" for the rest (interned as first shown)
+    reasons = [""] * len(rows)
+    stopped = [status[s] for s in ("failed", "skipped") if s in status]
+    if stopped:
+        for i in np.flatnonzero(np.isin(np.array(cols["status"], dtype=np.int64), stopped)).tolist():
+            reasons[i] = short_reason(rows[i].get("reason"))
+    for text in dict.fromkeys(reasons):
+        idx("reason", text)
+    cols["reason"] = list(map(interned["reason"].__getitem__, reasons))
+    cols["disturbed"] = list(map(int, map(disturbed.__contains__, cols["run_id"])))
     dicts = {k: list(v) for k, v in interned.items()}
     return {"n": len(rows), "cols": cols, "dicts": dicts,
             "config_vars": [config_vars[i] for i in range(len(dicts["config"]))]}
@@ -283,16 +310,21 @@ def page_runs(rows: list[dict], st: dict, cap: int | None = None) -> list[dict]:
         return rows
     drawn = {i for v in st["variables"] for lv in v.get("levels", []) for i in lv.get("run_ids", [])}
     step = -(-len(rows) // cap)
-    return [r for i, r in enumerate(rows) if not i % step or r["status"] != "done" or r["run_id"] in drawn]
+    # every step-th run, every run not done, every drawn run: the three masks at C speed
+    keep = np.zeros(len(rows), dtype=bool)
+    keep[::step] = True
+    keep |= np.array(list(map(operator.ne, map(operator.itemgetter("status"), rows), itertools.repeat("done"))),
+                     dtype=bool)
+    keep |= np.array(list(map(drawn.__contains__, map(operator.itemgetter("run_id"), rows))), dtype=bool)
+    return list(itertools.compress(rows, keep.tolist()))
 
 
 def lost_values(rows: list[dict], modal: dict[int, dict]) -> dict[tuple[int, str], list[dict]]:
     """(machine, variable) -> the values that failed or were skipped, with why and how many runs:
     a run that did not finish is charged to every variable where it differs from the baseline."""
     counted: dict[tuple[int, str], Counter] = defaultdict(Counter)
-    for r in rows:
-        if r["status"] not in ("failed", "skipped"):
-            continue
+    stopped = map(("failed", "skipped").__contains__, map(operator.itemgetter("status"), rows))
+    for r in itertools.compress(rows, stopped):  # only the runs that did not finish (picked at C speed)
         diff = config_difference(r, modal.get(r["machine_id"], {})) or {"(baseline)": "baseline"}
         for n, v in diff.items():
             counted[(r["machine_id"], n)][(v, r["status"], short_reason(r.get("reason")))] += 1
@@ -321,8 +353,8 @@ def shared_configs(rows: list[dict], done: list[dict] | None = None) -> dict:
     # the runs sorted into (configuration, machine) cells; the configurations in the order they first finished
     n_machines, column = len(machines), {m: j for j, m in enumerate(machines)}
     config_array = np.array(config, dtype=np.int64)
-    cell = config_array * n_machines + np.array([column[m] for m in machine_of], dtype=np.int64)
-    steps = np.array([float(x) for x in map(operator.itemgetter("step_ms_median"), done)], dtype=float)
+    cell = config_array * n_machines + np.array(list(map(column.__getitem__, machine_of)), dtype=np.int64)
+    steps = np.array(list(map(float, map(operator.itemgetter("step_ms_median"), done))), dtype=float)
     order = np.argsort(cell, kind="stable")
     cell, steps = cell[order], steps[order]
     starts = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]])

@@ -219,7 +219,7 @@ def disturbed_lines(done: list[dict], analysis: Analysis) -> list[str]:
     a stated share of the window), which, and that the fits left them out (effects.analyse_machine)."""
     if not done:
         return []
-    measured = sum(1 for r in done if r.get("other_cpu_s") is not None or r.get("steal_s") is not None)
+    measured = any(r.get("other_cpu_s") is not None or r.get("steal_s") is not None for r in done)
     if not measured:
         return ["Disturbed runs: not known (no run measured other processes' CPU time or steal).", ""]
     machines = analysis.machines.values()
@@ -241,7 +241,10 @@ def disturbed_lines(done: list[dict], analysis: Analysis) -> list[str]:
              f"hypervisor (`steal_s`) took more than {fx.DISTURBED_SHARE:.0%} of the job's CPU time over the "
              f"timed window (a step slows by about the share taken, as much as the smaller effects measured "
              f"here). {fate}", ""]
-    provisional = sum(1 for r in done if _may_be_provisional(r.get("applied")) and fx.provisional_peak(r))
+    # only the runs whose applied could hold a provisional peak are parsed (none is, where every applied is NULL)
+    applied = list(map(operator.methodcaller("get", "applied"), done))
+    provisional = 0 if applied.count(None) == len(applied) else \
+        sum(1 for r, a in zip(done, applied) if _may_be_provisional(a) and fx.provisional_peak(r))
     if provisional:
         lines += [f"MFU of {provisional} of {len(done)} done runs is against a provisional GEMM peak (measured under "
                   f"load, or not measured on the run's CPU set: `applied.peak_gflops.basis` says which).", ""]
@@ -361,15 +364,19 @@ def shared_section(ctx: Context) -> list[str]:
         # the runs of a cell share one key object (as_ran): group on it (cheap), then on the key's values
         # (a key per run hashes every value of it); the step times of a key come in another order, which
         # no median minds
-        by_object: dict[int, tuple[tuple, list[float]]] = {}
-        keys = map(operator.methodcaller("config_key"), ma.runs)
-        for key, row in zip(keys, map(operator.attrgetter("row"), ma.runs)):
-            got = by_object.get(id(key))
-            if got is None:
-                got = by_object[id(key)] = (key, [])
-            got[1].append(float(row[fx.METRIC]))  # Run.step_ms
-        for key, steps in by_object.values():
-            cells[key][ma.machine_id].extend(steps)
+        # (numpy: the runs sorted on their key object's id, stably, the keys taken in the order they first ran)
+        if not ma.runs:
+            continue
+        keys = list(map(operator.methodcaller("config_key"), ma.runs))
+        steps = np.array(list(map(float, map(operator.itemgetter(fx.METRIC), map(operator.attrgetter("row"), ma.runs)))))
+        objects = np.array(list(map(id, keys)), dtype=np.uint64)
+        order = np.argsort(objects, kind="stable")
+        objects, steps = objects[order], steps[order].tolist()
+        starts = np.flatnonzero(np.r_[True, objects[1:] != objects[:-1]])
+        ends = np.r_[starts[1:], len(objects)].tolist()
+        for j in np.argsort(order[starts], kind="stable").tolist():  # by each key object's first run
+            start = int(starts[j])
+            cells[keys[int(order[start])]][ma.machine_id].extend(steps[start:ends[j]])
     machines = sorted(m for m, ma in ctx.analysis.machines.items() if ma.runs)
     ref = machines[0]
     shared = {k: v for k, v in cells.items() if len(v) > 1}

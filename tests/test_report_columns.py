@@ -1,0 +1,75 @@
+"""The report's per-run work done column-wise (issue 31): each fast path gives what the plain per-run
+code gives, on rows made to hit its edges (values that are powers of ten, NULLs, runs that did not
+finish, disturbed runs, the seed documents' reference configurations among others)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+
+from common.variables import NAMES
+from orchestrator import config_index, cost_model as cm, prediction_report, seeds
+from orchestrator.report import html
+
+
+def test_round_all_gives_round_of_every_value():
+    values = [None, 0, 0.0, -0.0, math.inf, -math.inf, math.nan, True, 1, 7, 100, 1000]
+    for k in range(-12, 13):
+        p = 10.0 ** k
+        values += [p, -p, math.nextafter(p, 0), math.nextafter(p, math.inf), 9.9995 * p, 0.99995 * p]
+    rng = random.Random(1)
+    values += [rng.lognormvariate(0, 6) * rng.choice((1, -1)) for _ in range(5000)]
+    for digits in (3, 4):
+        plain = [html._round(x, digits) for x in values]
+        fast = html._round_all(values, digits)
+        assert json.dumps(fast) == json.dumps(plain)
+        assert [type(x) for x in fast] == [type(x) for x in plain]
+    assert html._round_all([]) == []
+
+
+def _rows(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    refs = [dict(r.config) for r in seeds.PUBLISHED]
+    rows = []
+    for i in range(n):
+        r = dict.fromkeys(NAMES)
+        r.update(rng.choice(refs) if rng.random() < 0.4 else {"d_model": rng.choice([32, 64]), "n_layers": 1})
+        r.update(run_id=i + 1, machine_id=rng.choice([1, 1, 2]), repeat=rng.choice([0, 1, 2]), steps=20,
+                 status=rng.choice(["done"] * 6 + ["failed", "skipped"]), step_ms_median=rng.uniform(1, 100),
+                 tokens_per_s=rng.uniform(1, 1e4), mfu=rng.random(), cores=2,
+                 other_cpu_s=rng.choice([None, 0.0, 1e6]), train_s=10.0)
+        rows.append(r)
+    return rows
+
+
+def test_measured_all_is_measured_of_each_reference():
+    rows = _rows(600, 2)
+    found = seeds._measured_all(rows)
+    assert any(found.values())  # some rows are the references' configurations
+    for ref in seeds.PUBLISHED:
+        assert repr(found[ref.id]) == repr(seeds.measured(ref, rows))
+
+
+def test_page_runs_keeps_every_step_th_run_the_unfinished_and_the_drawn():
+    rows = _rows(500, 3)
+    st = {"variables": [{"levels": [{"run_ids": [5, 77, 400]}]}]}
+    for cap in (7, 50, 499):
+        step = -(-len(rows) // cap)
+        plain = [r for i, r in enumerate(rows) if not i % step or r["status"] != "done" or r["run_id"] in (5, 77, 400)]
+        assert html.page_runs(rows, st, cap) == plain
+
+
+def test_the_check_shares_configurations_are_distinct_config_keys():
+    rows = _rows(800, 4)
+    config_index._last[:] = [None, 0, None]
+    names = {1: "one", 2: "two"}
+    done, numbers = prediction_report._done_by_machine(rows, names, True)
+    raws = config_index.config_index(rows)[1]
+    for m in names:
+        assert done[m] == [r for r in rows if r["status"] == "done" and r["machine_id"] == m]
+        usable = cm.usable(done[m])
+        assert len(usable) < len(done[m])  # some were disturbed: the configurations of a subsequence
+        assert prediction_report._configs(usable, done[m], numbers[m], raws) == cm.distinct_config_keys(usable)
+    assert list(itertools.chain(*(numbers[m] for m in names)))  # numbered
