@@ -100,6 +100,8 @@ def data(ctx) -> dict:
     the leave-one-configuration-out check."""
     key_of_ctx = id(ctx)
     if key_of_ctx in _cache:
+        if callable(_cache[key_of_ctx]):  # adopted as a promise: asked for now, by the first writer
+            _cache[key_of_ctx] = _cache[key_of_ctx]()
         return _cache[key_of_ctx]
     memo = getattr(ctx, "memo", None)  # report --watch: a machine whose runs did not change keeps its entry
     d = fitted(shares(ctx), memo)
@@ -376,7 +378,9 @@ def _table(head: list[str], body: list[list[str]]) -> str:
             + "</tbody></table>")
 
 
-def adopt(ctx, d: dict) -> None:
-    """Take the section's data worked out elsewhere (write_report fits it in a forked child) as ctx's."""
+def adopt(ctx, d) -> None:
+    """Take the section's data worked out elsewhere (write_report fits it in a forked child) as ctx's:
+    the data, or a function that returns it, called when a writer first asks (the writers meanwhile
+    write the other sections while the child fits)."""
     _cache.clear()
     _cache[id(ctx)] = d

@@ -131,11 +131,13 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
                   plot_paths, out_dir, targets)
     ctx.sweep_texts, ctx.check_predictions = sweep_texts, plots  # "How long here"
     ctx.memo = memo.setdefault("predictions", {}) if memo is not None else None
-    if fitter is not None:
-        prediction_report.adopt(ctx, fitter.result())
+    if fitter is not None:  # the child's result waited for where a writer first needs it
+        prediction_report.adopt(ctx, fitter.result)
+    # The page first: its cost model's section comes near its end, after most of its work, so that a
+    # fitter still running overlaps the page rather than holding up both files.
+    html_path = html_report.write_page(ctx, out_dir / "index.html")
     summary_path = out_dir / "summary.md"
     summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
-    html_path = html_report.write_page(ctx, out_dir / "index.html")
     for drawer in drawing:
         drawer.result()  # its PNGs are on disk (or the child's failure is raised here)
     return Report(csv_path=csv_path, summary_path=summary_path, plot_paths=plot_paths, top_effects=top,
