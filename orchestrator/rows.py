@@ -7,6 +7,10 @@ rows (a fleet's runs repeat the same few words: status, host, CPU, configuration
 like the full row: a column it left out is None to `row[c]`, `row.get(c)`, iteration, `c in row`,
 `dict(row)` and `{**row}` (they go through keys()), and len() counts every column. At 100k runs of
 122 columns this halves the rows' memory (tests/test_report_scale.py checks it reads the same).
+
+The report reads v_results through read_results: each run's own columns fetched per run, and its
+job's and machine's columns fetched once each and joined here (the same rows, a third of the values
+fetched); read_rows reads any query as it is.
 """
 
 from __future__ import annotations
@@ -228,7 +232,7 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> 
     params = {"machine_id": machine_id}
     columns = list(conn.execute(text(VIEW_COLUMNS)).keys())
     known = _sources(conn)
-    if known is None or set(columns) - set(known) or len(set(columns)) != len(columns):
+    if set(columns) - set(known) or len(set(columns)) != len(columns):
         return read_rows(conn, SELECT_RESULTS.format(where=where), params, csv_path)
     child = _csv_child(conn, SELECT_RESULTS.format(where=where), params, csv_path) if csv_path is not None else None
     try:
@@ -241,7 +245,7 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> 
     return columns, rows
 
 
-def _sources(conn) -> dict[str, str] | None:
+def _sources(conn) -> dict[str, str]:
     """Each column the runs, jobs and machines tables give v_results: column -> 'r', 'j' or 'm'."""
     known = {}
     for source, table in (("m", "machines"), ("j", "jobs"), ("r", "runs")):  # runs' own columns win
