@@ -147,9 +147,10 @@ def _write_csv(conn, query: str, params: dict, csv_path: Path) -> None:
         result.close()
 
 
-def _csv_child(conn, query: str, params: dict, csv_path: Path) -> int | None:
+def _csv_child(conn, query: str, params: dict, csv_path: Path, write=None) -> int | None:
     """Fork a child that writes csv_path from the query on a connection of its own (opened after the
-    fork; the parent's pooled connections are left to the parent). Its pid, or None (no fork)."""
+    fork; the parent's pooled connections are left to the parent): `write(connection)`, or _write_csv.
+    Its pid, or None (no fork)."""
     if not hasattr(os, "fork"):
         return None
     engine = conn.engine
@@ -160,7 +161,10 @@ def _csv_child(conn, query: str, params: dict, csv_path: Path) -> int | None:
     try:
         engine.dispose(close=False)
         with engine.connect() as own, own.begin():
-            _write_csv(own, query, params, csv_path)
+            if write is not None:
+                write(own)
+            else:
+                _write_csv(own, query, params, csv_path)
         code = 0
     finally:
         os._exit(code)
@@ -234,13 +238,17 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> 
     known = _sources(conn)
     if set(columns) - set(known) or len(set(columns)) != len(columns):
         return read_rows(conn, SELECT_RESULTS.format(where=where), params, csv_path)
-    child = _csv_child(conn, SELECT_RESULTS.format(where=where), params, csv_path) if csv_path is not None else None
+    mine = _MINE if machine_id is not None else ""
+    child = None
+    if csv_path is not None:  # the child reads the view's tuples as this process does (fewer values fetched)
+        child = _csv_child(conn, SELECT_RESULTS.format(where=where), params, csv_path,
+                           lambda own: _write_joined_csv(own, columns, known, mine, params, csv_path))
     try:
         with _no_gc():
-            rows = _joined(conn, columns, known, _MINE if machine_id is not None else "", params)
+            rows = _joined(conn, columns, known, mine, params)
     finally:
-        written = _done(child) if child is not None else True
-    if csv_path is not None and not written:
+        written = _done(child) if child is not None else False  # never leave the child unreaped
+    if csv_path is not None and not written:  # no fork, or the child failed: written here from the view
         _write_csv(conn, SELECT_RESULTS.format(where=where), params, csv_path)
     return columns, rows
 
@@ -260,18 +268,47 @@ def _quoted(conn, column: str) -> str:
 
 
 def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: dict) -> list[dict]:
+    """The view's rows as compact rows (read_results)."""
+    Row = row_class(columns)
+    rows: list[dict] = []
+    append = rows.append
+    for chunk in _view_tuples(conn, columns, known, mine, params, share=True):
+        for values in chunk:
+            keep = list(map(is_not, values, NONES))
+            append(Row(zip(compress(columns, keep), compress(values, keep))))
+    return rows
+
+
+def _write_joined_csv(conn, columns: list[str], known: dict[str, str], mine: str, params: dict,
+                      csv_path: Path) -> None:
+    """results.csv as _write_csv writes it from the view: the same tuples, read as read_results reads them."""
+    with csv_path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for chunk in _view_tuples(conn, columns, known, mine, params, share=False):
+            writer.writerows(chunk)
+
+
+def _view_tuples(conn, columns: list[str], known: dict[str, str], mine: str, params: dict,
+                 share: bool) -> Iterator:
+    """The view's tuples (its columns, in run order), a chunk at a time: each run's own values, then
+    its job's, then its machine's (fetched once each), put in the view's order at C speed. share: the
+    values shared as read_rows shares them (the rows kept), or as fetched (a file written)."""
     run_cols = [c for c in columns if known[c] == "r"]
     job_cols = [c for c in columns if known[c] == "j"]
     machine_cols = [c for c in columns if known[c] == "m"]
     shared: dict = {}  # one copy of each text value, across every column and table
 
-    def table(query: str, cols: list[str]) -> dict:
-        """key (the first value) -> the rest, every column's values shared as the rows' are."""
+    def transposed(chunk: list[tuple], plan: dict) -> list:
+        return _shared_columns(chunk, plan, shared) if share else list(zip(*chunk))
+
+    def table(query: str) -> dict:
+        """key (the first value) -> the rest."""
         out, plan = {}, {}
         result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
         try:
             for chunk in _chunks(result):
-                by_column = _shared_columns(chunk, plan, shared)
+                by_column = transposed(chunk, plan)
                 out.update(zip(by_column[0], zip(*by_column[1:])))
         finally:
             result.close()
@@ -280,15 +317,10 @@ def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: 
     q = _quoted
     jobs = table(f"SELECT j.job_id, {', '.join(JOB_EXPR.get(c) or 'j.' + q(conn, c) for c in job_cols)} FROM jobs j "
                  f"JOIN sweeps s ON s.sweep_id = j.sweep_id WHERE EXISTS (SELECT 1 FROM runs r "
-                 f"WHERE r.job_id = j.job_id AND r.status <> 'queued'{mine})", job_cols)
-    machines = table(f"SELECT m.machine_id, {', '.join('m.' + q(conn, c) for c in machine_cols)} FROM machines m",
-                     machine_cols)
-    # A row: its run's values, then its job's, then its machine's; put in the view's order at C speed.
+                 f"WHERE r.job_id = j.job_id AND r.status <> 'queued'{mine})")
+    machines = table(f"SELECT m.machine_id, {', '.join('m.' + q(conn, c) for c in machine_cols)} FROM machines m")
     where = {c: i for i, c in enumerate(run_cols + job_cols + machine_cols)}
     order = itemgetter(*(where[c] for c in columns))
-    Row = row_class(columns)
-    rows: list[dict] = []
-    append = rows.append
     plan: dict = {}
     query = (f"SELECT {', '.join(RUN_EXPR.get(c) or 'r.' + q(conn, c) for c in run_cols)}, r.job_id, r.machine_id "
              f"{_JOINS.format(mine=mine)} ORDER BY r.run_id")
@@ -296,17 +328,13 @@ def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: 
     n = len(run_cols)
     try:
         for chunk in _chunks(result):
-            by_column = _shared_columns(chunk, plan, shared)
+            by_column = transposed(chunk, plan)
             own = zip(*by_column[:n])
-            full = map(add, map(add, own, map(jobs.__getitem__, by_column[n])),
-                       map(machines.__getitem__, by_column[n + 1]))
-            for values in map(order, full):
-                keep = list(map(is_not, values, NONES))
-                append(Row(zip(compress(columns, keep), compress(values, keep))))
-            del chunk, by_column
+            del chunk
+            yield map(order, map(add, map(add, own, map(jobs.__getitem__, by_column[n])),
+                                 map(machines.__getitem__, by_column[n + 1])))
     finally:
         result.close()
-    return rows
 
 
 def _shared_columns(chunk: list[tuple], plan: dict, shared: dict) -> list:

@@ -146,12 +146,14 @@ def test_the_compact_rows_read_like_the_full_rows_and_the_report_says_the_same_f
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_rows(tmp_path, request, backend):
+def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_rows(tmp_path, request, monkeypatch,
+                                                                                   backend):
     """read_results (the report's read: each run's own columns, its job's and machine's fetched once)
     gives exactly the view's rows: the same columns in the same order, each value of the same type
     and repr, the same dict layout; for one machine too; results.csv as the view gives it."""
     import csv
     import io
+    import os
 
     from orchestrator.report import SELECT_RESULTS
     from orchestrator.rows import read_results, read_rows
@@ -180,6 +182,10 @@ def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_ro
         writer.writerow(columns)
         writer.writerows(tuple(r.values()) for r in plain)
         assert (tmp_path / "results.csv").read_bytes() == expected.getvalue().encode()
+        with store.transaction() as conn, monkeypatch.context() as patch:  # no fork: written here, the same
+            patch.delattr(os, "fork")
+            assert read_results(conn, machine_id, tmp_path / "here.csv")[1] == rows
+        assert (tmp_path / "here.csv").read_bytes() == expected.getvalue().encode()
 
 
 def test_the_pages_run_table_is_bounded_and_keeps_every_failure_and_every_drawn_run(tmp_path):
