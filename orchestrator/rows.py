@@ -7,15 +7,21 @@ rows (a fleet's runs repeat the same few words: status, host, CPU, configuration
 like the full row: a column it left out is None to `row[c]`, `row.get(c)`, iteration, `c in row`,
 `dict(row)` and `{**row}` (they go through keys()), and len() counts every column. At 100k runs of
 122 columns this halves the rows' memory (tests/test_report_scale.py checks it reads the same).
+
+The report reads v_results through read_results: each run's own columns fetched per run, and its
+job's and machine's columns fetched once each and joined here (the same rows, a third of the values
+fetched); read_rows reads any query as it is.
 """
 
 from __future__ import annotations
 
 import csv
+import gc
 import os
+from contextlib import contextmanager
 from collections.abc import Iterator
 from itertools import compress, repeat
-from operator import is_not
+from operator import add, is_not, itemgetter
 from pathlib import Path
 from types import NoneType
 
@@ -63,6 +69,20 @@ class CompactRow(dict):
     __hash__ = None
 
 
+@contextmanager
+def _no_gc():
+    """No cyclic collection while the rows are built: they hold no cycles, and a million new
+    tracked objects would set off a full collection over all of them again and again (at 100k
+    runs a third of the read)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def row_class(columns) -> type[CompactRow]:
     return type("Row", (CompactRow,), {"__slots__": (), "COLUMNS": tuple(columns), "_HAS": frozenset(columns)})
 
@@ -75,9 +95,6 @@ def read_rows(conn, query: str, params: dict, csv_path: Path | None = None) -> t
     child = _csv_child(conn, query, params, csv_path) if csv_path is not None else None
     result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
     columns = list(result.keys())
-    # The DBAPI cursor itself: an untyped text() query's values come back as the driver gives them,
-    # without SQLAlchemy's Row objects and partitions.
-    cursor = result.cursor
     Row = row_class(columns)
     shared: dict = {}  # one copy of each text value
     plan: dict = {}  # the columns whose values are shared (rows_of)
@@ -88,7 +105,7 @@ def read_rows(conn, query: str, params: dict, csv_path: Path | None = None) -> t
         writer = csv.writer(f) if f is not None else None
         if writer is not None:
             writer.writerow(columns)
-        while chunk := cursor.fetchmany(CHUNK):
+        for chunk in _chunks(result):
             if writer is not None:
                 writer.writerows(chunk)
             rows_of(chunk, columns, Row, shared, plan, append)
@@ -103,14 +120,28 @@ def read_rows(conn, query: str, params: dict, csv_path: Path | None = None) -> t
     return columns, rows
 
 
+def _chunks(result) -> Iterator[list[tuple]]:
+    """The query's rows in chunks of tuples, read from the DBAPI cursor itself: an untyped text()
+    query's values come back as the driver gives them, without SQLAlchemy's Row objects. The first
+    chunk is taken through the result: on PostgreSQL's server-side cursor SQLAlchemy has already
+    read the first row into its own buffer, and a read of the DBAPI cursor alone would lose it."""
+    first = [tuple(r) for r in result.fetchmany(CHUNK)]
+    if first:
+        yield first
+    if len(first) < CHUNK:  # the result is spent (and may be closed)
+        return
+    cursor = result.cursor
+    while chunk := cursor.fetchmany(CHUNK):
+        yield chunk
+
+
 def _write_csv(conn, query: str, params: dict, csv_path: Path) -> None:
     result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
-    cursor = result.cursor
     try:
         with csv_path.open("w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(list(result.keys()))
-            while chunk := cursor.fetchmany(CHUNK):
+            for chunk in _chunks(result):
                 writer.writerows(chunk)
     finally:
         result.close()
@@ -176,6 +207,144 @@ def _share_plan(chunk: list[tuple], columns: list[str]) -> dict[int, dict]:
         if kinds == {str} or (len(kinds) == 1 and kinds <= {int, float} and len(set(col)) * 4 <= len(col)):
             plan[i] = {}
     return plan
+
+
+# The report's read (read_results): v_results' columns come from three tables. A run's own columns
+# are fetched per run; its job's (jobs, its sweep's name) and its machine's are fetched once each and
+# joined here, so a million runs do not fetch (and make Python objects of) ~80 identical values each.
+# Each row is the same compact row as read_rows makes from the view: its columns in the view's order.
+VIEW_COLUMNS = "SELECT * FROM v_results WHERE 1 = 0"
+_JOINS = ("FROM runs r JOIN jobs j ON j.job_id = r.job_id JOIN sweeps s ON s.sweep_id = j.sweep_id "
+          "JOIN machines m ON m.machine_id = r.machine_id JOIN pools p ON p.pool_id = r.pool_id "
+          "WHERE r.status <> 'queued'{mine}")
+_MINE = " AND r.machine_id = :machine_id"
+RUN_EXPR = {"pool": "COALESCE(p.name, 'machine ' || r.machine_id) AS pool"}  # the rest: r.<column>
+JOB_EXPR = {"sweep": "s.name AS sweep"}  # the rest: j.<column>
+
+
+def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> tuple[list[str], list[dict]]:
+    """What read_rows(conn, SELECT_RESULTS, ...) returns, for every run (or one machine's), read as its
+    runs' own columns in run order plus each job's and machine's columns once. results.csv is written
+    from the view itself by the same forked child. Where the view holds a column this read does not
+    know (a later schema), it reads the view (read_rows)."""
+    from orchestrator.report.data import SELECT_RESULTS  # the view's query: results.csv and the fallback
+    where = "WHERE machine_id = :machine_id" if machine_id is not None else ""
+    params = {"machine_id": machine_id}
+    columns = list(conn.execute(text(VIEW_COLUMNS)).keys())
+    known = _sources(conn)
+    if set(columns) - set(known) or len(set(columns)) != len(columns):
+        return read_rows(conn, SELECT_RESULTS.format(where=where), params, csv_path)
+    mine = _MINE if machine_id is not None else ""
+    # results.csv: the child reads the view itself. (66aedba had it read the tuples as _view_tuples does: no
+    # gain measurable at 100k, and it held every job's values unshared: 1M tree PSS 3,604 MB against 3,411.)
+    child = _csv_child(conn, SELECT_RESULTS.format(where=where), params, csv_path) if csv_path is not None else None
+    try:
+        with _no_gc():
+            rows = _joined(conn, columns, known, mine, params)
+    finally:
+        written = _done(child) if child is not None else False  # never leave the child unreaped
+    if csv_path is not None and not written:  # no fork, or the child failed: written here from the view
+        _write_csv(conn, SELECT_RESULTS.format(where=where), params, csv_path)
+    return columns, rows
+
+
+def _sources(conn) -> dict[str, str]:
+    """Each column the runs, jobs and machines tables give v_results: column -> 'r', 'j' or 'm'."""
+    known = {}
+    for source, table in (("m", "machines"), ("j", "jobs"), ("r", "runs")):  # runs' own columns win
+        known.update((c, source) for c in conn.execute(text(f"SELECT * FROM {table} WHERE 1 = 0")).keys())
+    known["sweep"], known["pool"] = "j", "r"
+    known["job_id"], known["machine_id"] = "j", "m"  # the view takes them from jobs and machines
+    return known
+
+
+def _quoted(conn, column: str) -> str:
+    return conn.dialect.identifier_preparer.quote(column)
+
+
+def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: dict) -> list[dict]:
+    """The view's rows as compact rows (read_results)."""
+    Row = row_class(columns)
+    rows: list[dict] = []
+    append = rows.append
+    for chunk in _view_tuples(conn, columns, known, mine, params):
+        for values in chunk:
+            keep = list(map(is_not, values, NONES))
+            append(Row(zip(compress(columns, keep), compress(values, keep))))
+    return rows
+
+
+def _view_tuples(conn, columns: list[str], known: dict[str, str], mine: str, params: dict) -> Iterator:
+    """The view's tuples (its columns, in run order), a chunk at a time: each run's own values, then
+    its job's, then its machine's (fetched once each), put in the view's order at C speed; the values
+    shared as read_rows shares them."""
+    run_cols = [c for c in columns if known[c] == "r"]
+    job_cols = [c for c in columns if known[c] == "j"]
+    machine_cols = [c for c in columns if known[c] == "m"]
+    shared: dict = {}  # one copy of each text value, across every column and table
+
+    def transposed(chunk: list[tuple], plan: dict) -> list:
+        return _shared_columns(chunk, plan, shared)
+
+    def table(query: str) -> dict:
+        """key (the first value) -> the rest."""
+        out, plan = {}, {}
+        result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
+        try:
+            for chunk in _chunks(result):
+                by_column = transposed(chunk, plan)
+                out.update(zip(by_column[0], zip(*by_column[1:])))
+        finally:
+            result.close()
+        return out
+
+    q = _quoted
+    jobs = table(f"SELECT j.job_id, {', '.join(JOB_EXPR.get(c) or 'j.' + q(conn, c) for c in job_cols)} FROM jobs j "
+                 f"JOIN sweeps s ON s.sweep_id = j.sweep_id WHERE EXISTS (SELECT 1 FROM runs r "
+                 f"WHERE r.job_id = j.job_id AND r.status <> 'queued'{mine})")
+    machines = table(f"SELECT m.machine_id, {', '.join('m.' + q(conn, c) for c in machine_cols)} FROM machines m")
+    where = {c: i for i, c in enumerate(run_cols + job_cols + machine_cols)}
+    order = itemgetter(*(where[c] for c in columns))
+    plan: dict = {}
+    query = (f"SELECT {', '.join(RUN_EXPR.get(c) or 'r.' + q(conn, c) for c in run_cols)}, r.job_id, r.machine_id "
+             f"{_JOINS.format(mine=mine)} ORDER BY r.run_id")
+    result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
+    n = len(run_cols)
+    try:
+        for chunk in _chunks(result):
+            by_column = transposed(chunk, plan)
+            own = zip(*by_column[:n])
+            del chunk
+            yield map(order, map(add, map(add, own, map(jobs.__getitem__, by_column[n])),
+                                 map(machines.__getitem__, by_column[n + 1])))
+    finally:
+        result.close()
+
+
+def _shared_columns(chunk: list[tuple], plan: dict, shared: dict) -> list:
+    """`chunk` transposed, its values shared as rows_of shares them (the first chunk decides which
+    columns: `plan`)."""
+    if not plan:
+        plan.update(_share_plan(chunk, range(len(chunk[0]))))
+        plan.setdefault(None, None)  # decided, even where no column is shared
+    by_column = list(zip(*chunk))
+    for i, seen in plan.items():
+        if i is None:
+            continue
+        col = by_column[i]
+        kinds = set(map(type, col))
+        kinds.discard(NoneType)
+        if len(kinds) != 1:
+            continue
+        kind, = kinds
+        if kind is str:
+            seen = shared
+        elif kind is float and 0.0 in col:
+            continue
+        else:
+            seen = seen.setdefault(kind, {})
+        by_column[i] = list(map(seen.setdefault, col, col))
+    return by_column
 
 
 def runs_fingerprint(rows: list[dict]) -> int:

@@ -145,6 +145,49 @@ def test_the_compact_rows_read_like_the_full_rows_and_the_report_says_the_same_f
     assert again[1] == rows and (tmp_path / "here.csv").read_bytes() == expected.getvalue().encode()
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_rows(tmp_path, request, monkeypatch,
+                                                                                   backend):
+    """read_results (the report's read: each run's own columns, its job's and machine's fetched once)
+    gives exactly the view's rows: the same columns in the same order, each value of the same type
+    and repr, the same dict layout; for one machine too; results.csv as the view gives it."""
+    import csv
+    import io
+    import os
+
+    from orchestrator.report import SELECT_RESULTS
+    from orchestrator.rows import read_results, read_rows
+
+    url = str(tmp_path / "r.db") if backend == "sqlite" else request.getfixturevalue("pg_db")
+    store = build(url, 1200, machines=2, shape="small", disturbed=23, read_back=17, quiet=True)
+    with store.transaction() as conn:
+        conn.execute(text("UPDATE runs SET status = 'queued' WHERE run_id IN (3, 700)"))  # not in the view
+    for machine_id in (None, 2):
+        where = "WHERE machine_id = :machine_id" if machine_id is not None else ""
+        with store.transaction() as conn:
+            result = conn.execute(text(SELECT_RESULTS.format(where=where)), {"machine_id": machine_id})
+            plain = [dict(r._mapping) for r in result]
+        with store.transaction() as conn:
+            columns, rows = read_results(conn, machine_id, tmp_path / "results.csv")
+        with store.transaction() as conn:  # the view read (read_results' fallback): PostgreSQL lost its first row
+            assert read_rows(conn, SELECT_RESULTS.format(where=where), {"machine_id": machine_id})[1] == plain
+        assert columns == list(plain[0]) and len(rows) == len(plain) > 500
+        assert machine_id is None or {r["machine_id"] for r in rows} == {machine_id}
+        for c, p in zip(rows, plain):
+            assert c == p and list(c.items()) == list(p.items()) and len(c) == len(p)
+            assert all(type(c[k]) is type(v) and repr(c[k]) == repr(v) and c.get(k) == v for k, v in p.items())
+            assert list(dict.keys(c)) == [k for k, v in p.items() if v is not None]  # the layout read_rows makes
+        expected = io.StringIO(newline="")
+        writer = csv.writer(expected)
+        writer.writerow(columns)
+        writer.writerows(tuple(r.values()) for r in plain)
+        assert (tmp_path / "results.csv").read_bytes() == expected.getvalue().encode()
+        with store.transaction() as conn, monkeypatch.context() as patch:  # no fork: written here, the same
+            patch.delattr(os, "fork")
+            assert read_results(conn, machine_id, tmp_path / "here.csv")[1] == rows
+        assert (tmp_path / "here.csv").read_bytes() == expected.getvalue().encode()
+
+
 def test_the_pages_run_table_is_bounded_and_keeps_every_failure_and_every_drawn_run(tmp_path):
     store = build(str(tmp_path / "r.db"), 2400, machines=2, shape="small", quiet=True)
     rows = _rows(store)

@@ -31,7 +31,7 @@ from threadpoolctl import threadpool_limits
 from orchestrator import effects as fx
 from orchestrator.effects import Analysis, VariableEffect
 from orchestrator.forked import Worker
-from orchestrator.rows import read_rows
+from orchestrator.rows import read_results
 from orchestrator import prediction_report
 from orchestrator.store import ReadOnlyDatabase, Store
 from orchestrator.report import html as html_report
@@ -71,10 +71,9 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     plots_dir.mkdir(parents=True, exist_ok=True)
     for old in plots_dir.glob("*.png"):  # a plot of a variable no longer varied must not linger
         old.unlink()
-    where = "WHERE machine_id = :machine_id" if machine_id is not None else ""
     csv_path = out_dir / "results.csv"
     with store.transaction() as conn:  # the rows read in chunks, each written to results.csv as fetched
-        _, rows = read_rows(conn, SELECT_RESULTS.format(where=where), {"machine_id": machine_id}, csv_path)
+        _, rows = read_results(conn, machine_id, csv_path)
         machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
         targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
     gc.freeze()  # the rows: never traversed again by the collections of the analysis that follows
