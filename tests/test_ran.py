@@ -63,3 +63,19 @@ def test_share_false_gives_every_run_a_cell_of_its_own_with_the_same_values():
     for a, b in zip(shared, alone):
         assert a.row is b.row and a.values == b.values and a.changed == b.changed and a.disturbed == b.disturbed
         assert a.config_key() == b.config_key()
+
+
+def test_a_comparisons_job_ids_are_its_cells_distinct_job_ids_sorted_whatever_their_type():
+    from orchestrator.effects import Cells
+    for big in (None, 2 ** 70):  # int64 arrays; an int beyond int64: frozensets
+        rows = fleet()
+        rows[1]["job_id"] = rows[0]["job_id"]  # two runs of one job
+        if big is not None:
+            rows[6]["job_id"] = big
+        runs = ran.as_ran(rows)
+        cells = Cells(runs)
+        some = [c for c in cells.all if c % 2 == 0]
+        for chosen in (list(cells.all), some, some[:1], []):
+            ids = {r.row["job_id"] for r in cells.runs_of(chosen)}
+            assert cells.job_ids(chosen) == tuple(sorted(ids))
+            assert all(type(j) is int for j in cells.job_ids(chosen))
