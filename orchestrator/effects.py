@@ -379,7 +379,13 @@ class Cells:
         return set().union(*map(self._passes.__getitem__, cells))
 
     def job_ids(self, cells) -> tuple:
-        return tuple(sorted(set().union(*map(self._jobs.__getitem__, cells))))
+        """The cells' distinct job ids, sorted (numpy where every job id is an int64, as a store's are)."""
+        jobs = self._jobs
+        if isinstance(jobs, list):
+            return tuple(sorted(set().union(*map(jobs.__getitem__, cells))))
+        if len(cells) == 1:
+            return tuple(jobs[cells[0]].tolist())
+        return tuple(np.unique(np.concatenate([jobs[c] for c in cells] or [np.empty(0, np.int64)])).tolist())
 
     @cached_property
     def _passes(self) -> list[frozenset]:
@@ -387,8 +393,16 @@ class Cells:
         return [frozenset(map(passes.__getitem__, p.tolist())) for p in self.pos]
 
     @cached_property
-    def _jobs(self) -> list[frozenset]:
+    def _jobs(self) -> tuple[np.ndarray, ...] | list[frozenset]:
+        """Each cell's job ids: sorted distinct int64 arrays (a tuple of them), else frozensets (a list)."""
         jobs = [r.row["job_id"] for r in self.runs]
+        if all(type(j) is int for j in jobs):
+            try:
+                ids = np.array(jobs, dtype=np.int64)
+            except OverflowError:
+                ids = None
+            if ids is not None:
+                return tuple(np.unique(ids[p]) for p in self.pos)
         return [frozenset(map(jobs.__getitem__, p.tolist())) for p in self.pos]
 
     def drop_counts(self) -> None:

@@ -5,16 +5,19 @@ run records them), its configuration and pass, whether its timed window was dist
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import math
 import os
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import count, repeat
+from operator import itemgetter, methodcaller
 
 from common.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
 from common.compute import SIMULATED
-from common.metrics import disturbance
+from common.metrics import DISTURBED_FLOOR_S, disturbance
 
 METRIC = "step_ms_median"
 # Not factors: repeat indexes the pass, block the comparison a job was run beside (the run order).
@@ -185,38 +188,123 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
     """The done runs, each with the values it really ran with. Runs whose job columns (but their
     place in the run order), read-backs and derivations are the same share a cell: the report's
     comparisons group on it, so they are worked out once per configuration, not once per run.
-    share=False gives every run a cell of its own (the per-run path the tests compare with)."""
-    out = []
-    cells: dict[tuple, tuple] = {}
-    for row in done_runs(rows):
-        applied = _json(row.get("applied")) or {}
-        try:
-            key = (tuple(map(row.__getitem__, FACTORS)), row.get("dataset_used"), row.get("derived"),
-                   tuple(map(applied.__contains__, _APPLIED_KEYS)), tuple(map(applied.get, _APPLIED_KEYS)))
-            hash(key)
-            key = key if share else None
-        except TypeError:  # an unhashable read-back: this run is a cell of its own
-            key = None
-        known = cells.get(key) if key is not None else None
-        if known is None:
-            values, changed = {}, {}
-            for n in FACTORS:  # not repeat and block: the run's own (Run.pass_, row["block"])
-                asked = value_of(n, row[n])
-                ran = _ran_value(n, row, applied) if n in RAN_FROM else None
-                if ran is not None and ran != asked:
-                    changed[n] = (asked, ran)
-                values[n] = asked if ran is None else ran
-            derived = _json(row.get("derived"))
-            known = (values, changed, derived if isinstance(derived, dict) else None,
-                     tuple(values[n] for n in FACTORS), len(cells) if key is not None else object())
-            if key is not None:
-                cells[key] = known
-        values, changed, derived, config, cell = known  # one values dict per cell, shared by its runs
-        run = Run(row, values, changed, math.log(float(row[METRIC])), int(row.get("repeat") or 0),
-                  derived, disturbed=_disturbance(row, applied), cell=cell)
-        run.__dict__["_key"] = config  # the cached_property, filled from the cell's
-        out.append(run)
-    return out
+    share=False gives every run a cell of its own (the per-run path the tests compare with).
+    Built column by column (issue 31: a million runs): each distinct `applied` text is parsed once,
+    each cell's values are worked out from its first run, and disturbed() is asked only where a run's
+    figures could pass a limit (_surely_quiet, once per distinct figures)."""
+    with _gc_paused():  # a million Runs and no cycle among them: no collection pass over the rows meanwhile
+        done = done_runs(rows)
+        applied = _applied_of(list(map(_get("applied"), done)))
+        ids, firsts = _cells(done, applied) if share else ([None] * len(done), [])
+        known = [_cell_of(done[i], applied[i]) for i in firsts]  # (values, changed, derived, configuration)
+        if None in ids:  # a cell of its own: values of its own, and a cell object no other run has
+            per_run = [known[c] if c is not None else _cell_of(row, a) for c, row, a in zip(ids, done, applied)]
+            ids = [c if c is not None else object() for c in ids]
+        else:
+            per_run = list(map(known.__getitem__, ids))
+        out = list(map(Run, done, map(itemgetter(0), per_run), map(itemgetter(1), per_run),
+                       map(math.log, map(float, map(itemgetter(METRIC), done))),
+                       [int(p or 0) for p in map(_get("repeat"), done)], map(itemgetter(2), per_run),
+                       repeat(0.0), repeat(0.0), _disturbed_all(done, applied), ids))
+        for run, cell in zip(out, per_run):
+            run.__dict__["_key"] = cell[3]  # the cached_property, filled from the cell's
+        return out
+
+
+def _cells(done: list[dict], applied: list[dict]) -> tuple[list[int | None], list[int]]:
+    """Each run's cell (numbered by first run; None: an unhashable read-back, a cell of its own) and
+    each numbered cell's first run."""
+    of_applied: dict[int, tuple] = {}  # id of a parsed applied (shared by the runs of a text) -> its part of the key
+
+    def read_back(a: dict) -> tuple:
+        part = of_applied.get(id(a))
+        if part is None:
+            part = of_applied[id(a)] = (tuple(map(a.__contains__, _APPLIED_KEYS)), tuple(map(a.get, _APPLIED_KEYS)))
+        return part
+
+    keys = list(zip(map(itemgetter(*FACTORS), done), map(_get("dataset_used"), done), map(_get("derived"), done),
+                    map(read_back, applied)))
+    first: dict[tuple, int] = {}
+    try:
+        at = list(map(first.setdefault, keys, count()))  # each run's cell as the index of its first run
+    except TypeError:  # an unhashable key: run by run
+        first.clear()
+        ids: list[int | None] = []
+        firsts: list[int] = []
+        for i, key in enumerate(keys):
+            try:
+                cell = first.get(key)
+            except TypeError:
+                ids.append(None)
+                continue
+            if cell is None:
+                cell = first[key] = len(firsts)
+                firsts.append(i)
+            ids.append(cell)
+        return ids, firsts
+    firsts = list(first.values())
+    number = dict(zip(firsts, count()))
+    return list(map(number.__getitem__, at)), firsts
+
+
+def _disturbed_all(done: list[dict], applied: list[dict]) -> list[str | None]:
+    """_disturbance of each run, asked only where its figures are not _surely_quiet."""
+    figures = list(zip(map(_get("other_cpu_s"), done), map(_get("steal_s"), done), map(_get("cores"), done)))
+    try:
+        quiet = {f: _surely_quiet(*f) for f in set(figures)}
+    except TypeError:  # an unhashable figure: ask every run
+        return list(map(_disturbance, done, applied))
+    if all(quiet.values()):
+        return [None] * len(done)
+    return [None if q else _disturbance(row, a) for q, row, a in zip(map(quiet.__getitem__, figures), done, applied)]
+
+
+class _gc_paused:
+    """No cyclic garbage collection inside (as it was outside, on leaving)."""
+
+    def __enter__(self):
+        self.was = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc):
+        if self.was:
+            gc.enable()
+
+
+def _cell_of(row: dict, applied: dict) -> tuple:
+    """(values, changed, derived, configuration) of a run: one values dict per cell, shared by its runs."""
+    values, changed = {}, {}
+    for n in FACTORS:  # not repeat and block: the run's own (Run.pass_, row["block"])
+        asked = value_of(n, row[n])
+        ran = _ran_value(n, row, applied) if n in RAN_FROM else None
+        if ran is not None and ran != asked:
+            changed[n] = (asked, ran)
+        values[n] = asked if ran is None else ran
+    derived = _json(row.get("derived"))
+    return values, changed, derived if isinstance(derived, dict) else None, tuple(values[n] for n in FACTORS)
+
+
+def _get(column: str):
+    return methodcaller("get", column)
+
+
+def _applied_of(texts: list) -> list[dict]:
+    """Each run's `applied` parsed ({} where NULL or unreadable), each distinct text once."""
+    try:
+        parsed = {t: _json(t) or {} for t in set(texts)}
+    except TypeError:  # a row that holds its applied already parsed (a dict)
+        return [_json(t) or {} for t in texts]
+    return list(map(parsed.__getitem__, texts))
+
+
+def _surely_quiet(other, steal, cores) -> bool:
+    """True where _disturbance(row, applied) is None whatever the run's applied says: neither other
+    processes' CPU time nor steal above DISTURBED_FLOOR_S, the least a limit can be (the floor times
+    the CPUs, and those are one or more: the affinity's, else `cores` or 1). Anything else (a value of
+    another type, cores below 1) is left to _disturbance itself."""
+    return ((other is None or (type(other) is float or type(other) is int) and other <= DISTURBED_FLOOR_S)
+            and (steal is None or (type(steal) is float or type(steal) is int) and steal <= DISTURBED_FLOOR_S)
+            and (not cores or type(cores) is int and cores >= 1))
 
 
 def _json(text):

@@ -1,0 +1,81 @@
+"""ran.as_ran, built column by column (issue 31), against the one-run rules it must agree with:
+disturbed() row by row, a cell per configuration asked and read back alike, a cell of its own for a
+run whose read-back cannot be hashed or for every run with share=False."""
+
+import json
+import math
+
+from orchestrator import ran
+from common.variables import NAMES
+
+
+def row(run_id: int, **kw) -> dict:
+    r = {n: None for n in NAMES}
+    r.update(run_id=run_id, job_id=run_id, status="done", step_ms_median=100.0 + run_id, repeat=run_id % 3,
+             other_cpu_s=None, steal_s=None, cores=2, train_s=10.0, applied=None, derived=None, dataset_used=None)
+    r.update(kw)
+    return r
+
+
+def fleet() -> list[dict]:
+    quiet = json.dumps({"affinity": [0, 1], "omp_num_threads": 2})
+    wide = json.dumps({"affinity": list(range(8)), "timed_window": {"start_unix_s": 0, "end_unix_s": 100}})
+    return [
+        row(1, d_model=64),
+        row(2, d_model=64),  # the same cell as run 1
+        row(3, d_model=128, other_cpu_s=0.0),  # surely quiet
+        row(4, d_model=128, other_cpu_s=5.0),  # disturbed: 5 s of 2 CPUs x 10 s is above 5%
+        row(5, d_model=128, other_cpu_s=5.0, applied=wide),  # not disturbed: 8 CPUs x 100 s
+        row(6, d_model=64, steal_s=0.01, cores=0),  # cores 0: asked of _disturbance, quiet
+        row(7, d_model=64, other_cpu_s=False),  # equal to 0.0 but not a float: asked of _disturbance
+        row(8, d_model=64, applied=quiet),  # read back: another cell
+        row(9, d_model=64, applied=quiet),
+        row(10, d_model=64, applied={"omp_num_threads": [2]}),  # an unhashable read-back: a cell of its own
+        row(11, d_model=64, applied={"omp_num_threads": [2]}),
+        row(12, d_model=64, steal_s=0.6, cores=1),  # disturbed by steal at 1 CPU
+        row(13, status="failed", d_model=64),  # not done: no run
+        row(14, d_model=64, step_ms_median=None),
+    ]
+
+
+def test_as_ran_agrees_with_the_rules_run_by_run():
+    rows = fleet()
+    runs = ran.as_ran(rows)
+    assert [r.row["run_id"] for r in runs] == list(range(1, 13))
+    for r in runs:  # disturbed() asks row by row what as_ran asked once per distinct figures
+        assert r.disturbed == ran.disturbed(r.row), r.row["run_id"]
+        assert r.pass_ == r.row["repeat"] and r.log_ms == math.log(r.row["step_ms_median"])
+        assert r.config_key() == tuple(r.values[n] for n in ran.FACTORS)
+    assert [r.row["run_id"] for r in runs if r.disturbed] == [4, 12]
+    cell = {r.row["run_id"]: r.cell for r in runs}
+    assert cell[1] == cell[2] == 0 and runs[0].values is runs[1].values  # a cell's runs share one values dict
+    assert cell[3] == cell[4] == cell[5] and cell[8] == cell[9] != cell[1]
+    assert cell[10] is not cell[11] and not isinstance(cell[10], int)  # each a cell of its own
+    numbered = [c for c in cell.values() if isinstance(c, int)]
+    assert sorted(set(numbered)) == list(range(len(set(numbered))))  # numbered by first run
+    assert runs[7].values["omp_threads"] == 2 and runs[7].changed == {"omp_threads": ("default", 2)}  # read back
+
+
+def test_share_false_gives_every_run_a_cell_of_its_own_with_the_same_values():
+    rows = fleet()
+    shared, alone = ran.as_ran(rows), ran.as_ran(rows, share=False)
+    assert len({id(r.cell) for r in alone}) == len(alone)
+    for a, b in zip(shared, alone):
+        assert a.row is b.row and a.values == b.values and a.changed == b.changed and a.disturbed == b.disturbed
+        assert a.config_key() == b.config_key()
+
+
+def test_a_comparisons_job_ids_are_its_cells_distinct_job_ids_sorted_whatever_their_type():
+    from orchestrator.effects import Cells
+    for big in (None, 2 ** 70):  # int64 arrays; an int beyond int64: frozensets
+        rows = fleet()
+        rows[1]["job_id"] = rows[0]["job_id"]  # two runs of one job
+        if big is not None:
+            rows[6]["job_id"] = big
+        runs = ran.as_ran(rows)
+        cells = Cells(runs)
+        some = [c for c in cells.all if c % 2 == 0]
+        for chosen in (list(cells.all), some, some[:1], []):
+            ids = {r.row["job_id"] for r in cells.runs_of(chosen)}
+            assert cells.job_ids(chosen) == tuple(sorted(ids))
+            assert all(type(j) is int for j in cells.job_ids(chosen))
