@@ -213,6 +213,7 @@ def _share_plan(chunk: list[tuple], columns: list[str]) -> dict[int, dict]:
 # are fetched per run; its job's (jobs, its sweep's name) and its machine's are fetched once each and
 # joined here, so a million runs do not fetch (and make Python objects of) ~80 identical values each.
 # Each row is the same compact row as read_rows makes from the view: its columns in the view's order.
+SELECT_RESULTS = "SELECT * FROM v_results {where} ORDER BY run_id"  # the view's rows: results.csv, and the fallback
 VIEW_COLUMNS = "SELECT * FROM v_results WHERE 1 = 0"
 _JOINS = ("FROM runs r JOIN jobs j ON j.job_id = r.job_id JOIN sweeps s ON s.sweep_id = j.sweep_id "
           "JOIN machines m ON m.machine_id = r.machine_id JOIN pools p ON p.pool_id = r.pool_id "
@@ -227,7 +228,6 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> 
     runs' own columns in run order plus each job's and machine's columns once. results.csv is written
     from the view itself by the same forked child. Where the view holds a column this read does not
     know (a later schema), it reads the view (read_rows)."""
-    from orchestrator.report.data import SELECT_RESULTS  # the view's query: results.csv and the fallback
     where = "WHERE machine_id = :machine_id" if machine_id is not None else ""
     params = {"machine_id": machine_id}
     columns = list(conn.execute(text(VIEW_COLUMNS)).keys())

@@ -14,10 +14,10 @@ from pathlib import Path
 from sqlalchemy import text
 
 from orchestrator.effects import Analysis, Effect, Grid
+from orchestrator.rows import SELECT_RESULTS  # the view's rows, as the report reads them
 from orchestrator.store import Store
 from common.variables import NAMES
 
-SELECT_RESULTS = "SELECT * FROM v_results {where} ORDER BY run_id"
 SELECT_MACHINES = "SELECT * FROM machines"
 SELECT_SWEEP_NOTES = "SELECT name, notes FROM sweeps ORDER BY sweep_id"
 SELECT_TARGETS = "SELECT machine_id, target_ci, max_repeats FROM adaptive_decisions ORDER BY decision_id"
