@@ -28,3 +28,9 @@ def config_index(rows: list[dict]) -> tuple[list[int], list[tuple]]:
     ids = [number.setdefault(k, len(number)) for k in keys]
     _last[:] = [rows, len(rows), (ids, list(number))]
     return _last[2]
+
+
+def forget() -> None:
+    """Drop the answer kept (write_report, when done): a report's rows must not outlive it (report --watch
+    would hold the last report's million rows while it reads the next one's)."""
+    _last[:] = [None, 0, None]

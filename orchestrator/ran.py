@@ -222,16 +222,18 @@ def _cells(done: list[dict], applied: list[dict]) -> tuple[list[int | None], lis
             part = of_applied[id(a)] = (tuple(map(a.__contains__, _APPLIED_KEYS)), tuple(map(a.get, _APPLIED_KEYS)))
         return part
 
-    keys = list(zip(map(itemgetter(*FACTORS), done), map(_get("dataset_used"), done), map(_get("derived"), done),
-                    map(read_back, applied)))
+    def keys():  # made as they are numbered, never all held: a million keys of 50 values are 0.3 GB
+        return zip(map(itemgetter(*FACTORS), done), map(_get("dataset_used"), done), map(_get("derived"), done),
+                   map(read_back, applied))
+
     first: dict[tuple, int] = {}
     try:
-        at = list(map(first.setdefault, keys, count()))  # each run's cell as the index of its first run
+        at = list(map(first.setdefault, keys(), count()))  # each run's cell as the index of its first run
     except TypeError:  # an unhashable key: run by run
         first.clear()
         ids: list[int | None] = []
         firsts: list[int] = []
-        for i, key in enumerate(keys):
+        for i, key in enumerate(keys()):
             try:
                 cell = first.get(key)
             except TypeError:

@@ -86,7 +86,7 @@ def test_the_page_carries_its_css_and_javascript_files_as_they_are(tmp_path):
     assert "window.cpubench" in js and "@media print" in css
 
 
-def test_a_report_leaves_the_garbage_collector_as_it_found_it(tmp_path):
+def test_a_report_leaves_the_garbage_collector_as_it_found_it_and_keeps_none_of_its_rows(tmp_path):
     """write_report freezes what exists (and the rows once read) so that its collections skip them: a
     long-lived caller (report --watch) must find every object collectable again afterwards."""
     import gc
@@ -105,5 +105,7 @@ def test_a_report_leaves_the_garbage_collector_as_it_found_it(tmp_path):
     assert gc.isenabled() and gc.get_freeze_count() == 0
     write_report(store, tmp_path / "result", plots=True)  # the forked children too
     assert gc.isenabled() and gc.get_freeze_count() == 0, "the report left objects frozen"
+    from orchestrator import config_index
+    assert config_index._last[0] is None, "the report's rows outlive it (config_index's kept answer)"
     gc.collect()
     assert gone() is None, "the cycle made before the report was never collected after it"

@@ -32,7 +32,7 @@ from orchestrator import effects as fx
 from orchestrator.effects import Analysis, VariableEffect
 from orchestrator.forked import Worker
 from orchestrator.rows import read_results
-from orchestrator import prediction_report
+from orchestrator import config_index, prediction_report
 from orchestrator.store import ReadOnlyDatabase, Store
 from orchestrator.report import html as html_report
 from orchestrator.report.data import (SELECT_MACHINES, SELECT_RESULTS, SELECT_SWEEP_NOTES, SELECT_TARGETS,
@@ -57,6 +57,7 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
         # machine has (OpenBLAS sums in another order with more threads), and its children do not fight it.
         children.enter_context(threadpool_limits(1))
         children.enter_context(_collector_set_aside())
+        children.callback(config_index.forget)  # the runs' configuration numbers go with the report
         workers = None
         if plots:  # the PNGs and the cost model's fits go to children on the other CPU (forked.py)
             # forked now, before the runs are read: each holds only what it is sent
