@@ -173,27 +173,8 @@ def _done(pid: int) -> bool:
 
 
 def rows_of(chunk: list[tuple], columns: list[str], Row, shared: dict, plan: dict, append) -> None:
-    """Append `chunk`'s tuples as compact rows. The first chunk decides which columns share their
-    values (text, and numbers that repeat); each chunk checks their types again (C loops, column
-    by column): a value is only ever replaced by an equal one of its own type."""
-    if not plan:
-        plan.update(_share_plan(chunk, columns))
-    by_column = list(zip(*chunk))
-    for i, seen in plan.items():
-        col = by_column[i]
-        kinds = set(map(type, col))
-        kinds.discard(NoneType)
-        if len(kinds) != 1:
-            continue
-        kind, = kinds
-        if kind is str:
-            seen = shared  # one copy of each text value across every column
-        elif kind is float and 0.0 in col:  # 0.0 and -0.0 are equal but print apart
-            continue
-        else:
-            seen = seen.setdefault(kind, {})  # 1 and 1.0 (and True) are equal but stay apart
-        by_column[i] = list(map(seen.setdefault, col, col))
-    for values in zip(*by_column):
+    """Append `chunk`'s tuples as compact rows, their values shared (_shared_columns)."""
+    for values in zip(*_shared_columns(chunk, plan, shared)):
         keep = list(map(is_not, values, NONES))
         append(Row(zip(compress(columns, keep), compress(values, keep))))
 
@@ -322,8 +303,9 @@ def _view_tuples(conn, columns: list[str], known: dict[str, str], mine: str, par
 
 
 def _shared_columns(chunk: list[tuple], plan: dict, shared: dict) -> list:
-    """`chunk` transposed, its values shared as rows_of shares them (the first chunk decides which
-    columns: `plan`)."""
+    """`chunk` transposed, its values shared (rows_of, _view_tuples): the first chunk decides which columns
+    share their values (text, and numbers that repeat: `plan`); each chunk checks their types again (C
+    loops, column by column): a value is only ever replaced by an equal one of its own type."""
     if not plan:
         plan.update(_share_plan(chunk, range(len(chunk[0]))))
         plan.setdefault(None, None)  # decided, even where no column is shared
@@ -338,11 +320,11 @@ def _shared_columns(chunk: list[tuple], plan: dict, shared: dict) -> list:
             continue
         kind, = kinds
         if kind is str:
-            seen = shared
-        elif kind is float and 0.0 in col:
+            seen = shared  # one copy of each text value across every column
+        elif kind is float and 0.0 in col:  # 0.0 and -0.0 are equal but print apart
             continue
         else:
-            seen = seen.setdefault(kind, {})
+            seen = seen.setdefault(kind, {})  # 1 and 1.0 (and True) are equal but stay apart
         by_column[i] = list(map(seen.setdefault, col, col))
     return by_column
 
