@@ -6,7 +6,7 @@ and the fitted effects written to the `effects` table.
 plots.py, and returns a Report that bench.py prints; it prints nothing itself. With pictures it uses
 both CPUs of a small machine: children forked before the runs are read (orchestrator/forked.py) fit
 the cost model's section on the share of the runs it uses while this process analyses, and draw the
-PNGs while it writes the pages; results.csv is written by a child of rows.read_rows.
+PNGs while it writes the pages; results.csv is written by a child of rows.read_results.
 
 The package's parts depend one way (tests/test_report_package.py reads their imports):
 - data.py: the data a report shows, no text (the SQL, Context, Report, the effects table's rows);
