@@ -5,7 +5,6 @@ run records them), its configuration and pass, whether its timed window was dist
 from __future__ import annotations
 
 import functools
-import gc
 import json
 import math
 import os
@@ -18,6 +17,7 @@ from operator import itemgetter, methodcaller
 from common.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
 from common.compute import SIMULATED
 from common.metrics import DISTURBED_FLOOR_S, disturbance
+from orchestrator.rows import gc_paused
 
 METRIC = "step_ms_median"
 # Not factors: repeat indexes the pass, block the comparison a job was run beside (the run order).
@@ -192,7 +192,7 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
     Built column by column (issue 31: a million runs): each distinct `applied` text is parsed once,
     each cell's values are worked out from its first run, and disturbed() is asked only where a run's
     figures could pass a limit (_surely_quiet, once per distinct figures)."""
-    with _gc_paused():  # a million Runs and no cycle among them: no collection pass over the rows meanwhile
+    with gc_paused():  # a million Runs and no cycle among them: no collection pass over the rows meanwhile
         done = done_runs(rows)
         applied = _applied_of(list(map(_get("applied"), done)))
         ids, firsts = _cells(done, applied) if share else ([None] * len(done), [])
@@ -259,18 +259,6 @@ def _disturbed_all(done: list[dict], applied: list[dict]) -> list[str | None]:
     if all(quiet.values()):
         return [None] * len(done)
     return [None if q else _disturbance(row, a) for q, row, a in zip(map(quiet.__getitem__, figures), done, applied)]
-
-
-class _gc_paused:
-    """No cyclic garbage collection inside (as it was outside, on leaving)."""
-
-    def __enter__(self):
-        self.was = gc.isenabled()
-        gc.disable()
-
-    def __exit__(self, *exc):
-        if self.was:
-            gc.enable()
 
 
 def _cell_of(row: dict, applied: dict) -> tuple:

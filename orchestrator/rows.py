@@ -70,10 +70,10 @@ class CompactRow(dict):
 
 
 @contextmanager
-def _no_gc():
-    """No cyclic collection while the rows are built: they hold no cycles, and a million new
-    tracked objects would set off a full collection over all of them again and again (at 100k
-    runs a third of the read)."""
+def gc_paused():
+    """No cyclic collection inside, as it was outside on leaving: for building a million objects with no
+    cycles among them (the rows here, ran.as_ran's Runs), whose new tracked objects would otherwise set
+    off a full collection over all of them again and again (at 100k runs a third of the read)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -174,12 +174,17 @@ def _done(pid: int) -> bool:
 
 def rows_of(chunk: list[tuple], columns: list[str], Row, shared: dict, plan: dict, append) -> None:
     """Append `chunk`'s tuples as compact rows, their values shared (_shared_columns)."""
-    for values in zip(*_shared_columns(chunk, plan, shared)):
+    _append_compact(zip(*_shared_columns(chunk, plan, shared)), columns, Row, append)
+
+
+def _append_compact(tuples, columns: list[str], Row, append) -> None:
+    """Append each tuple (the columns' values) as a compact row: its non-NULL columns only."""
+    for values in tuples:
         keep = list(map(is_not, values, NONES))
         append(Row(zip(compress(columns, keep), compress(values, keep))))
 
 
-def _share_plan(chunk: list[tuple], columns: list[str]) -> dict[int, dict]:
+def _share_plan(chunk: list[tuple]) -> dict[int, dict]:
     """The columns whose values are worth sharing: text, and ints or floats that repeat (at most a
     quarter of the first chunk's values distinct); column -> its numbers' copies by type."""
     plan = {}
@@ -220,7 +225,7 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> 
     # gain measurable at 100k, and it held every job's values unshared: 1M tree PSS 3,604 MB against 3,411.)
     child = _csv_child(conn, SELECT_RESULTS.format(where=where), params, csv_path) if csv_path is not None else None
     try:
-        with _no_gc():
+        with gc_paused():
             rows = _joined(conn, columns, known, mine, params)
     finally:
         written = _done(child) if child is not None else False  # never leave the child unreaped
@@ -249,9 +254,7 @@ def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: 
     rows: list[dict] = []
     append = rows.append
     for chunk in _view_tuples(conn, columns, known, mine, params):
-        for values in chunk:
-            keep = list(map(is_not, values, NONES))
-            append(Row(zip(compress(columns, keep), compress(values, keep))))
+        _append_compact(chunk, columns, Row, append)
     return rows
 
 
@@ -307,7 +310,7 @@ def _shared_columns(chunk: list[tuple], plan: dict, shared: dict) -> list:
     share their values (text, and numbers that repeat: `plan`); each chunk checks their types again (C
     loops, column by column): a value is only ever replaced by an equal one of its own type."""
     if not plan:
-        plan.update(_share_plan(chunk, range(len(chunk[0]))))
+        plan.update(_share_plan(chunk))
         plan.setdefault(None, None)  # decided, even where no column is shared
     by_column = list(zip(*chunk))
     for i, seen in plan.items():

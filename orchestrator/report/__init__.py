@@ -73,7 +73,7 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     for old in plots_dir.glob("*.png"):  # a plot of a variable no longer varied must not linger
         old.unlink()
     csv_path = out_dir / "results.csv"
-    with store.transaction() as conn:  # the rows read in chunks, each written to results.csv as fetched
+    with store.transaction() as conn:  # the rows read in chunks; results.csv written meanwhile by a child
         _, rows = read_results(conn, machine_id, csv_path)
         machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
         targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
