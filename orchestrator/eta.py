@@ -33,12 +33,11 @@ import numpy as np
 from sqlalchemy import text
 
 from common.compute import flops_per_step
+from orchestrator.config_index import CONFIG_NAMES
 from orchestrator.store import Store
-from common.variables import NAMES
 
 # A configuration whatever its repeat (and block): every variable's column but repeat.
-_CONFIG_NAMES = tuple(n for n in NAMES if n != "repeat")
-_CONFIG = ", ".join(f'j."{n}"' for n in _CONFIG_NAMES)
+_CONFIG = ", ".join(f'j."{n}"' for n in CONFIG_NAMES)
 _COST = "CASE WHEN r.wall_s IS NULL OR r.finished - r.claimed > r.wall_s THEN r.finished - r.claimed ELSE r.wall_s END"
 # The pool's latest finished runs with their cost: the fit needs a sample, not the whole history
 # (a 100k-job sweep would read every run at every progress update).
@@ -73,7 +72,7 @@ def work(config: dict) -> float:
 
 
 def _config(values: tuple) -> dict:
-    return dict(zip(_CONFIG_NAMES, values))
+    return dict(zip(CONFIG_NAMES, values))
 
 
 def fit(walls: np.ndarray, works: np.ndarray) -> tuple[float, float]:

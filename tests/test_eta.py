@@ -184,5 +184,5 @@ def test_where_the_machine_has_a_cost_model_the_eta_knows_what_flops_alone_do_no
         from sqlalchemy import text
         finished = conn.execute(text(eta.SELECT_FINISHED.format(limit=eta.DONE_SAMPLE)),
                                 {"pool_id": store.pool_id(m)}).all()
-    by_flops = eta.remaining_s(eta.learn(finished), [tuple(c.get(n) for n in eta._CONFIG_NAMES) for c in big])
+    by_flops = eta.remaining_s(eta.learn(finished), [tuple(c.get(n) for n in eta.CONFIG_NAMES) for c in big])
     assert abs(by_flops / truth - 1) > 0.15
