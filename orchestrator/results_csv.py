@@ -74,7 +74,7 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
     mark = f", char({ord(MARK)})"
     job_fields = ", ".join(_fields(JOB_EXPR, "j.", q, cols) + mark for cols in job_segments)
     job_query = (f"SELECT j.job_id, {job_fields} FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id "
-                 f"WHERE j.job_id IN ({{ids}})")
+                 f"WHERE j.job_id {{where}}")
     machine_fields = ", ".join(_fields({}, "m.", q, cols) + mark for cols in machine_segments)
     machine_query = f"SELECT m.machine_id, {machine_fields} FROM machines m"
     run_query = (f"SELECT r.job_id, r.machine_id, {', '.join(run_select)} {_JOINS.format(mine=mine)} "
@@ -116,8 +116,12 @@ def _lines(raw, chunk, jobs: dict, job_query: str, job_segments, machines: dict,
             if len(jobs) + len(missing) > JOBS_KEPT:
                 jobs.clear()
                 missing = set(job_ids)
-            ids = ",".join(map(str, sorted(missing)))  # integers: safe in the query's text
-            jobs.update(_texts(raw.execute(job_query.format(ids=ids)).fetchall(), len(job_segments)))
+            low, high = min(missing), max(missing)
+            if high - low < 2 * len(missing):  # most of a range (a machine's runs in job order): read it all
+                where = f"BETWEEN {low} AND {high}"  # integers: safe in the query's text
+            else:
+                where = f"IN ({','.join(map(str, sorted(missing)))})"
+            jobs.update(_texts(raw.execute(job_query.format(where=where)).fetchall(), len(job_segments)))
         job_texts = map(jobs.__getitem__, job_ids)
     else:
         job_texts = map(_NOTHING, job_ids)
