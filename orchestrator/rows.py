@@ -1,6 +1,6 @@
 """The report's rows, read once in chunks from the DBAPI cursor, each chunk made compact rows as
 fetched, so the report never holds the fetched tuples beside the rows (issue 31: a million runs);
-results.csv is written meanwhile by a forked child from the same query on its own connection.
+results.csv is written meanwhile by a forked child from the same rows on its own connection.
 
 A compact row is a dict that keeps only its non-NULL columns, with the text values shared between
 rows (a fleet's runs repeat the same few words: status, host, CPU, configuration hash...). It reads
@@ -26,6 +26,8 @@ from pathlib import Path
 from types import NoneType
 
 from sqlalchemy import text
+
+from orchestrator import results_csv
 
 CHUNK = 20_000  # rows fetched at a time
 NONES = repeat(None)
@@ -135,7 +137,11 @@ def _chunks(result) -> Iterator[list[tuple]]:
         yield chunk
 
 
-def _write_csv(conn, query: str, params: dict, csv_path: Path) -> None:
+def _write_csv(conn, query: str, params: dict, csv_path: Path, results: bool = False) -> None:
+    """csv_path: the query's rows as csv.writer writes them; `results`: the query is SELECT_RESULTS, whose
+    bytes results_csv writes from the tables where it can (each job's and machine's fields once)."""
+    if results and results_csv.write(conn, params["machine_id"], csv_path):
+        return
     result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
     try:
         with csv_path.open("w", newline="") as f:
@@ -147,7 +153,7 @@ def _write_csv(conn, query: str, params: dict, csv_path: Path) -> None:
         result.close()
 
 
-def _csv_child(conn, query: str, params: dict, csv_path: Path) -> int | None:
+def _csv_child(conn, query: str, params: dict, csv_path: Path, results: bool = False) -> int | None:
     """Fork a child that writes csv_path from the query on a connection of its own (opened after the
     fork; the parent's pooled connections are left to the parent). Its pid, or None (no fork)."""
     if not hasattr(os, "fork"):
@@ -160,7 +166,7 @@ def _csv_child(conn, query: str, params: dict, csv_path: Path) -> int | None:
     try:
         engine.dispose(close=False)
         with engine.connect() as own, own.begin():
-            _write_csv(own, query, params, csv_path)
+            _write_csv(own, query, params, csv_path, results)
         code = 0
     finally:
         os._exit(code)
@@ -221,16 +227,18 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> 
     if set(columns) - set(known) or len(set(columns)) != len(columns):
         return read_rows(conn, SELECT_RESULTS.format(where=where), params, csv_path)
     mine = _MINE if machine_id is not None else ""
-    # results.csv: the child reads the view itself. (66aedba had it read the tuples as _view_tuples does: no
-    # gain measurable at 100k, and it held every job's values unshared: 1M tree PSS 3,604 MB against 3,411.)
-    child = _csv_child(conn, SELECT_RESULTS.format(where=where), params, csv_path) if csv_path is not None else None
+    # results.csv: the child writes the view's bytes from the tables, each job's and machine's fields written
+    # once (results_csv; the view itself where that does not apply). (66aedba had it read the tuples as
+    # _view_tuples does: no gain at 100k, and it held every job's values: 1M tree PSS 3,604 MB against 3,411.)
+    query = SELECT_RESULTS.format(where=where)
+    child = _csv_child(conn, query, params, csv_path, True) if csv_path is not None else None
     try:
         with gc_paused():
             rows = _joined(conn, columns, known, mine, params)
     finally:
         written = _done(child) if child is not None else False  # never leave the child unreaped
-    if csv_path is not None and not written:  # no fork, or the child failed: written here from the view
-        _write_csv(conn, SELECT_RESULTS.format(where=where), params, csv_path)
+    if csv_path is not None and not written:  # no fork (as the child does), or the child failed: from the view
+        _write_csv(conn, SELECT_RESULTS.format(where=where), params, csv_path, child is None)
     return columns, rows
 
 

@@ -1,0 +1,87 @@
+"""results.csv written from the tables (orchestrator/results_csv.py: a run's own fields, its job's and its
+machine's text written once and put in their places) is byte for byte what csv.writer writes for v_results'
+rows, on values that make csv.writer quote, double quotes, print floats by repr, and on a value that holds
+the marker (then it says so and the view is written as it is)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from sqlalchemy import text
+
+from orchestrator import results_csv
+from orchestrator.rows import SELECT_RESULTS, _write_csv
+from tests.scaledb import build
+
+# text that csv.writer quotes or passes through as it is
+TEXTS = ["a,b", 'say "hi"', "line1\nline2", "cr\ronly", "crlf\r\nend", "", " lead and trail ", "100% %s %(x)s %%",
+         "ünïcødé €", '"', ",", "\t"]
+FLOATS = [1e-05, 1e16, 1e22, 123456789012345.6, -0.0, 0.0, float("inf"), float("-inf"), 5e-324, 0.1 + 0.2,
+          1795673557.1659863, -1.5e-300]
+INTS = [2**63 - 1, -(2**63), 0, -1]
+
+
+def _view_csv(store, machine_id) -> bytes:
+    where = "WHERE machine_id = :machine_id" if machine_id is not None else ""
+    with store.transaction() as conn:
+        result = conn.execute(text(SELECT_RESULTS.format(where=where)), {"machine_id": machine_id})
+        out = io.StringIO(newline="")
+        writer = csv.writer(out)
+        writer.writerow(list(result.keys()))
+        writer.writerows(tuple(r) for r in result)
+    return out.getvalue().encode()
+
+
+def _awkward(store) -> None:
+    """Awkward values in the runs', jobs', machines', sweeps' and pools' columns of the view."""
+    with store.transaction() as conn:
+        run_ids = [r[0] for r in conn.exec_driver_sql("SELECT run_id FROM runs ORDER BY run_id")]
+        job_ids = [r[0] for r in conn.exec_driver_sql("SELECT job_id FROM jobs ORDER BY job_id")]
+        for i, s in enumerate(TEXTS):
+            conn.exec_driver_sql("UPDATE runs SET reason = ?, worker_host = ? WHERE run_id = ?", (s, s, run_ids[i * 7]))
+            conn.exec_driver_sql("UPDATE jobs SET dataset = ?, derived = ? WHERE job_id = ?", (s, s, job_ids[i * 5]))
+        for i, x in enumerate(FLOATS):
+            conn.exec_driver_sql("UPDATE runs SET step_ms_median = ?, load_before = ? WHERE run_id = ?",
+                                 (x, x, run_ids[i * 11 + 1]))
+            conn.exec_driver_sql("UPDATE jobs SET dropout = ? WHERE job_id = ?", (x, job_ids[i * 3 + 1]))
+        for i, n in enumerate(INTS):
+            conn.exec_driver_sql("UPDATE runs SET params = ? WHERE run_id = ?", (n, run_ids[i * 13 + 2]))
+            conn.exec_driver_sql("UPDATE jobs SET seed = ? WHERE job_id = ?", (n, job_ids[i * 13 + 2]))
+        # SQLite keeps what it cannot convert: text in a REAL column, a float in an INTEGER one
+        conn.exec_driver_sql("UPDATE runs SET step_ms_p10 = 'n/a, \"none\"' WHERE run_id = ?", (run_ids[3],))
+        conn.exec_driver_sql("UPDATE jobs SET seq_len = 2.5 WHERE job_id = ?", (job_ids[4],))
+        conn.exec_driver_sql("UPDATE runs SET status = 'queued' WHERE run_id IN (?, ?)", (run_ids[5], run_ids[-1]))
+        conn.exec_driver_sql("UPDATE machines SET hostname = 'h,\"1\"', cpu_model = '', kernel = '%s %' "
+                             "WHERE machine_id = 1")
+        conn.exec_driver_sql("UPDATE machines SET mem_total_gb = 1e-05, sockets = NULL WHERE machine_id = 2")
+        conn.exec_driver_sql("UPDATE sweeps SET name = 'sweep, \"one\"\n'")
+        conn.exec_driver_sql("UPDATE pools SET name = 'p\r\nq', machine_id = NULL "
+                             "WHERE pool_id = (SELECT MIN(pool_id) FROM pools)")
+
+
+def test_results_csv_is_the_views_csv_writer_bytes_on_awkward_values(tmp_path, monkeypatch):
+    store = build(str(tmp_path / "r.db"), 600, machines=2, shape="small", quiet=True)
+    _awkward(store)
+    # small chunks and few jobs kept: jobs are let go and fetched again, and chunks end mid-job
+    monkeypatch.setattr(results_csv, "CHUNK", 37)
+    monkeypatch.setattr(results_csv, "JOBS_KEPT", 50)
+    for machine_id in (None, 2):
+        expected = _view_csv(store, machine_id)
+        assert expected.count(b"\n") > 300
+        for seen in (b'"a,b"', b'"say ""hi"""', b',1e-05,', b',-inf,', b',9223372036854775807,', b',2.5,', b',5e-324,',
+                     b'"n/a, ""none"""', b'"sweep, ""one""\n"', b"100% %s %(x)s %%", b"\xc3\xbcn", b'"p\r\nq"'):
+            assert machine_id or seen in expected, seen  # the awkward values are in the view
+        with store.transaction() as conn:
+            assert results_csv.write(conn, machine_id, tmp_path / "new.csv"), "written from the tables"
+        assert (tmp_path / "new.csv").read_bytes() == expected
+
+
+def test_a_value_holding_the_marker_is_written_from_the_view(tmp_path):
+    store = build(str(tmp_path / "r.db"), 200, machines=2, shape="small", quiet=True)
+    with store.transaction() as conn:
+        conn.exec_driver_sql(f"UPDATE runs SET reason = 'a{results_csv.MARK}b' WHERE run_id = 9")
+    with store.transaction() as conn:
+        assert not results_csv.write(conn, None, tmp_path / "new.csv")  # says so
+        _write_csv(conn, SELECT_RESULTS.format(where=""), {"machine_id": None}, tmp_path / "new.csv", True)
+    assert (tmp_path / "new.csv").read_bytes() == _view_csv(store, None)
