@@ -39,6 +39,16 @@ def _figure(width: float, height: float):
     return fig
 
 
+def _save(fig, path: Path) -> None:
+    """Tight layout, then the PNG. The layout is the engine's own step (what fig.tight_layout() runs),
+    without leaving the engine's placeholder on the figure: with it there, savefig would first draw the
+    whole figure once more without rendering it (a third of each PNG's time), for no change in a pixel."""
+    from matplotlib.layout_engine import TightLayoutEngine
+
+    TightLayoutEngine(rect=None).execute(fig)  # rect=None: as fig.tight_layout() makes it (one pass, not two)
+    fig.savefig(path)
+
+
 def axis_label(name: str) -> str:
     unit = UNITS.get(name)
     return f"{name} ({unit})" if unit else name
@@ -129,8 +139,7 @@ def plot_variable(series: list[VariableEffect], names: dict[int, str], path: Pat
     follow = f"; {', '.join(first.followers)} follow it (derived values)" if first.followers else ""
     fig.suptitle(_wrap(f"Training speed against {name} ({BY_NAME[name].doc.split(';')[0]})",
                        f"{where}; {_held(first.fixed)}{follow}", width=130), fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path)
+    _save(fig, path)
     return path
 
 
@@ -184,6 +193,5 @@ def plot_grid(grid: Grid, machine: str, path: Path) -> Path:
     width = int(12 * fig.get_figwidth())
     ax.set_title(_wrap(f"Median step time over {grid.rows} x {grid.cols} (grey: no finished run)",
                        f"{machine}; {_held(grid.fixed)}", width=width), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
+    _save(fig, path)
     return path
