@@ -3,8 +3,9 @@ one heat map per pair of variables varied jointly. Each picture must read on its
 was varied and what was held fixed (and what followed it), axes carry units, the legend carries the
 fitted law with its family-wise interval. Dots are the runs as measured (pass drift left in).
 
-matplotlib is imported lazily (it costs ~0.5 s) and used through Figure objects on the Agg canvas,
-never pyplot, so no global state or display is touched.
+matplotlib is imported lazily (it costs ~0.5 s; warm() imports it in the report's drawing children while
+the runs are read) and used through Figure objects on the Agg canvas, never pyplot, so no global state
+or display is touched.
 """
 
 from __future__ import annotations
@@ -30,13 +31,41 @@ COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 DPI = 110
 
 
-def _figure(width: float, height: float):
+def warm() -> None:
+    """Import what drawing needs (~0.25 s): a child forked for the pictures calls this while the report
+    reads the runs, so that its first picture does not wait for matplotlib."""
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.backends.backend_svg  # noqa: F401 - the cost model's check is inlined as SVG too
+    import matplotlib.colors  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+    import matplotlib.layout_engine  # noqa: F401
+    import matplotlib.ticker  # noqa: F401
+    from matplotlib import colormaps  # noqa: F401
+
+
+def figure(width: float, height: float, dpi: float | None = DPI):
+    """A Figure on the Agg canvas (no pyplot: no global state, nothing to close)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=DPI)
+    fig = Figure(figsize=(width, height), dpi=dpi)
     FigureCanvasAgg(fig)
     return fig
+
+
+def lay_out(fig) -> None:
+    """fig.tight_layout(), without what it leaves behind: its layout engine's placeholder, which makes
+    every savefig first draw the whole figure once more without rendering it (a third of each PNG's
+    time), for no change in a pixel. The engine's own step, as fig.tight_layout() makes it (rect=None:
+    one pass, not two)."""
+    from matplotlib.layout_engine import TightLayoutEngine
+
+    TightLayoutEngine(rect=None).execute(fig)
+
+
+def _save(fig, path: Path) -> None:
+    lay_out(fig)
+    fig.savefig(path)
 
 
 def axis_label(name: str) -> str:
@@ -61,7 +90,7 @@ def plot_variable(series: list[VariableEffect], names: dict[int, str], path: Pat
     first = series[0]
     name = first.variable
     size = all(ve.size_like for ve in series)
-    fig = _figure(12, 6)
+    fig = figure(12, 6)
     ax_t, ax_s = fig.subplots(1, 2)
     # Categorical x: positions in the union of the values, in catalogue order.
     cats = []
@@ -129,8 +158,7 @@ def plot_variable(series: list[VariableEffect], names: dict[int, str], path: Pat
     follow = f"; {', '.join(first.followers)} follow it (derived values)" if first.followers else ""
     fig.suptitle(_wrap(f"Training speed against {name} ({BY_NAME[name].doc.split(';')[0]})",
                        f"{where}; {_held(first.fixed)}{follow}", width=130), fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path)
+    _save(fig, path)
     return path
 
 
@@ -159,7 +187,7 @@ def plot_grid(grid: Grid, machine: str, path: Path) -> Path:
     import numpy as np
 
     values = np.array([[np.nan if v is None else v for v in row] for row in grid.step_ms], dtype=float)
-    fig = _figure(1.6 + 1.1 * len(grid.col_labels) + 2, 1.6 + 0.7 * len(grid.row_labels) + 1)
+    fig = figure(1.6 + 1.1 * len(grid.col_labels) + 2, 1.6 + 0.7 * len(grid.row_labels) + 1)
     ax = fig.subplots()
     from matplotlib import colormaps
     from matplotlib.colors import LogNorm
@@ -184,6 +212,5 @@ def plot_grid(grid: Grid, machine: str, path: Path) -> Path:
     width = int(12 * fig.get_figwidth())
     ax.set_title(_wrap(f"Median step time over {grid.rows} x {grid.cols} (grey: no finished run)",
                        f"{machine}; {_held(grid.fixed)}", width=width), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
+    _save(fig, path)
     return path

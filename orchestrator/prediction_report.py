@@ -233,8 +233,6 @@ def _draw(ctx, machine_id: int, loo: dict) -> Path | None:
     svg = io.StringIO()
     fig.savefig(svg, format="svg")
     loo["svg"] = svg.getvalue()[svg.getvalue().index("<svg"):]  # inline in the page: it loads nothing
-    import matplotlib.pyplot as plt
-    plt.close(fig)
     return path
 
 
@@ -242,10 +240,10 @@ def _figure(loo: dict):
     got = [e for e in loo["entries"] if "predicted_ms" in e]
     if not got:
         return None
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    from orchestrator.plots import figure, lay_out
+
+    fig = figure(5.5, 5, dpi=None)  # the Agg canvas, not pyplot; dpi: matplotlib's default (saved at 110)
+    ax = fig.subplots()
     xs = [e["measured_ms"] for e in got]
     ys = [e["predicted_ms"] for e in got]
     ax.errorbar(xs, ys, yerr=[[e["predicted_ms"] - e["low_ms"] for e in got], [e["high_ms"] - e["predicted_ms"] for e in got]],
@@ -255,7 +253,7 @@ def _figure(loo: dict):
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured median step (ms)",
            ylabel="predicted without its runs (ms)",
            title=f"leave one configuration out: median error {100 * loo['median']:.1f}%")
-    fig.tight_layout()
+    lay_out(fig)
     return fig
 
 

@@ -183,7 +183,9 @@ def _plot_jobs(analysis: Analysis, grids, names, plots_dir: Path) -> list[tuple[
 
 
 def _import_plots() -> None:
-    from orchestrator import plots  # noqa: F401 - matplotlib, imported before the child's task comes
+    from orchestrator import plots
+
+    plots.warm()  # matplotlib, imported before the child's task comes (plots.py imports it lazily)
 
 
 def _draw(jobs: list[tuple[str, tuple, Path]]) -> None:
