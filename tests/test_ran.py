@@ -70,6 +70,7 @@ def test_a_comparisons_job_ids_are_its_cells_distinct_job_ids_sorted_whatever_th
     for big in (None, 2 ** 70):  # int64 arrays; an int beyond int64: frozensets
         rows = fleet()
         rows[1]["job_id"] = rows[0]["job_id"]  # two runs of one job
+        rows[3]["job_id"] = rows[0]["job_id"]  # and one in another cell: counted once in a comparison of both
         if big is not None:
             rows[6]["job_id"] = big
         runs = ran.as_ran(rows)
