@@ -21,7 +21,7 @@ import os
 from contextlib import contextmanager
 from collections.abc import Iterator
 from itertools import compress, repeat
-from operator import add, is_not, itemgetter
+from operator import is_, is_not, itemgetter
 from pathlib import Path
 from types import NoneType
 
@@ -257,35 +257,73 @@ def _quoted(conn, column: str) -> str:
 
 
 def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: dict) -> list[dict]:
-    """The view's rows as compact rows (read_results)."""
+    """The view's rows as compact rows (read_results), the same as _append_compact makes of the view's
+    tuples: each row's non-NULL columns in the view's order. Rows whose own, job's and machine's NULLs
+    fall alike share a template: a dict of those columns in that order, which each of them copies (a
+    copy of a fresh dict's table, with no insertion and no resize) and then fills with its values (a
+    key already there keeps its place)."""
     Row = row_class(columns)
     rows: list[dict] = []
     append = rows.append
-    for chunk in _view_tuples(conn, columns, known, mine, params):
-        _append_compact(chunk, columns, Row, append)
+    update = dict.update
+    parts = [[c for c in columns if known[c] == s] for s in "rjm"]
+    templates: dict = {}
+    for own, jobs, machines, keys in _view_parts(conn, parts, mine, params):
+        for values, job, machine, key in zip(own, jobs, machines, keys):
+            try:
+                template, own_of, job_of = templates[key]
+            except KeyError:
+                template, own_of, job_of = templates[key] = _template(columns, parts, (values, job, machine))
+            row = Row(template)
+            update(row, own_of(values))
+            update(row, job_of(job))
+            append(row)
     return rows
 
 
-def _view_tuples(conn, columns: list[str], known: dict[str, str], mine: str, params: dict) -> Iterator:
-    """The view's tuples (its columns, in run order), a chunk at a time: each run's own values, then
-    its job's, then its machine's (fetched once each), put in the view's order at C speed; the values
-    shared as read_rows shares them."""
-    run_cols = [c for c in columns if known[c] == "r"]
-    job_cols = [c for c in columns if known[c] == "j"]
-    machine_cols = [c for c in columns if known[c] == "m"]
-    shared: dict = {}  # one copy of each text value, across every column and table
+def _template(columns: list[str], parts: list[list[str]], values: tuple) -> tuple:
+    """For the rows of one machine whose NULLs fall as in `values` (a row's own, job's and machine's
+    values): the dict its row copies (its non-NULL columns in the view's order, the machine's values
+    already in: sized as a dict built key by key), and the functions that give its own and its job's
+    (column, value) pairs to fill in."""
+    row = {}
+    fill = []
+    for names, vals in zip(parts, values):
+        keep = [i for i, v in enumerate(vals) if v is not None]
+        row.update((names[i], vals[i]) for i in keep)
+        fill.append(_pairs([names[i] for i in keep], keep))
+    template = dict(zip((c for c in columns if c in row), map(row.get, (c for c in columns if c in row))))
+    return template, fill[0], fill[1]
 
-    def transposed(chunk: list[tuple], plan: dict) -> list:
-        return _shared_columns(chunk, plan, shared)
+
+def _pairs(names: list[str], keep: list[int]):
+    """A function of one part's values: zip of `names` and the values at `keep`."""
+    if len(keep) > 1:
+        get = itemgetter(*keep)
+        return lambda vals: zip(names, get(vals))
+    if keep:
+        i, = keep
+        return lambda vals: ((names[0], vals[i]),)
+    return lambda vals: ()
+
+
+def _view_parts(conn, parts: list[list[str]], mine: str, params: dict) -> Iterator:
+    """The view's rows a chunk at a time (run order), in parts: each run's own values, its job's and its
+    machine's (fetched once each; the tuples shared between their runs), and a key per run that is the
+    same for two runs exactly where the same of their columns are NULL. The values shared as read_rows
+    shares them."""
+    run_cols, job_cols, machine_cols = parts
+    shared: dict = {}  # one copy of each text value, across every column and table
+    kinds: dict = {}  # a NULL pattern -> its number
 
     def table(query: str) -> dict:
-        """key (the first value) -> the rest."""
+        """key (the first value) -> (the NULL pattern's number, the rest)."""
         out, plan = {}, {}
         result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
         try:
             for chunk in _chunks(result):
-                by_column = transposed(chunk, plan)
-                out.update(zip(by_column[0], zip(*by_column[1:])))
+                by_column = _shared_columns(chunk, plan, shared)
+                out.update(zip(by_column[0], zip(_nulls(by_column[1:], kinds), zip(*by_column[1:]))))
         finally:
             result.close()
         return out
@@ -295,8 +333,6 @@ def _view_tuples(conn, columns: list[str], known: dict[str, str], mine: str, par
                  f"JOIN sweeps s ON s.sweep_id = j.sweep_id WHERE EXISTS (SELECT 1 FROM runs r "
                  f"WHERE r.job_id = j.job_id AND r.status <> 'queued'{mine})")
     machines = table(f"SELECT m.machine_id, {', '.join('m.' + q(conn, c) for c in machine_cols)} FROM machines m")
-    where = {c: i for i, c in enumerate(run_cols + job_cols + machine_cols)}
-    order = itemgetter(*(where[c] for c in columns))
     plan: dict = {}
     query = (f"SELECT {', '.join(RUN_EXPR.get(c) or 'r.' + q(conn, c) for c in run_cols)}, r.job_id, r.machine_id "
              f"{_JOINS.format(mine=mine)} ORDER BY r.run_id")
@@ -304,13 +340,27 @@ def _view_tuples(conn, columns: list[str], known: dict[str, str], mine: str, par
     n = len(run_cols)
     try:
         for chunk in _chunks(result):
-            by_column = transposed(chunk, plan)
-            own = zip(*by_column[:n])
+            by_column = _shared_columns(chunk, plan, shared)
             del chunk
-            yield map(order, map(add, map(add, own, map(jobs.__getitem__, by_column[n])),
-                                 map(machines.__getitem__, by_column[n + 1])))
+            job_nulls, job_values = zip(*map(jobs.__getitem__, by_column[n]))
+            machine_values = [m for _, m in map(machines.__getitem__, by_column[n + 1])]
+            keys = zip(_nulls(by_column[:n], kinds), job_nulls, by_column[n + 1])  # a machine's values are in its templates
+            yield zip(*by_column[:n]), job_values, machine_values, keys
     finally:
         result.close()
+
+
+def _nulls(by_column: list, kinds: dict) -> list:
+    """Each row's NULL pattern (which of `by_column`'s columns are NULL in it) as a number from `kinds`,
+    found column by column: a column NULL in every row of the chunk, or in none, is the same for all."""
+    flags = [list(map(is_, col, NONES)) for col in by_column]
+    mixed = [i for i, f in enumerate(flags) if any(f) and not all(f)]
+    whole = tuple((i, f[0]) for i, f in enumerate(flags) if i not in mixed and f)
+    number = kinds.setdefault
+    head = number((whole, tuple(mixed)), len(kinds))  # the chunk's columns NULL throughout, and those that vary
+    if not mixed:
+        return [number((head, ()), len(kinds))] * (len(by_column[0]) if by_column else 0)
+    return [number((head, r), len(kinds)) for r in zip(*(flags[i] for i in mixed))]
 
 
 def _shared_columns(chunk: list[tuple], plan: dict, shared: dict) -> list:

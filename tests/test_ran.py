@@ -70,6 +70,7 @@ def test_a_comparisons_job_ids_are_its_cells_distinct_job_ids_sorted_whatever_th
     for big in (None, 2 ** 70):  # int64 arrays; an int beyond int64: frozensets
         rows = fleet()
         rows[1]["job_id"] = rows[0]["job_id"]  # two runs of one job
+        rows[3]["job_id"] = rows[0]["job_id"]  # and one in another cell: counted once in a comparison of both
         if big is not None:
             rows[6]["job_id"] = big
         runs = ran.as_ran(rows)
@@ -79,3 +80,14 @@ def test_a_comparisons_job_ids_are_its_cells_distinct_job_ids_sorted_whatever_th
             ids = {r.row["job_id"] for r in cells.runs_of(chosen)}
             assert cells.job_ids(chosen) == tuple(sorted(ids))
             assert all(type(j) is int for j in cells.job_ids(chosen))
+
+
+def test_a_run_loud_in_one_figure_alone_is_asked_of_the_rules():
+    """as_ran's shortcut checks each figure's column alone (every run surely quiet when every distinct
+    value of each column is): a run whose only figure above the floor is its steal, or its other
+    processes' CPU time, is still asked, and flagged as disturbed() flags it."""
+    for loud in ({"steal_s": 0.6, "cores": 1}, {"other_cpu_s": 5.0}):
+        rows = [row(1, d_model=64), row(2, d_model=128, other_cpu_s=0.0, steal_s=0.0), row(3, d_model=64, **loud)]
+        runs = ran.as_ran(rows)
+        assert [r.disturbed for r in runs] == [ran.disturbed(r) for r in rows]
+        assert runs[2].disturbed and not runs[0].disturbed

@@ -73,3 +73,21 @@ def test_the_check_shares_configurations_are_distinct_config_keys():
         assert len(usable) < len(done[m])  # some were disturbed: the configurations of a subsequence
         assert prediction_report._configs(usable, done[m], numbers[m], raws) == cm.distinct_config_keys(usable)
     assert list(itertools.chain(*(numbers[m] for m in names)))  # numbered
+
+
+def test_runs_table_keys_by_configuration_number_are_the_per_run_keys():
+    """The page's runs table made from config_index's numbers gives the table made run by run: the
+    same configuration texts, numbered in the same order, from the same first runs (rows whose values
+    are equal but of another type, 1 and 1.0, share a key either way)."""
+    rows = _rows(900, 5)
+    for r in rows[::7]:
+        r["n_layers"] = float(r["n_layers"]) if r["n_layers"] is not None else None
+        r["repeat"] = None
+    config_index._last[:] = [None, 0, None]
+    modal = html.baselines(rows)
+    assert any(modal.values())
+    names = {1: "one", 2: "two"}
+    plain = html.runs_table(rows, modal, names, {3, 4})
+    fast = html.runs_table(rows, modal, names, {3, 4}, config_index.config_index(rows))
+    assert json.dumps(fast) == json.dumps(plain) and len(plain["dicts"]["config"]) > 2
+    config_index._last[:] = [None, 0, None]

@@ -4,6 +4,7 @@ was lost and regrouped; and the page's per-configuration shortcuts match their p
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, defaultdict
 
 import pytest
@@ -170,7 +171,11 @@ def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_ro
         with store.transaction() as conn:
             columns, rows = read_results(conn, machine_id, tmp_path / "results.csv")
         with store.transaction() as conn:  # the view read (read_results' fallback): PostgreSQL lost its first row
-            assert read_rows(conn, SELECT_RESULTS.format(where=where), {"machine_id": machine_id})[1] == plain
+            viewed = read_rows(conn, SELECT_RESULTS.format(where=where), {"machine_id": machine_id})[1]
+            assert viewed == plain
+        # each row's dict as read_rows builds it, to its size (read_results copies a template per NULL pattern)
+        assert [(list(dict.keys(c)), sys.getsizeof(c)) for c in rows] == [(list(dict.keys(v)), sys.getsizeof(v))
+                                                                         for v in viewed]
         assert columns == list(plain[0]) and len(rows) == len(plain) > 500
         assert machine_id is None or {r["machine_id"] for r in rows} == {machine_id}
         for c, p in zip(rows, plain):

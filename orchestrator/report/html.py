@@ -247,9 +247,11 @@ def config_difference(row: dict, modal: dict[str, object]) -> dict[str, str]:
     return out
 
 
-def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], disturbed: set) -> dict:
+def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], disturbed: set,
+               index: tuple[list[int], list[tuple]] | None = None) -> dict:
     """The runs, column by column, with repeated text interned: what the runs table and the hover
-    texts of the dots read."""
+    texts of the dots read. `index`: config_index(rows), where known (each run's key is then made
+    once per machine and configuration)."""
     interned: dict[str, dict[str, int]] = {"machine": {}, "status": {}, "config": {}, "reason": {}}
 
     def idx(kind: str, text: str) -> int:
@@ -265,9 +267,12 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
     # each run's key (its machine, its values of the baseline's variables) read at C speed; a key's
     # text made once, in the order the keys first appear (as run by run)
     base_names = {m: tuple(modal.get(m, {})) for m in dict.fromkeys(machines)}
-    keys = list(zip(machines, map(tuple, map(map, map(operator.attrgetter("get"), rows),
-                                             map(base_names.__getitem__, machines)))))
-    first_row = dict(zip(reversed(keys), reversed(rows)))
+    if index is not None and set().union(*base_names.values()) <= set(_CONFIG_NAMES):
+        keys, first_row = _keys_by_number(rows, machines, index, base_names)
+    else:
+        keys = list(zip(machines, map(tuple, map(map, map(operator.attrgetter("get"), rows),
+                                                 map(base_names.__getitem__, machines)))))
+        first_row = dict(zip(reversed(keys), reversed(rows)))
     for key in dict.fromkeys(keys):
         diff = config_difference(first_row[key], modal.get(key[0], {}))
         text = ", ".join(f"{k}={v}" for k, v in diff.items()) or "baseline"
@@ -282,7 +287,7 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
     statuses = list(map(operator.itemgetter("status"), rows))
     status = {s: idx("status", s) for s in dict.fromkeys(statuses)}
     cols["status"] = list(map(status.__getitem__, statuses))
-    cols["pass"] = [int(x or 0) for x in map(get("get", "repeat"), rows)]
+    cols["pass"] = _ints(map(get("get", "repeat"), rows))
     cols["step_ms"] = _round_all(map(get("get", "step_ms_median"), rows))
     cols["tokens_per_s"] = _round_all(map(get("get", "tokens_per_s"), rows))
     cols["mfu"] = _round_all(map(get("get", "mfu"), rows), 3)
@@ -300,6 +305,33 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
     dicts = {k: list(v) for k, v in interned.items()}
     return {"n": len(rows), "cols": cols, "dicts": dicts,
             "config_vars": [config_vars[i] for i in range(len(dicts["config"]))]}
+
+
+def _keys_by_number(rows: list[dict], machines: list, index: tuple[list[int], list[tuple]],
+                    base_names: dict) -> tuple[list, dict]:
+    """runs_table's keys (each run's machine and its values of its baseline's variables) and each
+    key's first run, made once per machine and configuration number (config_index: runs of one
+    number have equal values of every one of those variables, so equal keys)."""
+    ids, raws = index
+    at = {n: i for i, n in enumerate(_CONFIG_NAMES)}
+    pick = {m: operator.itemgetter(*(at[n] for n in ns)) if len(ns) > 1 else
+            (lambda values, i=at[ns[0]]: (values[i],)) if ns else (lambda values: ()) for m, ns in base_names.items()}
+    pairs = list(zip(machines, ids))
+    key_of = {p: (p[0], tuple(pick[p[0]](raws[p[1]]))) for p in dict.fromkeys(pairs)}
+    first_at = dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1)))  # each pair's earliest run
+    first_row: dict = {}
+    for p, key in key_of.items():  # pairs in the order they first ran: a key's first pair has its first run
+        if key not in first_row:
+            first_row[key] = rows[first_at[p]]
+    return list(map(key_of.__getitem__, pairs)), first_row
+
+
+def _ints(values) -> list[int]:
+    """[int(x or 0) for x in values]: the values themselves where every one is an int."""
+    xs = list(values)
+    if set(map(type, xs)) <= {int}:
+        return xs
+    return [int(x or 0) for x in xs]
 
 
 def page_runs(rows: list[dict], st: dict, cap: int | None = None) -> list[dict]:
@@ -676,7 +708,8 @@ def write_page(ctx, path: Path) -> Path:
     st = _clean(analysis_dicts(ctx.analysis, ctx.grids, ctx.names))
     modal = baselines(ctx.rows)
     disturbed = {r.row["run_id"] for ma in ctx.analysis.machines.values() for r in ma.disturbed}
-    runs = runs_table(page_runs(ctx.rows, st), modal, ctx.names, disturbed)
+    shown = page_runs(ctx.rows, st)
+    runs = runs_table(shown, modal, ctx.names, disturbed, _config_index(ctx.rows) if shown is ctx.rows else None)
     lost = lost_values(ctx.rows, modal)
     # Every variable varied on a machine (done or not) gets a section, clearest first, then the rest.
     by_key = {(v["machine_id"], v["variable"]): v for v in st["variables"]}
