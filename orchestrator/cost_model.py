@@ -352,15 +352,24 @@ def _key_names() -> tuple[str, ...]:
     return _KEY_NAMES
 
 
-def _config_key_of(raw: tuple, row: dict) -> tuple:
-    """config_key(row), where `raw` is the row's values of _key_names() (all config_key() reads): once
-    per distinct raw values in this process (the fit, the check and each machine share them)."""
+def _config_key_of(raw: tuple) -> tuple:
+    """config_key() of a row whose values of _key_names() (all config_key() reads) are `raw`: once per
+    distinct raw values in this process (the fit, the check and each machine share them)."""
     key = _keys.get(raw)
     if key is None:
         if len(_keys) > 100_000:
             _keys.clear()
-        key = _keys[raw] = config_key(row)
+        key = _keys[raw] = config_key(dict(zip(_key_names(), raw)))
     return key
+
+
+def _numbered(values: list) -> tuple[list, np.ndarray]:
+    """The distinct values in the order they first occur (equal ones: the first), and each value's
+    number among them; at C speed but for one step per distinct value."""
+    numbers = dict.fromkeys(values)
+    for i, value in enumerate(numbers):
+        numbers[value] = i
+    return list(numbers), np.fromiter(map(numbers.__getitem__, values), dtype=np.int64, count=len(values))
 
 
 def config_keys(rows: list[dict]) -> list[tuple]:
@@ -435,40 +444,42 @@ class Cells:
     def __init__(self, rows: list[dict], per_run: bool = False):
         names = _key_names()
         y_run = np.log(np.array([float(r["step_ms_median"]) / 1e3 for r in rows]))
-        # group on the raw column values first (C-speed: a run's values, its repeat and block), then merge
-        # the raw keys whose words are equal, once per distinct raw key in the order they first occur
-        confs = list(map(tuple, map(map, map(operator.attrgetter("get"), rows), repeat(names))))
-        raws = range(len(rows)) if per_run else list(zip(confs, map(_get("repeat"), rows), map(_get("block"), rows)))
-        raw_cell = dict(zip(reversed(raws), range(len(rows) - 1, -1, -1)))  # each raw key's first run
-        reps, keys, blocks = [], [], []
-        merged: dict = {}
-        for i in sorted(raw_cell.values()):
-            r = rows[i]
-            key = _config_key_of(confs[i], r)
-            block = block_of(r)
-            cell = (key, block) if not per_run else i
-            j = merged.get(cell)
-            if j is None:
-                j = merged[cell] = len(reps)
-                reps.append(r)
-                keys.append(key)
-                blocks.append(block)
-            raw_cell[raws[i]] = j
-        cell_of = np.fromiter(map(raw_cell.__getitem__, raws), dtype=np.int64, count=len(rows))
-        self.rows, self.keys, self.blocks = reps, keys, blocks
+        # Each run's configuration and block numbered at C speed: its raw values (config_key() once per
+        # distinct raw values, then equal keys merged), its raw repeat and block (block_of() once per
+        # distinct ones, their types told apart: a cell's block is its first run's, as block_of() gives it)
+        raw_configs, raw_config_of = _numbered(list(map(tuple, map(map, map(operator.attrgetter("get"), rows),
+                                                                   repeat(names)))))
+        keys_, key_of_raw = _numbered([_config_key_of(raw) for raw in raw_configs])
+        key_of = key_of_raw[raw_config_of]  # each run's configuration: keys_ in the order they first ran
+        repeats, stretches = list(map(_get("repeat"), rows)), list(map(_get("block"), rows))
+        raw_blocks, raw_block_of = _numbered(list(zip(map(type, repeats), repeats, map(type, stretches), stretches)))
+        block_tuples = [block_of({"repeat": rep, "block": blk}) for _, rep, _, blk in raw_blocks]
+        blocks_, block_of_raw = _numbered(block_tuples)
+        # the cells: each distinct (configuration, block) in the order they first ran
+        if per_run:
+            first, cell_of = np.arange(len(rows)), np.arange(len(rows))
+        else:
+            cell = key_of * max(len(blocks_), 1) + block_of_raw[raw_block_of]
+            _, first_at, inverse = np.unique(cell, return_index=True, return_inverse=True)
+            order = np.argsort(first_at, kind="stable")
+            rank = np.empty(len(order), dtype=np.int64)
+            rank[order] = np.arange(len(order))
+            first, cell_of = first_at[order], rank[inverse.reshape(-1)]
+        self.rows = list(map(rows.__getitem__, first.tolist()))
+        self.keys = list(map(keys_.__getitem__, key_of[first].tolist()))
+        self.blocks = list(map(block_tuples.__getitem__, raw_block_of[first].tolist()))
         self.cell_of, self.y_run = cell_of, y_run
-        self.n = np.bincount(cell_of, minlength=len(reps)).astype(float)
-        self.ybar = np.bincount(cell_of, y_run, minlength=len(reps)) / self.n
-        self.ss = np.bincount(cell_of, (y_run - self.ybar[cell_of]) ** 2, minlength=len(reps))
+        self.n = np.bincount(cell_of, minlength=len(first)).astype(float)
+        self.ybar = np.bincount(cell_of, y_run, minlength=len(first)) / self.n
+        self.ss = np.bincount(cell_of, (y_run - self.ybar[cell_of]) ** 2, minlength=len(first))
         self.memo: dict = {}  # (configuration, llc) -> its features and FLOPs: shared with without()'s cells
         self.source = None  # (the cells, which of them) this one was cut from by without()
         self.root = self  # the cells every without() cut comes from: its configurations' tables (words, ranges)
-        # each cell's configuration: its number in the root's configurations (in the order they first occur)
-        index: dict = {}
-        self.config = np.array([index.setdefault(k, len(index)) for k in keys], dtype=np.int64)
-        self.config_index = index  # key -> its number
-        self.config_rows = [None] * len(index)  # each configuration's first cell's row
-        for r, c in zip(reversed(reps), reversed(self.config.tolist())):
+        # each cell's configuration: its number in the order they first ran (config_index: key -> number)
+        self.config = key_of[first]
+        self.config_index = {key: i for i, key in enumerate(keys_)}
+        self.config_rows = [None] * len(keys_)  # each configuration's first cell's row
+        for r, c in zip(reversed(self.rows), reversed(self.config.tolist())):
             self.config_rows[c] = r
         self._words: dict = {}  # key position -> (its words, each configuration's word number)
         self._sizes = None  # each configuration's sizes (fit_cells' ranges)
@@ -646,18 +657,37 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
     k, q, n_factors = len(TERMS), R.shape[1], len(groups)
     K = k + q  # the non-linear parameters: the costs (log) and the compute factors (log)
 
+    X_compute, X_other = X[:, COMPUTE], X[:, ~COMPUTE]
+    last: list = [None, None]  # the least squares asks for the value, then the derivatives, at one theta
+
+    def priced(theta):
+        """The priced seconds per cell: (compute terms, the others, the rate factor, the total), the
+        last theta's kept."""
+        at = theta.tobytes()
+        if last[0] != at:
+            costs_ = np.exp(theta[:k])
+            compute_s, other_s = costs_[COMPUTE] * X_compute, costs_[~COMPUTE] * X_other
+            scale = np.exp(R @ theta[k:])
+            compute = compute_s.sum(axis=1) * scale
+            last[0], last[1] = at, (compute_s, other_s, scale, compute, compute + other_s.sum(axis=1))
+        return last[1]
+
+    def log_priced(theta):
+        """log of the priced seconds per cell."""
+        return np.log(priced(theta)[4])
+
     def nonlinear(theta):
         """log of the priced seconds per cell and its derivatives by theta."""
-        seconds = np.exp(theta[:k]) * X
-        scale = np.exp(R @ theta[k:])
-        compute = seconds[:, COMPUTE].sum(axis=1) * scale
-        total = compute + seconds[:, ~COMPUTE].sum(axis=1)
-        d_costs = np.where(COMPUTE, seconds * scale[:, None], seconds) / total[:, None]
+        compute_s, other_s, scale, compute, total = priced(theta)
+        d_costs = np.empty((len(total), k))
+        d_costs[:, COMPUTE] = compute_s * scale[:, None]
+        d_costs[:, ~COMPUTE] = other_s
+        d_costs /= total[:, None]
         d_rates = R * (compute / total)[:, None]
         return np.log(total), np.hstack([d_costs, d_rates])
 
     def residuals(p):  # weighted, per cell
-        return sw * (nonlinear(p[:K])[0] + D @ p[K:] - y)
+        return sw * (log_priced(p[:K]) + D @ p[K:] - y)
 
     def jacobian(p):
         return np.hstack([nonlinear(p[:K])[1], D]) * sw[:, None]
@@ -673,10 +703,10 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
         D_pinv, rank, vt = np.zeros((0, len(rows))), 0, np.zeros((0, 0))
 
     def linear_part(theta):
-        return D_pinv @ (sw * (y - nonlinear(theta)[0]))
+        return D_pinv @ (sw * (y - log_priced(theta)))
 
     def projected(theta):
-        left = sw * (y - nonlinear(theta)[0])
+        left = sw * (y - log_priced(theta))
         return np.append(Dw @ (D_pinv @ left) - left, within)
 
     def projected_jac(theta):
