@@ -147,7 +147,8 @@ def factor_variables(rows: list[dict]) -> list[str]:
     """Variables of the rows that are neither sizes, structure nor ignored, and take more than one value."""
     names = [k for k in rows[0] if k not in SIZES + STRUCTURE + IGNORED]
     from common.variables import NAMES
-    return [n for n in names if n in NAMES and len({_word(r[n]) for r in rows}) > 1]
+    # _word() once per distinct value (values that are equal have one word: 1, 1.0 and True are "1")
+    return [n for n in names if n in NAMES and len(set(map(_word, set(map(operator.itemgetter(n), rows))))) > 1]
 
 
 def _word(value) -> str:
@@ -374,18 +375,10 @@ def _numbered(values: list) -> tuple[list, np.ndarray]:
 
 def config_keys(rows: list[dict]) -> list[tuple]:
     """config_key() of every row, computed once per distinct raw values (a fleet's runs repeat a few
-    thousand configurations)."""
-    from common.variables import NAMES
-    names = [n for n in NAMES if n not in IGNORED]
-    memo: dict = {}
-    out = []
-    for r in rows:
-        raw = tuple(map(r.get, names))
-        key = memo.get(raw)
-        if key is None:
-            key = memo[raw] = config_key(r)
-        out.append(key)
-    return out
+    thousand configurations): the rows' values read at C speed, the keys from _config_key_of's memo."""
+    raws = list(map(tuple, map(map, map(operator.attrgetter("get"), rows), repeat(_key_names()))))
+    keys = {raw: _config_key_of(raw) for raw in dict.fromkeys(raws)}
+    return list(map(keys.__getitem__, raws))
 
 
 def distinct_config_keys(rows: list[dict]) -> list[tuple]:
@@ -530,18 +523,17 @@ class Cells:
         values, has, arr, odd = root._sizes
         present = np.zeros(len(values), dtype=bool)
         present[self.config] = True
-        out = {}
-        for i, name in enumerate(SIZES):
-            if odd:
+        if odd:  # as min() and max() over the values in the configurations' order give it
+            out = {}
+            for i, name in enumerate(SIZES):
                 got = [values[c][i] for c in np.flatnonzero(present) if values[c][i] is not None]
                 if got:
                     out[name] = (min(got), max(got))
-                continue
-            at = present & has[:, i]
-            if at.any():
-                column = arr[at, i]
-                out[name] = (float(column.min()), float(column.max()))
-        return out
+            return out
+        at = has & present[:, None]
+        lows = np.where(at, arr, np.inf).min(axis=0, initial=np.inf).tolist()
+        highs = np.where(at, arr, -np.inf).max(axis=0, initial=-np.inf).tolist()
+        return {name: (lo, hi) for name, lo, hi, some in zip(SIZES, lows, highs, at.any(axis=0).tolist()) if some}
 
     def terms(self, llc_kb: float | None) -> tuple[np.ndarray, np.ndarray]:
         """features() and FLOPs per step of every cell, computed once per configuration (and for the
@@ -888,7 +880,13 @@ def support_of(rows: list[dict]) -> dict:
     from common.compute import flops_per_step
     varied = factor_variables(rows) if rows else []
     return {"log_flops": np.log(np.array([float(flops_per_step(r)) for r in rows])),
-            "words": {n: np.array([_word(r.get(n)) for r in rows]) for n in varied}}
+            "words": {n: np.array(_words_of(list(map(_get(n), rows)))) for n in varied}}
+
+
+def _words_of(values: list) -> list[str]:
+    """[_word(v) for v in values], _word() once per distinct value."""
+    words = {v: _word(v) for v in set(values)}
+    return list(map(words.__getitem__, values))
 
 
 def extrapolation_distances(config: dict, support: dict, keep: np.ndarray | None = None) -> tuple[float, float]:
