@@ -147,7 +147,8 @@ def factor_variables(rows: list[dict]) -> list[str]:
     """Variables of the rows that are neither sizes, structure nor ignored, and take more than one value."""
     names = [k for k in rows[0] if k not in SIZES + STRUCTURE + IGNORED]
     from common.variables import NAMES
-    return [n for n in names if n in NAMES and len({_word(r[n]) for r in rows}) > 1]
+    # _word() once per distinct value (values that are equal have one word: 1, 1.0 and True are "1")
+    return [n for n in names if n in NAMES and len(set(map(_word, set(map(operator.itemgetter(n), rows))))) > 1]
 
 
 def _word(value) -> str:
@@ -339,20 +340,45 @@ def config_key(row: dict) -> tuple:
     return tuple(_word(row.get(n)) for n in NAMES if n not in IGNORED)
 
 
+_KEY_NAMES: tuple[str, ...] = ()
+_keys: dict[tuple, tuple] = {}
+
+
+def _key_names() -> tuple[str, ...]:
+    """The variables config_key() reads, in its order."""
+    global _KEY_NAMES
+    if not _KEY_NAMES:
+        from common.variables import NAMES
+        _KEY_NAMES = tuple(n for n in NAMES if n not in IGNORED)
+    return _KEY_NAMES
+
+
+def _config_key_of(raw: tuple) -> tuple:
+    """config_key() of a row whose values of _key_names() (all config_key() reads) are `raw`: once per
+    distinct raw values in this process (the fit, the check and each machine share them)."""
+    key = _keys.get(raw)
+    if key is None:
+        if len(_keys) > 100_000:
+            _keys.clear()
+        key = _keys[raw] = config_key(dict(zip(_key_names(), raw)))
+    return key
+
+
+def _numbered(values: list) -> tuple[list, np.ndarray]:
+    """The distinct values in the order they first occur (equal ones: the first), and each value's
+    number among them; at C speed but for one step per distinct value."""
+    numbers = dict.fromkeys(values)
+    for i, value in enumerate(numbers):
+        numbers[value] = i
+    return list(numbers), np.fromiter(map(numbers.__getitem__, values), dtype=np.int64, count=len(values))
+
+
 def config_keys(rows: list[dict]) -> list[tuple]:
     """config_key() of every row, computed once per distinct raw values (a fleet's runs repeat a few
-    thousand configurations)."""
-    from common.variables import NAMES
-    names = [n for n in NAMES if n not in IGNORED]
-    memo: dict = {}
-    out = []
-    for r in rows:
-        raw = tuple(map(r.get, names))
-        key = memo.get(raw)
-        if key is None:
-            key = memo[raw] = config_key(r)
-        out.append(key)
-    return out
+    thousand configurations): the rows' values read at C speed, the keys from _config_key_of's memo."""
+    raws = list(map(tuple, map(map, map(operator.attrgetter("get"), rows), repeat(_key_names()))))
+    keys = {raw: _config_key_of(raw) for raw in dict.fromkeys(raws)}
+    return list(map(keys.__getitem__, raws))
 
 
 def distinct_config_keys(rows: list[dict]) -> list[tuple]:
@@ -409,54 +435,105 @@ class Cells:
     `per_run`: every run a cell of its own (the per-run fit, kept for the tests' comparison)."""
 
     def __init__(self, rows: list[dict], per_run: bool = False):
-        from common.variables import NAMES
-        names = [n for n in NAMES if n not in IGNORED]
+        names = _key_names()
         y_run = np.log(np.array([float(r["step_ms_median"]) / 1e3 for r in rows]))
-        # group on the raw column values first (C-speed), then merge the raw keys whose words are equal
-        raw_cell: dict = {}
-        words: dict = {}
-        cell_of = np.empty(len(rows), dtype=np.int64)
-        reps, keys, blocks = [], [], []
-        merged: dict = {}
-        for i, r in enumerate(rows):
-            raw = (tuple(map(r.get, names)), r.get("repeat"), r.get("block")) if not per_run else i
-            j = raw_cell.get(raw)
-            if j is None:
-                conf = tuple(map(r.get, names))
-                key = words.get(conf)
-                if key is None:
-                    key = words[conf] = config_key(r)
-                cell = (key, block_of(r)) if not per_run else i
-                j = merged.get(cell)
-                if j is None:
-                    j = merged[cell] = len(reps)
-                    reps.append(r)
-                    keys.append(key)
-                    blocks.append(block_of(r))
-                raw_cell[raw] = j
-            cell_of[i] = j
-        self.rows, self.keys, self.blocks = reps, keys, blocks
+        # Each run's configuration and block numbered at C speed: its raw values (config_key() once per
+        # distinct raw values, then equal keys merged), its raw repeat and block (block_of() once per
+        # distinct ones, their types told apart: a cell's block is its first run's, as block_of() gives it)
+        raw_configs, raw_config_of = _numbered(list(map(tuple, map(map, map(operator.attrgetter("get"), rows),
+                                                                   repeat(names)))))
+        keys_, key_of_raw = _numbered([_config_key_of(raw) for raw in raw_configs])
+        key_of = key_of_raw[raw_config_of]  # each run's configuration: keys_ in the order they first ran
+        repeats, stretches = list(map(_get("repeat"), rows)), list(map(_get("block"), rows))
+        raw_blocks, raw_block_of = _numbered(list(zip(map(type, repeats), repeats, map(type, stretches), stretches)))
+        block_tuples = [block_of({"repeat": rep, "block": blk}) for _, rep, _, blk in raw_blocks]
+        blocks_, block_of_raw = _numbered(block_tuples)
+        # the cells: each distinct (configuration, block) in the order they first ran
+        if per_run:
+            first, cell_of = np.arange(len(rows)), np.arange(len(rows))
+        else:
+            cell = key_of * max(len(blocks_), 1) + block_of_raw[raw_block_of]
+            _, first_at, inverse = np.unique(cell, return_index=True, return_inverse=True)
+            order = np.argsort(first_at, kind="stable")
+            rank = np.empty(len(order), dtype=np.int64)
+            rank[order] = np.arange(len(order))
+            first, cell_of = first_at[order], rank[inverse.reshape(-1)]
+        self.rows = list(map(rows.__getitem__, first.tolist()))
+        self.keys = list(map(keys_.__getitem__, key_of[first].tolist()))
+        self.blocks = list(map(block_tuples.__getitem__, raw_block_of[first].tolist()))
         self.cell_of, self.y_run = cell_of, y_run
-        self.n = np.bincount(cell_of, minlength=len(reps)).astype(float)
-        self.ybar = np.bincount(cell_of, y_run, minlength=len(reps)) / self.n
-        self.ss = np.bincount(cell_of, (y_run - self.ybar[cell_of]) ** 2, minlength=len(reps))
+        self.n = np.bincount(cell_of, minlength=len(first)).astype(float)
+        self.ybar = np.bincount(cell_of, y_run, minlength=len(first)) / self.n
+        self.ss = np.bincount(cell_of, (y_run - self.ybar[cell_of]) ** 2, minlength=len(first))
         self.memo: dict = {}  # (configuration, llc) -> its features and FLOPs: shared with without()'s cells
         self.source = None  # (the cells, which of them) this one was cut from by without()
+        self.root = self  # the cells every without() cut comes from: its configurations' tables (words, ranges)
+        # each cell's configuration: its number in the order they first ran (config_index: key -> number)
+        self.config = key_of[first]
+        self.config_index = {key: i for i, key in enumerate(keys_)}
+        self.config_rows = [None] * len(keys_)  # each configuration's first cell's row
+        for r, c in zip(reversed(self.rows), reversed(self.config.tolist())):
+            self.config_rows[c] = r
+        self._words: dict = {}  # key position -> (its words, each configuration's word number)
+        self._sizes = None  # each configuration's sizes (fit_cells' ranges)
 
     def without(self, key: tuple) -> "Cells":
         """The cells of every configuration but `key` (leave-one-out), in the same order."""
-        keep = np.array([k != key for k in self.keys])
+        root = self.root
+        keep = self.config != root.config_index.get(key, -1)
         out = Cells.__new__(Cells)
         index = np.cumsum(keep) - 1
-        out.rows = [r for r, k in zip(self.rows, keep) if k]
-        out.keys = [x for x, k in zip(self.keys, keep) if k]
-        out.blocks = [b for b, k in zip(self.blocks, keep) if k]
+        kept = keep.tolist()
+        out.rows = list(compress(self.rows, kept))
+        out.keys = list(compress(self.keys, kept))
+        out.blocks = list(compress(self.blocks, kept))
         runs = keep[self.cell_of]
         out.cell_of, out.y_run = index[self.cell_of[runs]], self.y_run[runs]
         out.n, out.ybar, out.ss = self.n[keep], self.ybar[keep], self.ss[keep]
         out.memo = self.memo
         out.source = (self, keep)  # its terms are these cells' (terms())
+        out.root, out.config = root, self.config[keep]
         return out
+
+    def words(self, position: int) -> tuple[list[str], np.ndarray]:
+        """The words of the configurations' keys at `position` (their distinct values, sorted) and each
+        cell's word's number among them."""
+        root = self.root
+        got = root._words.get(position)
+        if got is None:
+            per_config = [key[position] for key in root.config_index]
+            vocab = sorted(set(per_config))
+            number = {w: i for i, w in enumerate(vocab)}
+            got = root._words[position] = (vocab, np.array([number[w] for w in per_config], dtype=np.int64))
+        return got[0], got[1][self.config]
+
+    def ranges(self) -> dict:
+        """Each size's (min, max) over the configurations of these cells (their first rows), where it is
+        a number that matters for some of them."""
+        root = self.root
+        if root._sizes is None:
+            values = [tuple(float(r[name]) if isinstance(r.get(name), (int, float))
+                            and not isinstance(r.get(name), bool) and _matters(name, r) else None for name in SIZES)
+                      for r in root.config_rows]
+            has = np.array([[v is not None for v in row] for row in values], dtype=bool).reshape(len(values), len(SIZES))
+            arr = np.array([[0.0 if v is None else v for v in row] for row in values],
+                           dtype=float).reshape(len(values), len(SIZES))
+            # a NaN or a -0.0: min() and max() then depend on the values' order, kept as they were
+            root._sizes = (values, has, arr, bool(np.isnan(arr).any() or (np.signbit(arr) & (arr == 0)).any()))
+        values, has, arr, odd = root._sizes
+        present = np.zeros(len(values), dtype=bool)
+        present[self.config] = True
+        if odd:  # as min() and max() over the values in the configurations' order give it
+            out = {}
+            for i, name in enumerate(SIZES):
+                got = [values[c][i] for c in np.flatnonzero(present) if values[c][i] is not None]
+                if got:
+                    out[name] = (min(got), max(got))
+            return out
+        at = has & present[:, None]
+        lows = np.where(at, arr, np.inf).min(axis=0, initial=np.inf).tolist()
+        highs = np.where(at, arr, -np.inf).max(axis=0, initial=-np.inf).tolist()
+        return {name: (lo, hi) for name, lo, hi, some in zip(SIZES, lows, highs, at.any(axis=0).tolist()) if some}
 
     def terms(self, llc_kb: float | None) -> tuple[np.ndarray, np.ndarray]:
         """features() and FLOPs per step of every cell, computed once per configuration (and for the
@@ -478,6 +555,11 @@ class Cells:
             f.append(got[1])
         memo[("terms", llc_kb)] = (self, (np.array(x), np.array(f, dtype=float)))
         return memo[("terms", llc_kb)][1]
+
+    def n_configs(self) -> int:
+        present = np.zeros(len(self.root.config_rows), dtype=bool)
+        present[self.config] = True
+        return int(present.sum())
 
     @property
     def n_runs(self) -> int:
@@ -508,26 +590,29 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
     if n < len(TERMS) + 1:
         raise BenchError(f"{n} done runs on this machine: the cost model needs at least {len(TERMS) + 1}")
     from common.variables import NAMES
-    # a cell's words are its configuration key's (config_key: every catalogue variable but IGNORED)
-    pos = {name: i for i, name in enumerate(n_ for n_ in NAMES if n_ not in IGNORED)}
-    first = dict(zip(cells.keys, rows))  # one row per configuration (dicts keep the first)
-    varied = [name for name in rows[0] if name not in SIZES + STRUCTURE + IGNORED and name in pos
-              and len({key[pos[name]] for key in first}) > 1]  # factor_variables(rows), on the configurations
+    # a cell's words are its configuration key's (config_key: every catalogue variable but IGNORED),
+    # numbered once per configuration (Cells.words); each word's runs counted at C speed
+    pos = {name: i for i, name in enumerate(_key_names())}
+    counted = {}
+    for name in rows[0]:  # factor_variables(rows), on the configurations
+        if name not in SIZES + STRUCTURE + IGNORED and name in pos:
+            vocab, number = cells.words(pos[name])
+            runs = np.bincount(number, weights=w, minlength=len(vocab))  # every cell holds a run or more
+            if np.count_nonzero(runs) > 1:
+                counted[name] = (vocab, number, runs)
+    varied = list(counted)
     fixed = {n_: _word(rows[0][n_]) for n_ in NAMES if n_ in rows[0] and n_ not in SIZES + STRUCTURE + IGNORED
              and n_ not in varied}
     # The reference of each factor: its most common value over the runs (the sweep's base).
     reference, measured, columns = {}, {}, []
-    for name in varied:
-        words = [key[pos[name]] for key in cells.keys]
-        word_array = np.array(words, dtype=object)
-        counts: dict[str, float] = {}
-        for x, m in zip(words, w):
-            counts[x] = counts.get(x, 0.0) + m
+    for name, (vocab, number, runs) in counted.items():
+        present = np.flatnonzero(runs).tolist()  # the words' numbers: in sorted order (Cells.words)
+        counts = {vocab[i]: runs[i] for i in present}
         reference[name] = max(counts, key=lambda x: (counts[x], x))
         measured[name] = set(counts)
-        for x in sorted(counts):
-            if x != reference[name]:
-                columns.append(((name, x), (word_array == x).astype(float)))
+        for i in present:
+            if vocab[i] != reference[name]:
+                columns.append(((name, vocab[i]), (number == i).astype(float)))
     # Columns that are equal in the data (settings only ever changed together) are one factor.
     groups: list[tuple[tuple[tuple[str, str], ...], np.ndarray]] = []
     for key, col in columns:
@@ -543,10 +628,8 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
     blocks = sorted(set(cells.blocks), key=str)
     index = {b: i for i, b in enumerate(blocks)}
     B = np.zeros((len(rows), max(len(blocks) - 1, 0)))
-    for i, b in enumerate(cells.blocks):
-        j = index[b]
-        if j:
-            B[i, j - 1] = 1.0
+    j = np.fromiter(map(index.__getitem__, cells.blocks), dtype=np.int64, count=len(rows))
+    B[np.flatnonzero(j), j[j > 0] - 1] = 1.0
     if llc_kb is None:
         llc_kb = next((float(r["l3_kb"]) for r in rows if r.get("l3_kb")), None)
     X, flops = cells.terms(llc_kb)
@@ -566,18 +649,37 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
     k, q, n_factors = len(TERMS), R.shape[1], len(groups)
     K = k + q  # the non-linear parameters: the costs (log) and the compute factors (log)
 
+    X_compute, X_other = X[:, COMPUTE], X[:, ~COMPUTE]
+    last: list = [None, None]  # the least squares asks for the value, then the derivatives, at one theta
+
+    def priced(theta):
+        """The priced seconds per cell: (compute terms, the others, the rate factor, the total), the
+        last theta's kept."""
+        at = theta.tobytes()
+        if last[0] != at:
+            costs_ = np.exp(theta[:k])
+            compute_s, other_s = costs_[COMPUTE] * X_compute, costs_[~COMPUTE] * X_other
+            scale = np.exp(R @ theta[k:])
+            compute = compute_s.sum(axis=1) * scale
+            last[0], last[1] = at, (compute_s, other_s, scale, compute, compute + other_s.sum(axis=1))
+        return last[1]
+
+    def log_priced(theta):
+        """log of the priced seconds per cell."""
+        return np.log(priced(theta)[4])
+
     def nonlinear(theta):
         """log of the priced seconds per cell and its derivatives by theta."""
-        seconds = np.exp(theta[:k]) * X
-        scale = np.exp(R @ theta[k:])
-        compute = seconds[:, COMPUTE].sum(axis=1) * scale
-        total = compute + seconds[:, ~COMPUTE].sum(axis=1)
-        d_costs = np.where(COMPUTE, seconds * scale[:, None], seconds) / total[:, None]
+        compute_s, other_s, scale, compute, total = priced(theta)
+        d_costs = np.empty((len(total), k))
+        d_costs[:, COMPUTE] = compute_s * scale[:, None]
+        d_costs[:, ~COMPUTE] = other_s
+        d_costs /= total[:, None]
         d_rates = R * (compute / total)[:, None]
         return np.log(total), np.hstack([d_costs, d_rates])
 
     def residuals(p):  # weighted, per cell
-        return sw * (nonlinear(p[:K])[0] + D @ p[K:] - y)
+        return sw * (log_priced(p[:K]) + D @ p[K:] - y)
 
     def jacobian(p):
         return np.hstack([nonlinear(p[:K])[1], D]) * sw[:, None]
@@ -593,10 +695,10 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
         D_pinv, rank, vt = np.zeros((0, len(rows))), 0, np.zeros((0, 0))
 
     def linear_part(theta):
-        return D_pinv @ (sw * (y - nonlinear(theta)[0]))
+        return D_pinv @ (sw * (y - log_priced(theta)))
 
     def projected(theta):
-        left = sw * (y - nonlinear(theta)[0])
+        left = sw * (y - log_priced(theta))
         return np.append(Dw @ (D_pinv @ left) - left, within)
 
     def projected_jac(theta):
@@ -636,22 +738,10 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
     cov = np.zeros((n_params, n_params))
     cov[np.ix_(active, active)] = s2 * np.linalg.pinv(Ja.T @ Ja)
     gamma = np.concatenate([[0.0], p[K + n_factors:]])
-    sizes = []  # per configuration (its row in `first`): each size's value where it is a number that matters
-    for r in first.values():  # once per row for the leave-one-out's refits too (they share the memo)
-        got = cells.memo.get(("sizes", id(r)))
-        if got is None or got[0] is not r:
-            got = cells.memo[("sizes", id(r))] = (r, tuple(
-                float(r[name]) if isinstance(r.get(name), (int, float)) and not isinstance(r.get(name), bool)
-                and _matters(name, r) else None for name in SIZES))
-        sizes.append(got[1])
-    ranges = {}
-    for i, name in enumerate(SIZES):
-        values = [v[i] for v in sizes if v[i] is not None]
-        if values:
-            ranges[name] = (min(values), max(values))
+    ranges = cells.ranges()  # each size's over the configurations' first rows
     model = Model(log_costs=p[:k], factors=[(g, float(b)) for (g, _), b in zip(groups, p[K:K + n_factors])],
                   reference=reference, measured=measured, ranges=ranges, cov=cov, s2=s2, dof=dof, n_runs=n,
-                  n_configs=len(first), rms_log=float(np.sqrt(rss / n)), fixed=fixed)
+                  n_configs=cells.n_configs(), rms_log=float(np.sqrt(rss / n)), fixed=fixed)
     model.rates = [(g, float(r)) for (g, _), r in zip(rate_groups, p[k:K])]
     model.n_runs_all = n if n_all is None else n_all
     model.llc_kb = llc_kb
@@ -740,7 +830,8 @@ def leave_one_config_out(rows: list[dict], only: set | None = None, *, per_run: 
     by_config: dict[tuple, list[dict]] = {}
     for key, r in zip(keys, rows):
         by_config.setdefault(key, []).append(r)
-    whole = fit(rows, per_run=per_run)
+    # the whole fit (each refit's start) on those cells: fit(rows) would group the same runs again
+    whole = fit_cells(cells, n_all=len(rows), llc_kb=llc_kb) if cells is not None else fit(rows, per_run=per_run)
     out = []
     for key, own in by_config.items():
         if only is not None and key not in only:
@@ -789,7 +880,13 @@ def support_of(rows: list[dict]) -> dict:
     from common.compute import flops_per_step
     varied = factor_variables(rows) if rows else []
     return {"log_flops": np.log(np.array([float(flops_per_step(r)) for r in rows])),
-            "words": {n: np.array([_word(r.get(n)) for r in rows]) for n in varied}}
+            "words": {n: np.array(_words_of(list(map(_get(n), rows)))) for n in varied}}
+
+
+def _words_of(values: list) -> list[str]:
+    """[_word(v) for v in values], _word() once per distinct value."""
+    words = {v: _word(v) for v in set(values)}
+    return list(map(words.__getitem__, values))
 
 
 def extrapolation_distances(config: dict, support: dict, keep: np.ndarray | None = None) -> tuple[float, float]:
