@@ -40,7 +40,7 @@ class NotHere(Exception):
 def write(conn, machine_id: int | None, csv_path: Path) -> bool:
     """Write results.csv (every run of v_results, or one machine's) as csv.writer writes the view's rows;
     False where this way does not apply (nothing useful written: the caller writes it from the view)."""
-    from orchestrator.rows import JOB_EXPR, RUN_EXPR, VIEW_COLUMNS, _JOINS, _MINE, _quoted, _sources
+    from orchestrator.rows import JOB_EXPR, RUN_EXPR, VIEW_COLUMNS, _JOINS, _MINE, _quoted, _sources, tuple_getter
 
     if conn.dialect.name != "sqlite":
         return False
@@ -70,7 +70,7 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
         elif source == "m":
             order.append(len(job_segments) + m)
             m += 1
-    fill = itemgetter(*order) if len(order) > 1 else (lambda t: (t[order[0]],)) if order else (lambda t: ())
+    fill = tuple_getter(order)
     mark = f", char({ord(MARK)})"
     job_fields = ", ".join(_fields(JOB_EXPR, "j.", q, cols) + mark for cols in job_segments)
     job_query = (f"SELECT j.job_id, {job_fields} FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id "

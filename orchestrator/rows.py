@@ -218,19 +218,18 @@ JOB_EXPR = {"sweep": "s.name AS sweep"}  # the rest: j.<column>
 def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> tuple[list[str], list[dict]]:
     """What read_rows(conn, SELECT_RESULTS, ...) returns, for every run (or one machine's), read as its
     runs' own columns in run order plus each job's and machine's columns once. results.csv is written
-    from the view itself by the same forked child. Where the view holds a column this read does not
-    know (a later schema), it reads the view (read_rows)."""
-    where = "WHERE machine_id = :machine_id" if machine_id is not None else ""
+    meanwhile by a forked child (results_csv, from the tables; the view where that does not apply).
+    Where the view holds a column this read does not know (a later schema), it reads the view (read_rows)."""
+    query = SELECT_RESULTS.format(where="WHERE machine_id = :machine_id" if machine_id is not None else "")
     params = {"machine_id": machine_id}
     columns = list(conn.execute(text(VIEW_COLUMNS)).keys())
     known = _sources(conn)
     if set(columns) - set(known) or len(set(columns)) != len(columns):
-        return read_rows(conn, SELECT_RESULTS.format(where=where), params, csv_path)
+        return read_rows(conn, query, params, csv_path)
     mine = _MINE if machine_id is not None else ""
     # results.csv: the child writes the view's bytes from the tables, each job's and machine's fields written
     # once (results_csv; the view itself where that does not apply). (66aedba had it read the tuples as
-    # _view_tuples does: no gain at 100k, and it held every job's values: 1M tree PSS 3,604 MB against 3,411.)
-    query = SELECT_RESULTS.format(where=where)
+    # _view_parts does: no gain at 100k, and it held every job's values: 1M tree PSS 3,604 MB against 3,411.)
     child = _csv_child(conn, query, params, csv_path, True) if csv_path is not None else None
     try:
         with gc_paused():
@@ -238,7 +237,7 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> 
     finally:
         written = _done(child) if child is not None else False  # never leave the child unreaped
     if csv_path is not None and not written:  # no fork (as the child does), or the child failed: from the view
-        _write_csv(conn, SELECT_RESULTS.format(where=where), params, csv_path, child is None)
+        _write_csv(conn, query, params, csv_path, child is None)
     return columns, rows
 
 
@@ -298,13 +297,19 @@ def _template(columns: list[str], parts: list[list[str]], values: tuple) -> tupl
 
 def _pairs(names: list[str], keep: list[int]):
     """A function of one part's values: zip of `names` and the values at `keep`."""
-    if len(keep) > 1:
-        get = itemgetter(*keep)
-        return lambda vals: zip(names, get(vals))
-    if keep:
-        i, = keep
-        return lambda vals: ((names[0], vals[i]),)
-    return lambda vals: ()
+    get = tuple_getter(keep)
+    return lambda vals: zip(names, get(vals))
+
+
+def tuple_getter(indices: list[int]):
+    """A function of a sequence: its values at `indices`, always as a tuple (itemgetter gives a bare value
+    for one index and cannot take none)."""
+    if len(indices) > 1:
+        return itemgetter(*indices)
+    if indices:
+        i, = indices
+        return lambda values: (values[i],)
+    return lambda values: ()
 
 
 def _view_parts(conn, parts: list[list[str]], mine: str, params: dict) -> Iterator:
@@ -364,7 +369,7 @@ def _nulls(by_column: list, kinds: dict) -> list:
 
 
 def _shared_columns(chunk: list[tuple], plan: dict, shared: dict) -> list:
-    """`chunk` transposed, its values shared (rows_of, _view_tuples): the first chunk decides which columns
+    """`chunk` transposed, its values shared (rows_of, _view_parts): the first chunk decides which columns
     share their values (text, and numbers that repeat: `plan`); each chunk checks their types again (C
     loops, column by column): a value is only ever replaced by an equal one of its own type."""
     if not plan:

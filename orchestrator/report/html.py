@@ -44,6 +44,7 @@ import numpy as np
 from orchestrator import effects as fx
 from orchestrator import parallel_report, prediction_report, seeds
 from orchestrator.config_index import CONFIG_NAMES, config_index
+from orchestrator.rows import tuple_getter
 from orchestrator.report.words import FACTS, _fact, _fmt, _p, _pct, short_reason
 from common.variables import BY_NAME, NAMES
 
@@ -193,15 +194,11 @@ def _round_all(values, digits: int = 4) -> list:
     return [next(it) if k == 2 else (0 if k else None) for k in kind.tolist()]
 
 
-_CONFIG_NAMES = CONFIG_NAMES  # every variable but repeat (NOT_CONFIG)
-_config_index = config_index  # each run's configuration as a number, read once per report (shared with the cost model's share)
-
-
 def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
     """Per machine, the value of each variable most of its configurations share (each configuration
     counted once), over every claimed run: failed and skipped ones say what differs too."""
     out = {}
-    ids, raws = _config_index(rows)
+    ids, raws = config_index(rows)
     # a configuration is a config_hash (a run without one: the run itself); its first run's values count
     machines = list(map(operator.itemgetter("machine_id"), rows))
     hashes = list(map(operator.methodcaller("get", "config_hash"), rows))
@@ -216,7 +213,7 @@ def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
         if c is None:
             c = by_machine[job[0]] = Counter()
         c[first[job]] += 1
-    names = list(_CONFIG_NAMES)
+    names = list(CONFIG_NAMES)
     for m, per_id in by_machine.items():
         # Configurations that differ only in their repeat count as many times as they are, once each.
         raw = {raws[i]: k for i, k in per_id.items()}
@@ -267,7 +264,7 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
     # each run's key (its machine, its values of the baseline's variables) read at C speed; a key's
     # text made once, in the order the keys first appear (as run by run)
     base_names = {m: tuple(modal.get(m, {})) for m in dict.fromkeys(machines)}
-    if index is not None and set().union(*base_names.values()) <= set(_CONFIG_NAMES):
+    if index is not None and set().union(*base_names.values()) <= set(CONFIG_NAMES):
         keys, first_row = _keys_by_number(rows, machines, index, base_names)
     else:
         keys = list(zip(machines, map(tuple, map(map, map(operator.attrgetter("get"), rows),
@@ -313,9 +310,8 @@ def _keys_by_number(rows: list[dict], machines: list, index: tuple[list[int], li
     key's first run, made once per machine and configuration number (config_index: runs of one
     number have equal values of every one of those variables, so equal keys)."""
     ids, raws = index
-    at = {n: i for i, n in enumerate(_CONFIG_NAMES)}
-    pick = {m: operator.itemgetter(*(at[n] for n in ns)) if len(ns) > 1 else
-            (lambda values, i=at[ns[0]]: (values[i],)) if ns else (lambda values: ()) for m, ns in base_names.items()}
+    at = {n: i for i, n in enumerate(CONFIG_NAMES)}
+    pick = {m: tuple_getter([at[n] for n in ns]) for m, ns in base_names.items()}
     pairs = list(zip(machines, ids))
     key_of = {p: (p[0], tuple(pick[p[0]](raws[p[1]]))) for p in dict.fromkeys(pairs)}
     first_at = dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1)))  # each pair's earliest run
@@ -373,7 +369,7 @@ def shared_configs(rows: list[dict], done: list[dict] | None = None) -> dict:
     if len(machines) < 2:
         return {"machines": machines, "pairs": []}
     # each finished run's configuration number (done is in the rows' order: one walk along both)
-    ids, config, pending = _config_index(rows)[0], [], iter(done)
+    ids, config, pending = config_index(rows)[0], [], iter(done)
     nxt = next(pending, None)
     for i, r in zip(ids, rows):
         if r is nxt:
@@ -709,7 +705,7 @@ def write_page(ctx, path: Path) -> Path:
     modal = baselines(ctx.rows)
     disturbed = {r.row["run_id"] for ma in ctx.analysis.machines.values() for r in ma.disturbed}
     shown = page_runs(ctx.rows, st)
-    runs = runs_table(shown, modal, ctx.names, disturbed, _config_index(ctx.rows) if shown is ctx.rows else None)
+    runs = runs_table(shown, modal, ctx.names, disturbed, config_index(ctx.rows) if shown is ctx.rows else None)
     lost = lost_values(ctx.rows, modal)
     # Every variable varied on a machine (done or not) gets a section, clearest first, then the rest.
     by_key = {(v["machine_id"], v["variable"]): v for v in st["variables"]}
