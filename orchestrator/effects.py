@@ -59,7 +59,8 @@ from orchestrator import step_model as sm
 from orchestrator.rows import runs_fingerprint
 # What each run ran with and the model's view of a machine live beside this module; their names are
 # re-exported for the report, the adaptive loop and the tests, which read them as effects.*.
-from orchestrator.noise import Drift, Model, Noise, cv_of, fit_model, machine_noise, pass_drift  # noqa: F401
+from orchestrator.noise import (Drift, Model, Noise, cv_of, fit_inputs, fit_model, machine_noise,  # noqa: F401
+                               model_inputs, pass_drift)
 from orchestrator.ran import (FACTORS, METRIC, NOT_FACTORS, NOT_SIZES, RAN_FROM, Run, as_ran,  # noqa: F401
                               disturbed, done_runs, followers_of, is_size, label, modal_config,
                               peak_of, provisional_peak, sort_key, value_of, varied_variables, _configs)
@@ -704,13 +705,16 @@ class Analysis:
 
 
 def analyse(rows: list[dict], machine_ids: list[int] | None = None, *, probe_cv: dict[int, float] | None = None,
-            target_ci: dict[int, float] | None = None, per_run: bool = False, memo: dict | None = None) -> Analysis:
+            target_ci: dict[int, float] | None = None, per_run: bool = False, memo: dict | None = None,
+            beside=None) -> Analysis:
     """Every machine's comparisons, then one Bonferroni family across all of them. `probe_cv`:
     machine -> its measured noise (machines.noise_cv); `target_ci`: machine -> the relative
     half-width of the shown interval that `work --target-ci` asked for there. per_run=True groups
     run by run instead of once per configuration (as_ran's share=False): slower, the same numbers.
     `memo`: a dict kept by a long-lived caller (report --watch) between calls: a machine none of
-    whose runs changed since the last call keeps its comparisons (only the family-wise step is redone)."""
+    whose runs changed since the last call keeps its comparisons (only the family-wise step is redone).
+    `beside`: a forked.Worker that fits the step model of every machine to analyse but the first while
+    this process analyses that one (a fleet's machines on both CPUs; the same numbers)."""
     # An ofat sweep's joint configurations (sweep.JOINT: several sizes at once, for the cost model)
     # belong to no comparison: left out here, they leave every effect and interval as without them
     # (in them, 27 quiet runs more narrowed a noisy level's shared-variance interval: tests/test_synthetic_truth).
@@ -721,7 +725,7 @@ def analyse(rows: list[dict], machine_ids: list[int] | None = None, *, probe_cv:
         by_machine[r["machine_id"]].append(r)
     for gone in set(memo or ()) - set(ids):
         del memo[gone]
-    machines = {m: _kept_or_analysed(memo, by_machine[m], m, (probe_cv or {}).get(m), per_run) for m in ids}
+    machines = _analysed(memo, by_machine, ids, probe_cv or {}, per_run, beside)
     analysis = Analysis(machines, 0)
     analysis.family = adjust(analysis.effects, [i for m in machines.values() for i in m.interactions])
     for m in machines.values():
@@ -748,37 +752,72 @@ class _Kept:
     targets: list  # (effect, target_met)
 
 
-def _kept_or_analysed(memo: dict | None, asked: list[dict], machine_id: int, probe_cv: float | None,
-                      per_run: bool) -> MachineAnalysis:
-    """The machine's comparisons from the memo when its runs are those of the last call (restored to
-    how analyse_machine left them), else analysed anew (and kept, with a memo)."""
+def _analysed(memo: dict | None, by_machine: dict, ids: list[int], probe_cv: dict, per_run: bool,
+              beside) -> dict[int, MachineAnalysis]:
+    """Each machine's comparisons: kept from the memo where its runs are those of the last call
+    (restored to how analyse_machine left them), else analysed anew (and kept, with a memo). With
+    `beside`, the step models of the machines to analyse after the first are fitted by that child,
+    sent before this process starts on the first."""
+    out = {m: kept for m in ids if (kept := _kept(memo, by_machine[m], m, (probe_cv.get(m), per_run)))}
+    todo = [m for m in ids if m not in out]
+    fitted: dict = {}
+    if beside is not None and len(todo) > 1:
+        for m in todo[1:]:
+            ran = as_ran(by_machine[m], share=not per_run)
+            if used := _undisturbed(ran)[2]:
+                fitted[m] = (ran, model_inputs(used))
+    if fitted:
+        beside.submit(fit_all, [inputs for _, (_, _, inputs) in fitted.values()])
+    fits = None
+    for m in todo:
+        if m in fitted:
+            fits = beside.result() if fits is None else fits
+            ran, inputs = fitted[m]
+            ma = analyse_machine(ran, m, asked=by_machine[m], probe_cv=probe_cv.get(m), fitted=(inputs, fits.pop(0)))
+        else:
+            ma = analyse_machine(as_ran(by_machine[m], share=not per_run), m, asked=by_machine[m], probe_cv=probe_cv.get(m))
+        out[m] = _keep(memo, by_machine[m], m, (probe_cv.get(m), per_run), ma)
+    return {m: out[m] for m in ids}
+
+
+def fit_all(inputs: list[tuple]) -> list[sm.Fit]:
+    """The step model of each machine's model_inputs() (run by _analysed's child)."""
+    return [fit_inputs(i) for i in inputs]
+
+
+def _kept(memo: dict | None, asked: list[dict], machine_id: int, how: tuple) -> MachineAnalysis | None:
+    """The machine's comparisons from the memo, when its runs are those of the last call."""
     if memo is None:
-        return analyse_machine(as_ran(asked, share=not per_run), machine_id, asked=asked, probe_cv=probe_cv)
-    key = (runs_fingerprint(asked), probe_cv, per_run)
+        return None
     kept = memo.get(machine_id)
-    if kept is not None and kept.key == key:
-        ma = kept.analysis
-        ma.variables = list(kept.order)
-        for ve, elasticity, by_group in kept.pooled:
-            ve.elasticity, ve.by_group = elasticity, list(by_group)
-        for e, met in kept.targets:
-            e.target_met = met
-        return ma
-    ma = analyse_machine(as_ran(asked, share=not per_run), machine_id, asked=asked, probe_cv=probe_cv)
-    memo[machine_id] = _Kept(key, ma, list(ma.variables), [(ve, ve.elasticity, list(ve.by_group)) for ve in ma.variables],
-                             [(e, e.target_met) for e in ma.effects])
+    if kept is None or kept.key != (runs_fingerprint(asked), *how):
+        return None
+    ma = kept.analysis
+    ma.variables = list(kept.order)
+    for ve, elasticity, by_group in kept.pooled:
+        ve.elasticity, ve.by_group = elasticity, list(by_group)
+    for e, met in kept.targets:
+        e.target_met = met
     return ma
 
 
-def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (), probe_cv: float | None = None) -> MachineAnalysis:
+def _keep(memo: dict | None, asked: list[dict], machine_id: int, how: tuple, ma: MachineAnalysis) -> MachineAnalysis:
+    """ma, kept in the memo (as analyse_machine left it) for the next call."""
+    if memo is not None:
+        memo[machine_id] = _Kept((runs_fingerprint(asked), *how), ma, list(ma.variables),
+                                 [(ve, ve.elasticity, list(ve.by_group)) for ve in ma.variables],
+                                 [(e, e.target_met) for e in ma.effects])
+    return ma
+
+
+def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (), probe_cv: float | None = None,
+                    fitted: tuple | None = None) -> MachineAnalysis:
     """One machine's comparisons (not yet adjusted for the report's multiplicity). Disturbed runs
     (another process or the hypervisor took a share of their CPUs during the timed window) are left
-    out of every fit, unless every run was disturbed."""
-    flagged = [r for r in runs if r.disturbed]
-    kept_all = bool(flagged) and len(flagged) == len(runs)
-    if not kept_all:
-        runs = [r for r in runs if not r.disturbed]
-    model = fit_model(runs) if runs else None
+    out of every fit, unless every run was disturbed. `fitted`: the step model of those runs, fitted
+    elsewhere (noise.fit_model's)."""
+    flagged, kept_all, runs = _undisturbed(runs)
+    model = fit_model(runs, fitted) if runs else None
     drift = pass_drift(runs, model) if model else Drift({}, {}, [])
     cells = Cells(runs)
     varied = varied_variables(cells.rep)  # (one run per cell: a cell's runs share their values)
@@ -796,6 +835,13 @@ def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (),
     return MachineAnalysis(machine_id, found, [n for n in together if n not in uncompared], drift, noise,
                            _identical(runs, asked, cells), _regrouped(runs, cells), runs, varied, flagged, kept_all, lost,
                            uncompared, model, base_note, cells)
+
+
+def _undisturbed(runs: list[Run]) -> tuple[list[Run], bool, list[Run]]:
+    """(the disturbed runs, whether every run was, the runs the fits use: the undisturbed, or all)."""
+    flagged = [r for r in runs if r.disturbed]
+    kept_all = bool(flagged) and len(flagged) == len(runs)
+    return flagged, kept_all, runs if kept_all else [r for r in runs if not r.disturbed]
 
 
 def _status_words(rows: list[dict], disturbed_ids: set) -> str:

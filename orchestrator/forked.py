@@ -92,8 +92,10 @@ def _serve(task_fd: int, result_fd: int, warm) -> None:
 class Worker:
     """A child forked now that runs one task given later (submit), in parallel with this process."""
 
-    def __init__(self, warm=None):
-        """warm: called in the child as soon as it is forked, before it waits for its task (imports)."""
+    def __init__(self, warm=None, nice: int = 0):
+        """warm: called in the child as soon as it is forked, before it waits for its task (imports);
+        nice: how much lower the child's scheduling priority is than this process's (os.nice), for work
+        whose answer is wanted late: it then takes what CPU the others leave."""
         self._pid = None
         self._task = None  # (fn, args) where there is no child
         if not hasattr(os, "fork"):
@@ -105,6 +107,8 @@ class Worker:
             try:
                 os.close(task_w)
                 os.close(result_r)
+                if nice:
+                    os.nice(nice)
                 _serve(task_r, result_w, warm)
             finally:
                 os._exit(0)

@@ -50,7 +50,10 @@ def stratum_of(r: Run):
     return r.values.get("cores")
 
 
-def fit_model(runs: list[Run]) -> Model:
+def model_inputs(runs: list[Run]) -> tuple[dict, dict, tuple]:
+    """What fit_model fits: the configurations' and blocks' indices (config key -> index, (pass, block)
+    -> index), and step_model.fit's arguments as plain lists (fit_inputs: picklable, so that
+    effects.analyse can have a child fit one machine while this process fits another)."""
     configs: dict = {}
     blocks: dict = {}
     config_idx = [configs.setdefault(k, len(configs)) for k in map(attrgetter("_key"), runs)]  # (config_key()'s cache)
@@ -58,8 +61,24 @@ def fit_model(runs: list[Run]) -> Model:
     stretch = {b: stretch_of(b) for b in set(raw)}  # block_of, once per distinct jobs.block
     block_idx = [blocks.setdefault((p, stretch[b]), len(blocks)) for p, b in zip(map(attrgetter("pass_"), runs), raw)]
     log_ms = [r.log_ms for r in runs]
-    f = sm.fit(log_ms, config_idx, block_idx, [stratum_of(r) for r in runs], n_configs=len(configs),
-               n_blocks=len(blocks), pass_idx=[r.pass_ for r in runs])
+    return configs, blocks, (log_ms, config_idx, block_idx, [stratum_of(r) for r in runs], len(configs),
+                             len(blocks), [r.pass_ for r in runs])
+
+
+def fit_inputs(inputs: tuple) -> sm.Fit:
+    """step_model.fit of model_inputs()'s arguments."""
+    log_ms, config_idx, block_idx, strata, n_configs, n_blocks, passes = inputs
+    return sm.fit(log_ms, config_idx, block_idx, strata, n_configs=n_configs, n_blocks=n_blocks, pass_idx=passes)
+
+
+def fit_model(runs: list[Run], fitted: tuple | None = None) -> Model:
+    """The model of these runs, each run given its block-adjusted log step time (adj) and its chance of
+    being in the slow mode (slow). `fitted`: (model_inputs(runs), fit_inputs() of them) where the fit
+    was made elsewhere."""
+    (configs, blocks, inputs), f = fitted if fitted is not None else (model_inputs(runs), None)
+    if f is None:
+        f = fit_inputs(inputs)
+    log_ms, block_idx = inputs[0], inputs[2]
     adj = (np.asarray(log_ms, dtype=float) - np.asarray(f.gamma, dtype=float)[np.asarray(block_idx, dtype=int)]).tolist()
     for r, a, slow in zip(runs, adj, np.asarray(f.slow_prob, dtype=float).tolist()):
         r.adj = a

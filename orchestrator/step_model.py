@@ -613,6 +613,16 @@ class _Factor:
                 pass
         if self._cho is None:
             self._lu = splu(A.tocsc())
+            self._A = A  # SuperLU's factor cannot be pickled: its matrix travels instead (__getstate__)
+
+    def __getstate__(self) -> dict:
+        """A fit made in a child (effects.analyse) comes back pickled: a SuperLU factor as its matrix,
+        factored again where it lands (the same factor: SuperLU is deterministic)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_lu"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lu = splu(self._A.tocsc()) if "_A" in state else None
 
     def solve(self, b):
         if self._cho is None:

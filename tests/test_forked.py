@@ -74,3 +74,14 @@ def test_a_worker_forked_later_does_not_hold_back_an_earlier_ones_task():
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def _niceness():
+    return os.nice(0)
+
+
+def test_a_child_asked_to_yield_the_cpu_runs_at_a_lower_priority_than_its_parent():
+    with Worker(nice=5) as child:
+        assert child.submit(_niceness).result() == min(19, os.nice(0) + 5)
+    with Worker() as child:
+        assert child.submit(_niceness).result() == os.nice(0)

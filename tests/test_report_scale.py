@@ -12,6 +12,7 @@ from sqlalchemy import text
 
 from orchestrator import effects as fx
 from orchestrator import seeds
+from orchestrator.forked import Worker
 from orchestrator.report import html as html_report
 from orchestrator.report import effect_row, write_report
 from orchestrator.store import Store
@@ -60,6 +61,16 @@ def test_a_synthetic_fleet_database_gets_the_same_effects_grouped_per_configurat
     assert ma.disturbed and ma.regrouped  # the awkward runs are there, and grouped alike both ways
     report = write_report(store, tmp_path / "result", plots=False)  # the report uses the fast path
     assert [effect_row(e) for e in report.effects] == [effect_row(e) for e in analysis.effects]
+
+
+def test_machines_whose_step_model_a_child_fitted_say_what_machines_fitted_here_say(tmp_path):
+    store = build(str(tmp_path / "r.db"), 2400, machines=3, shape="small", disturbed=23, read_back=17, quiet=True)
+    rows = _rows(store)
+    here = fx.analyse(rows)
+    with Worker() as beside:
+        there = fx.analyse(rows, beside=beside)
+        assert beside._pid is None  # its answer was taken: the second and third machines' fits came from it
+    assert len(there.machines) == 3 and _said(there) == _said(here)
 
 
 @pytest.mark.parametrize("make", [scenarios.quick, scenarios.interaction_grid, scenarios.failed_baseline,

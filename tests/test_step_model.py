@@ -5,6 +5,7 @@ and the vectorised helpers select what the plain masks select."""
 from __future__ import annotations
 
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -75,6 +76,24 @@ def test_the_dense_factor_says_what_superlu_says(monkeypatch, noisy):
         assert a.estimate == pytest.approx(b.estimate, rel=1e-10)
         assert a.se == pytest.approx(b.se, rel=1e-9) and a.dof == pytest.approx(b.dof, rel=1e-9)
     close(dense.covariance(vecs[:6]), ref.covariance(vecs[:6]), 1e-9)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_a_fit_sent_through_pickle_gives_every_contrast_float_for_float(monkeypatch, dense):
+    """effects.analyse has a child fit a machine's model and send the Fit back: a SuperLU factor
+    (which cannot be pickled) is factored again where it lands, a dense one travels as it is."""
+    if dense:
+        monkeypatch.setattr(sm, "DENSE_SOLVE_MAX", sm.DENSE_LEVERAGE_MAX)
+    data = sweep(2, noisy=(4, 7))
+    here = fitted(data)
+    there = pickle.loads(pickle.dumps(here))
+    assert (there._solve.__self__._cho is not None) == dense
+    vecs = contrasts(data[5])
+    for w in vecs:
+        a, b = here.contrast(w), there.contrast(w)
+        assert (a.estimate, a.se, a.dof) == (b.estimate, b.se, b.dof)
+    assert np.array_equal(here.covariance(vecs[:6]), there.covariance(vecs[:6]))
+    assert np.array_equal(here.mu, there.mu) and np.array_equal(here.slow_prob, there.slow_prob)
 
 
 def test_leverages_are_the_hat_matrix_diagonal():

@@ -5,8 +5,9 @@ and the fitted effects written to the `effects` table.
 `write_report()` reads v_results once, leaves the statistics to effects.py and the pictures to
 plots.py, and returns a Report that bench.py prints; it prints nothing itself. With pictures it uses
 both CPUs of a small machine: children forked before the runs are read (orchestrator/forked.py) fit
-the cost model's section on the share of the runs it uses while this process analyses, and draw the
-PNGs while it writes the pages; results.csv is written by a child of rows.read_results.
+the cost model's section on the share of the runs it uses while this process analyses, fit the step
+model of every machine but the first while this process analyses that one, and draw the PNGs while it
+writes the pages; results.csv is written by a child of rows.read_results.
 
 The package's parts depend one way (tests/test_report_package.py reads their imports):
 - data.py: the data a report shows, no text (the SQL, Context, Report, the effects table's rows);
@@ -45,6 +46,12 @@ from common.variables import NAMES
 __all__ = ["Context", "FACTS", "Report", "SECTIONS", "SELECT_RESULTS", "effect_row", "short_reason", "write_report"]
 
 
+# The cost model's child yields the CPU to the report's process and the step-model child: its answer is
+# wanted only near the page's end, and three processes on two CPUs otherwise slow all three alike
+# (100k runs: 10.50 -> 9.72 s, medians of 5 interleaved; docs/measurements.md).
+FITTER_NICE = 10
+
+
 def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, plots: bool = True,
                  memo: dict | None = None) -> Report:
     """Write out_dir/index.html, results.csv, summary.md and plots/*.png for one machine (or all
@@ -59,10 +66,12 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
         children.enter_context(_collector_set_aside())
         children.callback(config_index.forget)  # the runs' configuration numbers go with the report
         workers = None
-        if plots:  # the PNGs and the cost model's fits go to children on the other CPU (forked.py)
+        if plots:  # the PNGs and the model fits go to children on the other CPU (forked.py)
             # forked now, before the runs are read: each holds only what it is sent
             workers = SimpleNamespace(drawers=[children.enter_context(Worker(warm=_import_plots)) for _ in range(2)],
-                                      fitter=children.enter_context(Worker(warm=_import_plots)) if memo is None else None)
+                                      fitter=children.enter_context(Worker(warm=_import_plots, nice=FITTER_NICE))
+                                      if memo is None else None,
+                                      beside=children.enter_context(Worker()))
         return _write(store, Path(out_dir), machine_id, plots, memo, workers)
 
 
@@ -106,7 +115,8 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
             SimpleNamespace(names=names, out_dir=out_dir))
     analysis = fx.analyse(rows, machine_ids, probe_cv=probe_cv,
                           target_ci={m: t for m, (t, _) in targets.items()} or None,
-                          memo=memo.setdefault("effects", {}) if memo is not None else None)
+                          memo=memo.setdefault("effects", {}) if memo is not None else None,
+                          beside=workers.beside if workers is not None else None)
     grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
 
     # The PNGs are drawn by two children while this process writes the effects and the pages (three
