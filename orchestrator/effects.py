@@ -706,7 +706,7 @@ class Analysis:
 
 def analyse(rows: list[dict], machine_ids: list[int] | None = None, *, probe_cv: dict[int, float] | None = None,
             target_ci: dict[int, float] | None = None, per_run: bool = False, memo: dict | None = None,
-            beside=None) -> Analysis:
+            beside=None, meanwhile=None) -> Analysis:
     """Every machine's comparisons, then one Bonferroni family across all of them. `probe_cv`:
     machine -> its measured noise (machines.noise_cv); `target_ci`: machine -> the relative
     half-width of the shown interval that `work --target-ci` asked for there. per_run=True groups
@@ -714,7 +714,8 @@ def analyse(rows: list[dict], machine_ids: list[int] | None = None, *, probe_cv:
     `memo`: a dict kept by a long-lived caller (report --watch) between calls: a machine none of
     whose runs changed since the last call keeps its comparisons (only the family-wise step is redone).
     `beside`: a forked.Worker that fits the step model of every machine to analyse but the first while
-    this process analyses that one (a fleet's machines on both CPUs; the same numbers)."""
+    this process analyses that one (a fleet's machines on both CPUs; the same numbers). `meanwhile`:
+    called once that child has its work, before this process starts on the first machine."""
     # An ofat sweep's joint configurations (sweep.JOINT: several sizes at once, for the cost model)
     # belong to no comparison: left out here, they leave every effect and interval as without them
     # (in them, 27 quiet runs more narrowed a noisy level's shared-variance interval: tests/test_synthetic_truth).
@@ -725,7 +726,7 @@ def analyse(rows: list[dict], machine_ids: list[int] | None = None, *, probe_cv:
         by_machine[r["machine_id"]].append(r)
     for gone in set(memo or ()) - set(ids):
         del memo[gone]
-    machines = _analysed(memo, by_machine, ids, probe_cv or {}, per_run, beside)
+    machines = _analysed(memo, by_machine, ids, probe_cv or {}, per_run, beside, meanwhile)
     analysis = Analysis(machines, 0)
     analysis.family = adjust(analysis.effects, [i for m in machines.values() for i in m.interactions])
     for m in machines.values():
@@ -753,7 +754,7 @@ class _Kept:
 
 
 def _analysed(memo: dict | None, by_machine: dict, ids: list[int], probe_cv: dict, per_run: bool,
-              beside) -> dict[int, MachineAnalysis]:
+              beside, meanwhile) -> dict[int, MachineAnalysis]:
     """Each machine's comparisons: kept from the memo where its runs are those of the last call
     (restored to how analyse_machine left them), else analysed anew (and kept, with a memo). With
     `beside`, the step models of the machines to analyse after the first are fitted by that child,
@@ -768,6 +769,8 @@ def _analysed(memo: dict | None, by_machine: dict, ids: list[int], probe_cv: dic
                 fitted[m] = (ran, model_inputs(used))
     if fitted:
         beside.submit(fit_all, [inputs for _, (_, _, inputs) in fitted.values()])
+    if meanwhile is not None:
+        meanwhile()
     fits = None
     for m in todo:
         if m in fitted:

@@ -109,14 +109,17 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     # this process analyses. --watch (a memo) keeps its per-machine entries in this process.
     sweep_texts = prediction_report.sweep_texts(store)
     fitter = workers.fitter if workers is not None else None
-    if fitter is not None:
+
+    def send_fitter():  # once the step-model child has its work: the cost model's share
         fitter.submit(_predictions_drawn, prediction_report.shares(SimpleNamespace(
             rows=rows, names=names, facts=facts, sweep_texts=sweep_texts, check_predictions=plots, memo=None)),
             SimpleNamespace(names=names, out_dir=out_dir))
+
     analysis = fx.analyse(rows, machine_ids, probe_cv=probe_cv,
                           target_ci={m: t for m, (t, _) in targets.items()} or None,
                           memo=memo.setdefault("effects", {}) if memo is not None else None,
-                          beside=workers.beside if workers is not None else None)
+                          beside=workers.beside if workers is not None else None,
+                          meanwhile=send_fitter if fitter is not None else None)
     grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
 
     # The PNGs are drawn by two children while this process writes the effects and the pages (three
