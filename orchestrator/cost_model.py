@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from itertools import compress, repeat
 
 import numpy as np
-from scipy import optimize, stats
 
 from common.compute import operations
 from common.metrics import DISTURBED_FLOOR_S
@@ -269,7 +268,7 @@ class Model:
         mu = self.log_step(x, rho, d)
         g = _gradient(lambda p: self.log_step(x, rho, d, p), self.params)
         var = self.s2 + self.block_var + float(g @ self.cov @ g) + model_error_var(self, config)
-        half = stats.t.ppf(0.5 + LEVEL / 2, max(self.dof, 1)) * math.sqrt(max(var, 0.0))
+        half = _t_quantile(self.dof) * math.sqrt(max(var, 0.0))
         extrapolated = {}
         for name, (lo, hi) in self.ranges.items():
             value = config.get(name)
@@ -323,6 +322,16 @@ def _matters(name: str, config: dict) -> bool:
     if name == "lora_rank":
         return config.get("task") == "finetune_lora"
     return True
+
+
+# SCIPY_WHERE_USED: scipy.optimize and scipy.stats are imported by the functions that fit, not with the
+# module: the report's own process reads the cost model's shares (usable, thin) but its child fits, and
+# the two imports are 0.37 s of every report's start (`python -X importtime`).
+def _t_quantile(dof: float) -> float:
+    """Student's t quantile of the interval's LEVEL at dof (at least 1) degrees of freedom."""
+    from scipy import stats
+
+    return stats.t.ppf(0.5 + LEVEL / 2, max(dof, 1))
 
 
 def _gradient(fn, p: np.ndarray, h: float = 1e-6) -> np.ndarray:
@@ -589,6 +598,8 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
     n = cells.n_runs
     if n < len(TERMS) + 1:
         raise BenchError(f"{n} done runs on this machine: the cost model needs at least {len(TERMS) + 1}")
+    from scipy import optimize  # here, not with the module: SCIPY_WHERE_USED
+
     from common.variables import NAMES
     # a cell's words are its configuration key's (config_key: every catalogue variable but IGNORED),
     # numbered once per configuration (Cells.words); each word's runs counted at C speed
@@ -931,7 +942,7 @@ def calibrate(model: Model, rows: list[dict], loo: list[dict] | None = None) -> 
     if len(got) < CALIBRATION_MIN:
         model.calibration_text = f"; model error not calibrated ({len(got)} configurations predictable left out)"
         return model
-    t = stats.t.ppf(0.5 + LEVEL / 2, max(model.dof, 1))
+    t = _t_quantile(model.dof)
     e = np.array([math.log(x["predicted_ms"] / x["measured_ms"]) for x in got])
     v = np.array([(math.log(x["high_ms"] / x["predicted_ms"]) / t) ** 2 for x in got])
     d2 = np.array([extrapolation_distances(x["config"], support, keys != hash(config_key(x["config"])))
@@ -940,6 +951,8 @@ def calibrate(model: Model, rows: list[dict], loo: list[dict] | None = None) -> 
     def nll(theta):
         var = v + math.exp(theta[0]) + d2 @ np.exp(theta[1:])
         return float(np.sum(np.log(var) + e * e / var))
+
+    from scipy import optimize  # SCIPY_WHERE_USED
 
     best = min((optimize.minimize(nll, s0, method="Nelder-Mead") for s0 in ([-8.0] * 3, [-5.0, -3.0, -3.0])),
                key=lambda r: r.fun)

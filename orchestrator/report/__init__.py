@@ -69,7 +69,7 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
         if plots:  # the PNGs and the model fits go to children on the other CPU (forked.py)
             # forked now, before the runs are read: each holds only what it is sent
             workers = SimpleNamespace(drawers=[children.enter_context(Worker(warm=_import_plots)) for _ in range(2)],
-                                      fitter=children.enter_context(Worker(warm=_import_plots, nice=FITTER_NICE))
+                                      fitter=children.enter_context(Worker(warm=_import_fitting, nice=FITTER_NICE))
                                       if memo is None else None,
                                       beside=children.enter_context(Worker()))
         return _write(store, Path(out_dir), machine_id, plots, memo, workers)
@@ -199,6 +199,11 @@ def _import_plots() -> None:
     from orchestrator import plots
 
     plots.warm()  # matplotlib, imported before the child's task comes (plots.py imports it lazily)
+
+
+def _import_fitting() -> None:
+    _import_plots()
+    from scipy import optimize, stats  # noqa: F401 - the cost model's fits (cost_model imports them where it fits)
 
 
 def _draw(jobs: list[tuple[str, tuple, Path]]) -> None:
