@@ -24,6 +24,8 @@ from pathlib import Path
 
 from sqlalchemy import text
 
+from orchestrator.view_sql import JOB_EXPR, JOINS, MINE, RUN_EXPR, VIEW_COLUMNS, quoted, sources, tuple_getter
+
 MARK = "\x02"  # stands for a job's or machine's text in a run's line: no value of a real sweep holds it
 JOBS_KEPT = 1 << 16  # job texts kept for later runs (~0.5 kB each)
 CHUNK = 5_000  # runs fetched at a time
@@ -40,18 +42,16 @@ class NotHere(Exception):
 def write(conn, machine_id: int | None, csv_path: Path) -> bool:
     """Write results.csv (every run of v_results, or one machine's) as csv.writer writes the view's rows;
     False where this way does not apply (nothing useful written: the caller writes it from the view)."""
-    from orchestrator.rows import JOB_EXPR, RUN_EXPR, VIEW_COLUMNS, _JOINS, _MINE, _quoted, _sources, tuple_getter
-
     if conn.dialect.name != "sqlite":
         return False
     columns = list(conn.execute(text(VIEW_COLUMNS)).keys())
-    known = _sources(conn)
+    known = sources(conn)
     if set(columns) - set(known) or len(set(columns)) != len(columns) or len(columns) < 2:
         return False
     segments = _segments(columns, known)  # [(source, columns)] in the view's order
-    q = lambda c: _quoted(conn, c)  # noqa: E731
+    q = lambda c: quoted(conn, c)  # noqa: E731
     params = {"machine_id": machine_id}
-    mine = _MINE if machine_id is not None else ""
+    mine = MINE if machine_id is not None else ""
     run_select = []
     for source, cols in segments:
         if source == "r":
@@ -77,7 +77,7 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
                  f"WHERE j.job_id {{where}}")
     machine_fields = ", ".join(_fields({}, "m.", q, cols) + mark for cols in machine_segments)
     machine_query = f"SELECT m.machine_id, {machine_fields} FROM machines m"
-    run_query = (f"SELECT r.job_id, r.machine_id, {', '.join(run_select)} {_JOINS.format(mine=mine)} "
+    run_query = (f"SELECT r.job_id, r.machine_id, {', '.join(run_select)} {JOINS.format(mine=mine)} "
                  f"ORDER BY r.run_id")
     raw = conn.connection.dbapi_connection  # SQLite's own cursor: no row objects made on the way
     try:

@@ -10,7 +10,7 @@ like the full row: a column it left out is None to `row[c]`, `row.get(c)`, itera
 
 The report reads v_results through read_results: each run's own columns fetched per run, and its
 job's and machine's columns fetched once each and joined here (the same rows, a third of the values
-fetched); read_rows reads any query as it is.
+fetched; the view's parts: view_sql.py); read_rows reads any query as it is.
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ import os
 from contextlib import contextmanager
 from collections.abc import Iterator
 from itertools import compress, repeat
-from operator import is_, is_not, itemgetter
+from operator import is_, is_not
 from pathlib import Path
 from types import NoneType
 
 from sqlalchemy import text
 
 from orchestrator import results_csv
+from orchestrator.view_sql import (JOB_EXPR, JOINS, MINE, RUN_EXPR, SELECT_RESULTS, VIEW_COLUMNS, quoted, sources,
+                                   tuple_getter)
 
 CHUNK = 20_000  # rows fetched at a time
 NONES = repeat(None)
@@ -201,20 +203,6 @@ def _share_plan(chunk: list[tuple]) -> dict[int, dict]:
     return plan
 
 
-# The report's read (read_results): v_results' columns come from three tables. A run's own columns
-# are fetched per run; its job's (jobs, its sweep's name) and its machine's are fetched once each and
-# joined here, so a million runs do not fetch (and make Python objects of) ~80 identical values each.
-# Each row is the same compact row as read_rows makes from the view: its columns in the view's order.
-SELECT_RESULTS = "SELECT * FROM v_results {where} ORDER BY run_id"  # the view's rows: results.csv, and the fallback
-VIEW_COLUMNS = "SELECT * FROM v_results WHERE 1 = 0"
-_JOINS = ("FROM runs r JOIN jobs j ON j.job_id = r.job_id JOIN sweeps s ON s.sweep_id = j.sweep_id "
-          "JOIN machines m ON m.machine_id = r.machine_id JOIN pools p ON p.pool_id = r.pool_id "
-          "WHERE r.status <> 'queued'{mine}")
-_MINE = " AND r.machine_id = :machine_id"
-RUN_EXPR = {"pool": "COALESCE(p.name, 'machine ' || r.machine_id) AS pool"}  # the rest: r.<column>
-JOB_EXPR = {"sweep": "s.name AS sweep"}  # the rest: j.<column>
-
-
 def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> tuple[list[str], list[dict]]:
     """What read_rows(conn, SELECT_RESULTS, ...) returns, for every run (or one machine's), read as its
     runs' own columns in run order plus each job's and machine's columns once. results.csv is written
@@ -223,10 +211,10 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> 
     query = SELECT_RESULTS.format(where="WHERE machine_id = :machine_id" if machine_id is not None else "")
     params = {"machine_id": machine_id}
     columns = list(conn.execute(text(VIEW_COLUMNS)).keys())
-    known = _sources(conn)
+    known = sources(conn)
     if set(columns) - set(known) or len(set(columns)) != len(columns):
         return read_rows(conn, query, params, csv_path)
-    mine = _MINE if machine_id is not None else ""
+    mine = MINE if machine_id is not None else ""
     # results.csv: the child writes the view's bytes from the tables, each job's and machine's fields written
     # once (results_csv; the view itself where that does not apply). (66aedba had it read the tuples as
     # _view_parts does: no gain at 100k, and it held every job's values: 1M tree PSS 3,604 MB against 3,411.)
@@ -239,20 +227,6 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> 
     if csv_path is not None and not written:  # no fork (as the child does), or the child failed: from the view
         _write_csv(conn, query, params, csv_path, child is None)
     return columns, rows
-
-
-def _sources(conn) -> dict[str, str]:
-    """Each column the runs, jobs and machines tables give v_results: column -> 'r', 'j' or 'm'."""
-    known = {}
-    for source, table in (("m", "machines"), ("j", "jobs"), ("r", "runs")):  # runs' own columns win
-        known.update((c, source) for c in conn.execute(text(f"SELECT * FROM {table} WHERE 1 = 0")).keys())
-    known["sweep"], known["pool"] = "j", "r"
-    known["job_id"], known["machine_id"] = "j", "m"  # the view takes them from jobs and machines
-    return known
-
-
-def _quoted(conn, column: str) -> str:
-    return conn.dialect.identifier_preparer.quote(column)
 
 
 def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: dict) -> list[dict]:
@@ -285,7 +259,7 @@ def _holding_values(conn, run_cols: list[str], job_cols: list[str], mine: str, p
     """The runs' and the jobs' columns less those NULL in every row of their table (of the report's runs;
     of every job): a compact row leaves a NULL column out, so one never fetched leaves the rows as they
     were, and a sweep's many unmeasured or unvaried columns cost one scan instead of a value per run."""
-    q = _quoted
+    q = quoted
     out = []
     for cols, source, table in ((run_cols, "r", f"FROM runs r WHERE r.status <> 'queued'{mine}"),
                                 (job_cols, "j", "FROM jobs j")):
@@ -321,17 +295,6 @@ def _pairs(names: list[str], keep: list[int]):
     return lambda vals: zip(names, get(vals))
 
 
-def tuple_getter(indices: list[int]):
-    """A function of a sequence: its values at `indices`, always as a tuple (itemgetter gives a bare value
-    for one index and cannot take none)."""
-    if len(indices) > 1:
-        return itemgetter(*indices)
-    if indices:
-        i, = indices
-        return lambda values: (values[i],)
-    return lambda values: ()
-
-
 def _view_parts(conn, parts: list[list[str]], mine: str, params: dict) -> Iterator:
     """The view's rows a chunk at a time (run order), in parts: each run's own values, its job's and its
     machine's (fetched once each; the tuples shared between their runs), and a key per run that is the
@@ -353,14 +316,14 @@ def _view_parts(conn, parts: list[list[str]], mine: str, params: dict) -> Iterat
             result.close()
         return out
 
-    q = _quoted
+    q = quoted
     jobs = table(f"SELECT j.job_id, {', '.join(JOB_EXPR.get(c) or 'j.' + q(conn, c) for c in job_cols)} FROM jobs j "
                  f"JOIN sweeps s ON s.sweep_id = j.sweep_id WHERE EXISTS (SELECT 1 FROM runs r "
                  f"WHERE r.job_id = j.job_id AND r.status <> 'queued'{mine})")
     machines = table(f"SELECT m.machine_id, {', '.join('m.' + q(conn, c) for c in machine_cols)} FROM machines m")
     plan: dict = {}
     query = (f"SELECT {', '.join(RUN_EXPR.get(c) or 'r.' + q(conn, c) for c in run_cols)}, r.job_id, r.machine_id "
-             f"{_JOINS.format(mine=mine)} ORDER BY r.run_id")
+             f"{JOINS.format(mine=mine)} ORDER BY r.run_id")
     result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
     n = len(run_cols)
     try:

@@ -11,7 +11,8 @@ import io
 from sqlalchemy import text
 
 from orchestrator import results_csv
-from orchestrator.rows import SELECT_RESULTS, _write_csv
+from orchestrator.rows import _write_csv
+from orchestrator.view_sql import SELECT_RESULTS
 from tests.scaledb import build
 
 # text that csv.writer quotes or passes through as it is

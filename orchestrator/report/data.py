@@ -14,7 +14,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from orchestrator.effects import Analysis, Effect, Grid
-from orchestrator.rows import SELECT_RESULTS  # the view's rows, as the report reads them
+from orchestrator.view_sql import SELECT_RESULTS  # the view's rows, as the report reads them
 from orchestrator.store import Store
 from common.variables import NAMES
 

@@ -44,7 +44,7 @@ import numpy as np
 from orchestrator import effects as fx
 from orchestrator import parallel_report, prediction_report, seeds
 from orchestrator.config_index import CONFIG_NAMES, config_index
-from orchestrator.rows import tuple_getter
+from orchestrator.view_sql import tuple_getter
 from orchestrator.report.words import FACTS, _fact, _fmt, _p, _pct, short_reason
 from common.variables import BY_NAME, NAMES
 

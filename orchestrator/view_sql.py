@@ -1,0 +1,49 @@
+"""v_results, the view of every run the report shows, taken apart as the report's readers read it: its
+query, which of the runs, jobs and machines tables gives each of its columns, and the joins and
+expressions of a read by parts. rows.read_results builds the report's rows from these parts, and
+results_csv writes results.csv's bytes from them, each job's and machine's values once rather than once
+per run. Imports nothing of the report: both depend on it.
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+
+from sqlalchemy import text
+
+# v_results' columns come from three tables. A read by parts fetches a run's own columns per run, and its
+# job's (jobs, its sweep's name) and its machine's once each, so that a million runs do not fetch (and make
+# Python objects of) ~80 identical values each.
+SELECT_RESULTS = "SELECT * FROM v_results {where} ORDER BY run_id"  # the view's rows: results.csv, and the fallback
+VIEW_COLUMNS = "SELECT * FROM v_results WHERE 1 = 0"
+JOINS = ("FROM runs r JOIN jobs j ON j.job_id = r.job_id JOIN sweeps s ON s.sweep_id = j.sweep_id "
+         "JOIN machines m ON m.machine_id = r.machine_id JOIN pools p ON p.pool_id = r.pool_id "
+         "WHERE r.status <> 'queued'{mine}")
+MINE = " AND r.machine_id = :machine_id"
+RUN_EXPR = {"pool": "COALESCE(p.name, 'machine ' || r.machine_id) AS pool"}  # the rest: r.<column>
+JOB_EXPR = {"sweep": "s.name AS sweep"}  # the rest: j.<column>
+
+
+def sources(conn) -> dict[str, str]:
+    """Each column the runs, jobs and machines tables give v_results: column -> 'r', 'j' or 'm'."""
+    known = {}
+    for source, table in (("m", "machines"), ("j", "jobs"), ("r", "runs")):  # runs' own columns win
+        known.update((c, source) for c in conn.execute(text(f"SELECT * FROM {table} WHERE 1 = 0")).keys())
+    known["sweep"], known["pool"] = "j", "r"
+    known["job_id"], known["machine_id"] = "j", "m"  # the view takes them from jobs and machines
+    return known
+
+
+def quoted(conn, column: str) -> str:
+    return conn.dialect.identifier_preparer.quote(column)
+
+
+def tuple_getter(indices: list[int]):
+    """A function of a sequence: its values at `indices`, always as a tuple (itemgetter gives a bare value
+    for one index and cannot take none)."""
+    if len(indices) > 1:
+        return itemgetter(*indices)
+    if indices:
+        i, = indices
+        return lambda values: (values[i],)
+    return lambda values: ()
