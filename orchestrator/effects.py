@@ -761,24 +761,24 @@ def _analysed(memo: dict | None, by_machine: dict, ids: list[int], probe_cv: dic
     sent before this process starts on the first."""
     out = {m: kept for m in ids if (kept := _kept(memo, by_machine[m], m, (probe_cv.get(m), per_run)))}
     todo = [m for m in ids if m not in out]
-    fitted: dict = {}
+    ran: dict = {}  # machine -> its runs (as_ran), made before the child is sent its fits
+    inputs: dict = {}  # machine -> model_inputs() of its runs the fit uses
     if beside is not None and len(todo) > 1:
         for m in todo[1:]:
-            ran = as_ran(by_machine[m], share=not per_run)
-            if used := _undisturbed(ran)[2]:
-                fitted[m] = (ran, model_inputs(used))
-    if fitted:
-        beside.submit(fit_all, [inputs for _, (_, _, inputs) in fitted.values()])
+            ran[m] = as_ran(by_machine[m], share=not per_run)
+            if used := _undisturbed(ran[m])[2]:
+                inputs[m] = model_inputs(used)
+    if inputs:
+        beside.submit(fit_all, [arrays for _, _, arrays in inputs.values()])
     if meanwhile is not None:
         meanwhile()
-    fits = None
+    fits = None  # machine -> the child's fit, taken when the first of them is needed
     for m in todo:
-        if m in fitted:
-            fits = beside.result() if fits is None else fits
-            ran, inputs = fitted[m]
-            ma = analyse_machine(ran, m, asked=by_machine[m], probe_cv=probe_cv.get(m), fitted=(inputs, fits.pop(0)))
-        else:
-            ma = analyse_machine(as_ran(by_machine[m], share=not per_run), m, asked=by_machine[m], probe_cv=probe_cv.get(m))
+        runs = ran[m] if m in ran else as_ran(by_machine[m], share=not per_run)
+        if m in inputs and fits is None:
+            fits = dict(zip(inputs, beside.result()))
+        ma = analyse_machine(runs, m, asked=by_machine[m], probe_cv=probe_cv.get(m),
+                             fitted=(inputs[m], fits[m]) if m in inputs else None)
         out[m] = _keep(memo, by_machine[m], m, (probe_cv.get(m), per_run), ma)
     return {m: out[m] for m in ids}
 

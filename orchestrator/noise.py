@@ -75,9 +75,10 @@ def fit_model(runs: list[Run], fitted: tuple | None = None) -> Model:
     """The model of these runs, each run given its block-adjusted log step time (adj) and its chance of
     being in the slow mode (slow). `fitted`: (model_inputs(runs), fit_inputs() of them) where the fit
     was made elsewhere."""
-    (configs, blocks, inputs), f = fitted if fitted is not None else (model_inputs(runs), None)
-    if f is None:
-        f = fit_inputs(inputs)
+    if fitted is None:
+        made = model_inputs(runs)
+        fitted = made, fit_inputs(made[2])
+    (configs, blocks, inputs), f = fitted
     log_ms, block_idx = inputs[0], inputs[2]
     adj = (np.asarray(log_ms, dtype=float) - np.asarray(f.gamma, dtype=float)[np.asarray(block_idx, dtype=int)]).tolist()
     for r, a, slow in zip(runs, adj, np.asarray(f.slow_prob, dtype=float).tolist()):
