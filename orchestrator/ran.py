@@ -252,14 +252,11 @@ def _cells(done: list[dict], applied: list[dict]) -> tuple[list[int | None], lis
 def _disturbed_all(done: list[dict], applied: list[dict]) -> list[str | None]:
     """_disturbance of each run, asked only where its figures are not _surely_quiet."""
     other, steal, cores = (list(map(_get(c), done)) for c in ("other_cpu_s", "steal_s", "cores"))
+    figures = list(zip(other, steal, cores))
     try:  # _surely_quiet asks each figure alone: every run is when each column's every distinct value is
         if (all(_surely_quiet(x, None, None) for x in set(other)) and all(_surely_quiet(None, x, None) for x in set(steal))
                 and all(_surely_quiet(None, None, x) for x in set(cores))):
             return [None] * len(done)
-    except TypeError:  # an unhashable figure: ask every run
-        return list(map(_disturbance, done, applied))
-    figures = list(zip(other, steal, cores))
-    try:
         quiet = {f: _surely_quiet(*f) for f in set(figures)}
     except TypeError:  # an unhashable figure: ask every run
         return list(map(_disturbance, done, applied))
