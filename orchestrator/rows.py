@@ -1,6 +1,6 @@
 """The report's rows, read once in chunks from the DBAPI cursor, each chunk made compact rows as
 fetched, so the report never holds the fetched tuples beside the rows (issue 31: a million runs);
-results.csv is written meanwhile by a forked child from the same rows on its own connection.
+results.csv is written meanwhile by a forked child from the tables on its own connection (results_csv).
 
 A compact row is a dict that keeps only its non-NULL columns, with the text values shared between
 rows (a fleet's runs repeat the same few words: status, host, CPU, configuration hash...). It reads
@@ -259,7 +259,6 @@ def _holding_values(conn, run_cols: list[str], job_cols: list[str], mine: str, p
     """The runs' and the jobs' columns less those NULL in every row of their table (of the report's runs;
     of every job): a compact row leaves a NULL column out, so one never fetched leaves the rows as they
     were, and a sweep's many unmeasured or unvaried columns cost one scan instead of a value per run."""
-    q = quoted
     out = []
     for cols, source, table in ((run_cols, "r", f"FROM runs r WHERE r.status <> 'queued'{mine}"),
                                 (job_cols, "j", "FROM jobs j")):
@@ -267,7 +266,7 @@ def _holding_values(conn, run_cols: list[str], job_cols: list[str], mine: str, p
         if not plain:
             out.append(cols)
             continue
-        counts = conn.execute(text(f"SELECT {', '.join(f'COUNT({source}.{q(conn, c)})' for c in plain)} {table}"),
+        counts = conn.execute(text(f"SELECT {', '.join(f'COUNT({source}.{quoted(conn, c)})' for c in plain)} {table}"),
                               params).one()
         empty = {c for c, n in zip(plain, counts) if not n}
         out.append([c for c in cols if c not in empty])
