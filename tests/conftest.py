@@ -3,6 +3,7 @@ PostgreSQL server started for the session (Debian's postgresql), and a way to ru
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -15,6 +16,15 @@ import pytest
 from tests.pgserver import pg_bin, throwaway_postgres
 
 ROOT = Path(__file__).resolve().parent.parent
+_NEEDED = ("sqlalchemy", "typer", "psutil", "numpy", "scipy", "torch", "jax", "hypothesis", "matplotlib")  # requirements.txt's
+
+
+def pytest_configure(config):
+    """Run outside venv/ (a bare `pytest`), every test module would fail to import on its own: said once."""
+    missing = [name for name in _NEEDED if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.exit(f"{', '.join(missing)} not installed for {sys.executable}: run the tests with `make test` "
+                    f"(it creates venv/ from requirements.txt and runs them there)", returncode=2)
 
 
 @pytest.fixture(scope="session")
