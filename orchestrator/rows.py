@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import gc
 import os
+import signal
 from contextlib import contextmanager
 from collections.abc import Iterator
 from itertools import compress, repeat
@@ -155,9 +156,10 @@ def _write_csv(conn, query: str, params: dict, csv_path: Path, results: bool = F
         result.close()
 
 
-def _csv_child(conn, query: str, params: dict, csv_path: Path, results: bool = False) -> int | None:
+def _csv_child(conn, query: str, params: dict, csv_path: Path, results: bool = False, nice: int = 0) -> int | None:
     """Fork a child that writes csv_path from the query on a connection of its own (opened after the
-    fork; the parent's pooled connections are left to the parent). Its pid, or None (no fork)."""
+    fork; the parent's pooled connections are left to the parent), at `nice` below this process's
+    priority. Its pid, or None (no fork)."""
     if not hasattr(os, "fork"):
         return None
     engine = conn.engine
@@ -166,6 +168,8 @@ def _csv_child(conn, query: str, params: dict, csv_path: Path, results: bool = F
         return pid
     code = 1
     try:
+        if nice:
+            os.nice(nice)
         engine.dispose(close=False)
         with engine.connect() as own, own.begin():
             _write_csv(own, query, params, csv_path, results)
@@ -178,6 +182,43 @@ def _done(pid: int) -> bool:
     """Wait for the CSV child: did it write the file?"""
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
+
+
+class ResultsCsv:
+    """results.csv being written by a forked child while the report reads and analyses the runs
+    (start_results_csv), waited for only where the file is wanted (wait), or stopped (stop)."""
+
+    def __init__(self, pid: int | None, machine_id: int | None, csv_path: Path):
+        self.pid, self.machine_id, self.csv_path = pid, machine_id, csv_path
+
+    def wait(self, transaction) -> None:
+        """The file written: by the child, or here (in `transaction()`, a fresh read of the store) where
+        there was no fork or the child failed."""
+        pid, self.pid = self.pid, None
+        if pid is not None and _done(pid):
+            return
+        query = SELECT_RESULTS.format(where="WHERE machine_id = :machine_id" if self.machine_id is not None else "")
+        with transaction() as conn:
+            _write_csv(conn, query, {"machine_id": self.machine_id}, self.csv_path, True)
+
+    def stop(self) -> None:
+        """Kill and reap a child not waited for (the report failed)."""
+        pid, self.pid = self.pid, None
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+
+
+def start_results_csv(conn, machine_id: int | None, csv_path: Path, nice: int = 0) -> ResultsCsv:
+    """results.csv (v_results' rows, every machine's or one's) started in a forked child on its own
+    connection, at `nice` (the report wants it only when it returns): fork before read_results, so the
+    child holds none of the rows."""
+    query = SELECT_RESULTS.format(where="WHERE machine_id = :machine_id" if machine_id is not None else "")
+    return ResultsCsv(_csv_child(conn, query, {"machine_id": machine_id}, csv_path, True, nice), machine_id, csv_path)
 
 
 def rows_of(chunk: list[tuple], columns: list[str], Row, shared: dict, plan: dict, append) -> None:

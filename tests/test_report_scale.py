@@ -157,6 +157,40 @@ def test_the_compact_rows_read_like_the_full_rows_and_the_report_says_the_same_f
     assert again[1] == rows and (tmp_path / "here.csv").read_bytes() == expected.getvalue().encode()
 
 
+def test_results_csv_is_written_by_the_report_where_its_child_fails_and_a_failed_report_leaves_no_child(
+        tmp_path, monkeypatch):
+    """write_report forks results.csv's child before the read and waits for it only before returning:
+    where the child fails the report writes the same bytes itself, and a report that fails meanwhile
+    kills and reaps the child (none left running, nor a zombie)."""
+    import os
+
+    import psutil
+
+    from orchestrator import results_csv
+
+    store = build(str(tmp_path / "r.db"), 600, machines=2, shape="small", quiet=True)
+    expected = write_report(store, tmp_path / "ok", plots=False).csv_path.read_bytes()
+    parent, write = os.getpid(), results_csv.write
+
+    def fails_in_the_child(*args):
+        if os.getpid() != parent:
+            raise OSError("the child's disk is full")
+        return write(*args)
+
+    monkeypatch.setattr(results_csv, "write", fails_in_the_child)
+    report = write_report(store, tmp_path / "again", plots=False)
+    assert report.csv_path.read_bytes() == expected
+    monkeypatch.setattr(results_csv, "write", write)
+
+    def analysis_fails(*args, **kwargs):
+        raise RuntimeError("the analysis failed")
+
+    monkeypatch.setattr(fx, "analyse", analysis_fails)
+    with pytest.raises(RuntimeError, match="the analysis failed"):
+        write_report(store, tmp_path / "failed", plots=False)
+    assert psutil.Process().children() == []
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_rows(tmp_path, request, monkeypatch,
                                                                                    backend):

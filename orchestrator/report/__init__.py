@@ -7,7 +7,8 @@ plots.py, and returns a Report that bench.py prints; it prints nothing itself. W
 both CPUs of a small machine: children forked before the runs are read (orchestrator/forked.py) fit
 the cost model's section on the share of the runs it uses while this process analyses, fit the step
 model of every machine but the first while this process analyses that one, and draw the PNGs while it
-writes the pages; results.csv is written by a child of rows.read_results.
+writes the pages; results.csv is written by a child forked before the read (rows.start_results_csv),
+waited for only before write_report returns.
 
 The package's parts depend one way (tests/test_report_package.py reads their imports):
 - data.py: the data a report shows, no text (the SQL, Context, Report, the effects table's rows);
@@ -32,7 +33,7 @@ from threadpoolctl import threadpool_limits
 from orchestrator import effects as fx
 from orchestrator.effects import Analysis, VariableEffect
 from orchestrator.forked import Worker
-from orchestrator.rows import read_results
+from orchestrator.rows import read_results, start_results_csv
 from orchestrator import config_index, prediction_report
 from orchestrator.store import ReadOnlyDatabase, Store
 from orchestrator.report import html as html_report
@@ -50,6 +51,9 @@ __all__ = ["Context", "FACTS", "Report", "SECTIONS", "SELECT_RESULTS", "effect_r
 # wanted only near the page's end, and three processes on two CPUs otherwise slow all three alike
 # (100k runs: 10.50 -> 9.72 s, medians of 5 interleaved; docs/measurements.md).
 FITTER_NICE = 10
+# results.csv's child likewise: the file is wanted only when the report returns, and at a million runs its
+# ~30 CPU-seconds, waited for after the read, held the report's process up ~15 s (docs/measurements.md).
+CSV_NICE = 10
 
 
 def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, plots: bool = True,
@@ -72,18 +76,21 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
                                       fitter=children.enter_context(Worker(warm=_import_fitting, nice=FITTER_NICE))
                                       if memo is None else None,
                                       beside=children.enter_context(Worker()))
-        return _write(store, Path(out_dir), machine_id, plots, memo, workers)
+        return _write(store, Path(out_dir), machine_id, plots, memo, workers, children)
 
 
 def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, memo: dict | None,
-           workers: SimpleNamespace | None) -> Report:
+           workers: SimpleNamespace | None, children: ExitStack) -> Report:
     plots_dir = out_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
     for old in plots_dir.glob("*.png"):  # a plot of a variable no longer varied must not linger
         old.unlink()
     csv_path = out_dir / "results.csv"
     with store.transaction() as conn:  # the rows read in chunks; results.csv written meanwhile by a child
-        _, rows = read_results(conn, machine_id, csv_path)
+        # forked before the read, yielding the CPU (CSV_NICE), and waited for only at the end
+        csv_child = start_results_csv(conn, machine_id, csv_path, nice=CSV_NICE)
+        children.callback(csv_child.stop)
+        _, rows = read_results(conn, machine_id)
         machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
         targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
     gc.freeze()  # the rows: never traversed again by the collections of the analysis that follows
@@ -153,6 +160,7 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
     for drawer in drawing:
         drawer.result()  # its PNGs are on disk (or the child's failure is raised here)
+    csv_child.wait(store.transaction)  # results.csv on disk (written here where the child failed)
     return Report(csv_path=csv_path, summary_path=summary_path, plot_paths=plot_paths, top_effects=top,
                   counts=counts, failures=failures, machines=len({r["machine_id"] for r in rows}),
                   effects=all_effects, analysis=analysis, html_path=html_path, effects_not_written=not_written)
