@@ -48,6 +48,18 @@ def report(store, tmp_path) -> Report:
     return write_report(store, tmp_path / "result")
 
 
+def test_the_report_command_prints_everything_through_a_pipe_and_exits_0(store, tmp_path):
+    """`bench.py report` ends without the interpreter's teardown (bench.end_at_once): what it printed
+    still reaches a pipe whole, the page is written, and the exit code is 0."""
+    from tests.conftest import bench
+
+    sweep_db(store)
+    proc = bench("report", "--db", str(tmp_path / "results.db"), "--out", str(tmp_path / "piped"), check=True)
+    assert "largest effects on median step time" in proc.stdout and "d_model" in proc.stdout
+    assert proc.stdout.rstrip().endswith("(works offline)")
+    assert (tmp_path / "piped" / "index.html").is_file() and (tmp_path / "piped" / "results.csv").is_file()
+
+
 def test_csv_has_one_row_per_claimed_run_with_the_columns_of_v_results(store, report):
     with store.transaction() as conn:
         res = conn.execute(text("SELECT * FROM v_results"))
