@@ -10,7 +10,8 @@ process holding a million rows keeps its own copy of every page the parent write
 of every page it touches itself), which doubles the report's memory; this one holds only what it is
 sent. Leaving the Worker's `with` block stops a child that is still running. The child touches no
 database connection and exits with os._exit, running none of the parent's finalizers. Where the
-platform cannot fork, the work runs in the caller when result() is asked for.
+platform cannot fork, the work runs in the caller when result() is asked for. `Family` forks several
+such workers from one child that made their shared imports once.
 """
 
 from __future__ import annotations
@@ -96,9 +97,12 @@ class Worker:
         """warm: called in the child as soon as it is forked, before it waits for its task (imports);
         nice: how much lower the child's scheduling priority is than this process's (os.nice), for work
         whose answer is wanted late: it then takes what CPU the others leave."""
-        self._pid = None
         self._task = None  # (fn, args) where there is no child
-        if not hasattr(os, "fork"):
+        self._forked = hasattr(os, "fork")
+        self._pid = None  # this process's child, until reaped
+        self._family = None  # (Family, index): a worker a Family forked, reaped there
+        self._task_w = self._result_r = None
+        if not self._forked:
             return
         task_r, task_w = os.pipe()
         result_r, result_w = os.pipe()
@@ -116,6 +120,14 @@ class Worker:
         os.close(result_w)
         self._pid, self._task_w, self._result_r = pid, task_w, result_r
 
+    @classmethod
+    def _of(cls, family: "Family", index: int, task_w: int, result_r: int) -> "Worker":
+        """The handle of a Family's worker: its pipes' ends here; its pid asked of the Family."""
+        worker = cls.__new__(cls)
+        worker._task, worker._forked, worker._pid, worker._family = None, True, None, (family, index)
+        worker._task_w, worker._result_r = task_w, result_r
+        return worker
+
     def __enter__(self) -> "Worker":
         return self
 
@@ -123,7 +135,7 @@ class Worker:
         self.cancel()
 
     def submit(self, fn, *args) -> "Worker":
-        if self._pid is None:
+        if not self._forked:
             self._task = (fn, args)
             return self
         task_w, self._task_w = self._task_w, None
@@ -131,13 +143,15 @@ class Worker:
         return self
 
     def result(self):
-        if self._pid is None:  # no fork here: the work runs now, in the caller
+        if not self._forked:  # no fork here: the work runs now, in the caller
             fn, args = self._task
             return fn(*args)
         result_r, self._result_r = self._result_r, None
         payload = _receive(result_r)  # before waiting: a large result would fill the pipe
-        _, status = os.waitpid(self._pid, 0)
-        self._pid = None
+        status = "unknown: a Family's worker, reaped there"
+        if self._family is None:
+            status = os.waitpid(self._pid, 0)[1]
+            self._pid = None
         if not payload:
             raise ChildFailed(f"the report's child process ended without a result (wait status {status})")
         kind, value = pickle.loads(payload)
@@ -147,14 +161,116 @@ class Worker:
 
     def cancel(self) -> None:
         """Stop the child if it still runs (the parent failed, or had nothing to give it)."""
-        if self._pid is None:
-            return
-        try:
-            os.kill(self._pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(self._pid, 0)
+        if self._family is not None:  # running until its result is taken; its Family reaps it
+            pid = self._family[0].pid_of(self._family[1]) if self._result_r is not None else None
+        else:
+            pid, self._pid = self._pid, None
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if self._family is None:
+                os.waitpid(pid, 0)
         for fd in (self._task_w, self._result_r):
             if fd is not None:
                 os.close(fd)
+        self._task_w = self._result_r = None
+
+
+class Family:
+    """Workers forked from one child that ran warm() first, so that the imports they share are made
+    once (a report's PNG drawers and its cost model's fitter each imported matplotlib: ~0.4 CPU-seconds
+    apiece, on a second CPU the report keeps busy). `Family(warm, nices)` forks that child at once; it
+    warms, forks one worker per entry of `nices` (each at that nice), and reaps them when the Family ends.
+    `workers` are their Worker handles, used as Worker's own (submit, result); a task submitted before
+    its worker is forked waits in the pipe. Leaving the `with` block stops every worker still running
+    and reaps the first child. Without fork, workers run their tasks in the caller, as Worker does."""
+
+    def __init__(self, warm, nices: list[int]):
         self._pid = None
+        if not hasattr(os, "fork"):
+            self.workers = [Worker() for _ in nices]
+            return
+        pipes = [(os.pipe(), os.pipe()) for _ in nices]  # ((task_r, task_w), (result_r, result_w)) each
+        pids_r, pids_w = os.pipe()  # the first child tells the workers' pids
+        stop_r, stop_w = os.pipe()  # this process tells the first child to reap them
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(pids_r)
+                os.close(stop_w)
+                for (_, task_w), (result_r, _) in pipes:
+                    os.close(task_w)
+                    os.close(result_r)
+                self._forks(warm, nices, pipes, pids_w, stop_r)
+            finally:
+                os._exit(0)
+        os.close(pids_w)
+        os.close(stop_r)
+        for (task_r, _), (_, result_w) in pipes:
+            os.close(task_r)
+            os.close(result_w)
+        self._pid, self._pids_r, self._pids, self._stop_w = pid, pids_r, None, stop_w
+        self.workers = [Worker._of(self, k, task_w, result_r) for k, ((_, task_w), (result_r, _)) in enumerate(pipes)]
+
+    def pid_of(self, index: int) -> int | None:
+        """Worker `index`'s pid (read once from the first child, which sends them when it has forked
+        them all), or None where the first child died before."""
+        if self._pids is None:
+            pids_r, self._pids_r = self._pids_r, None
+            raw = _receive(pids_r)
+            self._pids = struct.unpack(f"<{len(raw) // 8}q", raw) if raw else ()
+        return self._pids[index] if index < len(self._pids) else None
+
+    @staticmethod
+    def _forks(warm, nices: list[int], pipes: list, pids_w: int, stop_r: int) -> None:
+        """The first child: warm, fork the workers (each keeping its own pipes' ends), tell the parent
+        their pids, and reap them when the parent says (until then an ended worker keeps its pid, so
+        that the parent's kill can never reach another process that took it)."""
+        try:
+            warm()
+        except BaseException:  # noqa: BLE001 - the workers import what they need when their task comes
+            pass
+        pids = []
+        for k, nice in enumerate(nices):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.close(pids_w)
+                    os.close(stop_r)
+                    for j, ((task_r, _), (_, result_w)) in enumerate(pipes):
+                        if j != k:
+                            os.close(task_r)
+                            os.close(result_w)
+                    if nice:
+                        os.nice(nice)
+                    (task_r, _), (_, result_w) = pipes[k]
+                    _serve(task_r, result_w, None)
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+        for (task_r, _), (_, result_w) in pipes:
+            os.close(task_r)
+            os.close(result_w)
+        _send(pids_w, struct.pack(f"<{len(pids)}q", *pids))
+        os.read(stop_r, 1)  # a byte, not end-of-file: a process the parent forks later holds the other end too
+        for pid in pids:
+            os.waitpid(pid, 0)
+
+    def __enter__(self) -> "Family":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for worker in self.workers:
+            worker.cancel()  # one whose result was taken has exited: nothing to stop
+        if self._pid is not None:
+            if self._pids_r is not None:
+                os.close(self._pids_r)
+            try:
+                os.write(self._stop_w, b".")  # reap them now
+            except BrokenPipeError:  # the first child is gone already
+                pass
+            os.close(self._stop_w)
+            os.waitpid(self._pid, 0)
+            self._pid = None

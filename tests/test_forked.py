@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from orchestrator.forked import ChildFailed, Worker
+from orchestrator.forked import ChildFailed, Family, Worker
 from orchestrator.rows import row_class
 
 
@@ -85,3 +85,36 @@ def test_a_child_asked_to_yield_the_cpu_runs_at_a_lower_priority_than_its_parent
         assert child.submit(_niceness).result() == min(19, os.nice(0) + 5)
     with Worker() as child:
         assert child.submit(_niceness).result() == os.nice(0)
+
+
+def _warm():
+    os.environ["CPUBENCH_WARMED_IN"] = str(os.getpid())
+
+
+def _who():
+    return os.getpid(), os.getppid(), os.environ.get("CPUBENCH_WARMED_IN"), os.nice(0)
+
+
+def test_a_familys_workers_share_one_warm_up_and_each_runs_its_own_task_at_its_own_priority():
+    """Family: one child warms, then forks the workers; each comes back with its own result, a
+    failure as ChildFailed, and nothing is left running or unreaped after the block."""
+    with Family(_warm, [0, 0, 5]) as family:
+        got = [w.submit(_who).result() for w in family.workers[:3]]
+    assert len({pid for pid, *_ in got}) == 3 and os.getpid() not in {pid for pid, *_ in got}
+    warmed = {warmed_in for _, _, warmed_in, _ in got}
+    assert len(warmed) == 1 and {parent for _, parent, _, _ in got} == {int(warmed.pop())}  # forked after the warm-up
+    assert [nice for *_, nice in got] == [os.nice(0), os.nice(0), min(19, os.nice(0) + 5)]
+    with Family(_warm, [0]) as family, pytest.raises(ChildFailed, match="a reason only the child knows"):
+        family.workers[0].submit(_fails).result()
+    assert psutil.Process().children() == []
+
+
+def test_leaving_a_familys_block_stops_its_workers_still_running_or_still_waiting():
+    with pytest.raises(RuntimeError):
+        with Family(_warm, [0, 0]) as family:
+            family.workers[0].submit(_sleeps)
+            pids = [family.pid_of(0), family.pid_of(1)]
+            assert all(psutil.pid_exists(pid) for pid in pids)
+            raise RuntimeError("the parent failed first")
+    assert not any(psutil.pid_exists(pid) for pid in pids)
+    assert psutil.Process().children() == []

@@ -32,7 +32,7 @@ from threadpoolctl import threadpool_limits
 
 from orchestrator import effects as fx
 from orchestrator.effects import Analysis, VariableEffect
-from orchestrator.forked import Worker
+from orchestrator.forked import Family, Worker
 from orchestrator.rows import read_results, start_results_csv
 from orchestrator import config_index, prediction_report
 from orchestrator.store import ReadOnlyDatabase, Store
@@ -71,10 +71,12 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
         children.callback(config_index.forget)  # the runs' configuration numbers go with the report
         workers = None
         if plots:  # the PNGs and the model fits go to children on the other CPU (forked.py)
-            # forked now, before the runs are read: each holds only what it is sent
-            workers = SimpleNamespace(drawers=[children.enter_context(Worker(warm=_import_plots)) for _ in range(2)],
-                                      fitter=children.enter_context(Worker(warm=_import_fitting, nice=FITTER_NICE))
-                                      if memo is None else None,
+            # forked now, before the runs are read: each holds only what it is sent. The drawers and the
+            # cost model's fitter come from one child that imported matplotlib and scipy's fitting once.
+            fitting = memo is None
+            drawn = children.enter_context(Family(_import_fitting if fitting else _import_plots,
+                                                  [0, 0] + ([FITTER_NICE] if fitting else [])))
+            workers = SimpleNamespace(drawers=drawn.workers[:2], fitter=drawn.workers[2] if fitting else None,
                                       beside=children.enter_context(Worker()))
         return _write(store, Path(out_dir), machine_id, plots, memo, workers, children)
 
