@@ -1,6 +1,7 @@
 """The report's rows, read once in chunks from the DBAPI cursor, each chunk made compact rows as
 fetched, so the report never holds the fetched tuples beside the rows (issue 31: a million runs);
-results.csv is written meanwhile by a forked child from the tables on its own connection (results_csv).
+results.csv is written meanwhile by a forked child from the tables on its own connection (results_csv):
+read_results waits for it; write_report starts it itself (start_results_csv) and waits only at its end.
 
 A compact row is a dict that keeps only its non-NULL columns, with the text values shared between
 rows (a fleet's runs repeat the same few words: status, host, CPU, configuration hash...). It reads
@@ -197,9 +198,8 @@ class ResultsCsv:
         pid, self.pid = self.pid, None
         if pid is not None and _done(pid):
             return
-        query = SELECT_RESULTS.format(where="WHERE machine_id = :machine_id" if self.machine_id is not None else "")
         with transaction() as conn:
-            _write_csv(conn, query, {"machine_id": self.machine_id}, self.csv_path, True)
+            _write_csv(conn, _results_query(self.machine_id), {"machine_id": self.machine_id}, self.csv_path, True)
 
     def stop(self) -> None:
         """Kill and reap a child not waited for (the report failed)."""
@@ -217,8 +217,13 @@ def start_results_csv(conn, machine_id: int | None, csv_path: Path, nice: int = 
     """results.csv (v_results' rows, every machine's or one's) started in a forked child on its own
     connection, at `nice` (the report wants it only when it returns): fork before read_results, so the
     child holds none of the rows."""
-    query = SELECT_RESULTS.format(where="WHERE machine_id = :machine_id" if machine_id is not None else "")
-    return ResultsCsv(_csv_child(conn, query, {"machine_id": machine_id}, csv_path, True, nice), machine_id, csv_path)
+    child = _csv_child(conn, _results_query(machine_id), {"machine_id": machine_id}, csv_path, True, nice)
+    return ResultsCsv(child, machine_id, csv_path)
+
+
+def _results_query(machine_id: int | None) -> str:
+    """SELECT_RESULTS for every machine's runs, or (machine_id given) for one machine's."""
+    return SELECT_RESULTS.format(where="WHERE machine_id = :machine_id" if machine_id is not None else "")
 
 
 def rows_of(chunk: list[tuple], columns: list[str], Row, shared: dict, plan: dict, append) -> None:
@@ -249,7 +254,7 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> 
     runs' own columns in run order plus each job's and machine's columns once. results.csv is written
     meanwhile by a forked child (results_csv, from the tables; the view where that does not apply).
     Where the view holds a column this read does not know (a later schema), it reads the view (read_rows)."""
-    query = SELECT_RESULTS.format(where="WHERE machine_id = :machine_id" if machine_id is not None else "")
+    query = _results_query(machine_id)
     params = {"machine_id": machine_id}
     columns = list(conn.execute(text(VIEW_COLUMNS)).keys())
     known = sources(conn)
