@@ -91,6 +91,11 @@ def _warm():
     os.environ["CPUBENCH_WARMED_IN"] = str(os.getpid())
 
 
+def _children() -> set[int]:
+    """This process's children now (the suite's own, a resource tracker say, live beside a test's)."""
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
 def _who():
     return os.getpid(), os.getppid(), os.environ.get("CPUBENCH_WARMED_IN"), os.nice(0)
 
@@ -98,6 +103,7 @@ def _who():
 def test_a_familys_workers_share_one_warm_up_and_each_runs_its_own_task_at_its_own_priority():
     """Family: one child warms, then forks the workers; each comes back with its own result, a
     failure as ChildFailed, and nothing is left running or unreaped after the block."""
+    before = _children()
     with Family(_warm, [0, 0, 5]) as family:
         got = [w.submit(_who).result() for w in family.workers[:3]]
     assert len({pid for pid, *_ in got}) == 3 and os.getpid() not in {pid for pid, *_ in got}
@@ -106,10 +112,11 @@ def test_a_familys_workers_share_one_warm_up_and_each_runs_its_own_task_at_its_o
     assert [nice for *_, nice in got] == [os.nice(0), os.nice(0), min(19, os.nice(0) + 5)]
     with Family(_warm, [0]) as family, pytest.raises(ChildFailed, match="a reason only the child knows"):
         family.workers[0].submit(_fails).result()
-    assert psutil.Process().children() == []
+    assert _children() == before
 
 
 def test_leaving_a_familys_block_stops_its_workers_still_running_or_still_waiting():
+    before = _children()
     with pytest.raises(RuntimeError):
         with Family(_warm, [0, 0]) as family:
             family.workers[0].submit(_sleeps)
@@ -117,4 +124,4 @@ def test_leaving_a_familys_block_stops_its_workers_still_running_or_still_waitin
             assert all(psutil.pid_exists(pid) for pid in pids)
             raise RuntimeError("the parent failed first")
     assert not any(psutil.pid_exists(pid) for pid in pids)
-    assert psutil.Process().children() == []
+    assert _children() == before
