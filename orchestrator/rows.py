@@ -20,7 +20,7 @@ import csv
 import gc
 import os
 import signal
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from collections.abc import Iterator
 from itertools import compress, repeat
 from operator import is_, is_not
@@ -193,13 +193,14 @@ class ResultsCsv:
         self.pid, self.machine_id, self.csv_path = pid, machine_id, csv_path
 
     def wait(self, transaction) -> None:
-        """The file written: by the child, or here (in `transaction()`, a fresh read of the store) where
-        there was no fork or the child failed."""
+        """The file written: by the child, or here (in `transaction()`) where there was no fork (as the
+        child would: from the tables where that applies) or the child failed (from the view itself)."""
         pid, self.pid = self.pid, None
         if pid is not None and _done(pid):
             return
         with transaction() as conn:
-            _write_csv(conn, _results_query(self.machine_id), {"machine_id": self.machine_id}, self.csv_path, True)
+            _write_csv(conn, _results_query(self.machine_id), {"machine_id": self.machine_id}, self.csv_path,
+                       pid is None)
 
     def stop(self) -> None:
         """Kill and reap a child not waited for (the report failed)."""
@@ -264,14 +265,16 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> 
     # results.csv: the child writes the view's bytes from the tables, each job's and machine's fields written
     # once (results_csv; the view itself where that does not apply). (66aedba had it read the tuples as
     # _view_parts does: no gain at 100k, and it held every job's values: 1M tree PSS 3,604 MB against 3,411.)
-    child = _csv_child(conn, query, params, csv_path, True) if csv_path is not None else None
+    csv_child = start_results_csv(conn, machine_id, csv_path) if csv_path is not None else None
     try:
         with gc_paused():
             rows = _joined(conn, columns, known, mine, params)
-    finally:
-        written = _done(child) if child is not None else False  # never leave the child unreaped
-    if csv_path is not None and not written:  # no fork (as the child does), or the child failed: from the view
-        _write_csv(conn, query, params, csv_path, child is None)
+    except BaseException:
+        if csv_child is not None:  # never leave the child unreaped
+            csv_child.stop()
+        raise
+    if csv_child is not None:  # written here, in this read's transaction, where the child was not
+        csv_child.wait(lambda: nullcontext(conn))
     return columns, rows
 
 
