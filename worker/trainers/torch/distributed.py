@@ -47,6 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 COLLECTIVE_TIMEOUT_S = 60.0  # gloo's timeout of every collective: how long a hung rank holds the run
@@ -404,14 +405,24 @@ def rank_main(run_dir: Path) -> None:
             os.replace(run_dir / (RESULT + ".tmp"), run_dir / RESULT)
         dist.barrier()  # every rank leaves together, after rank 0 wrote the result
 
-    train()
-    # Leave without C++ teardown: a rank that destroyed its gloo group and exited normally was killed by
-    # SIGABRT ("terminate called without an active exception", a joinable thread destroyed at exit) in
-    # about 1 run in 3 here, failing a run whose result was already written. Nothing is left to flush
-    # but Python's own streams.
+    # Leave without C++ teardown, whether train() returned or raised: a rank that destroyed its gloo group
+    # and exited normally was killed by SIGABRT ("terminate called without an active exception", a joinable
+    # thread destroyed at exit) in about 1 run in 3 here, failing a run whose result was already written;
+    # and a rank whose collective timed out was once killed the same way after its error, so that the run's
+    # reason named it as killed by SIGABRT instead of the rank that hung. @record has written the error
+    # file the launcher reads; nothing is left to flush but Python's own streams.
+    try:
+        train()
+    except BaseException:
+        traceback.print_exc()
+        _leave(1)
+    _leave(0)
+
+
+def _leave(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 # -- merging the ranks' results ----------------------------------------------------------------------------
