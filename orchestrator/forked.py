@@ -52,8 +52,78 @@ class _Pickler(pickle.Pickler):
 
 def _dumps(value) -> bytes:
     buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(_packed(value, {}, {}))
     return buf.getvalue()
+
+
+# -- lists of rows, packed ---------------------------------------------------------------------------
+# The cost model's fitter is sent ~20k rows a machine. Pickled one by one (reducer_override), each
+# is a dict of its 80-odd columns: 0.32 s to pickle at 100k runs, 0.54 s to load. Packed, the rows of
+# one class are a table: their columns' names as one tuple per distinct set of non-NULL columns (pickled
+# once, then referred to), and a tuple of values per row; a list of them is its rows' places in the
+# table. A row in several lists (the fit's and the check's) is one row on arrival, as it was in the memo.
+
+
+class _RowTable:
+    """The distinct rows of one class met in the value being pickled, each once; loads as a list of rows."""
+
+    def __init__(self, cls):
+        self.cls, self.rows, self.at, self.names = cls, [], {}, {}
+
+    def place(self, row) -> int:
+        at = self.at.get(id(row))
+        if at is None:
+            at = self.at[id(row)] = len(self.rows)
+            self.rows.append(row)
+        return at
+
+    def __reduce__(self):
+        names = self.names.setdefault
+        keys = [names(k, k) for k in map(tuple, map(dict.keys, self.rows))]
+        return _unpack_table, (self.cls.COLUMNS, keys, list(map(tuple, map(dict.values, self.rows))))
+
+
+def _unpack_table(columns: tuple[str, ...], keys: list[tuple], values: list[tuple]) -> list:
+    Row = _row_class(columns)
+    return list(map(Row, map(zip, keys, values)))
+
+
+class _RowList:
+    """A list (or tuple) of rows of one class, as their places in their table."""
+
+    def __init__(self, table: _RowTable, rows, kind: type):
+        self.table, self.places, self.kind = table, list(map(table.place, rows)), kind
+
+    def __reduce__(self):
+        return _unpack_list, (self.table, self.places, self.kind is tuple)
+
+
+def _unpack_list(table: list, places: list[int], as_tuple: bool):
+    rows = list(map(table.__getitem__, places))
+    return tuple(rows) if as_tuple else rows
+
+
+def _packed(value, tables: dict, seen: dict):
+    """`value` with each list or tuple of rows of one class (in dicts, lists and tuples, however deep)
+    replaced by a _RowList; the same list met twice is one _RowList. Tuples are walked, and lists of
+    anything else where their first item is a container."""
+    kind = type(value)
+    if kind is dict:
+        return {k: _packed(v, tables, seen) for k, v in value.items()}
+    if kind is not list and kind is not tuple or not value:
+        return value
+    if id(value) in seen:
+        return seen[id(value)]
+    first = type(value[0])
+    if issubclass(first, CompactRow) and all(type(r) is first for r in value):
+        table = tables.get(first) or tables.setdefault(first, _RowTable(first))
+        out = _RowList(table, value, kind)
+    elif kind is tuple or first in (dict, list, tuple):
+        out = kind(_packed(v, tables, seen) for v in value)
+    else:
+        return value
+    seen[id(value)] = out
+    return out
 
 
 def _send(fd: int, payload: bytes) -> None:

@@ -31,6 +31,31 @@ def test_the_result_comes_from_another_process_and_rows_read_as_they_did():
         back[0]["no such column"]
 
 
+def _shapes(share):
+    """What the child sees of a share: which of its lists are one object, which rows are one row, and
+    each row's columns in their order."""
+    fit, (keep, check), mixed = share["fit"], share["check"], share["mixed"]
+    return {"fit_is_again": share["again"] is fit, "check_is_tuple": type(check) is tuple,
+            "shared_rows": [any(r is f for f in fit) for r in check],
+            "rows": [list(dict.items(r)) for r in fit + list(check) + mixed],
+            "nones": [r["reason"] for r in fit], "keep": keep, "classes": len({type(r) for r in fit + mixed})}
+
+
+def test_lists_of_rows_go_to_the_child_packed_and_arrive_as_the_same_rows_shared_as_they_were():
+    Row, Other = row_class(("run_id", "status", "reason")), row_class(("job_id", "status"))
+    fit = [Row(run_id=i, status="done") if i % 3 else Row(run_id=i, status="failed", reason=f"r{i}") for i in range(7)]
+    check = (fit[1], fit[4], Row(run_id=99, status="done"))  # two rows of the fit's, one of its own
+    mixed = [Other(job_id=5, status="done"), fit[0]]  # rows of two classes: sent one by one
+    share = {"fit": fit, "again": fit, "check": ({"a"}, check), "mixed": mixed}
+    with Worker() as child:
+        seen = child.submit(_shapes, share).result()
+    assert seen["fit_is_again"] and seen["check_is_tuple"] and seen["keep"] == {"a"}
+    assert seen["shared_rows"] == [True, True, False]
+    assert seen["rows"] == [list(dict.items(r)) for r in fit + list(check) + mixed]
+    assert seen["nones"] == [r["reason"] for r in fit] and seen["nones"][1] is None
+    assert seen["classes"] == 2
+
+
 def _fails():
     raise ValueError("a reason only the child knows")
 
