@@ -7,6 +7,11 @@ drawn with a fixed salt and date) and plots/*.png. Used when the report's code m
     git archive main | tar -x -C /tmp/old          # the reference checkout (same venv)
     venv/bin/python benchmarks/report_same.py --old /tmp/old DB [DB ...] [--plots]
 
+With --rel R, a text file that differs only in its numbers, each within R of the other (relative),
+counts as the same to R, and the largest such difference is printed: for a change meant to move the
+report's floats in their last digits only (a factor computed another way), where every number the
+report shows must stay what it was. The runs' table inside index.html is compared as its JSON.
+
 Each report runs in a child process with its checkout first on sys.path, on a copy of the database
 (the report rewrites the effects table). Exit status 1 when any file differs. The checkouts must
 hold the same data/builtin/corpus.txt (or none): the cost model's days per epoch count the tokens
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import gzip
 import os
 import re
 import shutil
@@ -63,13 +69,46 @@ def _no_mtime(m: re.Match) -> bytes:
     return m[1] + base64.b64encode(bytes(packed)) + m[3]
 
 
-def compare(old: Path, new: Path, db: Path, plots: bool, work: Path) -> list[str]:
-    """The names of the files that differ (or exist on one side only)."""
+NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def _texts(name: str, data: bytes) -> list[bytes]:
+    """A file as the texts --rel compares: index.html as the page less its runs' table, and that table's JSON."""
+    if name != "index.html" or not (m := RUNS.search(data)):
+        return [data]
+    return [data[:m.start(2)] + data[m.end(2):], gzip.decompress(base64.b64decode(m[2]))]
+
+
+def numbers_apart(a: bytes, b: bytes) -> float | None:
+    """The largest relative difference between the numbers of two texts alike but for them (0.0: alike
+    throughout), or None where they differ elsewhere."""
+    if NUMBER.split(a) != NUMBER.split(b):
+        return None
+    worst = 0.0
+    for x, y in zip(NUMBER.findall(a), NUMBER.findall(b)):
+        if x != y:
+            fx, fy = float(x), float(y)
+            if fx != fy:
+                worst = max(worst, abs(fx - fy) / max(abs(fx), abs(fy)))
+    return worst
+
+
+def compare(old: Path, new: Path, db: Path, plots: bool, work: Path, rel: float | None = None) -> tuple[list[str], dict]:
+    """The names of the files that differ (or exist on one side only), and with `rel` those of them
+    whose numbers alone differ, each within rel: name -> the largest relative difference."""
     a, b = work / f"{db.stem}-old", work / f"{db.stem}-new"
     write(old, db, a, plots)
     write(new, db, b, plots)
     fa, fb = files(a), files(b)
-    return sorted(n for n in fa.keys() | fb.keys() if fa.get(n) != fb.get(n))
+    differ = sorted(n for n in fa.keys() | fb.keys() if fa.get(n) != fb.get(n))
+    close = {}
+    for n in differ if rel is not None else ():
+        if n in fa and n in fb and not n.endswith(".png"):
+            ta, tb = _texts(n, fa[n]), _texts(n, fb[n])
+            apart = [numbers_apart(x, y) for x, y in zip(ta, tb)] if len(ta) == len(tb) else [None]
+            if None not in apart and max(apart) <= rel:
+                close[n] = max(apart)
+    return [n for n in differ if n not in close], close
 
 
 def main() -> int:
@@ -79,6 +118,7 @@ def main() -> int:
     ap.add_argument("--new", type=Path, default=ROOT, help="the checkout under test (default: this one)")
     ap.add_argument("--plots", action="store_true", help="draw the PNGs too (as `bench.py report` does)")
     ap.add_argument("--keep", type=Path, help="write the reports here (default: a temporary directory)")
+    ap.add_argument("--rel", type=float, help="a text file whose numbers alone differ, within this (relative), is the same")
     args = ap.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="report_same-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -87,10 +127,13 @@ def main() -> int:
         print(f"warning: {corpus[0]} and {corpus[1]} differ: the days per epoch will (copy one over the other)")
     failed = 0
     for db in args.dbs:
-        differ = compare(args.old.resolve(), args.new.resolve(), db.resolve(), args.plots, work)
+        differ, close = compare(args.old.resolve(), args.new.resolve(), db.resolve(), args.plots, work, args.rel)
         n = len(files(work / f"{db.stem}-new"))
-        print(f"{db}: {'SAME' if not differ else 'DIFFERENT'} ({n} files compared)"
-              + (f": {', '.join(differ)}" if differ else ""))
+        same = "SAME" if not close else f"SAME to rel {args.rel:g}"
+        print(f"{db}: {same if not differ else 'DIFFERENT'} ({n} files compared)"
+              + (f": {', '.join(differ)}" if differ else "")
+              + (f"; numbers apart in {', '.join(f'{k} (at most {v:.1e})' for k, v in sorted(close.items()))}"
+                 if close else ""))
         failed += bool(differ)
     if not args.keep:
         shutil.rmtree(work)
