@@ -579,11 +579,12 @@ def _noisy_configs(r, ci, s_of_run, lev, n_configs: int, *, trim: float = 0.2, t
 
 
 # Parameters up to which the normal equations are factored dense (LAPACK Cholesky) rather than by
-# SuperLU. OFF (0) by default: the page carries the estimates' full floats, and a dense factor's
-# differ from SuperLU's in the last digits (1e-15..1e-10 relative), so the report would not be
-# byte-identical to before. Set to DENSE_LEVERAGE_MAX for the fast path (at a million runs the fit
-# takes half the time; the notes of issue 31, session 4, give the figures).
-DENSE_SOLVE_MAX = 0
+# SuperLU, and a contrast's solve is a few columns of the dense inverse (solve_few). The numbers differ
+# from SuperLU's in their last digits only: on the 7 reference databases and 100k runs every number of
+# the page within 2e-11 (relative), summary.md and results.csv byte for byte the same, the PNGs apart by
+# 1/255 in a few anti-aliased pixels (benchmarks/report_same.py --rel); tests/test_step_model.py holds
+# the two paths to 1e-9. At a million runs the report takes 62.6 s instead of 71.8 s (docs/measurements.md).
+DENSE_SOLVE_MAX = DENSE_LEVERAGE_MAX
 DENSE_MIN_PIVOT = 1e-8  # a dense factor whose smallest pivot is below this share of the largest is left to SuperLU
 
 

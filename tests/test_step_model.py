@@ -52,7 +52,8 @@ def close(a, b, rel):
 @pytest.mark.parametrize("noisy", [(), (4, 7)])
 def test_the_dense_factor_says_what_superlu_says(monkeypatch, noisy):
     data = sweep(1, noisy=noisy)
-    ref = fitted(data)  # the default: every factor a SuperLU one, as before
+    monkeypatch.setattr(sm, "DENSE_SOLVE_MAX", 0)
+    ref = fitted(data)  # every factor a SuperLU one
     monkeypatch.setattr(sm, "DENSE_SOLVE_MAX", sm.DENSE_LEVERAGE_MAX)
     dense = fitted(data)
     assert dense._solve.__self__._cho is not None  # the dense Cholesky path was taken
@@ -82,8 +83,7 @@ def test_the_dense_factor_says_what_superlu_says(monkeypatch, noisy):
 def test_a_fit_sent_through_pickle_gives_every_contrast_float_for_float(monkeypatch, dense):
     """effects.analyse has a child fit a machine's model and send the Fit back: a SuperLU factor
     (which cannot be pickled) is factored again where it lands, a dense one travels as it is."""
-    if dense:
-        monkeypatch.setattr(sm, "DENSE_SOLVE_MAX", sm.DENSE_LEVERAGE_MAX)
+    monkeypatch.setattr(sm, "DENSE_SOLVE_MAX", sm.DENSE_LEVERAGE_MAX if dense else 0)
     data = sweep(2, noisy=(4, 7))
     here = fitted(data)
     there = pickle.loads(pickle.dumps(here))
