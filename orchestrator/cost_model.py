@@ -38,12 +38,10 @@ import operator
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from types import NoneType
 
 import numpy as np
 
 from common.compute import operations
-from common.metrics import DISTURBED_FLOOR_S
 from common.errors import BenchError
 
 # Variables the operations price: a new value is arithmetic, extrapolated but never refused.
@@ -1036,15 +1034,15 @@ def usable(rows: list[dict]) -> list[dict]:
     """The done runs a fit may use: disturbed ones (another process or the hypervisor took a share of
     the job's CPUs, orchestrator/ran.disturbed) are left out, as the report's effects leave them out,
     unless every run was."""
-    from orchestrator.ran import disturbed
+    from orchestrator.ran import all_surely_quiet, disturbed, surely_quiet
     done = _done(rows)
-    # disturbed() parses a run's applied: only where its figures could pass a limit (_surely_quiet: for
+    # disturbed() parses a run's applied: only where its figures could pass a limit (surely_quiet: for
     # every run at once where its columns show it, else once per distinct (other_cpu_s, steal_s, cores))
     others, steals, cores = (list(map(_get(c), done)) for c in ("other_cpu_s", "steal_s", "cores"))
-    if _all_surely_quiet(others, steals, cores):
+    if all_surely_quiet(others, steals, cores):
         return list(done)
     figures = list(zip(others, steals, cores))
-    seen = {f: _surely_quiet(*f) for f in dict.fromkeys(figures)}
+    seen = {f: surely_quiet(*f) for f in dict.fromkeys(figures)}
     if all(seen.values()):  # every run surely quiet (no Python call per run)
         return list(done)
     quiet = [r for r, sure in zip(done, map(seen.__getitem__, figures)) if sure or not disturbed(r)]
@@ -1059,37 +1057,6 @@ def _done(rows: list[dict]) -> list[dict]:
     """[r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")], at C speed."""
     done = map(operator.eq, map(operator.methodcaller("get", "status", "done"), rows), repeat("done"))
     return list(compress(rows, map(operator.and_, done, map(bool, map(_get("step_ms_median"), rows)))))
-
-
-def _all_surely_quiet(others: list, steals: list, cores: list) -> bool:
-    """True only where _surely_quiet holds for every run (False may still be so: usable() then asks
-    each run), from its columns at C speed: each run's own figures are distinct numbers, a million calls
-    at a million runs. The figures are None or numbers (not NaN) none above the floor, the cores None,
-    0 or ints of at least 1."""
-    for column in (others, steals):
-        kinds = set(map(type, column))
-        kinds.discard(NoneType)
-        if not kinds <= {float, int}:
-            return False
-        values = list(filter(None, column))  # the nonzero ones
-        if values and (any(map(math.isnan, values)) or max(values) > DISTURBED_FLOOR_S):
-            return False
-    kinds = set(map(type, cores))
-    kinds.discard(NoneType)
-    if not kinds <= {int}:
-        return False
-    counts = list(filter(None, cores))  # the nonzero ones
-    return not counts or min(counts) >= 1
-
-
-def _surely_quiet(other, steal, cores) -> bool:
-    """True where ran.disturbed(row) is None whatever the run's applied says: neither other processes'
-    CPU time nor steal above DISTURBED_FLOOR_S, the least a limit can be (it is at least the floor times
-    the CPUs, and those are one or more: the affinity's, else `cores` or 1). Anything else (a value of
-    another type, cores below 1) is left to disturbed() itself."""
-    return ((other is None or (type(other) is float or type(other) is int) and other <= DISTURBED_FLOOR_S)
-            and (steal is None or (type(steal) is float or type(steal) is int) and steal <= DISTURBED_FLOOR_S)
-            and (not cores or type(cores) is int and cores >= 1))
 
 
 _ratios: dict[tuple, tuple[float, str]] = {}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import count, repeat
 from operator import itemgetter, methodcaller
+from types import NoneType
 
 from common.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
 from common.compute import SIMULATED
@@ -191,7 +192,7 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
     share=False gives every run a cell of its own (the per-run path the tests compare with).
     Built column by column (issue 31: a million runs): each distinct `applied` text is parsed once,
     each cell's values are worked out from its first run, and disturbed() is asked only where a run's
-    figures could pass a limit (_surely_quiet, once per distinct figures)."""
+    figures could pass a limit (surely_quiet, once per distinct figures)."""
     with gc_paused():  # a million Runs and no cycle among them: no collection pass over the rows meanwhile
         done = done_runs(rows)
         applied = _applied_of(list(map(_get("applied"), done)))
@@ -250,14 +251,16 @@ def _cells(done: list[dict], applied: list[dict]) -> tuple[list[int | None], lis
 
 
 def _disturbed_all(done: list[dict], applied: list[dict]) -> list[str | None]:
-    """_disturbance of each run, asked only where its figures are not _surely_quiet."""
+    """_disturbance of each run, asked only where its figures are not surely_quiet."""
     other, steal, cores = (list(map(_get(c), done)) for c in ("other_cpu_s", "steal_s", "cores"))
+    if all_surely_quiet(other, steal, cores):  # (a run's figures are its own numbers: no call per value)
+        return [None] * len(done)
     figures = list(zip(other, steal, cores))
-    try:  # _surely_quiet asks each figure alone: every run is when each column's every distinct value is
-        if (all(_surely_quiet(x, None, None) for x in set(other)) and all(_surely_quiet(None, x, None) for x in set(steal))
-                and all(_surely_quiet(None, None, x) for x in set(cores))):
+    try:  # surely_quiet asks each figure alone: every run is when each column's every distinct value is
+        if (all(surely_quiet(x, None, None) for x in set(other)) and all(surely_quiet(None, x, None) for x in set(steal))
+                and all(surely_quiet(None, None, x) for x in set(cores))):
             return [None] * len(done)
-        quiet = {f: _surely_quiet(*f) for f in set(figures)}
+        quiet = {f: surely_quiet(*f) for f in set(figures)}
     except TypeError:  # an unhashable figure: ask every run
         return list(map(_disturbance, done, applied))
     if all(quiet.values()):
@@ -291,7 +294,28 @@ def _applied_of(texts: list) -> list[dict]:
     return list(map(parsed.__getitem__, texts))
 
 
-def _surely_quiet(other, steal, cores) -> bool:
+def all_surely_quiet(others: list, steals: list, cores: list) -> bool:
+    """True only where surely_quiet holds for every run (False may still be so: the caller then asks
+    each run), from the runs' columns at C speed: a run's figures are its own numbers, a million calls at
+    a million runs. The figures are None or numbers (not NaN) none above the floor, the cores None, 0 or
+    ints of at least 1."""
+    for column in (others, steals):
+        kinds = set(map(type, column))
+        kinds.discard(NoneType)
+        if not kinds <= {float, int}:
+            return False
+        values = list(filter(None, column))  # the nonzero ones
+        if values and (any(map(math.isnan, values)) or max(values) > DISTURBED_FLOOR_S):
+            return False
+    kinds = set(map(type, cores))
+    kinds.discard(NoneType)
+    if not kinds <= {int}:
+        return False
+    counts = list(filter(None, cores))  # the nonzero ones
+    return not counts or min(counts) >= 1
+
+
+def surely_quiet(other, steal, cores) -> bool:
     """True where _disturbance(row, applied) is None whatever the run's applied says: neither other
     processes' CPU time nor steal above DISTURBED_FLOOR_S, the least a limit can be (the floor times
     the CPUs, and those are one or more: the affinity's, else `cores` or 1). Anything else (a value of

@@ -378,24 +378,3 @@ def test_extrapolation_distances_are_log_flops_from_the_nearest_run_and_from_tho
     assert d_size == pytest.approx(abs(math.log(f(fp32_big) / f(big)))) and d_size < d_set
     assert cm.extrapolation_distances(resolved(), support) == pytest.approx((0.0, 0.0))
     assert cm.extrapolation_distances(big, support, np.array([False, True, True]))[0] == pytest.approx(d_size)
-
-
-def test_the_column_check_of_quiet_runs_says_yes_only_where_every_run_is_surely_quiet():
-    """usable()'s shortcut (_all_surely_quiet, at C speed over each column) never calls a run quiet that
-    _surely_quiet (per run, the reference) would leave to disturbed(), and says yes for plain quiet runs."""
-    floor = cm.DISTURBED_FLOOR_S
-    figures = [None, 0, 0.0, -0.0, 0.5 * floor, floor, floor * 1.001, -1.0, math.nan, math.inf, 3, True, "0.1"]
-    cores = [None, 0, 1, 16, -1, 2.0, True, False, "4"]
-    rng = random.Random(7)
-    agreed_yes = 0
-    for _ in range(3000):
-        n = rng.randint(1, 4)
-        o, s, c = ([rng.choice(pool) for _ in range(n)] for pool in (figures, figures, cores))
-        every = all(cm._surely_quiet(*f) for f in zip(o, s, c))
-        if cm._all_surely_quiet(o, s, c):
-            assert every, (o, s, c)
-            agreed_yes += 1
-        elif all(x is None or type(x) in (int, float) and 0 <= x <= floor for x in o + s) \
-                and all(x is None or type(x) is int and x >= 0 for x in c):
-            raise AssertionError(f"plain quiet runs not seen as such: {(o, s, c)}")
-    assert agreed_yes > 100
