@@ -119,18 +119,19 @@ class Fit:
     def contrast(self, weights: dict[int, float]) -> Contrast | None:
         """a' mu for a = weights (configuration index -> coefficient); None when not estimable (the
         coefficients of some connected part of the design do not sum to zero)."""
-        parts: dict[int, float] = {}
-        for c, w in weights.items():
-            parts[int(self.component[c])] = parts.get(int(self.component[c]), 0.0) + w
-        if any(abs(v) > 1e-9 for v in parts.values()):
+        # the weights as arrays (a contrast of a fleet's machine weighs thousands of configurations); each
+        # sum below adds in the weights' order, as Python's sum of floats does: the same floats
+        at = np.fromiter(weights.keys(), dtype=np.intp, count=len(weights))
+        w = np.fromiter(weights.values(), dtype=float, count=len(weights))
+        parts = np.bincount(self.component[at], weights=w) if len(at) else w
+        if np.any(np.abs(parts) > 1e-9):
             return None
-        est = float(sum(w * self.mu[c] for c, w in weights.items()))
+        est = float(np.add.accumulate(w * self.mu[at])[-1]) if len(at) else 0.0
         X, _, _, s_dof, _ = self._design
         if self._solve is None or not s_dof:
             return Contrast(est, None, None)
         a = np.zeros(X.shape[1])
-        for c, w in weights.items():
-            a[c] = w
+        a[at] = w
         z = self._solve(a)
         # Satterthwaite over the noise sources (strata, and configurations noisier than their stratum):
         # Var = sum_i w_i^2 (x_i'z)^2 sigma_i^2, sigma_i^2 = excess_i / w_i (excess: 1 but where a
