@@ -120,13 +120,13 @@ class Fit:
         """a' mu for a = weights (configuration index -> coefficient); None when not estimable (the
         coefficients of some connected part of the design do not sum to zero)."""
         # the weights as arrays (a contrast of a fleet's machine weighs thousands of configurations); each
-        # sum below adds in the weights' order, as Python's sum of floats does: the same floats
+        # sum below adds in the weights' order from 0.0, as the loops over them did: the same floats
         at = np.fromiter(weights.keys(), dtype=np.intp, count=len(weights))
         w = np.fromiter(weights.values(), dtype=float, count=len(weights))
         parts = np.bincount(self.component[at], weights=w) if len(at) else w
         if np.any(np.abs(parts) > 1e-9):
             return None
-        est = float(np.add.accumulate(w * self.mu[at])[-1]) if len(at) else 0.0
+        est = float(np.add.accumulate(np.concatenate(([0.0], w * self.mu[at])))[-1])
         X, _, _, s_dof, _ = self._design
         if self._solve is None or not s_dof:
             return Contrast(est, None, None)

@@ -236,3 +236,19 @@ def test_the_coarse_model_shares_the_fine_factor_where_it_is_the_same(monkeypatc
     assert [vars(s) for s in shared.distinct_strata()] == [vars(s) for s in own.distinct_strata()]
     for w in contrasts(data[5]):
         assert shared.contrast(w) == own.contrast(w)
+
+
+def test_a_contrast_sums_its_weights_in_their_order_and_refuses_one_that_does_not_sum_to_zero():
+    """Fit.contrast takes its weights as arrays: its estimate is the plain sum over the weights in their
+    order, float for float, and a contrast whose weights do not sum to zero is not estimable (None)."""
+    data = sweep(3, n_configs=40, passes=4)
+    fit = fitted(data)
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        cs = [int(c) for c in rng.permutation(40)[:rng.integers(2, 40)]]
+        w = rng.normal(size=len(cs))
+        w[-1] -= w.sum()  # sums to zero (to rounding)
+        weights = dict(zip(cs, map(float, w)))
+        got = fit.contrast(weights)
+        assert got is not None and got.estimate == float(sum(v * fit.mu[c] for c, v in weights.items()))
+    assert fit.contrast({0: 1.0, 1: -0.5}) is None
