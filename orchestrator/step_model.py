@@ -582,8 +582,8 @@ def _noisy_configs(r, ci, s_of_run, lev, n_configs: int, *, trim: float = 0.2, t
 # Parameters up to which the normal equations are factored dense (LAPACK Cholesky) rather than by
 # SuperLU, and a contrast's solve is a few columns of the dense inverse (solve_few). The numbers differ
 # from SuperLU's in their last digits only: on the 7 reference databases and 100k runs every number of
-# the page within 2e-11 (relative), summary.md and results.csv byte for byte the same, the PNGs apart by
-# 1/255 in a few anti-aliased pixels (benchmarks/report_same.py --rel); tests/test_step_model.py holds
+# the page within 2e-11 (relative), summary.md and results.csv byte for byte the same, the PNGs apart in
+# a few anti-aliased pixels (1/255 where decoded: benchmarks/report_same.py --rel); tests/test_step_model.py holds
 # the two paths to 1e-9. At a million runs the report takes 62.6 s instead of 71.8 s (docs/measurements.md).
 DENSE_SOLVE_MAX = DENSE_LEVERAGE_MAX
 DENSE_MIN_PIVOT = 1e-8  # a dense factor whose smallest pivot is below this share of the largest is left to SuperLU
