@@ -1037,14 +1037,12 @@ def usable(rows: list[dict]) -> list[dict]:
     from orchestrator.ran import all_surely_quiet, disturbed, surely_quiet
     done = _done(rows)
     # disturbed() parses a run's applied: only where its figures could pass a limit (surely_quiet: for
-    # every run at once where its columns show it, else once per distinct (other_cpu_s, steal_s, cores))
+    # every run at once from its columns, else once per distinct (other_cpu_s, steal_s, cores))
     others, steals, cores = (list(map(_get(c), done)) for c in ("other_cpu_s", "steal_s", "cores"))
     if all_surely_quiet(others, steals, cores):
         return list(done)
     figures = list(zip(others, steals, cores))
     seen = {f: surely_quiet(*f) for f in dict.fromkeys(figures)}
-    if all(seen.values()):  # every run surely quiet (no Python call per run)
-        return list(done)
     quiet = [r for r, sure in zip(done, map(seen.__getitem__, figures)) if sure or not disturbed(r)]
     return quiet or done
 

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import count, repeat
-from operator import itemgetter, methodcaller
+from operator import itemgetter, methodcaller, ne
 from types import NoneType
 
 from common.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
@@ -256,15 +256,10 @@ def _disturbed_all(done: list[dict], applied: list[dict]) -> list[str | None]:
     if all_surely_quiet(other, steal, cores):  # (a run's figures are its own numbers: no call per value)
         return [None] * len(done)
     figures = list(zip(other, steal, cores))
-    try:  # surely_quiet asks each figure alone: every run is when each column's every distinct value is
-        if (all(surely_quiet(x, None, None) for x in set(other)) and all(surely_quiet(None, x, None) for x in set(steal))
-                and all(surely_quiet(None, None, x) for x in set(cores))):
-            return [None] * len(done)
+    try:
         quiet = {f: surely_quiet(*f) for f in set(figures)}
     except TypeError:  # an unhashable figure: ask every run
         return list(map(_disturbance, done, applied))
-    if all(quiet.values()):
-        return [None] * len(done)
     return [None if q else _disturbance(row, a) for q, row, a in zip(map(quiet.__getitem__, figures), done, applied)]
 
 
@@ -295,9 +290,9 @@ def _applied_of(texts: list) -> list[dict]:
 
 
 def all_surely_quiet(others: list, steals: list, cores: list) -> bool:
-    """True only where surely_quiet holds for every run (False may still be so: the caller then asks
-    each run), from the runs' columns at C speed: a run's figures are its own numbers, a million calls at
-    a million runs. The figures are None or numbers (not NaN) none above the floor, the cores None, 0 or
+    """Whether surely_quiet holds for every run, from the runs' columns at C speed (a run's figures are
+    its own numbers: a million calls at a million runs). surely_quiet asks each figure alone, so this is
+    each column's check: the figures None or numbers (not NaN) none above the floor, the cores falsy or
     ints of at least 1."""
     for column in (others, steals):
         kinds = set(map(type, column))
@@ -305,14 +300,10 @@ def all_surely_quiet(others: list, steals: list, cores: list) -> bool:
         if not kinds <= {float, int}:
             return False
         values = list(filter(None, column))  # the nonzero ones
-        if values and (any(map(math.isnan, values)) or max(values) > DISTURBED_FLOOR_S):
+        if values and (any(map(ne, values, values)) or max(values) > DISTURBED_FLOOR_S):  # (NaN != NaN)
             return False
-    kinds = set(map(type, cores))
-    kinds.discard(NoneType)
-    if not kinds <= {int}:
-        return False
-    counts = list(filter(None, cores))  # the nonzero ones
-    return not counts or min(counts) >= 1
+    counts = list(filter(None, cores))  # the truthy ones: `not cores` passes the rest
+    return set(map(type, counts)) <= {int} and (not counts or min(counts) >= 1)
 
 
 def surely_quiet(other, steal, cores) -> bool:
