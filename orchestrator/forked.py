@@ -68,7 +68,7 @@ class _RowTable:
     """The distinct rows of one class met in the value being pickled, each once; loads as a list of rows."""
 
     def __init__(self, cls):
-        self.cls, self.rows, self.at, self.names = cls, [], {}, {}
+        self.cls, self.rows, self.at = cls, [], {}
 
     def place(self, row) -> int:
         at = self.at.get(id(row))
@@ -78,7 +78,7 @@ class _RowTable:
         return at
 
     def __reduce__(self):
-        names = self.names.setdefault
+        names = {}.setdefault  # one tuple per set of columns: pickled once, then referred to
         keys = [names(k, k) for k in map(tuple, map(dict.keys, self.rows))]
         return _unpack_table, (self.cls.COLUMNS, keys, list(map(tuple, map(dict.values, self.rows))))
 
