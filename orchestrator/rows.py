@@ -222,9 +222,11 @@ def start_results_csv(conn, machine_id: int | None, csv_path: Path, nice: int = 
     return ResultsCsv(child, machine_id, csv_path)
 
 
-def _results_query(machine_id: int | None) -> str:
-    """SELECT_RESULTS for every machine's runs, or (machine_id given) for one machine's."""
-    return SELECT_RESULTS.format(where="WHERE machine_id = :machine_id" if machine_id is not None else "")
+def _results_query(machine_id: int | None, columns: list[str] | None = None) -> str:
+    """SELECT_RESULTS for every machine's runs, or (machine_id given) for one machine's; of `columns`
+    (quoted) only, where given."""
+    query = SELECT_RESULTS.format(where="WHERE machine_id = :machine_id" if machine_id is not None else "")
+    return query.replace("SELECT *", f"SELECT {', '.join(columns)}", 1) if columns is not None else query
 
 
 def rows_of(chunk: list[tuple], columns: list[str], Row, shared: dict, plan: dict, append) -> None:
@@ -250,25 +252,31 @@ def _share_plan(chunk: list[tuple]) -> dict[int, dict]:
     return plan
 
 
-def read_results(conn, machine_id: int | None, csv_path: Path | None = None) -> tuple[list[str], list[dict]]:
-    """What read_rows(conn, SELECT_RESULTS, ...) returns, for every run (or one machine's), read as its
-    runs' own columns in run order plus each job's and machine's columns once. results.csv is written
-    meanwhile by a forked child (results_csv, from the tables; the view where that does not apply).
-    Where the view holds a column this read does not know (a later schema), it reads the view (read_rows)."""
-    query = _results_query(machine_id)
+def read_results(conn, machine_id: int | None, csv_path: Path | None = None,
+                 leave_out: frozenset = frozenset()) -> tuple[list[str], list[dict]]:
+    """What read_rows(conn, SELECT_RESULTS, ...) returns, for every run (or one machine's), less the
+    columns in `leave_out` (the report's: view_sql.REPORT_LEAVES), read as its runs' own columns in run
+    order plus each job's and machine's columns once. results.csv (every column) is written meanwhile by a
+    forked child (results_csv, from the tables; the view where that does not apply). Where the view holds
+    a column this read does not know (a later schema), it reads the view (read_rows)."""
     params = {"machine_id": machine_id}
-    columns = list(conn.execute(text(VIEW_COLUMNS)).keys())
+    view = list(conn.execute(text(VIEW_COLUMNS)).keys())
+    columns = [c for c in view if c not in leave_out]
     known = sources(conn)
-    if set(columns) - set(known) or len(set(columns)) != len(columns):
-        return read_rows(conn, query, params, csv_path)
+    later = bool(set(view) - set(known)) or len(set(view)) != len(view)  # a schema this read does not know
+    if later and not leave_out:
+        return read_rows(conn, _results_query(machine_id), params, csv_path)
     mine = MINE if machine_id is not None else ""
     # results.csv: the child writes the view's bytes from the tables, each job's and machine's fields written
     # once (results_csv; the view itself where that does not apply). (66aedba had it read the tuples as
     # _view_parts does: no gain at 100k, and it held every job's values: 1M tree PSS 3,604 MB against 3,411.)
     csv_child = start_results_csv(conn, machine_id, csv_path) if csv_path is not None else None
     try:
-        with gc_paused():
-            rows = _joined(conn, columns, known, mine, params)
+        if later:  # the view itself, of the columns kept (results.csv has them all)
+            rows = read_rows(conn, _results_query(machine_id, [quoted(conn, c) for c in columns]), params)[1]
+        else:
+            with gc_paused():
+                rows = _joined(conn, columns, known, mine, params)
     except BaseException:
         if csv_child is not None:  # never leave the child unreaped
             csv_child.stop()

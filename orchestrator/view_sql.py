@@ -20,6 +20,20 @@ JOINS = ("FROM runs r JOIN jobs j ON j.job_id = r.job_id JOIN sweeps s ON s.swee
          "JOIN machines m ON m.machine_id = r.machine_id JOIN pools p ON p.pool_id = r.pool_id "
          "WHERE r.status <> 'queued'{mine}")
 MINE = " AND r.machine_id = :machine_id"
+
+# The columns of v_results the report's rows leave out (write_report: read_results(leave_out=REPORT_LEAVES)):
+# a run's measurements only results.csv shows, and the machine's facts, which the report takes once per
+# machine, from its machines row (the rows keep its id, hostname and L3 size: readers take them per run).
+# A real run's row then keeps ~70 of its ~110 non-NULL columns: CPython's dict doubles its table past 85
+# keys (1,584 -> 3,328 bytes), so that a fleet's rows take half the memory.
+CSV_ONLY = ("claimed", "setup_s", "first_step_s", "step_ms_mean", "step_ms_std", "wall_s", "samples_per_s",
+            "loss_first", "loss_last", "peak_rss_mb", "cpu_user_s", "cpu_sys_s", "ctx_switches", "freq_mhz_avg",
+            "energy_j", "temp_c_max", "gflops", "output_path", "torch_version", "python_version", "load_before")
+MACHINE_ONLY = ("fingerprint", "cpu_model", "vendor", "sockets", "physical_cores", "logical_cores", "numa_nodes",
+                "smt", "isa_flags", "l1d_kb", "l2_kb", "mem_total_gb", "mem_bw_gbs_1t", "mem_bw_gbs_all",
+                "gemm_gflops_fp32_1c", "gemm_gflops_fp32_all", "gemm_gflops_bf16_1c", "gemm_gflops_bf16_all",
+                "freq_driver", "freq_min_mhz", "freq_max_mhz", "kernel")
+REPORT_LEAVES = frozenset(CSV_ONLY + MACHINE_ONLY)
 RUN_EXPR = {"pool": "COALESCE(p.name, 'machine ' || r.machine_id) AS pool"}  # the rest: r.<column>
 JOB_EXPR = {"sweep": "s.name AS sweep"}  # the rest: j.<column>
 

@@ -4,6 +4,7 @@ was lost and regrouped; and the page's per-configuration shortcuts match their p
 
 from __future__ import annotations
 
+import csv
 import sys
 from collections import Counter, defaultdict
 
@@ -311,3 +312,80 @@ def test_a_watched_report_redoes_only_the_machine_whose_runs_changed_and_says_wh
         fresh = write_report(store, tmp_path / f"{round_}-fresh", plots=True)
         assert _said(watched.analysis) == _said(fresh.analysis)
         assert (tmp_path / round_ / "summary.md").read_text() == (tmp_path / f"{round_}-fresh" / "summary.md").read_text()
+
+
+def test_the_reports_rows_leave_out_what_only_results_csv_and_the_facts_show_and_no_reader_asks_for_it(tmp_path,
+                                                                                                       monkeypatch):
+    """write_report reads each run without the columns of view_sql.REPORT_LEAVES (a run's measurements
+    only results.csv shows, the machine's facts): a real run's row then stays under the 85 keys past
+    which CPython doubles a dict's table. No reader of the report asks a row for one of them (asking
+    raises here, in this process and in the report's children); results.csv still has every column,
+    and the page and summary.md still give the machine's facts."""
+    import math
+    import random
+
+    from common.metrics import METRICS
+    from orchestrator import rows as rows_module
+    from orchestrator.report import write_report
+    from orchestrator.store import Store
+    from orchestrator.view_sql import REPORT_LEAVES
+    from tests.reportdb import configs, enqueue, machine_facts, run_all
+
+    store = Store(str(tmp_path / "r.db"))
+    m = store.register_machine(machine_facts("alpha", "CPU alpha"))
+    enqueue(store, configs({"d_model": 128, "n_layers": 2}, {"d_model": [64, 128, 256], "n_layers": [1, 2, 4]},
+                           repeats=3))
+    rng = random.Random(0)
+
+    def outcome(c):  # every metric a real run records, a world of 2 ranks among them; one failure
+        if c["d_model"] == 256 and c["repeat"] == 2:
+            return "failed", "Traceback (most recent call last):\nMemoryError: out of memory", {}
+        step = 0.01 * c["d_model"] ** 1.5 * c["n_layers"] * math.exp(rng.gauss(0, 0.02))
+        fields = {name: 1.5 for name in METRICS}
+        fields.update(step_ms_median=step, step_ms_p10=step * 0.95, step_ms_p90=step * 1.05, world_size=2,
+                      global_batch=8, allreduce_ms=0.1 * step, allreduce_share=0.1, steal_s=0.0, other_cpu_s=0.0,
+                      ctx_switches=100, params=1000, trainable_params=1000, torch_version="2.13.0",
+                      python_version="3.11.7", output_path="/tmp/x", load_before=0.1, gemm_format="fp32")
+        return "done", None, fields
+    run_all(store, m, outcome)
+    with store.transaction() as conn:
+        full = [dict(r._mapping) for r in conn.execute(text("SELECT * FROM v_results ORDER BY run_id"))]
+        columns, kept = rows_module.read_results(conn, None, leave_out=REPORT_LEAVES)
+    done = [r for r in full if r["status"] == "done"]
+    assert len([k for k, v in done[0].items() if v is not None]) > 85  # a real run's row: a doubled table
+    assert columns == [c for c in full[0] if c not in REPORT_LEAVES]
+    assert kept == [{k: v for k, v in r.items() if k not in REPORT_LEAVES} for r in full]
+    assert max(len(dict.keys(r)) for r in kept) <= 85 and all("cpu_model" not in r for r in kept)
+
+    def refuse(get):
+        def asked(self, key, *default):
+            assert key not in REPORT_LEAVES, f"a reader of the report asked a row for {key}, which it left out"
+            return get(self, key, *default)
+        return asked
+    for name in ("get", "__getitem__", "__contains__"):
+        monkeypatch.setattr(rows_module.CompactRow, name, refuse(getattr(rows_module.CompactRow, name)))
+    rep = write_report(store, tmp_path / "out", plots=True)
+    with (tmp_path / "out" / "results.csv").open() as f:
+        header = next(csv.reader(f))
+    assert header == list(full[0])
+    assert "CPU alpha" in rep.html_path.read_text() and "| CPU | CPU alpha |" in rep.summary_path.read_text()
+    assert "6.1.0-test" in rep.summary_path.read_text() and "avx512f" in rep.summary_path.read_text()
+
+
+def test_a_later_schema_read_from_the_view_leaves_out_the_same_columns(tmp_path, monkeypatch):
+    """read_results reads the view itself where it holds a column the read does not know (a later
+    schema): the same rows, less the same columns, and results.csv with every one."""
+    from orchestrator import rows as rows_module
+    from orchestrator.view_sql import REPORT_LEAVES, sources
+
+    store = build(str(tmp_path / "r.db"), 300, machines=2, shape="small", quiet=True)
+    with store.transaction() as conn:
+        columns, joined = rows_module.read_results(conn, None, leave_out=REPORT_LEAVES)
+    monkeypatch.setattr(rows_module, "sources", lambda conn: {k: v for k, v in sources(conn).items()
+                                                              if k != "tokens_per_s"})
+    with store.transaction() as conn:
+        again = rows_module.read_results(conn, None, tmp_path / "results.csv", leave_out=REPORT_LEAVES)
+        full = list(conn.execute(text("SELECT * FROM v_results WHERE 1 = 0")).keys())
+    assert again == (columns, joined) and "tokens_per_s" in columns and "cpu_model" not in columns
+    with (tmp_path / "results.csv").open() as f:
+        assert next(csv.reader(f)) == full

@@ -36,6 +36,7 @@ from orchestrator.forked import Family, Worker
 from orchestrator.rows import read_results, start_results_csv
 from orchestrator import config_index, prediction_report
 from orchestrator.store import ReadOnlyDatabase, Store
+from orchestrator.view_sql import MACHINE_ONLY, REPORT_LEAVES
 from orchestrator.report import html as html_report
 from orchestrator.report.data import (SELECT_MACHINES, SELECT_RESULTS, SELECT_SWEEP_NOTES, SELECT_TARGETS,
                                       Context, Report, _probe_facts, _write_effects, effect_row)
@@ -92,7 +93,7 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
         # forked before the read, yielding the CPU (CSV_NICE), and waited for only at the end
         csv_child = start_results_csv(conn, machine_id, csv_path, nice=CSV_NICE)
         children.callback(csv_child.stop)
-        _, rows = read_results(conn, machine_id)
+        _, rows = read_results(conn, machine_id, leave_out=REPORT_LEAVES)  # (the machine's facts: below)
         machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
         targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
     gc.freeze()  # the rows: never traversed again by the collections of the analysis that follows
@@ -101,7 +102,8 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     for r in rows:
         by_machine[r["machine_id"]].append(r)
     machine_ids = sorted(set(by_machine) | ({machine_id} if machine_id is not None else set()))
-    facts = {m: by_machine[m][0] if by_machine.get(m) else {} for m in machine_ids}
+    machine_of = {r["machine_id"]: r for r in machine_rows}
+    facts = {m: _facts(by_machine[m][0], machine_of.get(m, {})) if by_machine.get(m) else {} for m in machine_ids}
     names = {m: _machine_name(m, facts[m]) for m in machine_ids}
     probe_cv = {}
     for r in machine_rows:
@@ -166,6 +168,12 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     return Report(csv_path=csv_path, summary_path=summary_path, plot_paths=plot_paths, top_effects=top,
                   counts=counts, failures=failures, machines=len({r["machine_id"] for r in rows}),
                   effects=all_effects, analysis=analysis, html_path=html_path, effects_not_written=not_written)
+
+
+def _facts(row: dict, machine: dict) -> dict:
+    """A machine's facts: its first run's row, with the machine's columns the rows leave out
+    (view_sql.MACHINE_ONLY) from its machines row, as v_results gives them."""
+    return {**row, **{c: machine.get(c) for c in MACHINE_ONLY}}
 
 
 # -- the garbage collector ----------------------------------------------------------------------
