@@ -210,9 +210,10 @@ def machine_noise(runs: list[Run], varied: list[str], model: Model | None, probe
 def _median_sampling_cv(runs: list[Run]) -> float | None:
     """The typical noise of a run's median step time from its own steps: the steps' log spread from
     p10 and p90 (a normal's p90/p10 is 2.563 sigmas) times sqrt(pi/2 / steps), the median's."""
-    out = []
     rows = list(map(attrgetter("row"), runs))
-    for p10, p90, steps in zip(*(map(dict.get, rows, repeat(c)) for c in ("step_ms_p10", "step_ms_p90", "steps"))):
-        if p10 and p90 and steps and p90 >= p10 > 0:
-            out.append(math.log(p90 / p10) / 2.563 * math.sqrt(math.pi / 2 / int(steps)))
+    p10s, p90s, steps = (list(map(dict.get, rows, repeat(c))) for c in ("step_ms_p10", "step_ms_p90", "steps"))
+    root = {s: math.sqrt(math.pi / 2 / int(s)) for s in set(steps) if s}  # per distinct step count: the same floats
+    log = math.log
+    out = [log(p90 / p10) / 2.563 * root[n] for p10, p90, n in zip(p10s, p90s, steps)
+           if p10 and p90 and n and p90 >= p10 > 0]
     return float(np.median(out)) if out else None
