@@ -111,7 +111,7 @@ def progress(store: Store, *, eta: bool = True) -> Progress:
     RUNNING_SHOWN running and FAILURES_SHOWN latest failures)."""
     from orchestrator.report.words import short_reason
 
-    with store.transaction() as conn:
+    with store.transaction(snapshot=True) as conn:  # its statements' counts agree while workers write
         now = float(conn.exec_driver_sql(SELECT_NOW[store.dialect]).scalar_one())
         jobs = int(conn.exec_driver_sql("SELECT COUNT(*) FROM jobs").scalar_one())
         rows = conn.execute(text(SELECT_PROGRESS)).all()

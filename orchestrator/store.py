@@ -411,13 +411,17 @@ class Store:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     @contextmanager
-    def transaction(self, *, write: bool = False) -> Iterator[Connection]:
+    def transaction(self, *, write: bool = False, snapshot: bool = False) -> Iterator[Connection]:
         """The one way to talk to the database: commits on success, rolls back on error, closes. A
-        driver error leaves it as one BenchError (fault())."""
+        driver error leaves it as one BenchError (fault()). `snapshot`: every statement reads the
+        database as it was at the first (a read of several statements, like the report's, while workers
+        write): PostgreSQL's REPEATABLE READ; SQLite's transaction already reads one snapshot throughout."""
         try:
             with self.engine.connect() as conn:
                 if write:
                     conn = conn.execution_options(immediate=True)
+                if snapshot and self.dialect == "postgresql":
+                    conn = conn.execution_options(isolation_level="REPEATABLE READ")
                 with conn.begin():
                     yield conn
         except (DBAPIError, *self._driver_errors) as err:

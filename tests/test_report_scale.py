@@ -389,3 +389,35 @@ def test_a_later_schema_read_from_the_view_leaves_out_the_same_columns(tmp_path,
     assert again == (columns, joined) and "tokens_per_s" in columns and "cpu_model" not in columns
     with (tmp_path / "results.csv").open() as f:
         assert next(csv.reader(f)) == full
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_reports_read_sees_one_state_of_a_database_that_a_worker_writes_between_its_statements(
+        tmp_path, request, monkeypatch, backend):
+    """read_results takes a report's runs, their jobs and their machines by separate statements. In the
+    report's transaction (snapshot=True) a job a worker claims between them is not half seen: the runs
+    are those of the moment the read began. Before, on PostgreSQL (each statement its own snapshot), the
+    new run came without its job and the read died of a KeyError (report --watch, during a live sweep)."""
+    from orchestrator import rows as rows_module
+    from tests.scaledb import SHAPES, _plan
+
+    url = str(tmp_path / "r.db") if backend == "sqlite" else request.getfixturevalue("pg_db")
+    store = build(url, 120, machines=2, shape="small", quiet=True)
+    fresh = [j for j in _plan(200, {**SHAPES["small"], "d_model": [512]}) if j["config"]["repeat"] == 0][:1]
+    store.enqueue(name="later", source="test", sweep_text="later", jobs=fresh)  # queued: no run yet
+    with store.transaction() as conn:
+        before = conn.execute(text("SELECT COUNT(*) FROM v_results")).scalar()
+    chunks = rows_module._chunks
+    calls = []
+
+    def claim_between(result):  # the jobs' statement has run, the runs' has not: a worker claims
+        calls.append(1)
+        if len(calls) == 2:
+            assert store.claim(1, pid=1, host="elsewhere", max_cores=64) is not None
+        return chunks(result)
+    monkeypatch.setattr(rows_module, "_chunks", claim_between)
+    with store.transaction(snapshot=True) as conn:
+        _, rows = rows_module.read_results(conn, None)
+    assert len(calls) >= 3 and len(rows) == before
+    with store.transaction() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM v_results")).scalar() == before + 1

@@ -89,8 +89,10 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     for old in plots_dir.glob("*.png"):  # a plot of a variable no longer varied must not linger
         old.unlink()
     csv_path = out_dir / "results.csv"
-    with store.transaction() as conn:  # the rows read in chunks; results.csv written meanwhile by a child
-        # forked before the read, yielding the CPU (CSV_NICE), and waited for only at the end
+    # The rows read in chunks, their runs, jobs and machines by separate statements (rows.read_results) that
+    # must see one state of a database that workers write meanwhile (snapshot); results.csv written meanwhile
+    # by a child forked before the read, yielding the CPU (CSV_NICE), and waited for only at the end.
+    with store.transaction(snapshot=True) as conn:
         csv_child = start_results_csv(conn, machine_id, csv_path, nice=CSV_NICE)
         children.callback(csv_child.stop)
         _, rows = read_results(conn, machine_id, leave_out=REPORT_LEAVES)  # (the machine's facts: below)
