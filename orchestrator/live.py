@@ -20,6 +20,7 @@ from __future__ import annotations
 import html
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -55,6 +56,9 @@ WATCH_DUTY = 0.1  # the share of one CPU a watcher may spend on the statistics
 # reports then wait for idle moments instead of taking time from the runs (measured at +17% step
 # time at normal priority, benchmarks/watch_overhead.py).
 WATCH_NICE = 19
+# Stopping the watcher (Ctrl+C) waits this long for an idle report process to leave; one busy with a report
+# nobody will read (at nice 19 beside busy workers it can take minutes) is killed at once, its children too.
+REPORTER_LEAVES_S = 1.0
 STATES = ("done", "running", "failed", "skipped")
 
 
@@ -259,10 +263,9 @@ class Tick:
 def _reporter(store: Store, staging: Path, channel) -> None:
     """The watcher's report process (forked): at WATCH_NICE, one report per request into `staging`,
     keeping its per-machine memo between them; answers (wall seconds, CPU seconds, None) or the error."""
-    import signal
-
     from orchestrator.report import write_report
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole group: the watcher stops us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the watcher's: it stops us
+    os.setpgrp()  # a group of its own: stopped with the children a report forks, at once (watch)
     os.nice(WATCH_NICE)  # the workers' runs come first
     store.engine.dispose(close=False)  # connections of its own: none of the watcher's cross the fork
     memo: dict = {}  # per machine: its comparisons and predictions, redone only when its runs changed
@@ -331,9 +334,13 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
                 time.sleep(max(0.0, every_s - (time.perf_counter() - t0)))
     finally:
         if reporter.is_alive():
-            channel.send(False)
-            reporter.join(timeout=30)
-        if reporter.is_alive():
-            reporter.kill()
+            channel.send(False)  # an idle report process leaves at once
+            reporter.join(timeout=REPORTER_LEAVES_S)
+        if reporter.is_alive():  # busy with a report whose page would be thrown away (staging): it and the
+            try:  # children it forked, at once (at nice 19 beside busy workers it would take long to unwind)
+                os.killpg(reporter.pid, signal.SIGKILL)
+            except ProcessLookupError:  # not yet in a group of its own
+                reporter.kill()
+            reporter.join()
         if staging.exists():
             shutil.rmtree(staging)

@@ -206,3 +206,42 @@ def test_the_page_draws_every_plot_before_it_is_printed(tmp_path):
         assert opened(page.resolve().as_uri() + "#print") == [total, total]  # a headless PDF or screenshot
     finally:
         driver.quit()
+
+
+def test_stopping_the_watcher_stops_a_report_in_flight_and_the_children_it_forked(tmp_path, monkeypatch):
+    """Ctrl+C while the watcher's report process writes a report (at nice 19 beside busy workers, that can
+    take minutes): the report is abandoned, its page would be thrown away. Its process is killed with the
+    children the report forked (results.csv's), as a group; before, it was waited for 30 s and then killed
+    alone, and a child of it lived on."""
+    import threading
+
+    import psutil
+
+    import orchestrator.report as report_package
+    store = Store(str(tmp_path / "results.db"))
+    _fleet(store)
+    started = tmp_path / "started"
+
+    def endless(*args, **kwargs):  # a report that forks a child, as write_report does, and never ends
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        try:
+            started.write_text(str(child.pid))
+            time.sleep(600)
+        finally:
+            child.kill()
+            child.wait()
+
+    def interrupt():  # Ctrl+C, once the report is under way
+        while not started.exists():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(report_package, "write_report", endless)
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        watch(store, tmp_path / "result", every_s=0.1, duty=1e6)
+    forked = int(started.read_text())
+    assert not psutil.pid_exists(forked) or psutil.Process(forked).status() == psutil.STATUS_ZOMBIE
+    assert {c.pid for c in psutil.Process().children(recursive=True)} <= before
+    assert not (tmp_path / "result" / ".watch").exists()
