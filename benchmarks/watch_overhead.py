@@ -115,16 +115,18 @@ def main() -> None:
                     on[-1][1] = time.time()
                 t_switch = time.time() + args.toggle
             # the live page with its effects (before the watcher's first report it holds the progress only)
-            if args.screenshot and not shots and watcher is not None and (out / "index.html").exists() \
-                    and 'id="effects"' in (out / "index.html").read_text(encoding="utf-8"):
+            # (or, where the workers leave the watcher's report no CPU, the progress it shows by half the sweep)
+            if args.screenshot and not shots and watcher is not None and (out / "index.html").exists():
+                effects = 'id="effects"' in (out / "index.html").read_text(encoding="utf-8")
                 with store.transaction() as conn:
                     done = conn.execute(text("SELECT COUNT(*) FROM runs r JOIN pools p ON p.pool_id = r.pool_id "
                                              "WHERE p.name = 'fleet' AND r.status = 'done'")).scalar_one()
-                if done >= 6:
+                if done >= 6 and (effects or done >= 2 * args.repeats):
                     t0 = time.time()
                     screenshot(out / "index.html", args.screenshot)
                     shots.append((t0, time.time()))
-                    print(f"screenshot: {args.screenshot} ({done} runs done)", flush=True)
+                    print(f"screenshot: {args.screenshot} ({done} runs done; the page "
+                          f"{'with' if effects else 'without'} the effects yet)", flush=True)
             time.sleep(0.5)
         if watcher is not None:
             watcher.send_signal(signal.SIGINT)

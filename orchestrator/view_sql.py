@@ -24,8 +24,8 @@ MINE = " AND r.machine_id = :machine_id"
 # The columns of v_results the report's rows leave out (write_report: read_results(leave_out=REPORT_LEAVES)):
 # a run's measurements only results.csv shows, and the machine's facts, which the report takes once per
 # machine, from its machines row (the rows keep its id, hostname and L3 size: readers take them per run).
-# A real run's row then keeps ~70 of its ~110 non-NULL columns: CPython's dict doubles its table past 85
-# keys (1,584 -> 3,328 bytes), so that a fleet's rows take half the memory.
+# A real run's row then keeps 75 of its 112 non-NULL columns (a quick sweep's): CPython's dict doubles its
+# table past 85 keys (1,584 -> 3,328 bytes), so that a fleet's rows take half the memory.
 CSV_ONLY = ("claimed", "setup_s", "first_step_s", "step_ms_mean", "step_ms_std", "wall_s", "samples_per_s",
             "loss_first", "loss_last", "peak_rss_mb", "cpu_user_s", "cpu_sys_s", "ctx_switches", "freq_mhz_avg",
             "energy_j", "temp_c_max", "gflops", "output_path", "torch_version", "python_version", "load_before")
