@@ -271,6 +271,7 @@ def _cpu_list(text: Optional[str]) -> Optional[list[int]]:
 
 def _worker_options(cpus, max_jobs, wait, timeout, pool_name=None, target_ci=None, max_repeats=10, db_retry=None):
     from common.errors import BadInput
+    from common.patience import retry_seconds
     from worker.loop import WorkerOptions
 
     try:
@@ -283,14 +284,7 @@ def _worker_options(cpus, max_jobs, wait, timeout, pool_name=None, target_ci=Non
         raise BadInput(f"--target-ci {target_ci:g}: expected a percentage between 0 and 100 (5 = +-5%)")
     if max_repeats < 2:
         raise BadInput(f"--max-repeats {max_repeats}: an interval needs at least 2 runs per value")
-    if db_retry is None:
-        db_retry = os.environ.get("BENCH_DB_RETRY_S", "600")
-    try:
-        db_retry_s = float(db_retry)
-    except ValueError:
-        db_retry_s = -1.0
-    if not db_retry_s >= 0:
-        raise BadInput(f"--db-retry / BENCH_DB_RETRY_S {db_retry!r}: expected seconds >= 0")
+    db_retry_s = retry_seconds(db_retry)
     return WorkerOptions(cpus=pool, max_jobs=max_jobs, wait=wait, timeout_s=timeout, pool_name=pool_name,
                          heartbeat_s=float(os.environ.get("BENCH_HEARTBEAT_S", "5")),
                          max_attempts=int(os.environ.get("BENCH_MAX_ATTEMPTS", "3")),
@@ -478,8 +472,10 @@ def end_at_once() -> None:
 
 
 def watch_and_print(db: str, out_dir: Path, every: float) -> None:
+    from common.patience import retry_seconds
     from orchestrator.live import watch as keep_current
 
+    retry_s = retry_seconds(None)  # a database outage ridden out for BENCH_DB_RETRY_S, as a worker does
     store = open_store(db, read_only=True)  # the statistics run in a child at nice 19 (live.WATCH_NICE)
     err.print(f"keeping {out_dir / 'index.html'} current every {every:g} s (Ctrl+C stops)", highlight=False)
 
@@ -488,7 +484,8 @@ def watch_and_print(db: str, out_dir: Path, every: float) -> None:
             err.print(f"{time.strftime('%H:%M:%S')} {tick.done:,} runs finished: report redone in {tick.report_s:.1f} s",
                       highlight=False)
     try:
-        keep_current(store, out_dir, every_s=every, on_tick=said)
+        keep_current(store, out_dir, every_s=every, on_tick=said, retry_s=retry_s,
+                     on_note=lambda text: err.print(f"{time.strftime('%H:%M:%S')} {text}", highlight=False))
     except KeyboardInterrupt:
         err.print("stopped watching", highlight=False)
 

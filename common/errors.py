@@ -27,7 +27,8 @@ class Stopped(BenchError):
 
 class DatabaseUnavailable(BenchError):
     """The database cannot be used for now: the connection was lost, the server is restarting, or
-    (SQLite) another connection holds the lock past the busy timeout. It may come back: a worker
-    retries for a while (worker/loop.py); any other command reports it at once. Exit code 1."""
+    (SQLite) another connection holds the lock past the busy timeout. It may come back: a worker and
+    `report --watch` retry for a while (common/patience.py); any other command reports it at once.
+    Exit code 1."""
 
     exit_code = 1

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from sqlalchemy import text
 
+from common.errors import DatabaseUnavailable
+from common.patience import DB_RETRY_S, Patience
 from orchestrator.store import Store
 
 # Runs per pool, machine and status, with the oldest claim of the running ones and the last finish.
@@ -187,8 +189,9 @@ def clock(unix_s: float | None) -> str:
     return "-" if unix_s is None else time.strftime("%H:%M:%S", time.gmtime(unix_s))
 
 
-def progress_html(pr: Progress, *, every_s: float, analysed: tuple[float, int] | None) -> str:
-    """The page's live section: pools and machines, the running runs, the last failures."""
+def progress_html(pr: Progress, *, every_s: float, analysed: tuple[float, int] | None, outage: str | None = None) -> str:
+    """The page's live section: pools and machines, the running runs, the last failures; first, where the
+    database does not answer (`outage`, in words), that this is the progress as it last answered."""
     e = lambda x: html.escape(str(x), quote=True)  # noqa: E731
     rows = []
     for p in pr.pools:
@@ -211,7 +214,9 @@ def progress_html(pr: Progress, *, every_s: float, analysed: tuple[float, int] |
                        f"<b>{e(r['status'])}</b>: {e(r['reason'])}</li>" for r in pr.failures)
     when = (f"The effects and everything below are from the {analysed[1]:,} runs finished by {clock(analysed[0])} UTC "
             "(redone when runs finish)." if analysed else "")
-    return (f"<section id='live'><h2>Live: the sweep as it runs</h2><p class='meta'>Progress at {clock(pr.now)} UTC "
+    stale = (f"<p class='outage' style='color:#a40000'><b>{e(outage)}; retrying. What follows is the progress as it last "
+             f"answered.</b></p>" if outage else "")
+    return (f"<section id='live'><h2>Live: the sweep as it runs</h2>{stale}<p class='meta'>Progress at {clock(pr.now)} UTC "
             f"(the database's clock), refreshed every {every_s:g} s by <code>bench.py report --watch</code>; this page "
             f"reloads itself. {when}</p>{table}"
             + (f"<h3>Running now</h3><ul>{running}</ul>" if running else "<p>No run is running.</p>")
@@ -281,12 +286,16 @@ def _reporter(store: Store, staging: Path, channel) -> None:
 
 
 def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | None = None,
-          on_tick: Callable[[Tick], None] | None = None, until_idle: bool = False, duty: float = WATCH_DUTY) -> None:
+          on_tick: Callable[[Tick], None] | None = None, until_idle: bool = False, duty: float = WATCH_DUTY,
+          retry_s: float = DB_RETRY_S, on_note: Callable[[str], None] | None = None) -> None:
     """Keep out_dir/index.html (and results.csv, summary.md) current while workers run, until
     interrupted, `rounds` rounds, or (until_idle) a round finds nothing queued or running. The
     statistics run in a child process at WATCH_NICE; this process only reads the progress (a few
     aggregate queries) and rewrites the page, also while a report is being written, so the progress
-    stays current even where the workers leave the report no CPU."""
+    stays current even where the workers leave the report no CPU. A database outage (a PostgreSQL
+    restart) is ridden out for up to retry_s seconds, as a worker does (common/patience.py): the page
+    keeps the last progress and says since when the database has not answered; `on_note` is told when an
+    outage begins and ends."""
     import multiprocessing
 
     out_dir = Path(out_dir)
@@ -296,15 +305,30 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
     reporter = multiprocessing.get_context("fork").Process(target=_reporter, args=(store, staging, theirs), daemon=True)
     reporter.start()
     page, seen, analysed_at, next_ok, n = None, None, None, 0.0, 0
+    shown: list[Progress] = []  # the last progress shown
+    outage: list[str] = []  # while the database does not answer: since when, in words
 
     def show(pr: Progress) -> None:
-        write_atomic(out_dir / "index.html", live_page(page or first_page(),
-                                                        progress_html(pr, every_s=every_s, analysed=analysed_at), every_s))
+        shown[:] = [pr]
+        write_atomic(out_dir / "index.html", live_page(page or first_page(), progress_html(
+            pr, every_s=every_s, analysed=analysed_at, outage=outage[0] if outage else None), every_s))
+
+    def noted(text: str) -> None:  # an outage begins (the page says so) or ends
+        outage[:] = [f"The database has not answered since {clock(time.time())} UTC ({text})"] \
+            if patience.failing_since is not None else []
+        if outage and shown:
+            show(shown[0])
+        if on_note is not None:
+            on_note(text)
+    patience = Patience(retry_s, noted)
+
+    def current() -> Progress:
+        return patience.call(progress, store)
     try:
         while rounds is None or n < rounds:
             n += 1
             t0 = time.perf_counter()
-            pr = progress(store)
+            pr = current()
             progress_s = time.perf_counter() - t0
             report_s = 0.0
             finished = sum(m.done + m.failed + m.skipped for p in pr.pools for m in p.machines)
@@ -314,15 +338,21 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
                 while not channel.poll(every_s):  # the report runs: keep the progress current meanwhile
                     if not reporter.is_alive():
                         raise RuntimeError(f"the watcher's report process died (exit code {reporter.exitcode})")
-                    show(progress(store))
+                    show(current())
                 report_s, report_cpu_s, error = channel.recv()
-                if error is not None:
+                if isinstance(error, DatabaseUnavailable):  # tried again once the database answers
+                    patience.failed(error)
+                    if patience.gave_up():
+                        raise error
+                    report_s = 0.0
+                elif error is not None:
                     raise error
-                for name in ("results.csv", "summary.md"):
-                    os.replace(staging / name, out_dir / name)
-                page = (staging / "index.html").read_text(encoding="utf-8")
-                seen, analysed_at = pr.fingerprint, (pr.now, finished)
-                next_ok = time.monotonic() + report_cpu_s / duty  # its share of one CPU, however long it waited for one
+                else:
+                    for name in ("results.csv", "summary.md"):
+                        os.replace(staging / name, out_dir / name)
+                    page = (staging / "index.html").read_text(encoding="utf-8")
+                    seen, analysed_at = pr.fingerprint, (pr.now, finished)
+                    next_ok = time.monotonic() + report_cpu_s / duty  # its share of one CPU, however long it waited
             if page is not None:
                 show(pr)
             if on_tick is not None:

@@ -245,3 +245,44 @@ def test_stopping_the_watcher_stops_a_report_in_flight_and_the_children_it_forke
     assert not psutil.pid_exists(forked) or psutil.Process(forked).status() == psutil.STATUS_ZOMBIE
     assert {c.pid for c in psutil.Process().children(recursive=True)} <= before
     assert not (tmp_path / "result" / ".watch").exists()
+
+
+def test_the_watcher_rides_out_a_postgres_restart_and_the_page_says_the_database_is_not_answering(tmp_path):
+    """The server stopped under `report --watch` (a maintenance restart): the watcher neither dies nor
+    prints a traceback; the page keeps the last progress and says since when the database has not
+    answered; once it is back the progress goes on, the notice gone. Before, the watcher stopped at the
+    first query that failed."""
+    from tests.pgserver import pg_bin, postgres_server
+
+    if pg_bin() is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    with postgres_server() as server:
+        _fleet(Store(server.url))
+        out = tmp_path / "result"
+        page = out / "index.html"
+        proc = subprocess.Popen([sys.executable, str(ROOT / "bench.py"), "report", "--watch", "--every", "1", "--out",
+                                 str(out), "--db", server.url], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, "BENCH_DB_RETRY_S": "120"},
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+        def wait_for(check, what: str, within: float = 120) -> None:
+            deadline = time.monotonic() + within
+            while time.monotonic() < deadline and proc.poll() is None:
+                if page.exists() and check(page.read_text()):
+                    return
+                time.sleep(0.2)
+            raise AssertionError(f"{what}: " + (proc.stderr.read() if proc.poll() is not None else "not in time"))
+        try:
+            wait_for(lambda text: 'id="effects"' in text, "the first report")
+            server.stop()
+            try:
+                wait_for(lambda text: "The database has not answered since" in text, "the outage on the page")
+                assert 'id="effects"' in page.read_text()  # the page as it was, the notice above it
+            finally:
+                server.start()
+            wait_for(lambda text: "has not answered" not in text, "the page after the outage")
+        finally:
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "retrying for up to 120 s" in err and "database back after" in err and "Traceback" not in err

@@ -35,6 +35,7 @@ from pathlib import Path
 import psutil
 
 from common.errors import BadInput, BenchError, Busy, DatabaseUnavailable, Stopped
+from common.patience import Patience
 from orchestrator.store import RUN_FACTS, Claim, Store, same_start, result_problems
 from worker import gemm_peak, knobs, probe, sensors
 from worker.child import ForkServers, Outcome, child_env, run_exec
@@ -90,65 +91,6 @@ class Event:
     outcome: Outcome | None = None
     counts: dict | None = None
     text: str = ""
-
-
-class Patience:
-    """Rides out a database outage: a call that raises DatabaseUnavailable is tried again, after
-    0.5 s, 1 s, then every 2 s, until the outage has lasted retry_s; then the error
-    goes on, saying so. One per worker, shared with its heartbeat thread, so an outage is counted
-    once from when either first saw it, and the worker knows when it ended (settled())."""
-
-    MAX_DELAY_S = 2.0  # a connection attempt every 2 s is nothing to a server; a worker idle longer is waste
-
-    def __init__(self, retry_s: float, emit: Callable[[Event], None] = lambda e: None):
-        self.retry_s = retry_s
-        self.emit = emit
-        self.failing_since: float | None = None  # time.monotonic() when the outage was first seen
-        self.back_at = float("-inf")  # when the last outage ended
-        self.outages = 0
-        self.lost_s = 0.0  # outages so far, in seconds, all together (from first failure to first success)
-
-    def call(self, fn: Callable, *args, **kwargs):
-        delay = 0.5
-        while True:
-            try:
-                result = fn(*args, **kwargs)
-            except DatabaseUnavailable as error:
-                waited = time.monotonic() - self.failed(error)
-                if waited + delay > self.retry_s:
-                    raise DatabaseUnavailable(f"{error}; gave up after {waited:.0f} s of retries "
-                                              f"(--db-retry {self.retry_s:g})") from None
-                time.sleep(delay)
-                delay = min(2 * delay, self.MAX_DELAY_S)
-                continue
-            self.ok()
-            return result
-
-    def failed(self, error: BenchError) -> float:
-        """Note an outage (once); when it began."""
-        since = self.failing_since
-        if since is None:
-            since = self.failing_since = time.monotonic()
-            self.emit(Event("note", text=f"{error}; retrying for up to {self.retry_s:g} s"))
-        return since
-
-    def gave_up(self) -> bool:
-        since = self.failing_since
-        return since is not None and time.monotonic() - since > self.retry_s
-
-    def ok(self) -> None:
-        since = self.failing_since
-        if since is not None:
-            self.failing_since = None
-            self.back_at = time.monotonic()
-            self.outages += 1
-            self.lost_s += self.back_at - since
-            self.emit(Event("note", text=f"database back after {self.back_at - since:.1f} s"))
-
-    def settled(self, for_s: float) -> bool:
-        """The database has answered for for_s since the last outage: other workers have had time to
-        beat again, so a run whose heartbeat is old now is a dead worker's."""
-        return self.failing_since is None and time.monotonic() - self.back_at >= for_s
 
 
 def allowed_cpus(requested: list[int] | None) -> list[int]:
@@ -213,7 +155,7 @@ class Worker:
         self._counted_at = float("-inf")
         self._datasets: dict[str, str] = {}
         self._provisional_peaks: dict = {}  # loaded GEMM peak measurements, never cached (gemm_peak.peak_for)
-        self.patience = Patience(options.db_retry_s, on_event)
+        self.patience = Patience(options.db_retry_s, lambda text: on_event(Event("note", text=text)))
         # Finished results not yet in the database, one file per run, named by the database they belong to.
         self.kept_dir = options.state_dir / "kept"
         self._kept_prefix = hashlib.sha256(store.url.encode()).hexdigest()[:16] if store is not None else ""
