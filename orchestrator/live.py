@@ -214,7 +214,7 @@ def progress_html(pr: Progress, *, every_s: float, analysed: tuple[float, int] |
                        f"<b>{e(r['status'])}</b>: {e(r['reason'])}</li>" for r in pr.failures)
     when = (f"The effects and everything below are from the {analysed[1]:,} runs finished by {clock(analysed[0])} UTC "
             "(redone when runs finish)." if analysed else "")
-    stale = (f"<p class='outage' style='color:#a40000'><b>{e(outage)}; retrying. What follows is the progress as it last "
+    stale = (f"<p class='outage' style='color:#a40000'><b>{e(outage)}. What follows is the progress as it last "
              f"answered.</b></p>" if outage else "")
     return (f"<section id='live'><h2>Live: the sweep as it runs</h2>{stale}<p class='meta'>Progress at {clock(pr.now)} UTC "
             f"(the database's clock), refreshed every {every_s:g} s by <code>bench.py report --watch</code>; this page "
