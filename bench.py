@@ -446,6 +446,9 @@ def report(
     out_dir: Annotated[Path, typer.Option("--out", help="where to write the page, CSV, markdown and plots")] = Path("result"),
     watch: Annotated[bool, typer.Option("--watch", help="keep index.html current while workers run (Ctrl+C stops)")] = False,
     every: Annotated[float, typer.Option("--every", help="with --watch: seconds between updates", min=1.0)] = 10.0,
+    db_retry: Annotated[Optional[float], typer.Option(
+        "--db-retry", help="with --watch: seconds to ride out a lost database (a server restart, a held lock) "
+                           "before giving up [default: BENCH_DB_RETRY_S or 600]")] = None,
     db: DbOption = "results.db",
 ) -> None:
     """Write result/: index.html (the page to open), results.csv, summary.md, plots/*.png, fitted effects (also to
@@ -453,9 +456,16 @@ def report(
     effects as they stand, the last failures (orchestrator/live.py); each update redoes the comparisons and
     predictions of only the machines whose runs changed."""
     if watch:
-        guarded(lambda: watch_and_print(db, out_dir, every))
+        guarded(lambda: watch_and_print(db, out_dir, every, db_retry))
         return
-    guarded(lambda: report_and_print(db, out_dir))
+
+    def body():
+        from common.patience import retry_seconds
+
+        if db_retry is not None:
+            retry_seconds(db_retry)  # a bad value refused (exit 2) as with --watch, though only --watch uses it
+        report_and_print(db, out_dir)
+    guarded(body)
     end_at_once()
 
 
@@ -471,11 +481,11 @@ def end_at_once() -> None:
     os._exit(0)
 
 
-def watch_and_print(db: str, out_dir: Path, every: float) -> None:
+def watch_and_print(db: str, out_dir: Path, every: float, db_retry: float | None = None) -> None:
     from common.patience import retry_seconds
     from orchestrator.live import watch as keep_current
 
-    retry_s = retry_seconds(None)  # a database outage ridden out for BENCH_DB_RETRY_S, as a worker does
+    retry_s = retry_seconds(db_retry)  # a database outage ridden out, as a worker does
     store = open_store(db, read_only=True)  # the statistics run in a child at nice 19 (live.WATCH_NICE)
     err.print(f"keeping {out_dir / 'index.html'} current every {every:g} s (Ctrl+C stops)", highlight=False)
 

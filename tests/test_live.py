@@ -260,9 +260,9 @@ def test_the_watcher_rides_out_a_postgres_restart_and_the_page_says_the_database
         _fleet(Store(server.url))
         out = tmp_path / "result"
         page = out / "index.html"
-        proc = subprocess.Popen([sys.executable, str(ROOT / "bench.py"), "report", "--watch", "--every", "1", "--out",
-                                 str(out), "--db", server.url], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env={**os.environ, "BENCH_DB_RETRY_S": "120"},
+        proc = subprocess.Popen([sys.executable, str(ROOT / "bench.py"), "report", "--watch", "--every", "1", "--db-retry",
+                                 "120", "--out", str(out), "--db", server.url], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "BENCH_DB_RETRY_S": "5"},
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
         def wait_for(check, what: str, within: float = 120) -> None:
