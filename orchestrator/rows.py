@@ -264,15 +264,13 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None,
     columns = [c for c in view if c not in leave_out]
     known = sources(conn)
     later = bool(set(view) - set(known)) or len(set(view)) != len(view)  # a schema this read does not know
-    if later and not leave_out:
-        return read_rows(conn, _results_query(machine_id), params, csv_path)
     mine = MINE if machine_id is not None else ""
     # results.csv: the child writes the view's bytes from the tables, each job's and machine's fields written
     # once (results_csv; the view itself where that does not apply). (66aedba had it read the tuples as
     # _view_parts does: no gain at 100k, and it held every job's values: 1M tree PSS 3,604 MB against 3,411.)
     csv_child = start_results_csv(conn, machine_id, csv_path) if csv_path is not None else None
     try:
-        if later:  # the view itself, of the columns kept (results.csv has them all)
+        if later:  # the view itself, of the columns kept (results.csv has them all: the view's, in the child)
             rows = read_rows(conn, _results_query(machine_id, [quoted(conn, c) for c in columns]), params)[1]
         else:
             with gc_paused():

@@ -377,21 +377,25 @@ def test_the_reports_rows_leave_out_what_only_results_csv_and_the_facts_show_and
 
 def test_a_later_schema_read_from_the_view_leaves_out_the_same_columns(tmp_path, monkeypatch):
     """read_results reads the view itself where it holds a column the read does not know (a later
-    schema): the same rows, less the same columns, and results.csv with every one."""
+    schema): the same rows, less the same columns (or none), and results.csv with every one."""
     from orchestrator import rows as rows_module
     from orchestrator.view_sql import REPORT_LEAVES, sources
 
     store = build(str(tmp_path / "r.db"), 300, machines=2, shape="small", quiet=True)
     with store.transaction() as conn:
         columns, joined = rows_module.read_results(conn, None, leave_out=REPORT_LEAVES)
+        every, whole = rows_module.read_results(conn, None)
     monkeypatch.setattr(rows_module, "sources", lambda conn: {k: v for k, v in sources(conn).items()
                                                               if k != "tokens_per_s"})
-    with store.transaction() as conn:
-        again = rows_module.read_results(conn, None, tmp_path / "results.csv", leave_out=REPORT_LEAVES)
-        full = list(conn.execute(text("SELECT * FROM v_results WHERE 1 = 0")).keys())
-    assert again == (columns, joined) and "tokens_per_s" in columns and "cpu_model" not in columns
-    with (tmp_path / "results.csv").open() as f:
-        assert next(csv.reader(f)) == full
+    for leave_out, expected in ((REPORT_LEAVES, (columns, joined)), (frozenset(), (every, whole))):
+        (tmp_path / "results.csv").unlink(missing_ok=True)
+        with store.transaction() as conn:
+            again = rows_module.read_results(conn, None, tmp_path / "results.csv", leave_out=leave_out)
+            full = list(conn.execute(text("SELECT * FROM v_results WHERE 1 = 0")).keys())
+        assert again == expected and "tokens_per_s" in again[0]
+        assert ("cpu_model" in again[0]) == (not leave_out) and every == full
+        with (tmp_path / "results.csv").open() as f:
+            assert next(csv.reader(f)) == full and sum(1 for _ in f) == len(whole)
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
