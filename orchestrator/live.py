@@ -30,6 +30,7 @@ from sqlalchemy import text
 
 from common.errors import DatabaseUnavailable
 from common.patience import DB_RETRY_S, Patience
+from common.processes import set_parent_death_signal
 from orchestrator.store import Store
 
 # Runs per pool, machine and status, with the oldest claim of the running ones and the last finish.
@@ -265,12 +266,16 @@ class Tick:
     done: int  # finished runs (done + failed + skipped) in the database
 
 
-def _reporter(store: Store, staging: Path, channel) -> None:
+def _reporter(store: Store, staging: Path, channel, watcher_pid: int) -> None:
     """The watcher's report process (forked): at WATCH_NICE, one report per request into `staging`,
-    keeping its per-machine memo between them; answers (wall seconds, CPU seconds, None) or the error."""
+    keeping its per-machine memo between them; answers (wall seconds, CPU seconds, None) or the error.
+    It and the children a report forks are one process group, stopped together: by the watcher (watch),
+    or, where the watcher dies (a kill -9, a closed terminal), by the SIGTERM its death sends."""
     from orchestrator.report import write_report
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the watcher's: it stops us
-    os.setpgrp()  # a group of its own: stopped with the children a report forks, at once (watch)
+    os.setpgrp()
+    signal.signal(signal.SIGTERM, _stop_group)
+    set_parent_death_signal(watcher_pid, signal.SIGTERM)
     os.nice(WATCH_NICE)  # the workers' runs come first
     store.engine.dispose(close=False)  # connections of its own: none of the watcher's cross the fork
     memo: dict = {}  # per machine: its comparisons and predictions, redone only when its runs changed
@@ -283,6 +288,10 @@ def _reporter(store: Store, staging: Path, channel) -> None:
             channel.send((time.perf_counter() - t, time.process_time() - cpu, None))
         except Exception as error:  # noqa: BLE001 - handed to the watcher, which raises it
             channel.send((0.0, 0.0, error))
+
+
+def _stop_group(signum, frame) -> None:
+    os.killpg(0, signal.SIGKILL)  # this process and every child it forked
 
 
 def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | None = None,
@@ -302,7 +311,8 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
     staging = out_dir / ".watch"
     out_dir.mkdir(parents=True, exist_ok=True)
     channel, theirs = multiprocessing.Pipe()
-    reporter = multiprocessing.get_context("fork").Process(target=_reporter, args=(store, staging, theirs), daemon=True)
+    reporter = multiprocessing.get_context("fork").Process(target=_reporter, args=(store, staging, theirs, os.getpid()),
+                                                           daemon=True)
     reporter.start()
     page, seen, analysed_at, next_ok, n = None, None, None, 0.0, 0
     shown: list[Progress] = []  # the last progress shown

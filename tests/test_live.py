@@ -286,3 +286,51 @@ def test_the_watcher_rides_out_a_postgres_restart_and_the_page_says_the_database
             _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "retrying for up to 120 s" in err and "database back after" in err and "Traceback" not in err
+
+
+def test_a_watcher_killed_with_kill_9_leaves_no_report_process_and_no_child_of_one(tmp_path):
+    """The watcher killed outright (kill -9, a closed terminal) while its report process writes a report:
+    its death signals the report process (PR_SET_PDEATHSIG), which stops itself and the children the
+    report forked, as a group. Before, the report process lived on until its report was done."""
+    import psutil
+
+    store = Store(str(tmp_path / "results.db"))
+    _fleet(store)
+    started = tmp_path / "started"
+    script = f"""
+import subprocess, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+import orchestrator.report as report_package
+from orchestrator.live import watch
+from orchestrator.store import Store
+
+def endless(*args, **kwargs):  # a report that forks a child, as write_report does, and never ends
+    import os
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open({str(started)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")
+    time.sleep(600)
+
+report_package.write_report = endless
+watch(Store({str(tmp_path / "results.db")!r}), {str(tmp_path / "result")!r}, every_s=0.1, duty=1e6)
+"""
+    watcher = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline and watcher.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the pids written in full
+        pids += [int(p) for p in started.read_text().split()]
+        watcher.kill()
+        watcher.wait()
+
+        def alive() -> list[int]:
+            return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        deadline = time.monotonic() + 30
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive() == [], "the report process or its child outlived the watcher"
+    finally:
+        for p in pids:
+            if psutil.pid_exists(p):
+                psutil.Process(p).kill()

@@ -10,7 +10,6 @@ group so a timeout kills whatever it started too.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -23,8 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: nothing to load in the child
+from common.processes import set_parent_death_signal
 
 # Variables a child may inherit from the worker; everything else it gets is built on purpose.
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "USER", "LOGNAME", "TZ")
@@ -62,13 +60,6 @@ def drop_to_invoking_user() -> tuple[int, int] | None:
     if os.geteuid() != 0 or "SUDO_UID" not in os.environ:
         return None
     return int(os.environ["SUDO_UID"]), int(os.environ.get("SUDO_GID", os.environ["SUDO_UID"]))
-
-
-def set_parent_death_signal(parent_pid: int) -> None:
-    """SIGKILL this process when its parent dies; exit now if the parent is already gone."""
-    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def become_job_process(cpus: list[int], user: tuple[int, int] | None, parent_pid: int) -> None:

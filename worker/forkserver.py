@@ -26,7 +26,8 @@ import runpy
 import sys
 import traceback
 
-from worker.child import become_job_process, set_parent_death_signal
+from common.processes import set_parent_death_signal
+from worker.child import become_job_process
 
 def _child(module: str, request: dict, server_pid: int) -> None:
     """In the forked child: become a fresh process for one job, then run the module as __main__."""

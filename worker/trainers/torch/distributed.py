@@ -240,7 +240,7 @@ def start_other_nodes(request: dict, run_dir: Path, nodes: int) -> list:
 
 def node_main(run_dir: Path) -> None:
     """A launcher of a node other than the first: the same agent, joining the first node's rendezvous."""
-    from worker.child import set_parent_death_signal
+    from common.processes import set_parent_death_signal
 
     set_parent_death_signal(os.getppid())
     request = json.loads((run_dir / "request.json").read_text())
@@ -373,7 +373,7 @@ def _union_ns(intervals: list[tuple[int, int]]) -> int:
 
 def rank_main(run_dir: Path) -> None:
     """A rank: die with its launcher, pin to its slice, join the group, train, gather to rank 0."""
-    from worker.child import set_parent_death_signal
+    from common.processes import set_parent_death_signal
 
     set_parent_death_signal(int(os.environ.get(ENV_LAUNCHER_PID, os.getppid())))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
