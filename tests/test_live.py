@@ -237,10 +237,16 @@ def test_stopping_the_watcher_stops_a_report_in_flight_and_the_children_it_forke
         os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(report_package, "write_report", endless)
-    before = {c.pid for c in psutil.Process().children(recursive=True)}
-    threading.Thread(target=interrupt, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        watch(store, tmp_path / "result", every_s=0.1, duty=1e6)
+    # Ctrl+C as a terminal sends it: a test run started in the background (`cmd &` in a script) ignores
+    # SIGINT, and this process would never see it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        before = {c.pid for c in psutil.Process().children(recursive=True)}
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            watch(store, tmp_path / "result", every_s=0.1, duty=1e6)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     forked = int(started.read_text())
     assert not psutil.pid_exists(forked) or psutil.Process(forked).status() == psutil.STATUS_ZOMBIE
     assert {c.pid for c in psutil.Process().children(recursive=True)} <= before
