@@ -8,10 +8,8 @@ variables, so anything computed from those values is computed once per number.
 
 from __future__ import annotations
 
-import itertools
-import operator
-
 from common.variables import NAMES
+from orchestrator.rows import conf_values
 
 NOT_CONFIG = ("repeat",)  # the pass index: not part of what differs between configurations
 CONFIG_NAMES = tuple(n for n in NAMES if n not in NOT_CONFIG)
@@ -24,7 +22,7 @@ def config_index(rows: list[dict]) -> tuple[list[int], list[tuple]]:
     if _last[0] is rows and _last[1] == len(rows):
         return _last[2]
     number: dict[tuple, int] = {}
-    keys = map(tuple, map(map, map(operator.attrgetter("get"), rows), itertools.repeat(CONFIG_NAMES)))
+    keys = conf_values(rows, CONFIG_NAMES)  # (once per configuration row where the rows share them)
     ids = [number.setdefault(k, len(number)) for k in keys]
     _last[:] = [rows, len(rows), (ids, list(number))]
     return _last[2]

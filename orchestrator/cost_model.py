@@ -43,6 +43,7 @@ import numpy as np
 
 from common.compute import operations
 from common.errors import BenchError
+from orchestrator.rows import column, conf_values
 
 # Variables the operations price: a new value is arithmetic, extrapolated but never refused.
 SIZES = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_ratio", "vocab_size", "seq_len",
@@ -384,7 +385,7 @@ def _numbered(values: list) -> tuple[list, np.ndarray]:
 def config_keys(rows: list[dict]) -> list[tuple]:
     """config_key() of every row, computed once per distinct raw values (a fleet's runs repeat a few
     thousand configurations): the rows' values read at C speed, the keys from _config_key_of's memo."""
-    raws = list(map(tuple, map(map, map(operator.attrgetter("get"), rows), repeat(_key_names()))))
+    raws = conf_values(rows, _key_names())
     keys = {raw: _config_key_of(raw) for raw in dict.fromkeys(raws)}
     return list(map(keys.__getitem__, raws))
 
@@ -395,7 +396,7 @@ def distinct_config_keys(rows: list[dict]) -> list[tuple]:
     runs once per distinct raw values (it reads only those columns, so it gives what the row would)."""
     from common.variables import NAMES
     names = tuple(n for n in NAMES if n not in IGNORED)
-    raws = dict.fromkeys(map(tuple, map(map, map(operator.attrgetter("get"), rows), repeat(names))))
+    raws = dict.fromkeys(conf_values(rows, names))
     return list(dict.fromkeys(config_key(dict(zip(names, raw))) for raw in raws))
 
 
@@ -416,7 +417,7 @@ def thin(rows: list[dict], most: int = FIT_MAX_RUNS) -> list[dict]:
     a few factors is as well determined by the first passes of every configuration."""
     if len(rows) <= most:
         return rows
-    raw = Counter(map(operator.methodcaller("get", "repeat"), rows))  # each run's repeat, counted at C speed
+    raw = Counter(column(rows, "repeat"))  # each run's repeat, counted at C speed
     per_pass = Counter()
     for v, n in raw.items():
         per_pass[v or 0] += n
@@ -427,7 +428,7 @@ def thin(rows: list[dict], most: int = FIT_MAX_RUNS) -> list[dict]:
         kept.add(p)
         total += per_pass[p]
     keep_raw = {v for v in raw if (v or 0) in kept}
-    out = list(compress(rows, map(keep_raw.__contains__, map(operator.methodcaller("get", "repeat"), rows))))
+    out = list(compress(rows, map(keep_raw.__contains__, column(rows, "repeat"))))
     if len(out) > most:
         step = len(out) / most
         out = [out[int(i * step)] for i in range(most)]
@@ -448,11 +449,10 @@ class Cells:
         # Each run's configuration and block numbered at C speed: its raw values (config_key() once per
         # distinct raw values, then equal keys merged), its raw repeat and block (block_of() once per
         # distinct ones, their types told apart: a cell's block is its first run's, as block_of() gives it)
-        raw_configs, raw_config_of = _numbered(list(map(tuple, map(map, map(operator.attrgetter("get"), rows),
-                                                                   repeat(names)))))
+        raw_configs, raw_config_of = _numbered(conf_values(rows, names))
         keys_, key_of_raw = _numbered([_config_key_of(raw) for raw in raw_configs])
         key_of = key_of_raw[raw_config_of]  # each run's configuration: keys_ in the order they first ran
-        repeats, stretches = list(map(_get("repeat"), rows)), list(map(_get("block"), rows))
+        repeats, stretches = column(rows, "repeat"), column(rows, "block")
         raw_blocks, raw_block_of = _numbered(list(zip(map(type, repeats), repeats, map(type, stretches), stretches)))
         block_tuples = [block_of({"repeat": rep, "block": blk}) for _, rep, _, blk in raw_blocks]
         blocks_, block_of_raw = _numbered(block_tuples)
@@ -890,7 +890,7 @@ def support_of(rows: list[dict]) -> dict:
     from common.compute import flops_per_step
     varied = factor_variables(rows) if rows else []
     return {"log_flops": np.log(np.array([float(flops_per_step(r)) for r in rows])),
-            "words": {n: np.array(_words_of(list(map(_get(n), rows)))) for n in varied}}
+            "words": {n: np.array(_words_of(column(rows, n))) for n in varied}}
 
 
 def _words_of(values: list) -> list[str]:
@@ -1038,7 +1038,7 @@ def usable(rows: list[dict]) -> list[dict]:
     done = _done(rows)
     # disturbed() parses a run's applied: only where its figures could pass a limit (surely_quiet: for
     # every run at once from its columns, else once per distinct (other_cpu_s, steal_s, cores))
-    others, steals, cores = (list(map(_get(c), done)) for c in ("other_cpu_s", "steal_s", "cores"))
+    others, steals, cores = (column(done, c) for c in ("other_cpu_s", "steal_s", "cores"))
     if all_surely_quiet(others, steals, cores):
         return list(done)
     figures = list(zip(others, steals, cores))
@@ -1047,14 +1047,10 @@ def usable(rows: list[dict]) -> list[dict]:
     return quiet or done
 
 
-def _get(column: str):
-    return operator.methodcaller("get", column)
-
-
 def _done(rows: list[dict]) -> list[dict]:
     """[r for r in rows if r.get("status", "done") == "done" and r.get("step_ms_median")], at C speed."""
     done = map(operator.eq, map(operator.methodcaller("get", "status", "done"), rows), repeat("done"))
-    return list(compress(rows, map(operator.and_, done, map(bool, map(_get("step_ms_median"), rows)))))
+    return list(compress(rows, map(operator.and_, done, map(bool, column(rows, "step_ms_median")))))
 
 
 _ratios: dict[tuple, tuple[float, str]] = {}

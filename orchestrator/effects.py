@@ -56,7 +56,7 @@ import numpy as np
 from scipy.special import fdtrc, ndtri, stdtr, stdtrit
 
 from orchestrator import step_model as sm
-from orchestrator.rows import runs_fingerprint
+from orchestrator.rows import column, runs_fingerprint
 # What each run ran with and the model's view of a machine live beside this module; their names are
 # re-exported for the report, the adaptive loop and the tests, which read them as effects.*.
 from orchestrator.noise import (Drift, Model, Noise, cv_of, fit_inputs, fit_model, machine_noise,  # noqa: F401
@@ -881,7 +881,7 @@ def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found:
     said = ran - set(map(id, (r.row for r in cells.rep)))
     sample = asked if not said or not ran <= set(map(id, asked)) else \
         list(compress(asked, map(not_, map(said.__contains__, map(id, asked)))))  # (in asked order)
-    several = [n for n in FACTORS if len(set(map(dict.get, sample, repeat(n)))) > 1]  # (raw values: cheap)
+    several = [n for n in FACTORS if len(set(column(sample, n))) > 1]  # (raw values: cheap)
     usable: dict[str, set] = defaultdict(set)  # the values asked for that have a usable run (as asked:
     for r in cells.rep:  # a value that ran as another, like the hub dataset as builtin, is said so elsewhere)
         for n in several:
@@ -889,11 +889,11 @@ def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found:
     asked_values: dict[str, dict] = {}  # variable -> value -> its raw values, in the order of their rows
     for n in several:
         by_value = asked_values[n] = defaultdict(set)
-        for raw in dict.fromkeys(map(dict.get, sample, repeat(n))):
+        for raw in dict.fromkeys(column(sample, n)):
             by_value[value_of(n, raw)].add(raw)
 
     def rows_at(rows: list[dict], n: str, raws: set) -> list[dict]:  # those of these raw values, in order
-        return list(compress(rows, map(raws.__contains__, map(dict.get, rows, repeat(n)))))
+        return list(compress(rows, map(raws.__contains__, column(rows, n))))
     d_ids = {r.row.get("run_id") for r in disturbed}
     lost = []
     for n, by_value in asked_values.items():
@@ -904,13 +904,13 @@ def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found:
                 lost.append(Lost(n, label(n, v), _status_words(rows_at(asked, n, raws), d_ids)))
     # The baseline configuration as asked: per varied variable, the value most asked-for configurations share.
     varied = [n for n, by_value in asked_values.items() if len(by_value) > 1]
-    hashes = list(map(dict.get, asked, repeat("config_hash")))
-    configs = (dict(zip(hashes, asked)) if all(hashes) else
-               {h or id(row): row for h, row in zip(hashes, asked)}).values()
+    hashes = column(asked, "config_hash")
+    configs = list((dict(zip(hashes, asked)) if all(hashes) else
+                    {h or id(row): row for h, row in zip(hashes, asked)}).values())
     modal = {}
     for n in varied:
         counts = Counter()
-        for raw, k in Counter(map(dict.get, configs, repeat(n))).items():  # value_of once per raw value
+        for raw, k in Counter(column(configs, n)).items():  # value_of once per raw value
             counts[value_of(n, raw)] += k
         modal[n] = counts.most_common(1)[0][0]
     base_rows = list(asked)

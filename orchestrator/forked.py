@@ -23,8 +23,9 @@ import signal
 import struct
 import traceback
 from functools import lru_cache
+from operator import add, attrgetter
 
-from orchestrator.rows import CompactRow, row_class
+from orchestrator.rows import CompactRow, JoinedRow, present, row_class
 
 
 class ChildFailed(RuntimeError):
@@ -46,7 +47,7 @@ class _Pickler(pickle.Pickler):
 
     def reducer_override(self, obj):
         if isinstance(obj, CompactRow):
-            return _row, (type(obj).COLUMNS, dict(dict.items(obj)))
+            return _row, (type(obj).COLUMNS, dict(present(obj)))
         return NotImplemented
 
 
@@ -79,8 +80,12 @@ class _RowTable:
 
     def __reduce__(self):
         names = {}.setdefault  # one tuple per set of columns: pickled once, then referred to
-        keys = [names(k, k) for k in map(tuple, map(dict.keys, self.rows))]
-        return _unpack_table, (self.cls.COLUMNS, keys, list(map(tuple, map(dict.values, self.rows))))
+        keys, values = list(map(tuple, map(dict.keys, self.rows))), list(map(tuple, map(dict.values, self.rows)))
+        if issubclass(self.cls, JoinedRow):  # its configuration's columns too: the child's rows are whole
+            confs = list(map(attrgetter("conf"), self.rows))
+            keys = list(map(add, keys, map(tuple, map(dict.keys, confs))))
+            values = list(map(add, values, map(tuple, map(dict.values, confs))))
+        return _unpack_table, (self.cls.COLUMNS, [names(k, k) for k in keys], values)
 
 
 def _unpack_table(columns: tuple[str, ...], keys: list[tuple], values: list[tuple]) -> list:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from itertools import repeat
 from operator import attrgetter, itemgetter
 
 import numpy as np
 
 from orchestrator import step_model as sm
 from orchestrator.ran import Run, label, modal_config
+from orchestrator.rows import column
 from orchestrator.sweep import stretch_of
 
 
@@ -57,7 +57,7 @@ def model_inputs(runs: list[Run]) -> tuple[dict, dict, tuple]:
     configs: dict = {}
     blocks: dict = {}
     config_idx = [configs.setdefault(k, len(configs)) for k in map(attrgetter("_key"), runs)]  # (config_key()'s cache)
-    raw = list(map(dict.get, map(attrgetter("row"), runs), repeat("block")))
+    raw = column(list(map(attrgetter("row"), runs)), "block")
     stretch = {b: stretch_of(b) for b in set(raw)}  # block_of, once per distinct jobs.block
     block_idx = [blocks.setdefault((p, stretch[b]), len(blocks)) for p, b in zip(map(attrgetter("pass_"), runs), raw)]
     log_ms = [r.log_ms for r in runs]
@@ -211,7 +211,7 @@ def _median_sampling_cv(runs: list[Run]) -> float | None:
     """The typical noise of a run's median step time from its own steps: the steps' log spread from
     p10 and p90 (a normal's p90/p10 is 2.563 sigmas) times sqrt(pi/2 / steps), the median's."""
     rows = list(map(attrgetter("row"), runs))
-    p10s, p90s, steps = (list(map(dict.get, rows, repeat(c))) for c in ("step_ms_p10", "step_ms_p90", "steps"))
+    p10s, p90s, steps = (column(rows, c) for c in ("step_ms_p10", "step_ms_p90", "steps"))
     root = {s: math.sqrt(math.pi / 2 / int(s)) for s in set(steps) if s}  # per distinct step count: the same floats
     log = math.log
     out = [log(p90 / p10) / 2.563 * root[n] for p10, p90, n in zip(p10s, p90s, steps)

@@ -17,6 +17,8 @@ import operator
 import statistics
 from collections import defaultdict
 
+from orchestrator.rows import column
+
 # What makes two runs the same configuration here besides ranks/nodes (the rest is held by the sweep).
 SHAPE = ("cores", "d_model", "n_layers", "n_heads", "seq_len", "batch_size", "grad_accum", "precision", "framework")
 
@@ -36,7 +38,7 @@ def breakdown(done: list[dict]) -> list[dict]:
 
 
 def _breakdown(done: list[dict]) -> list[dict]:
-    if not any((w or 1) > 1 for w in set(map(operator.methodcaller("get", "world_size"), done))):
+    if not any((w or 1) > 1 for w in set(column(done, "world_size"))):
         return []
     shapes = list(map(_shape, done))
     parallel_shapes = {s for s, r in zip(shapes, done) if (r.get("world_size") or 1) > 1}

@@ -16,6 +16,7 @@ from collections import defaultdict
 import numpy as np
 
 from common.variables import NAMES
+from orchestrator.rows import column
 
 METRIC = "step_ms_median"
 KEY = tuple(n for n in NAMES if n != "repeat")  # a configuration; repeats of it are its samples
@@ -24,7 +25,7 @@ KEY = tuple(n for n in NAMES if n != "repeat")  # a configuration; repeats of it
 def pool_lines(rows: list[dict]) -> list[str]:
     """Markdown lines (none when no named pool has runs): queues compared on shared configurations,
     then each named pool's hosts compared with each other."""
-    pools = set(map(operator.methodcaller("get", "pool"), rows))  # (each run's pool read at C speed)
+    pools = set(column(rows, "pool"))  # (each run's pool read at C speed)
     if not any(p and not str(p).startswith("machine ") for p in pools):
         return []
     done = [r for r in rows if r["status"] == "done" and r.get(METRIC)]

@@ -28,7 +28,7 @@ from common import variables as V
 from common.errors import BenchError
 from orchestrator import cost_model as cm
 from orchestrator.config_index import CONFIG_NAMES, config_index
-from orchestrator.rows import runs_fingerprint
+from orchestrator.rows import column, runs_fingerprint
 from orchestrator.seeds import PUBLISHED
 
 REFERENCES = ("R1", "R3", "R4", "R6")
@@ -65,7 +65,7 @@ def sweep_predictions(rows: list[dict], sweep_texts: dict[str, str]) -> dict[str
     """name -> partial config of every [predict] table of the sweeps the rows ran."""
     from orchestrator.sweep import predict_configs
     out = {}
-    for name in sorted(filter(None, set(map(operator.methodcaller("get", "sweep"), rows)))):
+    for name in sorted(filter(None, set(column(rows, "sweep")))):
         try:
             out.update(predict_configs(tomllib.loads(sweep_texts.get(name) or ""), f"sweep {name}"))
         except (tomllib.TOMLDecodeError, BenchError):
@@ -135,8 +135,8 @@ def shares(ctx) -> dict:
 def _done_by_machine(rows: list[dict], names: dict, numbered: bool) -> tuple[dict, dict | None]:
     """Each machine's done runs (of `names`, in the rows' order), read at C speed, and where `numbered`
     their configuration numbers (config_index: the page reads the same numbers later)."""
-    machine_of = np.array(list(map(operator.methodcaller("get", "machine_id"), rows)))
-    is_done = np.array(list(map(operator.eq, map(operator.methodcaller("get", "status"), rows), repeat("done"))),
+    machine_of = np.array(column(rows, "machine_id"))
+    is_done = np.array(list(map(operator.eq, column(rows, "status"), repeat("done"))),
                        dtype=bool)
     ids = config_index(rows)[0] if numbered else None
     done, numbers = {}, {} if numbered else None

@@ -12,13 +12,13 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import count, repeat
-from operator import itemgetter, methodcaller, ne
+from operator import itemgetter, ne
 from types import NoneType
 
 from common.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
 from common.compute import SIMULATED
 from common.metrics import DISTURBED_FLOOR_S, disturbance
-from orchestrator.rows import gc_paused
+from orchestrator.rows import column, conf_values, gc_paused
 
 METRIC = "step_ms_median"
 # Not factors: repeat indexes the pass, block the comparison a job was run beside (the run order).
@@ -195,7 +195,7 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
     figures could pass a limit (surely_quiet, once per distinct figures)."""
     with gc_paused():  # a million Runs and no cycle among them: no collection pass over the rows meanwhile
         done = done_runs(rows)
-        applied = _applied_of(list(map(_get("applied"), done)))
+        applied = _applied_of(column(done, "applied"))
         ids, firsts = _cells(done, applied) if share else ([None] * len(done), [])
         known = [_cell_of(done[i], applied[i]) for i in firsts]  # (values, changed, derived, configuration)
         if None in ids:  # a cell of its own: values of its own, and a cell object no other run has
@@ -205,7 +205,7 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
             per_run = list(map(known.__getitem__, ids))
         out = list(map(Run, done, map(itemgetter(0), per_run), map(itemgetter(1), per_run),
                        map(math.log, map(float, map(itemgetter(METRIC), done))),
-                       [int(p or 0) for p in map(_get("repeat"), done)], map(itemgetter(2), per_run),
+                       [int(p or 0) for p in column(done, "repeat")], map(itemgetter(2), per_run),
                        repeat(0.0), repeat(0.0), _disturbed_all(done, applied), ids))
         for run, cell in zip(out, per_run):
             run.__dict__["_key"] = cell[3]  # the cached_property, filled from the cell's
@@ -224,7 +224,7 @@ def _cells(done: list[dict], applied: list[dict]) -> tuple[list[int | None], lis
         return part
 
     def keys():  # made as they are numbered, never all held: a million keys of 50 values are 0.3 GB
-        return zip(map(itemgetter(*FACTORS), done), map(_get("dataset_used"), done), map(_get("derived"), done),
+        return zip(conf_values(done, FACTORS), column(done, "dataset_used"), column(done, "derived"),
                    map(read_back, applied))
 
     first: dict[tuple, int] = {}
@@ -252,7 +252,7 @@ def _cells(done: list[dict], applied: list[dict]) -> tuple[list[int | None], lis
 
 def _disturbed_all(done: list[dict], applied: list[dict]) -> list[str | None]:
     """_disturbance of each run, asked only where its figures are not surely_quiet."""
-    other, steal, cores = (list(map(_get(c), done)) for c in ("other_cpu_s", "steal_s", "cores"))
+    other, steal, cores = (column(done, c) for c in ("other_cpu_s", "steal_s", "cores"))
     if all_surely_quiet(other, steal, cores):  # (a run's figures are its own numbers: no call per value)
         return [None] * len(done)
     figures = list(zip(other, steal, cores))
@@ -276,10 +276,6 @@ def _cell_of(row: dict, applied: dict) -> tuple:
     return values, changed, derived if isinstance(derived, dict) else None, tuple(values[n] for n in FACTORS)
 
 
-def _get(column: str):
-    return methodcaller("get", column)
-
-
 def _applied_of(texts: list) -> list[dict]:
     """Each run's `applied` parsed ({} where NULL or unreadable), each distinct text once."""
     try:
@@ -294,12 +290,12 @@ def all_surely_quiet(others: list, steals: list, cores: list) -> bool:
     its own numbers: a million calls at a million runs). surely_quiet asks each figure alone, so this is
     each column's check: the figures None or numbers (not NaN) none above the floor, the cores falsy or
     ints of at least 1."""
-    for column in (others, steals):
-        kinds = set(map(type, column))
+    for figures in (others, steals):
+        kinds = set(map(type, figures))
         kinds.discard(NoneType)
         if not kinds <= {float, int}:
             return False
-        values = list(filter(None, column))  # the nonzero ones
+        values = list(filter(None, figures))  # the nonzero ones
         if values and (any(map(ne, values, values)) or max(values) > DISTURBED_FLOOR_S):  # (NaN != NaN)
             return False
     counts = list(filter(None, cores))  # the truthy ones: `not cores` passes the rest

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from orchestrator.forked import ChildFailed, Family, Worker
-from orchestrator.rows import row_class
+from orchestrator.rows import joined_row_class, row_class
 
 
 def _pid_and_rows(rows):
@@ -54,6 +54,24 @@ def test_lists_of_rows_go_to_the_child_packed_and_arrive_as_the_same_rows_shared
     assert seen["rows"] == [list(dict.items(r)) for r in fit + list(check) + mixed]
     assert seen["nones"] == [r["reason"] for r in fit] and seen["nones"][1] is None
     assert seen["classes"] == 2
+
+
+def test_runs_rows_with_their_configurations_row_arrive_whole_one_by_one_or_packed():
+    """A JoinedRow (a run's row: its configuration's columns in a row shared between runs) reaches the
+    child as a compact row of all its columns, alone or in a list of rows."""
+    Row = joined_row_class(("run_id", "d_model", "status", "reason", "freq_mhz"), ("d_model", "freq_mhz"))
+    Conf = row_class(("d_model", "freq_mhz"))
+    conf = Conf(d_model=64)
+    rows = [Row(run_id=i, status="done") for i in range(3)]
+    for r in rows:
+        r.conf = conf
+    with Worker() as child:  # (a worker takes one task)
+        alone, = child.submit(_pid_and_rows, [rows[0]]).result()[1]
+    with Worker() as child:
+        seen = child.submit(_shapes, {"fit": rows, "again": rows, "check": (None, ()), "mixed": []}).result()
+    assert alone == {"run_id": 0, "d_model": 64, "status": "done", "reason": None, "freq_mhz": None}
+    assert seen["rows"] == [[("run_id", i), ("status", "done"), ("d_model", 64)] for i in range(3)]
+    assert seen["nones"] == [None] * 3 and seen["fit_is_again"]
 
 
 def _fails():

@@ -201,13 +201,15 @@ def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_ro
                                                                                    backend):
     """read_results (the report's read: each run's own columns, its job's and machine's fetched once)
     gives exactly the view's rows: the same columns in the same order, each value of the same type
-    and repr, the same dict layout; for one machine too; results.csv as the view gives it."""
+    and repr, read every way a dict is read; each row's own columns in the layout read_rows makes and
+    its configuration's in one row that its configuration's runs share (JoinedRow), which `column` and
+    `conf_values` read as the rows do; for one machine too; results.csv as the view gives it."""
     import csv
     import io
     import os
 
     from orchestrator.report import SELECT_RESULTS
-    from orchestrator.rows import read_results, read_rows
+    from orchestrator.rows import column, conf_values, present, read_results, read_rows
 
     url = str(tmp_path / "r.db") if backend == "sqlite" else request.getfixturevalue("pg_db")
     store = build(url, 1200, machines=2, shape="small", disturbed=23, read_back=17, quiet=True)
@@ -223,15 +225,34 @@ def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_ro
         with store.transaction() as conn:  # the view read (read_results' fallback): PostgreSQL lost its first row
             viewed = read_rows(conn, SELECT_RESULTS.format(where=where), {"machine_id": machine_id})[1]
             assert viewed == plain
-        # each row's dict as read_rows builds it, to its size (read_results copies a template per NULL pattern)
-        assert [(list(dict.keys(c)), sys.getsizeof(c)) for c in rows] == [(list(dict.keys(v)), sys.getsizeof(v))
-                                                                         for v in viewed]
+        # each row's dict as read_rows builds it of the row's own columns, to its size (read_results copies a
+        # template per NULL pattern), and its configuration's columns in one row its configuration's runs share
+        conf = type(rows[0])._CONF
+        own = [{k: v for k, v in dict.items(r) if k not in conf} for r in viewed]
+        assert [(list(dict.keys(c)), sys.getsizeof(c)) for c in rows] == [(list(o), sys.getsizeof(o) + 8) for o in own]
+        assert [list(dict.items(c.conf)) for c in rows] == [[(k, v) for k, v in dict.items(r) if k in conf]
+                                                            for r in viewed]
+        configurations = {tuple((k, repr(v)) for k, v in dict.items(c.conf)) for c in rows}
+        assert len({id(c.conf) for c in rows}) == len(configurations) < len({c["job_id"] for c in rows})
+        assert sum(map(sys.getsizeof, rows)) < 0.6 * sum(map(sys.getsizeof, viewed))  # 38 of 80 keys: 832 of 1,584 bytes
         assert columns == list(plain[0]) and len(rows) == len(plain) > 500
         assert machine_id is None or {r["machine_id"] for r in rows} == {machine_id}
         for c, p in zip(rows, plain):
-            assert c == p and list(c.items()) == list(p.items()) and len(c) == len(p)
-            assert all(type(c[k]) is type(v) and repr(c[k]) == repr(v) and c.get(k) == v for k, v in p.items())
-            assert list(dict.keys(c)) == [k for k, v in p.items() if v is not None]  # the layout read_rows makes
+            assert c == p and list(c.items()) == list(p.items()) and len(c) == len(p) and list(c) == list(p)
+            assert dict(c) == p and {**c} == p and list(c.values()) == list(p.values())
+            assert c.copy() == {k: v for k, v in p.items() if v is not None} == dict(present(c))
+            assert all(type(c[k]) is type(v) and repr(c[k]) == repr(v) and c.get(k) == v and k in c
+                       for k, v in p.items())
+            assert all(c.get(k, "x") == ("x" if v is None else v) for k, v in p.items())
+            assert "no such column" not in c and c.get("no such column") is None
+            with pytest.raises(KeyError):
+                c["no such column"]
+        for name in plain[0]:  # a column of the rows at C speed: from the rows or their configuration's
+            assert column(rows, name) == [p[name] for p in plain] == column(plain, name)
+            assert column(rows[:1] + plain[1:3], name) == [p[name] for p in plain[:3]]
+        names = [n for n in plain[0] if n in conf][:12] + ["freq_mhz"]
+        assert conf_values(rows, names) == [tuple(p[n] for n in names) for p in plain] == conf_values(plain, names)
+        assert conf_values(rows, ["run_id", "d_model"]) == [(p["run_id"], p["d_model"]) for p in plain]
         expected = io.StringIO(newline="")
         writer = csv.writer(expected)
         writer.writerow(columns)
@@ -241,6 +262,34 @@ def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_ro
             patch.delattr(os, "fork")
             assert read_results(conn, machine_id, tmp_path / "here.csv")[1] == rows
         assert (tmp_path / "here.csv").read_bytes() == expected.getvalue().encode()
+
+
+def test_jobs_share_a_configurations_row_only_where_its_values_print_alike():
+    """rows._conf_rows: jobs whose configuration columns hold the same values share one row (in a later
+    chunk too); values that are equal but print apart (0.0 and -0.0; 1, 1.0 and True) keep rows of
+    their own, whether they meet in one chunk or in two; NULLs are left out of the row."""
+    from orchestrator.rows import _conf_rows, row_class
+
+    names = ["dropout", "cores", "framework", "freq_mhz"]
+    Conf = row_class(names)
+    confs: dict = {}
+
+    def chunk(*jobs):
+        got = _conf_rows([list(c) for c in zip(*jobs)], len(jobs), names, Conf, confs)
+        assert [repr(list(dict.items(r))) for r in got] == [repr([(n, v) for n, v in zip(names, j) if v is not None])
+                                                            for j in jobs]
+        return got
+    first = chunk((0.5, 1, "torch", None), (0.5, 2, "jax", 2000), (0.5, 1, "torch", None))
+    assert first[0] is first[2] is not first[1] and first[0]["freq_mhz"] is None
+    assert chunk((0.5, 2, "jax", 2000))[0] is first[1]  # a later chunk
+    apart = chunk((0.0, 1, "torch", None), (-0.0, 1, "torch", None), (0.0, 1.0, "torch", None),
+                  (0.0, True, "torch", None), (0.0, 1, "torch", None))
+    assert apart[0] is apart[4] and len({id(r) for r in apart}) == 4
+    for job in ((-0.0, 1, "torch", None), (0.0, 1.0, "torch", None), (0.0, True, "torch", None),
+                (0.5, 1.0, "torch", None), (0.5, True, "torch", None), (0.5, 1.0, "jax", 2000)):
+        assert chunk(job)[0] is not first[0]  # each alone in a chunk: the row of its own values (chunk checks)
+    empty = _conf_rows([], 3, [], row_class([]), {})
+    assert empty == [{}, {}, {}] and empty[0] is empty[2]
 
 
 def test_the_pages_run_table_is_bounded_and_keeps_every_failure_and_every_drawn_run(tmp_path):
@@ -362,8 +411,17 @@ def test_the_reports_rows_leave_out_what_only_results_csv_and_the_facts_show_and
             assert key not in REPORT_LEAVES, f"a reader of the report asked a row for {key}, which it left out"
             return get(self, key, *default)
         return asked
-    for name in ("get", "__getitem__", "__contains__"):
-        monkeypatch.setattr(rows_module.CompactRow, name, refuse(getattr(rows_module.CompactRow, name)))
+    for cls in (rows_module.CompactRow, rows_module.JoinedRow):  # (a run's row; its configuration's)
+        for name in ("get", "__getitem__", "__contains__"):
+            if name in vars(cls) or cls is rows_module.CompactRow:
+                monkeypatch.setattr(cls, name, refuse(getattr(cls, name)))
+    column = rows_module.column  # the readers of a column at C speed
+
+    def column_refused(rows, name):
+        assert name not in REPORT_LEAVES, f"a reader of the report asked the rows for {name}, which they left out"
+        return column(rows, name)
+    for module in (rows_module, *(m for m in sys.modules.values() if getattr(m, "column", None) is column)):
+        monkeypatch.setattr(module, "column", column_refused)
     rep = write_report(store, tmp_path / "out", plots=True)
     memo: dict = {}  # report --watch's way too: a memo kept between reports
     for _ in range(2):

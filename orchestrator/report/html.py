@@ -44,6 +44,7 @@ import numpy as np
 from orchestrator import effects as fx
 from orchestrator import parallel_report, prediction_report, seeds
 from orchestrator.config_index import CONFIG_NAMES, config_index
+from orchestrator.rows import column
 from orchestrator.view_sql import tuple_getter
 from orchestrator.report.words import FACTS, _fact, _fmt, _p, _pct, short_reason
 from common.variables import BY_NAME, NAMES
@@ -201,7 +202,7 @@ def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
     ids, raws = config_index(rows)
     # a configuration is a config_hash (a run without one: the run itself); its first run's values count
     machines = list(map(operator.itemgetter("machine_id"), rows))
-    hashes = list(map(operator.methodcaller("get", "config_hash"), rows))
+    hashes = column(rows, "config_hash")
     if all(hashes):  # every run has one (the usual case): read at C speed
         jobs = list(zip(machines, hashes))
     else:
@@ -277,17 +278,16 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
         config_vars.setdefault(ci, list(diff))
     config = list(map(seen.__getitem__, keys))
     # column by column (each kind's text interned in the order the runs show it, as run by run)
-    get = operator.methodcaller
     cols["run_id"] = list(map(operator.itemgetter("run_id"), rows))
     machine = {m: idx("machine", names.get(m, f"machine {m}")) for m in dict.fromkeys(machines)}
     cols["machine"] = list(map(machine.__getitem__, machines))
     statuses = list(map(operator.itemgetter("status"), rows))
     status = {s: idx("status", s) for s in dict.fromkeys(statuses)}
     cols["status"] = list(map(status.__getitem__, statuses))
-    cols["pass"] = _ints(map(get("get", "repeat"), rows))
-    cols["step_ms"] = _round_all(map(get("get", "step_ms_median"), rows))
-    cols["tokens_per_s"] = _round_all(map(get("get", "tokens_per_s"), rows))
-    cols["mfu"] = _round_all(map(get("get", "mfu"), rows), 3)
+    cols["pass"] = _ints(column(rows, "repeat"))
+    cols["step_ms"] = _round_all(column(rows, "step_ms_median"))
+    cols["tokens_per_s"] = _round_all(column(rows, "tokens_per_s"))
+    cols["mfu"] = _round_all(column(rows, "mfu"), 3)
     cols["config"] = config
     # the reasons of the runs that failed or were skipped; "" for the rest (interned as first shown)
     reasons = [""] * len(rows)
@@ -407,10 +407,9 @@ def shared_configs(rows: list[dict], done: list[dict] | None = None) -> dict:
 
 def pools_table(rows: list[dict]) -> list[dict]:
     # the distinct (pool, machine, hosts, status) of the runs, counted at C speed, then added up per queue
-    get = operator.methodcaller
-    seen = Counter(zip(map(get("get", "pool_id"), rows), map(get("get", "pool"), rows),
-                       map(operator.itemgetter("machine_id"), rows), map(get("get", "worker_host"), rows),
-                       map(get("get", "hostname"), rows), map(operator.itemgetter("status"), rows)))
+    seen = Counter(zip(column(rows, "pool_id"), column(rows, "pool"),
+                       map(operator.itemgetter("machine_id"), rows), column(rows, "worker_host"),
+                       column(rows, "hostname"), map(operator.itemgetter("status"), rows)))
     per: dict[tuple, dict] = {}
     for (pool_id, pool, machine, worker_host, hostname, status), n in seen.items():
         key = (pool_id, pool or f"machine {machine}")

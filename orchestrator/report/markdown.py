@@ -22,6 +22,7 @@ from orchestrator import prediction_report
 from orchestrator.report.data import Context
 from orchestrator.report.words import FACTS, _fact, _ms, _p, _pct, _rate, _ratio, _target_words, effect_words
 from common.variables import BY_NAME
+from orchestrator.rows import column
 
 
 # The variables that say how big one training step is: shown in the baseline line of the summary.
@@ -174,8 +175,8 @@ def noise_section(ctx: Context) -> list[str]:
         if ma.drift.not_estimated:
             drift += f"; pass {', '.join(map(str, ma.drift.not_estimated))} shares no configuration with the first"
         rows = list(map(operator.attrgetter("row"), ma.runs))
-        spreads = [p90 / p10 for p90, p10 in zip(map(operator.methodcaller("get", "step_ms_p90"), rows),
-                                                 map(operator.methodcaller("get", "step_ms_p10"), rows)) if p90 and p10]
+        spreads = [p90 / p10 for p90, p10 in zip(column(rows, "step_ms_p90"),
+                                                 column(rows, "step_ms_p10")) if p90 and p10]
         within = f"{np.median(spreads):.2f}" if spreads else "-"
         shown = [e for e in ma.effects if e.kind == "ratio" and e.se is not None]
         if shown:
@@ -242,7 +243,7 @@ def disturbed_lines(done: list[dict], analysis: Analysis) -> list[str]:
              f"timed window (a step slows by about the share taken, as much as the smaller effects measured "
              f"here). {fate}", ""]
     # only the runs whose applied could hold a provisional peak are parsed (none is, where every applied is NULL)
-    applied = list(map(operator.methodcaller("get", "applied"), done))
+    applied = column(done, "applied")
     provisional = 0 if applied.count(None) == len(applied) else \
         sum(1 for r, a in zip(done, applied) if _may_be_provisional(a) and fx.provisional_peak(r))
     if provisional:
