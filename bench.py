@@ -396,15 +396,14 @@ def fleet_progress(store):
 
 def print_fleet(pr) -> None:
     """Per pool and machine: done, running since when, failed, skipped, queued, ETA (orchestrator/live.py)."""
-    from orchestrator.live import ago, clock
+    from orchestrator.live import clock, eta_words, queued_words
 
     table = Table(title="by pool and machine, now")
     for column in ("pool", "machine", "done", "running", "failed", "skipped", "queued", "ETA"):
         table.add_column(column, justify="left" if column in ("pool", "machine", "running", "ETA") else "right")
     for p in pr.pools:
-        eta = f"{ago(p.eta_s)} (at {clock(pr.now + p.eta_s)} UTC)" if p.eta_s is not None else "-"
         table.add_row(Text(p.label, style="bold"), "", str(p.done), str(p.running), str(p.failed), str(p.skipped),
-                      str(p.queued), eta)
+                      queued_words(p), eta_words(p, pr.now))
         for m in p.machines:
             since = f"{m.running} since {clock(m.running_since)} UTC" if m.running and m.running_since else str(m.running)
             table.add_row("", f"{m.hostname or '?'} ({m.machine_id})", str(m.done), since, str(m.failed),

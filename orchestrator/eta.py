@@ -50,7 +50,7 @@ SELECT_FINISHED = FINISHED_ROWS + "ORDER BY r.run_id DESC LIMIT {limit}\n"
 # The jobs still queued for the pool: its queue rows once it has claimed, else no run row yet or a
 # row taken back as 'queued'.
 SELECT_QUEUED = f"""
-SELECT {_CONFIG} FROM queue q JOIN jobs j ON j.job_id = q.job_id WHERE q.pool_id = :pool_id
+SELECT {_CONFIG} FROM queue q JOIN jobs j ON j.job_id = q.job_id WHERE q.pool_id = :pool_id AND q.cores <= :fits
 """
 SELECT_QUEUED_UNFILLED = f"""
 SELECT {_CONFIG}
@@ -58,6 +58,17 @@ FROM jobs j LEFT JOIN runs r ON r.job_id = j.job_id AND r.pool_id = :pool_id
 WHERE r.run_id IS NULL OR r.status = 'queued'
 """
 SELECT_FILLED = "SELECT filled FROM pools WHERE pool_id = :pool_id"
+# Jobs wider than a pool's workers: a worker claims the first job in run order that fits its CPUs
+# (store.POP_QUEUE) and leaves the wider ones queued for a wider worker. Where a queued job wider than
+# every job the pool has run lies before the pool's latest claim in run order, a worker passed it over:
+# the pool's workers are narrower, and its jobs that wide wait (wider_waiting), out of the ETA.
+SELECT_REACH = """
+SELECT MAX(j.cores), MAX(j.run_order) FROM runs r JOIN jobs j ON j.job_id = r.job_id
+WHERE r.pool_id = :pool_id AND r.status <> 'queued'
+"""
+ANY_PASSED_OVER = "SELECT 1 FROM queue WHERE pool_id = :pool_id AND cores > :widest AND run_order < :latest LIMIT 1"
+COUNT_WIDER = "SELECT COUNT(*) FROM queue WHERE pool_id = :pool_id AND cores > :widest"
+ANY_WIDTH = 2**31 - 1
 DONE_SAMPLE = 2000
 _HEAD = 4  # a finished row's run_id, status, cost, applied before its configuration
 
@@ -87,9 +98,21 @@ def fit(walls: np.ndarray, works: np.ndarray) -> tuple[float, float]:
     return 0.0, float(walls.sum() / works.sum())
 
 
+def wider_waiting(conn, pool_id: int) -> tuple[int, int | None]:
+    """(how many of the pool's queued jobs wait for a worker wider than its workers: 0 unless one of
+    them was passed over, the widest job the pool has run: None before its first claim)."""
+    widest, latest = conn.execute(text(SELECT_REACH), {"pool_id": pool_id}).one()
+    if widest is None:
+        return 0, None
+    params = {"pool_id": pool_id, "widest": widest, "latest": latest}
+    if conn.execute(text(ANY_PASSED_OVER), params).first() is None:
+        return 0, int(widest)
+    return int(conn.execute(text(COUNT_WIDER), params).scalar_one()), int(widest)
+
+
 def estimate_remaining_s(store: Store, machine_id: int, *, pool_id: int | None = None) -> float | None:
-    """Seconds the queued jobs of the pool (the machine's own unless given) should take; None while
-    no run of it is done."""
+    """Seconds the queued jobs of the pool (the machine's own unless given) should take, less those that
+    wait for a wider worker (wider_waiting); None while no run of it is done."""
     if pool_id is None:
         pool_id = store.pool_id(machine_id)
     with store.transaction() as conn:
@@ -97,8 +120,9 @@ def estimate_remaining_s(store: Store, machine_id: int, *, pool_id: int | None =
         if not any(r[1] == "done" for r in finished):
             return None
         filled = conn.execute(text(SELECT_FILLED), {"pool_id": pool_id}).scalar_one()
+        waiting, widest = wider_waiting(conn, pool_id) if filled is not None else (0, None)
         queued_rows = conn.execute(text(SELECT_QUEUED if filled is not None else SELECT_QUEUED_UNFILLED),
-                                   {"pool_id": pool_id}).all()
+                                   {"pool_id": pool_id, "fits": widest if waiting else ANY_WIDTH}).all()
     key, sample = (store.url, pool_id), (len(finished), finished[0][0])
     cached = _fits.get(key)
     if cached is None or cached[0] != sample:

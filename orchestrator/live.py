@@ -1,6 +1,7 @@
 """The live view of a sweep while workers run: progress per pool and machine (done, running and since
 when, failed, skipped, queued, ETA), the last failures with their reasons, and `report --watch`,
-which keeps result/index.html current.
+which keeps result/index.html current. A pool's queued jobs wider than its workers (passed over by
+them: eta.wider_waiting) are said apart and left out of its ETA.
 
 progress() is a handful of aggregate queries over indexed columns (runs by pool and status), so it
 costs the same at 100 runs and at a million; `bench.py status` prints it too (a PostgreSQL fleet).
@@ -82,7 +83,9 @@ class PoolProgress:
     pool_id: int
     label: str
     total: int  # jobs the pool runs (each once)
-    queued: int = 0
+    queued: int = 0  # its jobs not run yet, `waiting` among them
+    waiting: int = 0  # queued jobs wider than its workers, which wait for a wider one (eta.wider_waiting)
+    widest: int | None = None  # the most cores of a job it ran
     done: int = 0
     running: int = 0
     failed: int = 0
@@ -116,6 +119,7 @@ _eta_cache: dict[tuple, tuple] = {}  # (database, pool) -> (its counts when esti
 def progress(store: Store, *, eta: bool = True) -> Progress:
     """Where every pool and machine stands now, from aggregates (no run is read one by one but the
     RUNNING_SHOWN running and FAILURES_SHOWN latest failures)."""
+    from orchestrator.eta import estimate_remaining_s, wider_waiting
     from orchestrator.report.words import short_reason
 
     with store.transaction(snapshot=True) as conn:  # its statements' counts agree while workers write
@@ -124,6 +128,7 @@ def progress(store: Store, *, eta: bool = True) -> Progress:
         rows = conn.execute(text(SELECT_PROGRESS)).all()
         running = conn.execute(text(SELECT_RUNNING), {"limit": RUNNING_SHOWN}).all()
         failures = conn.execute(text(SELECT_FAILURES), {"limit": FAILURES_SHOWN}).all()
+        wider = {pool_id: wider_waiting(conn, pool_id) for pool_id in {r[0] for r in rows}}
     pools: dict[int, PoolProgress] = {}
     for pool_id, pool_name, machine_id, hostname, status, n, since, last in rows:
         label = pool_name if pool_name is not None else f"machine {machine_id} ({hostname or '?'})"
@@ -141,12 +146,12 @@ def progress(store: Store, *, eta: bool = True) -> Progress:
             m.last_finished = float(last) if m.last_finished is None else max(m.last_finished, float(last))
     for p in pools.values():
         p.queued = max(0, p.total - sum(getattr(p, s) for s in STATES))
+        p.waiting, p.widest = wider[p.pool_id]
+        p.waiting = min(p.waiting, p.queued)
         p.machines.sort(key=lambda m: m.machine_id)
-        if eta and p.queued and p.done:
-            from orchestrator.eta import estimate_remaining_s
-
+        if eta and p.queued > p.waiting and p.done:
             # The queued jobs' estimate reads the pool's queue: redone only when a run of it finished.
-            key, state = (store.url, p.pool_id), (p.done, p.failed, p.skipped, p.queued)
+            key, state = (store.url, p.pool_id), (p.done, p.failed, p.skipped, p.queued, p.waiting)
             if _eta_cache.get(key, (None,))[0] != state:
                 _eta_cache[key] = (state, estimate_remaining_s(store, p.machines[0].machine_id, pool_id=p.pool_id))
             left = _eta_cache[key][1]
@@ -190,16 +195,31 @@ def clock(unix_s: float | None) -> str:
     return "-" if unix_s is None else time.strftime("%H:%M:%S", time.gmtime(unix_s))
 
 
+def queued_words(p: PoolProgress) -> str:
+    """A pool's queued jobs, those that wait for a wider worker than its own said apart."""
+    if not p.waiting:
+        return f"{p.queued:,}"
+    return f"{p.queued - p.waiting:,} + {p.waiting:,} wider than its workers (> {p.widest} CPU{'s' if p.widest != 1 else ''})"
+
+
+def eta_words(p: PoolProgress, now: float) -> str:
+    """When a pool's queued jobs should be done (those its workers can run), or why there is no time."""
+    if p.eta_s is not None:
+        return f"{ago(p.eta_s)} (at {clock(now + p.eta_s)} UTC)"
+    if not p.running and p.queued == p.waiting:
+        return "finished" if not p.waiting else "none fits its workers"
+    return "-"
+
+
 def progress_html(pr: Progress, *, every_s: float, analysed: tuple[float, int] | None, outage: str | None = None) -> str:
     """The page's live section: pools and machines, the running runs, the last failures; first, where the
     database does not answer (`outage`, in words), that this is the progress as it last answered."""
     e = lambda x: html.escape(str(x), quote=True)  # noqa: E731
     rows = []
     for p in pr.pools:
-        eta = f"{ago(p.eta_s)} (at {clock(pr.now + p.eta_s)} UTC)" if p.eta_s is not None else \
-            ("finished" if not p.queued and not p.running else "-")
         rows.append(f"<tr class='pool'><td><b>{e(p.label)}</b></td><td></td><td>{p.done:,}</td><td>{p.running:,}</td>"
-                    f"<td>{p.failed:,}</td><td>{p.skipped:,}</td><td>{p.queued:,}</td><td>{e(eta)}</td></tr>")
+                    f"<td>{p.failed:,}</td><td>{p.skipped:,}</td><td>{e(queued_words(p))}</td>"
+                    f"<td>{e(eta_words(p, pr.now))}</td></tr>")
         for m in p.machines:
             since = f"{m.running:,} since {clock(m.running_since)} ({ago(pr.now - m.running_since)} ago)" \
                 if m.running and m.running_since else f"{m.running:,}"
@@ -298,10 +318,11 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
           on_tick: Callable[[Tick], None] | None = None, until_idle: bool = False, duty: float = WATCH_DUTY,
           retry_s: float = DB_RETRY_S, on_note: Callable[[str], None] | None = None) -> None:
     """Keep out_dir/index.html (and results.csv, summary.md) current while workers run, until
-    interrupted, `rounds` rounds, or (until_idle) a round finds nothing queued or running. The
-    statistics run in a child process at WATCH_NICE; this process only reads the progress (a few
-    aggregate queries) and rewrites the page, also while a report is being written, so the progress
-    stays current even where the workers leave the report no CPU. A database outage (a PostgreSQL
+    interrupted, `rounds` rounds, or (until_idle) a round finds nothing running and nothing queued but
+    jobs wider than their pool's workers. The statistics run in a child process at WATCH_NICE; this
+    process only reads the progress (a few aggregate queries) and rewrites the page, also while a
+    report is being written, so the progress stays current even where the workers leave the report
+    no CPU. A database outage (a PostgreSQL
     restart) is ridden out for up to retry_s seconds, as a worker does (common/patience.py): the page
     keeps the last progress and says since when the database has not answered; `on_note` is told when an
     outage begins and ends."""
@@ -367,7 +388,7 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
                 show(pr)
             if on_tick is not None:
                 on_tick(Tick(report_s > 0, report_s, progress_s, finished))
-            idle = not any(p.queued or p.running for p in pr.pools)
+            idle = not any(p.queued > p.waiting or p.running for p in pr.pools)
             if until_idle and idle and pr.fingerprint == seen:
                 break
             if rounds is None or n < rounds:

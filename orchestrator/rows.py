@@ -11,7 +11,12 @@ like the full row: a column it left out is None to `row[c]`, `row.get(c)`, itera
 
 The report reads v_results through read_results: each run's own columns fetched per run, and its
 job's and machine's columns fetched once each and joined here (the same rows, a third of the values
-fetched; the view's parts: view_sql.py); read_rows reads any query as it is.
+fetched; the view's parts: view_sql.py); read_rows reads any query as it is. A row of read_results is
+a JoinedRow: its configuration's columns (its job's but job_id, config_hash and repeat) are one compact
+row that every run of that configuration shares, so that a million runs of a few thousand
+configurations hold a 21-key dict each, not a 66-key one (1M runs: the report's peak RSS 2.99 -> 1.91
+GB). Unbound dict methods see a JoinedRow's own columns only: readers of every run's value of a column
+use `column` and `conf_values`.
 """
 
 from __future__ import annotations
@@ -129,7 +134,8 @@ class JoinedRow(CompactRow):
         return [self[c] for c in self.COLUMNS]
 
     def copy(self) -> dict:
-        return dict(present(self))
+        """What dict.copy gives of a compact row: its non-NULL columns, in the view's order."""
+        return {c: v for c, v in self.items() if v is not None}
 
 
 def joined_row_class(columns, conf_columns) -> type[JoinedRow]:

@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
-from orchestrator.live import progress, watch
+from orchestrator.live import eta_words, progress, queued_words, watch
 from orchestrator.store import Store
 from tests.conftest import ROOT, bench, done_fields
 from tests.reportdb import CPUS, configs, enqueue, machine_facts, metrics
@@ -340,3 +341,55 @@ watch(Store({str(tmp_path / "results.db")!r}), {str(tmp_path / "result")!r}, eve
         for p in pids:
             if psutil.pid_exists(p):
                 psutil.Process(p).kill()
+
+
+def test_a_pools_jobs_wider_than_its_workers_wait_apart_and_out_of_its_eta(any_store, tmp_path):
+    """A worker of one CPU passes over its pool's two-core jobs (store.POP_QUEUE: the first job in run
+    order that fits). Once it has, the progress says those wait for a wider worker instead of counting
+    them queued for the pool's workers, the ETA leaves them out, and when nothing else is left the pool
+    says its workers can run no queued job. A worker with two CPUs takes them: queued for it again."""
+    from orchestrator import eta
+
+    jobs = sorted(configs(BASE, {"cores": [1, 2], "d_model": [32, 64]}, repeats=2, grid=True),
+                  key=lambda c: (c["repeat"], c["d_model"], c["cores"]))  # one core, two cores, one core, ...
+    enqueue(any_store, jobs)
+    a = any_store.register_machine(machine_facts("alpha"))
+    pool = any_store.pool_id(a, "narrow")
+
+    def run(max_cores: int) -> dict | None:
+        claim = any_store.claim(a, pid=os.getpid(), host="alpha", max_cores=max_cores, pool_id=pool)
+        if claim is not None:
+            c = claim.config
+            any_store.finish(claim.run_id, pid=os.getpid(), status="done",
+                             fields=done_fields(**metrics(10.0 * c["d_model"] / 32 * c["cores"], c)))
+            return c
+
+    def narrow():
+        return next(p for p in progress(any_store).pools if p.pool_id == pool)
+
+    assert run(1)["cores"] == 1
+    p = narrow()  # no two-core job passed over yet: no sign the workers are narrower
+    assert (p.queued, p.waiting, p.widest) == (7, 0, 1) and p.eta_s is not None
+    assert run(1)["d_model"] == 64  # the two-core job between passed over
+    p = narrow()
+    assert (p.done, p.queued, p.waiting, p.widest) == (2, 6, 4, 1)
+    with any_store.transaction() as conn:  # the ETA: the two one-core jobs left, not the four two-core ones
+        rows = {fits: conn.execute(text(eta.SELECT_QUEUED), {"pool_id": pool, "fits": fits}).all() for fits in (1, 2)}
+    learned = eta._fits[(any_store.url, pool)][1]
+    assert len(rows[1]) == 2 and len(rows[2]) == 6
+    assert p.eta_s == pytest.approx(eta.remaining_s(learned, rows[1]))
+    assert p.eta_s < eta.remaining_s(learned, rows[2])
+    assert eta.estimate_remaining_s(any_store, a, pool_id=pool) == pytest.approx(p.eta_s)
+    assert queued_words(p) == "2 + 4 wider than its workers (> 1 CPU)"
+    while run(1) is not None:
+        pass
+    p = narrow()
+    assert (p.queued, p.waiting, p.eta_s) == (4, 4, None) and eta_words(p, 0.0) == "none fits its workers"
+    if any_store.dialect == "sqlite":  # status says so too
+        db = str(tmp_path / "results.db")
+        doc = json.loads(bench("status", "--json", "--all-machines", "--db", db, check=True).stdout)
+        assert [(p["queued"], p["waiting"]) for p in doc["fleet"]["pools"] if p["label"] == "narrow"] == [(4, 4)]
+        assert "wider" in bench("status", "--all-machines", "--db", db, check=True).stdout
+    assert run(2)["cores"] == 2  # a wider worker: the rest are queued for it
+    p = narrow()
+    assert (p.queued, p.waiting, p.widest) == (3, 0, 2) and p.eta_s is not None and queued_words(p) == "3"
