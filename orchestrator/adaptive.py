@@ -88,7 +88,7 @@ def next_pass(store: Store, machine_id: int, *, target_ci: float, max_repeats: i
     elif not open_ or repeat >= max_repeats:
         decision = Decision("maximum reached", None, 0, listed)
     else:
-        job_ids = sorted({j for e in open_ for j in e.job_ids})
+        job_ids = sorted({j for e in open_ for j in (e.job_ids.tolist() if hasattr(e.job_ids, "tolist") else e.job_ids)})
         jobs, seen = [], set()
         with store.transaction() as conn:
             for job_id in job_ids:

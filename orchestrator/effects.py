@@ -113,7 +113,7 @@ class Effect:
     min_runs: int = 0  # runs of the value (or values) with the fewest
     n_passes: int = 0  # repeat passes the runs came from
     method: str = ""
-    job_ids: tuple = ()  # the jobs of the runs it rests on (what --target-ci repeats)
+    job_ids: np.ndarray | tuple = ()  # the jobs of the runs it rests on (what --target-ci repeats: Cells.job_ids)
     p_value: float | None = None
     p_adjusted: float | None = None  # Bonferroni, across the whole report
     significant: bool | None = None  # p_adjusted < ALPHA (the shown interval excludes no change); None: not tested
@@ -390,14 +390,16 @@ class Cells:
     def passes(self, cells) -> set:
         return set().union(*map(self._passes.__getitem__, cells))
 
-    def job_ids(self, cells) -> tuple:
-        """The cells' distinct job ids, sorted (numpy where every job id is an int64, as a store's are)."""
+    def job_ids(self, cells) -> np.ndarray | tuple:
+        """The cells' distinct job ids, sorted: an int64 array where every job id is an int64, as a store's
+        are (8 bytes a job: a tuple of ints took 36, and at a million runs each effect rests on up to
+        half a million jobs), else a tuple."""
         jobs = self._jobs
         if isinstance(jobs, list):
             return tuple(sorted(set().union(*map(jobs.__getitem__, cells))))
         if len(cells) == 1:
-            return tuple(jobs[cells[0]].tolist())
-        return tuple(_distinct_sorted(np.concatenate([jobs[c] for c in cells] or [np.empty(0, np.int64)])).tolist())
+            return jobs[cells[0]]
+        return _distinct_sorted(np.concatenate([jobs[c] for c in cells] or [np.empty(0, np.int64)]))
 
     @cached_property
     def _passes(self) -> list[frozenset]:

@@ -10,7 +10,6 @@ import math
 import os
 from collections import Counter
 from dataclasses import dataclass
-from functools import cached_property
 from itertools import count, repeat
 from operator import itemgetter, ne
 from types import NoneType
@@ -110,9 +109,9 @@ def _ran_value(name: str, row: dict, applied: dict):
         return None
 
 
-@dataclass
+@dataclass(slots=True)
 class Run:
-    """One done run as the report groups it."""
+    """One done run as the report groups it (slots: a million of them hold no dict each)."""
 
     row: dict
     values: dict  # factor -> the value it ran with (shared by the runs of a cell: never change it)
@@ -124,6 +123,7 @@ class Run:
     slow: float = 0.0  # the model's probability that the run was in the slow mode
     disturbed: str | None = None  # why its timed window was disturbed (disturbed()), or None
     cell: object = None  # runs with the same cell ran the same configuration, asked and read back alike (as_ran)
+    _key: tuple | None = None  # config_key()'s answer: its cell's (as_ran), or made at its first call
 
     @property
     def step_ms(self) -> float:
@@ -137,12 +137,10 @@ class Run:
             return True  # the job says so: resolve() filled it in
         return self.values[name] == d.rule(self.values)  # older jobs, explicit spellings, read-backs
 
-    @cached_property
-    def _key(self) -> tuple:
-        return tuple(self.values[n] for n in FACTORS)
-
     def config_key(self) -> tuple:
         """The values of every factor: the configuration (computed once; the values never change)."""
+        if self._key is None:
+            self._key = tuple(self.values[n] for n in FACTORS)
         return self._key
 
 
@@ -203,13 +201,11 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
             ids = [c if c is not None else object() for c in ids]
         else:
             per_run = list(map(known.__getitem__, ids))
-        out = list(map(Run, done, map(itemgetter(0), per_run), map(itemgetter(1), per_run),
-                       map(math.log, map(float, map(itemgetter(METRIC), done))),
-                       [int(p or 0) for p in column(done, "repeat")], map(itemgetter(2), per_run),
-                       repeat(0.0), repeat(0.0), _disturbed_all(done, applied), ids))
-        for run, cell in zip(out, per_run):
-            run.__dict__["_key"] = cell[3]  # the cached_property, filled from the cell's
-        return out
+        return list(map(Run, done, map(itemgetter(0), per_run), map(itemgetter(1), per_run),
+                        map(math.log, map(float, map(itemgetter(METRIC), done))),
+                        [int(p or 0) for p in column(done, "repeat")], map(itemgetter(2), per_run),
+                        repeat(0.0), repeat(0.0), _disturbed_all(done, applied), ids,
+                        map(itemgetter(3), per_run)))  # (_key: the cell's configuration)
 
 
 def _cells(done: list[dict], applied: list[dict]) -> tuple[list[int | None], list[int]]:

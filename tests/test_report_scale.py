@@ -33,7 +33,7 @@ def _said(analysis: fx.Analysis) -> dict:
     out = {"family": analysis.family}
     for m, ma in analysis.machines.items():
         out[m] = {
-            "effects": [effect_row(e) | {"job_ids": e.job_ids, "group": e.group, "log_range": e.log_range,
+            "effects": [effect_row(e) | {"job_ids": list(e.job_ids), "group": e.group, "log_range": e.log_range,
                                          "why": e.why_untested} for e in ma.effects],
             "levels": [[(lv.label, lv.n, sorted(lv.passes), lv.median_step_ms, lv.cv) for lv in ve.levels]
                        for ve in ma.variables],
