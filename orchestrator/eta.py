@@ -62,6 +62,11 @@ SELECT_FILLED = "SELECT filled FROM pools WHERE pool_id = :pool_id"
 # (store.POP_QUEUE) and leaves the wider ones queued for a wider worker. Where a queued job wider than
 # every job the pool has run lies before the pool's latest claim in run order, a worker passed it over:
 # the pool's workers are narrower, and its jobs that wide wait (wider_waiting), out of the ETA.
+SELECT_QUEUE_WIDEST = "SELECT MAX(cores) FROM queue WHERE pool_id = :pool_id"
+RAN_AS_WIDE = """
+SELECT 1 FROM runs r JOIN jobs j ON j.job_id = r.job_id
+WHERE r.pool_id = :pool_id AND r.status <> 'queued' AND j.cores >= :cores LIMIT 1
+"""
 SELECT_REACH = """
 SELECT MAX(j.cores), MAX(j.run_order) FROM runs r JOIN jobs j ON j.job_id = r.job_id
 WHERE r.pool_id = :pool_id AND r.status <> 'queued'
@@ -100,7 +105,11 @@ def fit(walls: np.ndarray, works: np.ndarray) -> tuple[float, float]:
 
 def wider_waiting(conn, pool_id: int) -> tuple[int, int | None]:
     """(how many of the pool's queued jobs wait for a worker wider than its workers: 0 unless one of
-    them was passed over, the widest job the pool has run: None before its first claim)."""
+    them was passed over, the widest job the pool has run: None before its first claim, or where it
+    has run a job as wide as any queued, which is all it takes to tell that none waits)."""
+    queue_widest = conn.execute(text(SELECT_QUEUE_WIDEST), {"pool_id": pool_id}).scalar_one()
+    if queue_widest is None or conn.execute(text(RAN_AS_WIDE), {"pool_id": pool_id, "cores": queue_widest}).first():
+        return 0, None  # (the usual case: one indexed read of its queue, and its runs read up to the first that wide)
     widest, latest = conn.execute(text(SELECT_REACH), {"pool_id": pool_id}).one()
     if widest is None:
         return 0, None

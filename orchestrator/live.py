@@ -85,7 +85,7 @@ class PoolProgress:
     total: int  # jobs the pool runs (each once)
     queued: int = 0  # its jobs not run yet, `waiting` among them
     waiting: int = 0  # queued jobs wider than its workers, which wait for a wider one (eta.wider_waiting)
-    widest: int | None = None  # the most cores of a job it ran
+    widest: int | None = None  # the most cores of a job it ran (where that tells whether jobs wait)
     done: int = 0
     running: int = 0
     failed: int = 0
