@@ -203,7 +203,10 @@ def queued_words(p: PoolProgress) -> str:
 
 
 def eta_words(p: PoolProgress, now: float) -> str:
-    """When a pool's queued jobs should be done (those its workers can run), or why there is no time."""
+    """When a pool's queued jobs should be done (those its workers can run), or why there is no time: a
+    pool with no run running has no worker to finish them by any time, only their work left."""
+    if p.eta_s is not None and not p.running:
+        return f"{ago(p.eta_s)} of work; no worker running"
     if p.eta_s is not None:
         return f"{ago(p.eta_s)} (at {clock(now + p.eta_s)} UTC)"
     if not p.running and p.queued == p.waiting:

@@ -77,6 +77,8 @@ def test_progress_counts_each_pool_and_machine_with_running_runs_and_the_last_fa
     assert alpha.running_since is not None and abs(pr.now - alpha.running_since) < 60 and beta.running_since is None
     assert fleet.eta_s is not None and fleet.eta_s > 0  # learned from its done runs (orchestrator/eta.py)
     assert (own.done, own.queued, own.running) == (1, JOBS - 1, 0) and own.label.startswith(f"machine {ids['a']} (alpha")
+    # a time to finish by where a worker runs; where none does, the work left and that no worker runs
+    assert eta_words(fleet, pr.now).endswith(" UTC)") and eta_words(own, pr.now).endswith(" of work; no worker running")
     (run,) = pr.running
     assert (run["run_id"], run["host"], run["pool"]) == (ids["running"], "alpha", "fleet") and "d_model=" in run["config"]
     assert [(f["status"], f["reason"]) for f in pr.failures] == [
