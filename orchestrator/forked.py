@@ -16,6 +16,7 @@ such workers from one child that made their shared imports once.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import pickle
@@ -131,6 +132,21 @@ def _packed(value, tables: dict, seen: dict):
     return out
 
 
+RESULT_PIPE_BYTES = 1 << 20  # Linux's largest pipe without privileges (/proc/sys/fs/pipe-max-size)
+
+
+def _result_pipe() -> tuple[int, int]:
+    """A pipe for a child's result, as large as Linux allows without privileges: a child whose result
+    fits writes it and exits at once, its memory with it, instead of waiting for the parent to read it
+    (the cost model's fitter: ~190 KB, then ~180 MB held idle for 14 s of a 1M report, through the peak)."""
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, RESULT_PIPE_BYTES)
+    except (AttributeError, OSError):  # not Linux, or a lower limit: the default pipe
+        pass
+    return r, w
+
+
 def _send(fd: int, payload: bytes) -> None:
     """One message: its length, then its bytes. Not up to end-of-file: a process forked later (another
     worker, the CSV writer) inherits this end of the pipe, and the reader would see no end until it exits."""
@@ -180,7 +196,7 @@ class Worker:
         if not self._forked:
             return
         task_r, task_w = os.pipe()
-        result_r, result_w = os.pipe()
+        result_r, result_w = _result_pipe()
         pid = os.fork()
         if pid == 0:
             try:
@@ -267,7 +283,7 @@ class Family:
         if not hasattr(os, "fork"):
             self.workers = [Worker() for _ in nices]
             return
-        pipes = [(os.pipe(), os.pipe()) for _ in nices]  # ((task_r, task_w), (result_r, result_w)) each
+        pipes = [(os.pipe(), _result_pipe()) for _ in nices]  # ((task_r, task_w), (result_r, result_w)) each
         pids_r, pids_w = os.pipe()  # the first child tells the workers' pids
         stop_r, stop_w = os.pipe()  # this process tells the first child to reap them
         pid = os.fork()
