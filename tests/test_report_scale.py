@@ -287,7 +287,7 @@ def test_jobs_share_a_configurations_row_only_where_its_values_print_alike():
     assert apart[0] is apart[4] and len({id(r) for r in apart}) == 4
     for job in ((-0.0, 1, "torch", None), (0.0, 1.0, "torch", None), (0.0, True, "torch", None),
                 (0.5, 1.0, "torch", None), (0.5, True, "torch", None), (0.5, 1.0, "jax", 2000)):
-        assert chunk(job)[0] is not first[0]  # each alone in a chunk: the row of its own values (chunk checks)
+        assert chunk(job)[0] is not first[0]  # each alone in a chunk: a row of its own values (chunk() checks them)
     empty = _conf_rows([], 3, [], row_class([]), {})
     assert empty == [{}, {}, {}] and empty[0] is empty[2]
 
@@ -411,7 +411,7 @@ def test_the_reports_rows_leave_out_what_only_results_csv_and_the_facts_show_and
             assert key not in REPORT_LEAVES, f"a reader of the report asked a row for {key}, which it left out"
             return get(self, key, *default)
         return asked
-    for cls in (rows_module.CompactRow, rows_module.JoinedRow):  # (a run's row; its configuration's)
+    for cls in (rows_module.CompactRow, rows_module.JoinedRow):  # (a configuration's row and the base; a run's)
         for name in ("get", "__getitem__", "__contains__"):
             if name in vars(cls) or cls is rows_module.CompactRow:
                 monkeypatch.setattr(cls, name, refuse(getattr(cls, name)))
