@@ -119,9 +119,11 @@ def wider_waiting(conn, pool_id: int) -> tuple[int, int | None]:
     return int(conn.execute(text(COUNT_WIDER), params).scalar_one()), int(widest)
 
 
-def estimate_remaining_s(store: Store, machine_id: int, *, pool_id: int | None = None) -> float | None:
+def estimate_remaining_s(store: Store, machine_id: int, *, pool_id: int | None = None,
+                         wider: tuple[int, int | None] | None = None) -> float | None:
     """Seconds the queued jobs of the pool (the machine's own unless given) should take, less those that
-    wait for a wider worker (wider_waiting); None while no run of it is done."""
+    wait for a wider worker (wider_waiting: read here unless the caller gives what it read, as the live
+    progress does, so that its count and its ETA split the queue alike); None while no run of it is done."""
     if pool_id is None:
         pool_id = store.pool_id(machine_id)
     with store.transaction() as conn:
@@ -129,7 +131,7 @@ def estimate_remaining_s(store: Store, machine_id: int, *, pool_id: int | None =
         if not any(r[1] == "done" for r in finished):
             return None
         filled = conn.execute(text(SELECT_FILLED), {"pool_id": pool_id}).scalar_one()
-        waiting, widest = wider_waiting(conn, pool_id) if filled is not None else (0, None)
+        waiting, widest = (0, None) if filled is None else wider if wider is not None else wider_waiting(conn, pool_id)
         queued_rows = conn.execute(text(SELECT_QUEUED if filled is not None else SELECT_QUEUED_UNFILLED),
                                    {"pool_id": pool_id, "fits": widest if waiting else ANY_WIDTH}).all()
     key, sample = (store.url, pool_id), (len(finished), finished[0][0])

@@ -153,7 +153,8 @@ def progress(store: Store, *, eta: bool = True) -> Progress:
             # The queued jobs' estimate reads the pool's queue: redone only when a run of it finished.
             key, state = (store.url, p.pool_id), (p.done, p.failed, p.skipped, p.queued, p.waiting)
             if _eta_cache.get(key, (None,))[0] != state:
-                _eta_cache[key] = (state, estimate_remaining_s(store, p.machines[0].machine_id, pool_id=p.pool_id))
+                _eta_cache[key] = (state, estimate_remaining_s(store, p.machines[0].machine_id, pool_id=p.pool_id,
+                                                               wider=wider[p.pool_id]))
             left = _eta_cache[key][1]
             busy = sum(1 for m in p.machines if m.running) or 1
             p.eta_s = None if left is None else left / busy
@@ -325,10 +326,9 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
     jobs wider than their pool's workers. The statistics run in a child process at WATCH_NICE; this
     process only reads the progress (a few aggregate queries) and rewrites the page, also while a
     report is being written, so the progress stays current even where the workers leave the report
-    no CPU. A database outage (a PostgreSQL
-    restart) is ridden out for up to retry_s seconds, as a worker does (common/patience.py): the page
-    keeps the last progress and says since when the database has not answered; `on_note` is told when an
-    outage begins and ends."""
+    no CPU. A database outage (a PostgreSQL restart) is ridden out for up to retry_s seconds, as a
+    worker does (common/patience.py): the page keeps the last progress and says since when the
+    database has not answered; `on_note` is told when an outage begins and ends."""
     import multiprocessing
 
     out_dir = Path(out_dir)
