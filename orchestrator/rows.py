@@ -34,6 +34,7 @@ from types import NoneType
 
 from sqlalchemy import text
 
+from common.processes import set_parent_death_signal
 from orchestrator import results_csv
 from orchestrator.view_sql import (JOB_EXPR, JOINS, MINE, RUN_EXPR, SELECT_RESULTS, VIEW_COLUMNS, quoted, sources,
                                    tuple_getter)
@@ -252,15 +253,18 @@ def _write_csv(conn, query: str, params: dict, csv_path: Path, results: bool = F
 def _csv_child(conn, query: str, params: dict, csv_path: Path, results: bool = False, nice: int = 0) -> int | None:
     """Fork a child that writes csv_path from the query on a connection of its own (opened after the
     fork; the parent's pooled connections are left to the parent), at `nice` below this process's
-    priority. Its pid, or None (no fork)."""
+    priority, and that dies with this process (a kill -9 of the report: it would write the file for
+    nobody, and hold the pipes of the report's other children open, keeping them alive too). Its pid,
+    or None (no fork)."""
     if not hasattr(os, "fork"):
         return None
-    engine = conn.engine
+    engine, parent = conn.engine, os.getpid()
     pid = os.fork()
     if pid:
         return pid
     code = 1
     try:
+        set_parent_death_signal(parent)
         if nice:
             os.nice(nice)
         engine.dispose(close=False)

@@ -19,6 +19,7 @@ from orchestrator.report import html as html_report
 from orchestrator.report import effect_row, write_report
 from orchestrator.store import Store
 from tests import scenarios
+from tests.conftest import ROOT
 from tests.scaledb import build
 
 
@@ -194,6 +195,43 @@ def test_results_csv_is_written_by_the_report_where_its_child_fails_and_a_failed
     with pytest.raises(RuntimeError, match="the analysis failed"):
         write_report(store, tmp_path / "failed", plots=False)
     assert {child.pid for child in psutil.Process().children(recursive=True)} == before
+
+
+def test_results_csvs_child_dies_with_a_report_killed_with_kill_9(tmp_path):
+    """A report killed with kill -9 leaves no results.csv child writing for nobody (it held the pipes of
+    the report's other children open, so they lived on with it: 25 s at 1M runs)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    store = build(str(tmp_path / "r.db"), 60, machines=1, shape="small", quiet=True)
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from pathlib import Path
+from orchestrator import rows
+from orchestrator.store import Store
+rows._write_csv = lambda *args: time.sleep(120)  # a child still writing when its report dies
+with Store({store.url!r}, read_only=True).transaction() as conn:
+    child = rows.start_results_csv(conn, None, Path({str(tmp_path / "results.csv")!r}))
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+    report = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(report.stdout.readline()))
+        assert child.is_running() and child.ppid() == report.pid
+        os.kill(report.pid, signal.SIGKILL)
+        report.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while child.is_running() and child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    finally:
+        report.kill()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
