@@ -375,9 +375,8 @@ def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
     applied["loss_path"] = head_loss_path(next(model.parameters()).dtype, next(model.parameters()).dtype,
                                           config["precision"] == "mixed", fused_loss)
     step = make_step(trained, optimizer, config["precision"], fused_loss=fused_loss)
-    step = dp.step(step) if dp else step
     metrics, window, first_step_start = harness.timed_loop(
-        _first_compile_skips(step, config), lambda loss: loss, batches, config,
+        _first_compile_skips(dp.step(step) if dp else step, config), lambda loss: loss, batches, config,
         _graphs_compiled if config["compile"] == "inductor" else None)
     metrics["setup_s"] = first_step_start - _T0 - excluded_s
     metrics |= harness.throughput(metrics, config, request.get("peak_gflops"))
@@ -387,7 +386,8 @@ def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
     output_path = save_model(model, config, request, dataset_used)
     phases["save"], mark = time.perf_counter() - mark, time.perf_counter()
     applied |= read_back()
-    applied |= gemm_route.read_back(config["blas"], lambda: step([batches()]))  # after save: one more step
+    # after save: one more step, outside dp's timing (a rank's all-reduce times are its timed loop's alone)
+    applied |= gemm_route.read_back(config["blas"], lambda: step([batches()]))
     if config["compile"] == "inductor":
         from worker.trainers.torch import ccflags
 

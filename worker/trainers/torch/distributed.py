@@ -320,9 +320,17 @@ class Rank:
 
         return timed
 
-    def record(self, result: dict, timed_steps: int) -> dict:
-        """What the launcher merges: this rank's result, read-back and all-reduce times."""
-        timed = self.allreduce_ns[-timed_steps:] if timed_steps else []
+    def record(self, result: dict, config: dict) -> dict:
+        """What the launcher merges: this rank's result, read-back and all-reduce times.
+
+        allreduce_ms is the median over the timed loop's steps alone. Every call of the step self.step
+        wrapped is a warm-up or a timed step (the read-back step after the loop runs unwrapped); a done
+        run that made any other call fails here rather than shift the median onto another step."""
+        warmup, timed_steps = int(config["warmup_steps"]), int(config["steps"])
+        if result.get("status") == "done" and len(self.allreduce_ns) != warmup + timed_steps:
+            raise RuntimeError(f"rank {self.rank} timed {len(self.allreduce_ns)} steps' all-reduce, not the "
+                               f"{warmup} warm-up + {timed_steps} timed steps of its loop")
+        timed = self.allreduce_ns[warmup:] if result.get("status") == "done" else []
         applied = result.get("applied") or {}
         return {"rank": self.rank, "local_rank": self.local_rank, "host": socket.gethostname(), "pid": os.getpid(),
                 "node": int(os.environ.get("GROUP_RANK", 0)), "machine": machine_facts(),
@@ -398,7 +406,7 @@ def rank_main(run_dir: Path) -> None:
         mine_request = {**request, "output_dir": request.get("output_dir") if rank == 0 else None}
         result = child.run(mine_request, dp=dp)
         records = [None] * world if rank == 0 else None
-        dist.gather_object(dp.record(result, int(request["config"]["steps"])), records, dst=0)
+        dist.gather_object(dp.record(result, request["config"]), records, dst=0)
         if rank == 0:
             merged = merge(records, request)
             (run_dir / (RESULT + ".tmp")).write_text(json.dumps(merged))
