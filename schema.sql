@@ -215,7 +215,7 @@ CREATE TABLE IF NOT EXISTS runs (
     other_cpu_s    REAL,                      -- CPU time other processes used on the job's CPUs in the window
     world_size     INTEGER,                   -- data-parallel processes of the run (ranks x nodes)
     global_batch   INTEGER,                   -- samples per optimizer step over every rank
-    allreduce_ms   REAL,                      -- median per step: first gradient bucket sent to last one reduced (DDP comm hook)
+    allreduce_ms   REAL,                      -- median over timed steps: time some gradient bucket was in flight, sent to reduced (DDP comm hook)
     allreduce_share REAL,                     -- allreduce_ms / step_ms_median; NULL with one rank
     UNIQUE (job_id, pool_id)
 );

@@ -77,8 +77,8 @@ def _cells(row: dict, names: dict) -> list[str]:
 
 INTRO = ("Each rank trains its own micro-batch, then DistributedDataParallel averages the gradients over "
          "gloo; a step ends when that all-reduce does. The all-reduce time is measured by a DDP comm hook "
-         "(first gradient bucket sent to the last one reduced; backward work it overlaps counts as "
-         "all-reduce), compute is the rest of the slowest rank's median step. batch_size is per rank, so "
+         "(the time some gradient bucket was in flight, from sent to reduced; backward work it overlaps "
+         "counts as all-reduce), compute is the rest of the slowest rank's median step. batch_size is per rank, so "
          "tokens/s is the fair comparison between rank counts.")
 
 
