@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
-import tempfile
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from common.errors import BadInput
+from common import scratch
 from orchestrator.store import PG_QUEUE_LOCK, Store, database_url, safe_url
 
 FINISHED = ("done", "failed", "skipped")
@@ -145,7 +145,7 @@ class _opened:
             self.store = Store(self.other)
             return self.store
         path = check_source(self.other)  # an sqlite:/// URL too: read as its file, never created
-        self.tmp = Path(tempfile.mkdtemp(prefix="cpubench-merge-"))
+        self.tmp = scratch.make("cpubench-merge-")
         copy = self.tmp / path.name
         try:
             # Immutable (no -wal/-shm made, nothing locked) unless a writer's -wal is there to be read:

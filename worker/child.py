@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import scratch
 from common.processes import set_parent_death_signal
 
 # Variables a child may inherit from the worker; everything else it gets is built on purpose.
@@ -224,7 +225,7 @@ class ForkServer:
                 self._start(key, module, argv_prefix, env, cpus, cwd)
         except ChildStartError as error:
             return Outcome("failed", str(error), {}, {})
-        with tempfile.TemporaryDirectory(prefix="cpubench-child-") as tmp:
+        with scratch.folder("cpubench-child-") as tmp:
             paths = {name: Path(tmp) / name for name in ("stdin", "stdout", "stderr")}
             paths["stdin"].write_text(json.dumps(job))
             for name in ("stdout", "stderr"):

@@ -45,10 +45,11 @@ import signal
 import socket
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
+
+from common import scratch
 
 COLLECTIVE_TIMEOUT_S = 60.0  # gloo's timeout of every collective: how long a hung rank holds the run
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM -> SIGKILL of the other ranks once one failed
@@ -124,7 +125,7 @@ def launch(request: dict, t0: float) -> dict:
     shared = request.get("output_root") if nodes > 1 else None
     if shared:
         Path(shared).mkdir(parents=True, exist_ok=True)
-    run_dir = Path(request.get("dp_dir") or tempfile.mkdtemp(prefix="cpubench-ranks-", dir=shared))
+    run_dir = Path(request.get("dp_dir") or scratch.make("cpubench-ranks-", dir=shared))
     run_dir.mkdir(parents=True, exist_ok=True)
     endpoint = request.get("rendezvous") or f"{socket.gethostname() if nodes > 1 else '127.0.0.1'}:{_free_port()}"
     timeout_s = float(request.get("collective_timeout_s") or COLLECTIVE_TIMEOUT_S)
