@@ -349,12 +349,15 @@ def _share_plan(chunk: list[tuple]) -> dict[int, dict]:
 
 
 def read_results(conn, machine_id: int | None, csv_path: Path | None = None,
-                 leave_out: frozenset = frozenset()) -> tuple[list[str], list[dict]]:
+                 leave_out: frozenset = frozenset(), cut_applied=None) -> tuple[list[str], list[dict]]:
     """What read_rows(conn, SELECT_RESULTS, ...) returns, for every run (or one machine's), less the
     columns in `leave_out` (the report's: view_sql.REPORT_LEAVES), read as its runs' own columns in run
     order plus each job's and machine's columns once. results.csv (every column) is written meanwhile by a
     forked child (results_csv, from the tables; the view where that does not apply). Where the view holds
-    a column this read does not know (a later schema), it reads the view (read_rows)."""
+    a column this read does not know (a later schema), it reads the view (read_rows).
+    cut_applied(texts, others, steals, cores): what each run's row holds of its `applied` instead, from a
+    chunk of runs' applied, other_cpu_s, steal_s and cores (the report's: applied_cut.cut), applied to
+    each chunk before its values are shared, so the whole texts are never all held."""
     params = {"machine_id": machine_id}
     view = list(conn.execute(text(VIEW_COLUMNS)).keys())
     columns = [c for c in view if c not in leave_out]
@@ -368,9 +371,11 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None,
     try:
         if later:  # the view itself, of the columns kept (results.csv has them all: the view's, in the child)
             rows = read_rows(conn, _results_query(machine_id, [quoted(conn, c) for c in columns]), params)[1]
+            if cut_applied is not None and "applied" in columns:
+                _cut_rows(rows, cut_applied)
         else:
             with gc_paused():
-                rows = _joined(conn, columns, known, mine, params)
+                rows = _joined(conn, columns, known, mine, params, cut_applied)
     except BaseException:
         if csv_child is not None:  # never leave the child unreaped
             csv_child.stop()
@@ -380,7 +385,17 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None,
     return columns, rows
 
 
-def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: dict) -> list[dict]:
+def _cut_rows(rows: list[dict], cut_applied) -> None:
+    """read_results' cut_applied on rows already read (a later schema's, from the view)."""
+    cut = cut_applied(column(rows, "applied"), column(rows, "other_cpu_s"), column(rows, "steal_s"),
+                      column(rows, "cores"))
+    for row, value in zip(rows, cut):
+        if value is not None:
+            row["applied"] = value
+
+
+def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: dict,
+            cut_applied=None) -> list[dict]:
     """The view's rows as JoinedRows (read_results): each row's non-NULL columns, the same as _append_compact
     makes of the view's tuples, its configuration's in one row shared by its configuration's runs. Rows
     whose own, job's and machine's NULLs fall alike share a template: a dict of those columns in the view's
@@ -396,7 +411,7 @@ def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: 
     update = dict.update
     templates: dict = {}
     for own, job_parts, machine_parts, keys in _view_parts(conn, parts, [c for c in jobs if c not in PER_RUN_JOB],
-                                                           Conf, mine, params):
+                                                           Conf, mine, params, cut_applied):
         for values, (job, of), machine, key in zip(own, job_parts, machine_parts, keys):
             try:
                 template, own_of, job_of = templates[key]
@@ -449,7 +464,8 @@ def _pairs(names: list[str], keep: list[int]):
     return lambda vals: zip(names, get(vals))
 
 
-def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, mine: str, params: dict) -> Iterator:
+def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, mine: str, params: dict,
+                cut_applied=None) -> Iterator:
     """The view's rows a chunk at a time (run order), in parts: each run's own values, its job's (its
     PER_RUN_JOB values, and its configuration's Conf row: one per distinct configuration), its machine's
     (fetched once each; the tuples shared between their runs), and a key per run that is the same for
@@ -490,9 +506,18 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, mine: 
              f"{JOINS.format(mine=mine)} ORDER BY r.run_id")
     result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
     n = len(run_cols)
+    cut = None
+    if cut_applied is not None and "applied" in run_cols:
+        at = run_cols.index("applied")
+        figures = [run_cols.index(c) if c in run_cols else None for c in ("other_cpu_s", "steal_s")]
+
+        def cut(by_column: list) -> None:  # (before the chunk's values are shared)
+            cores = [conf.get("cores") for _, _, conf in map(jobs.__getitem__, by_column[n])]
+            by_column[at] = cut_applied(by_column[at], *(by_column[i] if i is not None else None for i in figures),
+                                        cores)
     try:
         for chunk in _chunks(result):
-            by_column = _shared_columns(chunk, plan, shared)
+            by_column = _shared_columns(chunk, plan, shared, cut)
             del chunk
             job_nulls, job_values, job_confs = zip(*map(jobs.__getitem__, by_column[n]))
             machine_values = [m for _, m in map(machines.__getitem__, by_column[n + 1])]
@@ -545,14 +570,17 @@ def _nulls(by_column: list, kinds: dict) -> list:
     return [number((head, r), len(kinds)) for r in zip(*(flags[i] for i in mixed))]
 
 
-def _shared_columns(chunk: list[tuple], plan: dict, shared: dict) -> list:
+def _shared_columns(chunk: list[tuple], plan: dict, shared: dict, cut=None) -> list:
     """`chunk` transposed, its values shared (rows_of, _view_parts): the first chunk decides which columns
     share their values (text, and numbers that repeat: `plan`); each chunk checks their types again (C
-    loops, column by column): a value is only ever replaced by an equal one of its own type."""
+    loops, column by column): a value is only ever replaced by an equal one of its own type. cut(by_column)
+    changes columns in place before they are shared (_view_parts: cut_applied)."""
     if not plan:
         plan.update(_share_plan(chunk))
         plan.setdefault(None, None)  # decided, even where no column is shared
     by_column = list(zip(*chunk))
+    if cut is not None:
+        cut(by_column)
     for i, seen in plan.items():
         if i is None:
             continue

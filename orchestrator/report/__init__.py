@@ -34,7 +34,7 @@ from orchestrator import effects as fx
 from orchestrator.effects import Analysis, VariableEffect
 from orchestrator.forked import Family, Worker
 from orchestrator.rows import read_results, start_results_csv
-from orchestrator import config_index, prediction_report
+from orchestrator import applied_cut, config_index, prediction_report
 from orchestrator.store import ReadOnlyDatabase, Store
 from orchestrator.view_sql import MACHINE_ONLY, REPORT_LEAVES
 from orchestrator.report import html as html_report
@@ -95,7 +95,8 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     with store.transaction(snapshot=True) as conn:
         csv_child = start_results_csv(conn, machine_id, csv_path, nice=CSV_NICE)
         children.callback(csv_child.stop)
-        _, rows = read_results(conn, machine_id, leave_out=REPORT_LEAVES)  # (the machine's facts: below)
+        # (the machine's facts: below; of each run's applied, what the report reads: applied_cut)
+        _, rows = read_results(conn, machine_id, leave_out=REPORT_LEAVES, cut_applied=applied_cut.cut)
         machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
         targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
     gc.freeze()  # the rows: never traversed again by the collections of the analysis that follows
