@@ -10,6 +10,10 @@ itself; the markers are then filled with the text csv.writer wrote for the job's
 A job's text is kept for the runs that follow it (at most JOBS_KEPT jobs: a fleet's machines run the same
 job at about the same time), and fetched again where it was let go.
 
+A run's long texts (QUOTED_IN_SQL: applied, ~3 KB of JSON a real run) take csv.writer ~30 us each (1M
+runs: 30 s); SQLite quotes them as csv.writer would (QUOTED: quoted where they hold a comma, a quote or a
+line break, quotes doubled; NULL empty) and they fill a marker of their own.
+
 Where that cannot give the view's bytes (another database than SQLite, a view column this does not know,
 a value that holds the marker), write() says so and the caller writes the view itself (rows._write_csv).
 """
@@ -27,6 +31,11 @@ from sqlalchemy import text
 from orchestrator.view_sql import JOB_EXPR, JOINS, MINE, RUN_EXPR, VIEW_COLUMNS, quoted, sources, tuple_getter
 
 MARK = "\x02"  # stands for a job's or machine's text in a run's line: no value of a real sweep holds it
+QUOTED_IN_SQL = ("applied",)  # a run's columns SQLite writes as csv.writer would
+NOT_TEXT = "\x03"  # what QUOTED gives for a value neither text nor NULL: csv.writer writes those itself
+QUOTED = ("CASE typeof({c}) WHEN 'null' THEN '' WHEN 'text' THEN CASE WHEN instr({c}, '\"') OR instr({c}, ',') "
+          "OR instr({c}, char(13)) OR instr({c}, char(10)) THEN '\"' || replace({c}, '\"', '\"\"') || '\"' "
+          "ELSE {c} END ELSE char(3) END")
 JOBS_KEPT = 1 << 16  # job texts kept for later runs (~0.5 kB each)
 CHUNK = 5_000  # runs fetched at a time
 
@@ -52,22 +61,28 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
     q = lambda c: quoted(conn, c)  # noqa: E731
     params = {"machine_id": machine_id}
     mine = MINE if machine_id is not None else ""
-    run_select = []
-    for source, cols in segments:
-        if source == "r":
-            run_select += [RUN_EXPR.get(c) or "r." + q(c) for c in cols]
-        else:
-            run_select.append(f"char({ord(MARK)})")
+    run_select, quoted_texts = [], []
     job_segments = [cols for source, cols in segments if source == "j"]
     machine_segments = [cols for source, cols in segments if source == "m"]
-    # a run's markers, in order, filled from its job's texts (one per job segment) + its machine's
+    # a run's markers, in order, filled from its job's texts (one per job segment) + its machine's + its own
+    # columns quoted by SQLite (fetched after its fields)
     order = []
     j = m = 0
-    for source, _ in segments:
+    for source, cols in segments:
+        if source == "r":
+            for c in cols:
+                if c in QUOTED_IN_SQL and c not in RUN_EXPR:
+                    run_select.append(f"char({ord(MARK)})")
+                    quoted_texts.append(QUOTED.format(c="r." + q(c)))
+                    order.append(len(job_segments) + len(machine_segments) + len(quoted_texts) - 1)
+                else:
+                    run_select.append(RUN_EXPR.get(c) or "r." + q(c))
+            continue
+        run_select.append(f"char({ord(MARK)})")
         if source == "j":
             order.append(j)
             j += 1
-        elif source == "m":
+        else:
             order.append(len(job_segments) + m)
             m += 1
     fill = tuple_getter(order)
@@ -77,8 +92,9 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
                  f"WHERE j.job_id {{where}}")
     machine_fields = ", ".join(_fields({}, "m.", q, cols) + mark for cols in machine_segments)
     machine_query = f"SELECT m.machine_id, {machine_fields} FROM machines m"
-    run_query = (f"SELECT r.job_id, r.machine_id, {', '.join(run_select)} {JOINS.format(mine=mine)} "
+    run_query = (f"SELECT r.job_id, r.machine_id, {', '.join(run_select + quoted_texts)} {JOINS.format(mine=mine)} "
                  f"ORDER BY r.run_id")
+    own = len(quoted_texts)
     raw = conn.connection.dbapi_connection  # SQLite's own cursor: no row objects made on the way
     try:
         machines = _texts(raw.execute(machine_query).fetchall(), len(machine_segments)) if machine_segments else {}
@@ -88,7 +104,7 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
             with csv_path.open("w", newline="") as f:
                 csv.writer(f).writerow(columns)
                 while chunk := cursor.fetchmany(CHUNK):
-                    f.write(_lines(raw, chunk, jobs, job_query, job_segments, machines, fill, len(order)))
+                    f.write(_lines(raw, chunk, jobs, job_query, job_segments, machines, fill, len(order), own))
                     del chunk
         finally:
             cursor.close()
@@ -107,8 +123,10 @@ def _segments(columns: list[str], known: dict[str, str]) -> list[tuple[str, list
     return out
 
 
-def _lines(raw, chunk, jobs: dict, job_query: str, job_segments, machines: dict, fill, marks: int) -> str:
-    """A chunk of runs (job_id, machine_id, then the run's fields and markers) as the file's lines."""
+def _lines(raw, chunk, jobs: dict, job_query: str, job_segments, machines: dict, fill, marks: int,
+           own: int = 0) -> str:
+    """A chunk of runs (job_id, machine_id, the run's fields and markers, then its `own` texts quoted by
+    SQLite) as the file's lines."""
     job_ids = list(map(_KEY, chunk))
     if job_segments:
         missing = set(job_ids).difference(jobs)
@@ -127,13 +145,19 @@ def _lines(raw, chunk, jobs: dict, job_query: str, job_segments, machines: dict,
         job_texts = map(_NOTHING, job_ids)
     machine_texts = map(machines.__getitem__, map(_MACHINE, chunk)) if machines else map(_NOTHING, chunk)
     buf = io.StringIO(newline="")
-    csv.writer(buf).writerows(map(_FIELDS, chunk))
+    csv.writer(buf).writerows(map(itemgetter(slice(2, -own)), chunk) if own else map(_FIELDS, chunk))
     pieces = buf.getvalue().split(MARK)
     if len(pieces) != marks * len(chunk) + 1:  # a value holds the marker
         raise NotHere
     if not marks:
         return pieces[0]
-    texts = list(chain.from_iterable(map(fill, map(add, job_texts, machine_texts))))
+    outside = map(add, job_texts, machine_texts)
+    if own:
+        quoted = list(map(itemgetter(slice(-own, None)), chunk))
+        if NOT_TEXT in chain.from_iterable(quoted):  # a value neither text nor NULL (or the sentinel itself)
+            raise NotHere
+        outside = map(add, outside, quoted)
+    texts = list(chain.from_iterable(map(fill, outside)))
     texts.append("")
     return "".join(chain.from_iterable(zip(pieces, texts)))
 

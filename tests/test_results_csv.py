@@ -40,7 +40,8 @@ def _awkward(store) -> None:
         run_ids = [r[0] for r in conn.exec_driver_sql("SELECT run_id FROM runs ORDER BY run_id")]
         job_ids = [r[0] for r in conn.exec_driver_sql("SELECT job_id FROM jobs ORDER BY job_id")]
         for i, s in enumerate(TEXTS):
-            conn.exec_driver_sql("UPDATE runs SET reason = ?, worker_host = ? WHERE run_id = ?", (s, s, run_ids[i * 7]))
+            conn.exec_driver_sql("UPDATE runs SET reason = ?, worker_host = ?, applied = ? WHERE run_id = ?",
+                                 (s, s, s, run_ids[i * 7]))  # (applied: quoted by SQLite, QUOTED_IN_SQL)
             conn.exec_driver_sql("UPDATE jobs SET dataset = ?, derived = ? WHERE job_id = ?", (s, s, job_ids[i * 5]))
         for i, x in enumerate(FLOATS):
             conn.exec_driver_sql("UPDATE runs SET step_ms_median = ?, load_before = ? WHERE run_id = ?",
@@ -52,6 +53,8 @@ def _awkward(store) -> None:
         # SQLite keeps what it cannot convert: text in a REAL column, a float in an INTEGER one
         conn.exec_driver_sql("UPDATE runs SET step_ms_p10 = 'n/a, \"none\"' WHERE run_id = ?", (run_ids[3],))
         conn.exec_driver_sql("UPDATE jobs SET seq_len = 2.5 WHERE job_id = ?", (job_ids[4],))
+        conn.exec_driver_sql("UPDATE runs SET applied = ? WHERE run_id = ?",
+                             ('{"a": [1, 2], "b": "x\\"y", "c": "\u00e9\u0002"}', run_ids[6]))
         conn.exec_driver_sql("UPDATE runs SET status = 'queued' WHERE run_id IN (?, ?)", (run_ids[5], run_ids[-1]))
         conn.exec_driver_sql("UPDATE machines SET hostname = 'h,\"1\"', cpu_model = '', kernel = '%s %' "
                              "WHERE machine_id = 1")
@@ -76,6 +79,19 @@ def test_results_csv_is_the_views_csv_writer_bytes_on_awkward_values(tmp_path, m
         with store.transaction() as conn:
             assert results_csv.write(conn, machine_id, tmp_path / "new.csv"), "written from the tables"
         assert (tmp_path / "new.csv").read_bytes() == expected
+
+
+def test_an_applied_neither_text_nor_null_is_written_from_the_view(tmp_path):
+    """SQLite quotes a run's applied only where it is text (its TEXT column keeps numbers as text): a blob
+    there (or the text standing for one) makes write() say so, and the view is written as it is."""
+    for value in (b"\x01,\x02", results_csv.NOT_TEXT):
+        store = build(str(tmp_path / f"r{value!r}.db"), 100, machines=1, shape="small", quiet=True)
+        with store.transaction() as conn:
+            conn.exec_driver_sql("UPDATE runs SET applied = ? WHERE run_id = 5", (value,))
+        with store.transaction() as conn:
+            assert not results_csv.write(conn, None, tmp_path / "new.csv")
+            _write_csv(conn, SELECT_RESULTS.format(where=""), {"machine_id": None}, tmp_path / "new.csv", True)
+        assert (tmp_path / "new.csv").read_bytes() == _view_csv(store, None)
 
 
 def test_a_value_holding_the_marker_is_written_from_the_view(tmp_path):
