@@ -9,7 +9,9 @@ warm ones). Prints one line per case and a JSON document at the end; never asser
     venv/bin/python benchmarks/report_scale.py --sizes 10000,100000 --backends sqlite,postgresql
     venv/bin/python benchmarks/report_scale.py --sizes 1000000 --backends sqlite --mem-cap-gb 6
 
---keep DIR keeps the SQLite databases (reused when present). A report past --mem-cap-gb of PSS or
+--realistic fills each database as a real sweep's (benchmarks/realistic.py: every metric and fact a real
+run records and each done run's ~3 KB applied, which a scaled run leaves NULL); its SQLite databases are
+kept as real{runs}.db. --keep DIR keeps the SQLite databases (reused when present). A report past --mem-cap-gb of PSS or
 --timeout seconds is stopped and said so (the machine is shared: a runaway report must not take it).
 """
 
@@ -31,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from realistic import copy_sqlite, fill  # noqa: E402
 from tests.scaledb import build  # noqa: E402
 
 CHILD = """
@@ -103,6 +106,7 @@ def main() -> None:
     parser.add_argument("--no-predictions", action="store_true",
                         help="leave out the cost model's section (prediction_report): the rest of the report alone")
     parser.add_argument("--keep", type=Path, help="keep the SQLite databases here (reused when present)")
+    parser.add_argument("--realistic", action="store_true", help="fill each database as a real sweep's")
     args = parser.parse_args()
     results = []
     with ExitStack() as stack:
@@ -116,12 +120,18 @@ def main() -> None:
 
                 pg_url = stack.enter_context(throwaway_postgres())
             for runs in (int(x) for x in args.sizes.split(",")):
-                case = {"backend": backend, "runs": runs}
+                case = {"backend": backend, "runs": runs, "realistic": args.realistic}
                 t0 = time.perf_counter()
                 if backend == "sqlite":
                     db = str(keep / f"scale{runs}.db")
                     if not Path(db).exists():
                         build(db, runs, quiet=True)
+                    if args.realistic:
+                        real = keep / f"real{runs}.db"
+                        if not real.exists():
+                            copy_sqlite(db, real)
+                            fill(f"sqlite:///{real.resolve()}")
+                        db = str(real)
                 else:
                     import psycopg
 
@@ -131,6 +141,8 @@ def main() -> None:
                         c.execute(f"CREATE DATABASE {name}")
                     db = pg_url.rsplit("/", 1)[0] + f"/{name}"
                     build(db, runs, quiet=True)
+                    if args.realistic:
+                        fill(db)
                 case["build_s"] = time.perf_counter() - t0
                 out = tmp / f"result-{backend}-{runs}"
                 case.update(run_report(db, out, plots=not args.no_plots, cap_gb=args.mem_cap_gb, timeout_s=args.timeout,
