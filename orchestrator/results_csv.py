@@ -12,7 +12,8 @@ job at about the same time), and fetched again where it was let go.
 
 A run's long texts (QUOTED_IN_SQL: applied, ~3 KB of JSON a real run) take csv.writer ~30 us each (1M
 runs: 30 s); SQLite quotes them as csv.writer would (QUOTED: quoted where they hold a comma, a quote or a
-line break, quotes doubled; NULL empty) and they fill a marker of their own.
+line break, quotes doubled; NULL empty) and they fill a marker of their own. On PostgreSQL, where the
+view itself is written (rows._write_csv), the database quotes them the same way (view_query, own_lines).
 
 Where that cannot give the view's bytes (another database than SQLite, a view column this does not know,
 a value that holds the marker), write() says so and the caller writes the view itself (rows._write_csv).
@@ -36,6 +37,9 @@ NOT_TEXT = "\x03"  # what QUOTED gives for a value neither text nor NULL: csv.wr
 QUOTED = ("CASE typeof({c}) WHEN 'null' THEN '' WHEN 'text' THEN CASE WHEN instr({c}, '\"') OR instr({c}, ',') "
           "OR instr({c}, char(13)) OR instr({c}, char(10)) THEN '\"' || replace({c}, '\"', '\"\"') || '\"' "
           "ELSE {c} END ELSE char(3) END")
+QUOTED_PG = ("CASE WHEN {c} IS NULL THEN '' WHEN strpos({c}, '\"') > 0 OR strpos({c}, ',') > 0 "
+             "OR strpos({c}, chr(13)) > 0 OR strpos({c}, chr(10)) > 0 THEN '\"' || replace({c}, '\"', '\"\"') || '\"' "
+             "ELSE {c} END")  # (PostgreSQL's applied is TEXT: no other type to fall back from)
 JOBS_KEPT = 1 << 16  # job texts kept for later runs (~0.5 kB each)
 CHUNK = 5_000  # runs fetched at a time
 
@@ -111,6 +115,35 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
     except NotHere:
         return False
     return True
+
+
+def view_query(conn, machine_id: int | None) -> tuple[list[str], str, int] | None:
+    """On PostgreSQL: (the view's columns, a query of its rows (SELECT_RESULTS's) that gives each
+    QUOTED_IN_SQL column as a marker and, after the row, as PostgreSQL quoted it, how many such columns),
+    for own_lines; None where that does not apply (another database, no such column)."""
+    if conn.dialect.name != "postgresql":
+        return None
+    columns = list(conn.execute(text(VIEW_COLUMNS)).keys())
+    own = [c for c in columns if c in QUOTED_IN_SQL]
+    if not own or len(set(columns)) != len(columns):
+        return None
+    select = [f"chr({ord(MARK)})" if c in own else quoted(conn, c) for c in columns]
+    select += [QUOTED_PG.format(c=quoted(conn, c)) for c in own]
+    where = "WHERE machine_id = :machine_id" if machine_id is not None else ""
+    return columns, f"SELECT {', '.join(select)} FROM v_results {where} ORDER BY run_id", len(own)
+
+
+def own_lines(chunk: list[tuple], own: int) -> str:
+    """A chunk of view_query's rows as the file's lines: each row as csv.writer writes it, its markers
+    filled with its last `own` values (quoted already). NotHere where a value holds the marker."""
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerows(map(itemgetter(slice(0, -own)), chunk))
+    pieces = buf.getvalue().split(MARK)
+    if len(pieces) != own * len(chunk) + 1:
+        raise NotHere
+    texts = list(chain.from_iterable(map(itemgetter(slice(-own, None)), chunk)))
+    texts.append("")
+    return "".join(chain.from_iterable(zip(pieces, texts)))
 
 
 def _segments(columns: list[str], known: dict[str, str]) -> list[tuple[str, list[str]]]:

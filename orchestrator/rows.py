@@ -239,6 +239,20 @@ def _write_csv(conn, query: str, params: dict, csv_path: Path, results: bool = F
     bytes results_csv writes from the tables where it can (each job's and machine's fields once)."""
     if results and results_csv.write(conn, params["machine_id"], csv_path):
         return
+    quoting = results_csv.view_query(conn, params["machine_id"]) if results else None
+    if quoting is not None:  # PostgreSQL: the view, its runs' applied quoted by the database
+        columns, quoting_query, own = quoting
+        result = conn.execution_options(stream_results=True, yield_per=CSV_CHUNK).execute(text(quoting_query), params)
+        try:
+            with csv_path.open("w", newline="") as f:
+                csv.writer(f).writerow(columns)
+                for chunk in _chunks(result, CSV_CHUNK):
+                    f.write(results_csv.own_lines(chunk, own))
+            return
+        except results_csv.NotHere:  # a value holds the marker: the view as it is, below
+            pass
+        finally:
+            result.close()
     result = conn.execution_options(stream_results=True, yield_per=CSV_CHUNK).execute(text(query), params)
     try:
         with csv_path.open("w", newline="") as f:

@@ -102,3 +102,28 @@ def test_a_value_holding_the_marker_is_written_from_the_view(tmp_path):
         assert not results_csv.write(conn, None, tmp_path / "new.csv")  # says so
         _write_csv(conn, SELECT_RESULTS.format(where=""), {"machine_id": None}, tmp_path / "new.csv", True)
     assert (tmp_path / "new.csv").read_bytes() == _view_csv(store, None)
+
+
+def test_on_postgresql_the_view_is_written_with_its_applied_quoted_by_the_database(tmp_path, pg_db):
+    """On PostgreSQL results.csv is the view's rows (no tables path), each run's applied quoted by the
+    database (results_csv.view_query, own_lines): the bytes csv.writer writes, for every machine and
+    one; a value holding the marker makes it write the view as it is."""
+    from orchestrator.rows import _results_query
+
+    store = build(pg_db, 300, machines=2, shape="small", quiet=True)
+    values = [*TEXTS, '{"a": [1, 2], "b": "x\\"y", "c": "\\u00e9"}', "ünïcødé, \"q\"\r\n"]
+    with store.transaction() as conn:
+        run_ids = [r[0] for r in conn.execute(text("SELECT run_id FROM runs ORDER BY run_id"))]
+        for i, value in enumerate(values):
+            conn.execute(text("UPDATE runs SET applied = :v WHERE run_id = :r"), {"v": value, "r": run_ids[i * 9 + 1]})
+    for machine_id, marker in ((None, False), (2, False), (None, True)):
+        if marker:
+            with store.transaction() as conn:
+                conn.execute(text("UPDATE runs SET applied = :v WHERE run_id = :r"),
+                             {"v": f"a{results_csv.MARK}b", "r": run_ids[2]})
+        expected = _view_csv(store, machine_id)
+        assert machine_id or b'"say ""hi"""' in expected
+        with store.transaction() as conn:
+            assert results_csv.view_query(conn, machine_id) is not None
+            _write_csv(conn, _results_query(machine_id), {"machine_id": machine_id}, tmp_path / "new.csv", True)
+        assert (tmp_path / "new.csv").read_bytes() == expected, (machine_id, marker)
