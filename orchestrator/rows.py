@@ -16,7 +16,8 @@ a JoinedRow: its configuration's columns (its job's but job_id, config_hash and 
 row that every run of that configuration shares, so that a million runs of a few thousand
 configurations hold a 21-key dict each, not a 66-key one (1M runs: the report's peak RSS 2.99 -> 1.91
 GB). Unbound dict methods see a JoinedRow's own columns only: readers of every run's value of a column
-use `column` and `conf_values`.
+use `column` and `conf_values`. The report has each run's `applied` (~3 KB, its own in every run) cut to
+the keys it reads as each chunk is read (read_results' cut_applied: applied_cut.py).
 """
 
 from __future__ import annotations
