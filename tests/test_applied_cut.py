@@ -115,3 +115,19 @@ def test_the_report_from_the_cut_is_the_report_from_the_whole_texts(tmp_path, mo
     said = cut.summary_path.read_text()
     assert f"Disturbed runs: {sum(d is not None for d in disturbed)} of {len(done)} done runs" in said
     assert "asked for intra_threads=8 ran with intra_threads=1" in said  # beta's read-back, from the cut
+
+
+def test_a_later_schemas_read_from_the_view_cuts_alike(tmp_path, monkeypatch):
+    """Where read_results reads the view itself (a column it does not know), its rows hold the same cut."""
+    from orchestrator import rows as rows_module
+    from orchestrator.view_sql import sources
+
+    store = _database(tmp_path / "r.db")
+    with store.transaction() as conn:
+        _, joined = read_results(conn, None, leave_out=REPORT_LEAVES, cut_applied=applied_cut.cut)
+    monkeypatch.setattr(rows_module, "sources", lambda conn: {k: v for k, v in sources(conn).items()
+                                                              if k != "tokens_per_s"})
+    with store.transaction() as conn:
+        _, later = read_results(conn, None, leave_out=REPORT_LEAVES, cut_applied=applied_cut.cut)
+    assert not isinstance(later[0], rows_module.JoinedRow) and later == joined
+    assert [r["applied"] for r in later] == [r["applied"] for r in joined] and "timed_window" in later[3]["applied"]
