@@ -161,8 +161,16 @@ class _opened:
                 if not dst.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone():
                     raise BadInput(f"merge: {path} is not a cpubench results database (no jobs table)")
         except sqlite3.DatabaseError as err:
+            shutil.rmtree(self.tmp, ignore_errors=True)  # (__exit__ is not called when __enter__ raises)
             raise BadInput(f"merge: {path} is not an SQLite database: {err}") from None
-        self.store = Store(str(copy))
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+        try:
+            self.store = Store(str(copy))
+        except BaseException:  # (a database this release cannot open, say)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
         return self.store
 
     def __exit__(self, *exc) -> None:

@@ -121,6 +121,9 @@ def test_merging_what_is_not_another_results_database_exits_2(db, tmp_path, case
     if case == "not a database":
         target = str(tmp_path / "notes.txt")
         Path(target).write_text("hello\n" * 100)
-    proc = bench("merge", target, "--db", db)
+    scratch = tmp_path / "tmp"  # the merge's temporary folder goes here, and must not stay
+    scratch.mkdir()
+    proc = bench("merge", target, "--db", db, env={"TMPDIR": str(scratch)})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert list(sqlite3.connect(db).iterdump()) == before
+    assert not list(scratch.iterdir())
