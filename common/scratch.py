@@ -36,16 +36,12 @@ def folder(prefix: str, dir: str | Path | None = None):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def remove_orphans(base: Path, mine: str) -> list[Path]:
-    """Remove base/MINE-PID-* where process PID is gone; the folders removed."""
-    removed = []
+def remove_orphans(base: Path, mine: str) -> None:
+    """Remove base/MINE-PID-* where process PID is gone."""
     for name in glob.glob(glob.escape(str(base / mine)) + "*-*"):
         pid = Path(name).name[len(mine):].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(name, ignore_errors=True)
-            if not os.path.exists(name):
-                removed.append(Path(name))
-    return removed
 
 
 def _alive(pid: int) -> bool:

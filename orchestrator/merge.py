@@ -146,6 +146,15 @@ class _opened:
             return self.store
         path = check_source(self.other)  # an sqlite:/// URL too: read as its file, never created
         self.tmp = scratch.make("cpubench-merge-")
+        try:
+            self.store = self._copy(path)
+        except BaseException:  # __exit__ is not called when __enter__ raises: the copy goes here
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+        return self.store
+
+    def _copy(self, path: Path) -> Store:
+        """A consistent copy of the SQLite file `path` in self.tmp, opened through the migrations."""
         copy = self.tmp / path.name
         try:
             # Immutable (no -wal/-shm made, nothing locked) unless a writer's -wal is there to be read:
@@ -161,17 +170,8 @@ class _opened:
                 if not dst.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone():
                     raise BadInput(f"merge: {path} is not a cpubench results database (no jobs table)")
         except sqlite3.DatabaseError as err:
-            shutil.rmtree(self.tmp, ignore_errors=True)  # (__exit__ is not called when __enter__ raises)
             raise BadInput(f"merge: {path} is not an SQLite database: {err}") from None
-        except BaseException:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            raise
-        try:
-            self.store = Store(str(copy))
-        except BaseException:  # (a database this release cannot open, say)
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            raise
-        return self.store
+        return Store(str(copy))
 
     def __exit__(self, *exc) -> None:
         if hasattr(self, "store"):

@@ -138,10 +138,18 @@ def own_lines(chunk: list[tuple], own: int) -> str:
     filled with its last `own` values (quoted already). NotHere where a value holds the marker."""
     buf = io.StringIO(newline="")
     csv.writer(buf).writerows(map(itemgetter(slice(0, -own)), chunk))
-    pieces = buf.getvalue().split(MARK)
-    if len(pieces) != own * len(chunk) + 1:
+    return _filled(buf.getvalue(), own * len(chunk), map(itemgetter(slice(-own, None)), chunk))
+
+
+def _filled(written: str, marks: int, texts) -> str:
+    """`written` (csv.writer's lines) with its `marks` markers filled in order from `texts` (an iterable
+    of tuples of texts); NotHere where a value holds the marker (more markers than that)."""
+    pieces = written.split(MARK)
+    if len(pieces) != marks + 1:
         raise NotHere
-    texts = list(chain.from_iterable(map(itemgetter(slice(-own, None)), chunk)))
+    if not marks:
+        return pieces[0]
+    texts = list(chain.from_iterable(texts))
     texts.append("")
     return "".join(chain.from_iterable(zip(pieces, texts)))
 
@@ -179,20 +187,13 @@ def _lines(raw, chunk, jobs: dict, job_query: str, job_segments, machines: dict,
     machine_texts = map(machines.__getitem__, map(_MACHINE, chunk)) if machines else map(_NOTHING, chunk)
     buf = io.StringIO(newline="")
     csv.writer(buf).writerows(map(itemgetter(slice(2, -own)), chunk) if own else map(_FIELDS, chunk))
-    pieces = buf.getvalue().split(MARK)
-    if len(pieces) != marks * len(chunk) + 1:  # a value holds the marker
-        raise NotHere
-    if not marks:
-        return pieces[0]
     outside = map(add, job_texts, machine_texts)
     if own:
         quoted = list(map(itemgetter(slice(-own, None)), chunk))
         if NOT_TEXT in chain.from_iterable(quoted):  # a value neither text nor NULL (or the sentinel itself)
             raise NotHere
         outside = map(add, outside, quoted)
-    texts = list(chain.from_iterable(map(fill, outside)))
-    texts.append("")
-    return "".join(chain.from_iterable(zip(pieces, texts)))
+    return _filled(buf.getvalue(), marks * len(chunk), map(fill, outside))
 
 
 def _fields(expr: dict, prefix: str, q, cols: list[str]) -> str:

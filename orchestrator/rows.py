@@ -243,24 +243,25 @@ def _write_csv(conn, query: str, params: dict, csv_path: Path, results: bool = F
     quoting = results_csv.view_query(conn, params["machine_id"]) if results else None
     if quoting is not None:  # PostgreSQL: the view, its runs' applied quoted by the database
         columns, quoting_query, own = quoting
-        result = conn.execution_options(stream_results=True, yield_per=CSV_CHUNK).execute(text(quoting_query), params)
         try:
-            with csv_path.open("w", newline="") as f:
-                csv.writer(f).writerow(columns)
-                for chunk in _chunks(result, CSV_CHUNK):
-                    f.write(results_csv.own_lines(chunk, own))
+            _stream_csv(conn, quoting_query, params, csv_path, columns,
+                        lambda f, writer, chunk: f.write(results_csv.own_lines(chunk, own)))
             return
         except results_csv.NotHere:  # a value holds the marker: the view as it is, below
             pass
-        finally:
-            result.close()
+    _stream_csv(conn, query, params, csv_path, None, lambda f, writer, chunk: writer.writerows(chunk))
+
+
+def _stream_csv(conn, query: str, params: dict, csv_path: Path, header: list[str] | None, write_chunk) -> None:
+    """csv_path: a header (the query's columns unless given), then write_chunk(file, its csv.writer, chunk)
+    for each CSV_CHUNK rows of the query."""
     result = conn.execution_options(stream_results=True, yield_per=CSV_CHUNK).execute(text(query), params)
     try:
         with csv_path.open("w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(list(result.keys()))
+            writer.writerow(header if header is not None else list(result.keys()))
             for chunk in _chunks(result, CSV_CHUNK):
-                writer.writerows(chunk)
+                write_chunk(f, writer, chunk)
     finally:
         result.close()
 
