@@ -1,6 +1,7 @@
-"""The project's own corpus: the deterministic built-in text worker/data.py writes when the dataset hub
-is out of reach, and where a corpus's tokenizer is cached. Here, where both the worker (training) and the
-orchestrator (the cost model's tokens per word) can read it. Imports nothing from the project.
+"""The project's own corpus: the deterministic built-in text worker/data.py writes when no real text can
+be fetched, the file names of a prepared corpus (its training and held-out text, where its tokenizer is
+cached) and the row split of a corpus without a split of its own. Here, where both the worker (training)
+and the orchestrator (the cost model's tokens per word) can read it. Imports nothing from the project.
 """
 
 from __future__ import annotations
@@ -11,8 +12,23 @@ from pathlib import Path
 BUILTIN_ROWS = 1000  # the hub dataset's size, so both corpora give comparable runs
 
 
-def tokenizer_path(corpus: Path, vocab_size: int) -> Path:
-    return corpus.parent / f"bpe-{vocab_size}.json"
+TRAIN_FILE = "train.txt"  # the text a run trains on (and its tokenizer is trained on)
+VAL_FILE = "val.txt"  # the held-out text, never trained on
+VAL_FRACTION = 0.1  # of the rows (or, for a corpus of whole works, of the characters) held out
+
+
+def tokenizer_path(train: Path, vocab_size: int) -> Path:
+    """The BPE of vocab_size trained on the training text `train` (a name an older release's tokenizers,
+    `bpe-<vocab>.json`, trained on the whole text, cannot be mistaken for)."""
+    return train.parent / f"tokenizer-{vocab_size}.json"
+
+
+def split_rows(rows: list[str]) -> tuple[list[str], list[str]]:
+    """(training rows, held-out rows): the last VAL_FRACTION of the rows, at least one, held out."""
+    if len(rows) < 2:
+        raise ValueError(f"{len(rows)} row(s): a split needs at least two")
+    n_val = max(1, round(len(rows) * VAL_FRACTION))
+    return rows[:-n_val], rows[-n_val:]
 
 
 _SUBJECTS = [

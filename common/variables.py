@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from common.errors import BadInput
-from common.datasets import DATASET_BUILTIN, DATASET_HUB
+from common.datasets import DATASET_BUILTIN, DATASET_HUB, DATASET_SHAKESPEARE
 from common.compute import NOT_OFFERED, int4_unsupported  # noqa: F401  (NOT_OFFERED: re-exported)
 
 # Where a variable takes effect; the worker checks each place can honour it.
@@ -220,7 +220,7 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("steps", int, 20, TRAINING, "timed optimizer steps", min=1, max=1_000_000),
     _v("warmup_steps", int, 3, TRAINING, "untimed steps before timing (lets the loop settle)", min=0, max=100_000),
     _v("seed", int, 0, TRAINING, "seed of torch, data order and init", min=0, max=2**31 - 1),
-    _v("dataset", str, DATASET_HUB, TRAINING, "training text", choices=(DATASET_HUB, DATASET_BUILTIN)),
+    _v("dataset", str, DATASET_HUB, TRAINING, "training text", choices=(DATASET_HUB, DATASET_SHAKESPEARE, DATASET_BUILTIN)),
     _v("repeat", int, 0, TRAINING, "repeat index; set by the sweep's `repeats`", min=0, max=10_000),
 )
 

@@ -56,7 +56,7 @@ def test_common_is_a_package_that_owns_the_vocabulary():
     from common import datasets, errors, metrics, variables
 
     assert "imports neither" in common.__doc__
-    assert variables.BY_NAME["dataset"].choices == (datasets.DATASET_HUB, datasets.DATASET_BUILTIN)
+    assert variables.BY_NAME["dataset"].choices == (datasets.DATASET_HUB, datasets.DATASET_SHAKESPEARE, datasets.DATASET_BUILTIN)
     assert issubclass(errors.BadInput, errors.BenchError)
     assert "step_ms_median" in metrics.METRICS and set(metrics.WORKER_METRICS) <= set(metrics.METRICS)
 
