@@ -1079,10 +1079,10 @@ def _stored_ratio(vocab_size: int, data_dir=None) -> tuple[float, str]:
     import tempfile
     from pathlib import Path
     import tokenizers
-    from common.corpus import builtin_rows
+    from common.corpus import TRAIN_FILE, builtin_rows, split_rows
     folder = Path(data_dir or Path(__file__).resolve().parent.parent / "data") / "builtin"
-    corpus = folder / "corpus.txt"
-    text_ = corpus.read_text() if corpus.exists() else "\n".join(builtin_rows())
+    corpus = folder / TRAIN_FILE
+    text_ = corpus.read_text() if corpus.exists() else "\n".join(split_rows(builtin_rows())[0])
     digest = hashlib.sha256(text_.encode()).hexdigest()
     entry = f"{digest}:{vocab_size}:{tokenizers.__version__}"
     path = Path(tempfile.gettempdir()) / RATIOS_FILE
@@ -1106,16 +1106,16 @@ def _stored_ratio(vocab_size: int, data_dir=None) -> tuple[float, str]:
 
 
 def tokens_per_word_uncached(vocab_size: int, data_dir=None) -> tuple[float, str]:
-    """Tokens per whitespace-separated word of the project's corpus under the run's tokenizer (a
-    byte-level BPE of vocab_size trained on that corpus, as the trainers train it), and where the
-    corpus came from. Reads the cached tokenizer where a run left one; otherwise trains one in memory
-    (nothing is written)."""
+    """Tokens per whitespace-separated word of the project's corpus (its training text) under the run's
+    tokenizer (a byte-level BPE of vocab_size trained on that text, as the trainers train it), and
+    where the corpus came from. Reads the cached tokenizer where a run left one; otherwise trains one
+    in memory (nothing is written)."""
     from pathlib import Path
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from common.corpus import builtin_rows, tokenizer_path
+    from common.corpus import TRAIN_FILE, builtin_rows, split_rows, tokenizer_path
     folder = Path(data_dir or Path(__file__).resolve().parent.parent / "data") / "builtin"
-    corpus = folder / "corpus.txt"
-    text_ = corpus.read_text() if corpus.exists() else "\n".join(builtin_rows())
+    corpus = folder / TRAIN_FILE
+    text_ = corpus.read_text() if corpus.exists() else "\n".join(split_rows(builtin_rows())[0])
     cached = tokenizer_path(corpus, vocab_size)
     if cached.exists():
         tok = Tokenizer.from_file(str(cached))
