@@ -12,7 +12,7 @@ correlated in time, so only figures taken side by side here are compared.
 --realistic COPY: first write a copy of DB (a tests/scaledb.py database) made to look like a real sweep's
 (benchmarks/realistic.py: every metric and fact a real run records, distinct values per run, and each
 done run's ~3 KB applied, which a scaled run leaves NULL), and report on the copy. Both checkouts must
-hold the same data/builtin/corpus.txt (or none): the cost model counts that corpus's tokens.
+hold the same data/builtin/train.txt (or none): the cost model counts that corpus's tokens.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ report shows must stay what it was. The runs' table inside index.html is compare
 
 Each report runs in a child process with its checkout first on sys.path, on a copy of the database
 (the report rewrites the effects table). Exit status 1 when any file differs. The checkouts must
-hold the same data/builtin/corpus.txt (or none): the cost model's days per epoch count the tokens
+hold the same data/builtin/train.txt (or none): the cost model's days per epoch count the tokens
 of that corpus (cost_model.tokens_per_word), and a test run writes it; the script says when they
 differ.
 """
@@ -122,7 +122,7 @@ def main() -> int:
     args = ap.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="report_same-"))
     work.mkdir(parents=True, exist_ok=True)
-    corpus = [tree / "data" / "builtin" / "corpus.txt" for tree in (args.old, args.new)]
+    corpus = [tree / "data" / "builtin" / "train.txt" for tree in (args.old, args.new)]
     if len({c.read_bytes() if c.exists() else None for c in corpus}) > 1:
         print(f"warning: {corpus[0]} and {corpus[1]} differ: the days per epoch will (copy one over the other)")
     failed = 0

@@ -433,7 +433,7 @@ class Worker:
             _, used = data.prepare(self.opts.data_dir, dataset)
             self._datasets[dataset] = used
             if used != dataset:
-                self.emit(Event("note", text=f"dataset {dataset} could not be loaded; training on the built-in corpus "
+                self.emit(Event("note", text=f"dataset {dataset} could not be loaded; training on {used} instead "
                                              f"(recorded per run as dataset_used={used})"))
 
 
