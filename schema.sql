@@ -133,6 +133,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     grad_accum    INTEGER NOT NULL,
     precision     TEXT    NOT NULL,
     optimizer     TEXT    NOT NULL,
+    lr            REAL    NOT NULL,           -- the peak learning rate (lr=auto: the optimizer's default)
+    lr_schedule   TEXT    NOT NULL DEFAULT 'constant',
     task          TEXT    NOT NULL,
     lora_rank     INTEGER NOT NULL DEFAULT 8,
     steps         INTEGER NOT NULL,
@@ -177,7 +179,7 @@ CREATE TABLE IF NOT EXISTS runs (
     finished      REAL,                     -- when it ended: done, failed or skipped (database clock)
     reason        TEXT,                       -- the error (failed) or why not run (skipped)
     applied       TEXT,                       -- JSON: settings read back after applying them
-    dataset_used  TEXT,                       -- the text really trained on (hub name or builtin)
+    dataset_used  TEXT,                       -- the text really trained on: the dataset asked for, or its fallback (shakespeare, builtin)
     output_path   TEXT,                       -- the saved model, under output/
     torch_version TEXT,                     -- the torch the child imported
     python_version TEXT,                    -- the child's Python
@@ -217,6 +219,8 @@ CREATE TABLE IF NOT EXISTS runs (
     global_batch   INTEGER,                   -- samples per optimizer step over every rank
     allreduce_ms   REAL,                      -- median over timed steps: time some gradient bucket was in flight, sent to reduced (DDP comm hook)
     allreduce_share REAL,                     -- allreduce_ms / step_ms_median; NULL with one rank
+    val_loss       REAL,                      -- mean cross-entropy over the corpus's fixed held-out tokens, after the timed steps
+    eval_s         REAL,                      -- the seconds that evaluation took (apart from every step time)
     UNIQUE (job_id, pool_id)
 );
 
@@ -253,13 +257,14 @@ SELECT
     j.omp_threads, j.intra_threads, j.inter_threads, j.isa, j.onednn, j.framework, j.compile,
     j.fusion, j.compile_cache, j.cc_flags, j.compiler, j.blas, j.attn_backend, j.n_layers, j.d_model, j.n_heads, j.head_dim,
     j.kv_heads, j.mlp_ratio, j.dropout, j.activation, j.attention, j."window", j.vocab_size,
-    j.seq_len, j.batch_size, j.grad_accum, j.precision, j.optimizer, j.task, j.lora_rank, j.steps,
+    j.seq_len, j.batch_size, j.grad_accum, j.precision, j.optimizer, j.lr, j.lr_schedule, j.task, j.lora_rank, j.steps,
     j.warmup_steps, j.seed, j.dataset, j.repeat, j.block,
     r.setup_s, r.first_step_s, r.step_ms_median, r.step_ms_p10, r.step_ms_p90, r.step_ms_mean,
     r.step_ms_std, r.train_s, r.wall_s, r.tokens_per_s, r.samples_per_s, r.loss_first,
     r.loss_last, r.peak_rss_mb, r.cpu_user_s, r.cpu_sys_s, r.ctx_switches, r.freq_mhz_avg,
     r.energy_j, r.temp_c_max, r.params, r.trainable_params, r.flops_per_step, r.gflops, r.mfu,
     r.steal_s, r.other_cpu_s, r.world_size, r.global_batch, r.allreduce_ms, r.allreduce_share,
+    r.val_loss, r.eval_s,
     r.gemm_format, r.dataset_used, r.output_path, r.applied, r.torch_version, r.python_version, r.load_before,
     m.machine_id, m.fingerprint, m.hostname, m.cpu_model, m.vendor, m.sockets, m.physical_cores,
     m.logical_cores, m.numa_nodes, m.smt, m.isa_flags, m.l1d_kb, m.l2_kb, m.l3_kb,

@@ -43,7 +43,7 @@ D256 = dict(vocab_size=8192, seq_len=256, n_layers=4, d_model=256, n_heads=4, he
             batch_size=8, optimizer="adamw", seed=0)
 FRAMEWORKS = ("torch", "jax", "numpy", "jax-eager")
 DEFAULT_FRAMEWORKS = ("torch", "jax", "numpy")
-LR = {"adamw": 1e-3, "sgd": 0.05}  # the torch trainer's learning rates
+from common.variables import LR_OF as LR  # noqa: E402 (the trainers' default learning rates)
 
 
 def batches(config: dict, n: int):

@@ -69,6 +69,19 @@ ALL = "all"
 # release 6 (fp32 GEMMs on fake-quantized operands); it is folded into int8, which computes in int8
 # (torch._int_mm). Old databases' q8 rows keep q8, and their gemm_format says they were simulated.
 PRECISION_ALIASES = {"q8": "int8"}
+# lr=auto: each optimizer's stated default, high for tiny models (loss must visibly fall in a few steps);
+# every trainer reads the resolved lr from the config, so one table serves torch, JAX and NumPy.
+LR_OF = {"adamw": 1e-3, "sgd": 0.05}
+LR_SCHEDULES = ("constant", "cosine")
+FINETUNE_LR_FACTOR = 0.1  # finetuning starts from trained weights: a 10x lower learning rate
+
+
+def peak_lr(config: dict) -> float:
+    """The peak learning rate a run's optimizer gets: lr, a tenth of it for a finetune of all weights
+    (LoRA adapters start at zero and train at lr). Every trainer and the read-back check use this."""
+    lr = config.get("lr", AUTO)
+    lr = LR_OF[config["optimizer"]] if lr == AUTO else float(lr)
+    return lr * FINETUNE_LR_FACTOR if config.get("task", "pretrain") == "finetune" else lr
 
 
 @dataclass(frozen=True)
@@ -213,6 +226,11 @@ CATALOGUE: tuple[Variable, ...] = (
        "alias of int8 (it was simulated in fp32 before release 6: old rows keep q8)",
        choices=("fp32", "bf16", "mixed", "q8", "q4", "bitnet", "int8")),
     _v("optimizer", str, "adamw", TRAINING, "optimizer", choices=("adamw", "sgd")),
+    _v("lr", float, AUTO, TRAINING, "peak learning rate; auto = the optimizer's default (LR_OF: adamw 1e-3, "
+       "sgd 0.05); a finetune trains at a tenth of it", min=1e-6, max=10.0, words=(AUTO,), since=7),
+    _v("lr_schedule", str, "constant", TRAINING, "constant: lr at every step; cosine: linear warm-up over the "
+       "first tenth of the run's optimizer steps, then cosine decay to a tenth of lr at its last step",
+       choices=LR_SCHEDULES, since=7),
     _v("task", str, "pretrain", TRAINING, "pretrain from scratch; finetune all weights of a saved model; "
        "finetune_lora: rank-lora_rank adapters on a frozen saved model", choices=("pretrain", "finetune", "finetune_lora")),
     _v("lora_rank", int, 8, TRAINING, "rank of the LoRA adapters (only with task=finetune_lora)", min=1, max=4096,
@@ -268,6 +286,7 @@ DERIVATIONS: tuple[Derivation, ...] = (
     Derivation("head_dim", ("d_model", "n_heads"), lambda c: max(1, c["d_model"] // c["n_heads"])),
     Derivation("kv_heads", ("n_heads",), lambda c: c["n_heads"]),
     Derivation("blas", ("framework",), lambda c: BLAS_AUTO[c["framework"]]),
+    Derivation("lr", ("optimizer",), lambda c: LR_OF[c["optimizer"]]),
     # The torch-only variables follow the framework: on jax/numpy, what really runs there (elsewhere());
     # on torch they are free, and "at the derived value" means at their default.
     *(Derivation(name, ("framework", "compile") if name == "fusion" else ("framework",),

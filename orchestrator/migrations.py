@@ -443,5 +443,13 @@ def _to_6(conn: Connection, dialect: str) -> str:
     return "from version 5: " + ("; ".join(done) or "views remade")
 
 
-MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3, 4: _to_4, 5: _to_5, 6: _to_6}
+def _to_7(conn: Connection, dialect: str) -> str:
+    """Version 6 -> 7: the variables lr (old jobs trained at their optimizer's default, variables.LR_OF)
+    and lr_schedule (constant), and the metrics val_loss and eval_s (NULL in old runs: none was measured)."""
+    done = reconcile(conn, dialect, fills={})
+    return "from version 6: " + ("; ".join(done) or "views remade")
+
+
+MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3, 4: _to_4, 5: _to_5, 6: _to_6,
+                                                            7: _to_7}
 LATEST = max(MIGRATIONS)

@@ -24,7 +24,7 @@ METRIC = "step_ms_median"
 NOT_FACTORS = ("repeat", "block")
 FACTORS = tuple(n for n in NAMES if n not in NOT_FACTORS)
 # Numeric, but not sizes: a log-log slope means nothing for them.
-NOT_SIZES = ("seed", "dropout", "repeat")
+NOT_SIZES = ("seed", "dropout", "repeat", "lr")
 
 # What really ran, where a run records it: variable -> (where, read-back key). The worker records a
 # run whose read-back differs from its job as failed; done runs of older databases may still differ,

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from worker.trainers.torch.model import GPT, ModelConfig
-from worker.trainers.torch.child import LR, make_optimizer, make_step
+from common.variables import LR_OF as LR
+from worker.trainers.torch.child import make_optimizer, make_step
 from worker.trainers.jax import model as jax_model
 from worker.trainers.masks import block_layout, dense_mask
 from worker.trainers.numpy.model import GPT as NumpyGPT

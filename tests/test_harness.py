@@ -135,3 +135,48 @@ def test_a_trainer_package_without_a_main_counts_as_missing():
     assert _trainer_missing("worker.trainers.torch") is None
     assert _trainer_missing("tests.stub_child") is None and _trainer_missing("tests.stub_trainer") is None
     assert _trainer_missing("worker.trainers.fortran") == "unavailable: no trainer worker.trainers.fortran in this checkout"
+
+
+def test_a_cosine_schedule_warms_up_linearly_then_decays_to_a_tenth_of_the_peak_at_the_last_step():
+    total = 50
+    factors = [harness.lr_factor(i, total, "cosine") for i in range(total)]
+    warm = 5  # a tenth of the steps
+    assert factors[:warm] == pytest.approx([(i + 1) / warm for i in range(warm)])
+    assert max(factors) == 1.0 and factors[warm - 1] == 1.0
+    assert all(a >= b for a, b in zip(factors[warm - 1:], factors[warm:]))  # never rises again
+    assert factors[-1] == pytest.approx(harness.LR_FLOOR)
+    assert [harness.lr_factor(i, total, "constant") for i in range(total)] == [1.0] * total
+    assert harness.lr_factor(0, 1, "cosine") == 1.0  # one step: the peak, no division by zero
+    with pytest.raises(ValueError, match="lr_schedule='linear'"):
+        harness.lr_factor(0, 10, "linear")
+
+
+def test_the_timed_loop_sets_the_scheduled_rate_before_every_step_and_never_for_a_constant_one():
+    config = {"grad_accum": 1, "warmup_steps": 2, "steps": 8, "batch_size": 1, "seq_len": 4, "lr_schedule": "cosine"}
+    seen, rates = [], []
+
+    def step(micro):
+        seen.append(rates[-1])
+        return 1.0
+
+    harness.timed_loop(step, float, lambda: (None, None), config, set_lr=rates.append)
+    assert seen == [harness.lr_factor(i, 10, "cosine") for i in range(10)]  # warm-up steps included
+    rates.clear()
+    harness.timed_loop(lambda micro: 1.0, float, lambda: (None, None), config | {"lr_schedule": "constant"},
+                       set_lr=rates.append)
+    assert rates == []
+
+
+def test_evaluation_weights_each_chunk_of_held_out_windows_by_its_size():
+    import numpy as np
+
+    inputs = np.arange(40 * 3).reshape(40, 3)  # 40 windows: chunks of 16, 16 and 8
+    calls = []
+
+    def loss_of(x, y):
+        calls.append(len(x))
+        return float(x[:, 0].mean())  # a "loss" whose mean over every window is known
+
+    mean, seconds = harness.evaluate(loss_of, inputs, inputs)
+    assert calls == [16, 16, 8] and seconds >= 0
+    assert mean == pytest.approx(inputs[:, 0].mean())

@@ -110,3 +110,19 @@ def test_eager_jax_with_grad_accum_compiles_nothing_while_timed_and_a_recompilin
     _, window, _ = harness.timed_loop(recompiling_step, float, lambda: None, config, runtime.compilations)
     assert window["compilations"] == 3
     assert "3 compilation(s) during the timed steps" in harness.compiled_while_timed(window)
+
+
+def test_numpy_and_jax_follow_one_cosine_schedule_and_measure_one_validation_loss(data_dir, tmp_path):
+    runs = {f: run_child(f, request(data_dir, tmp_path, framework=f, compile="xla" if f == "jax" else "eager",
+                                    steps=9, lr=0.2, lr_schedule="cosine"))
+            for f in ("numpy", "jax")}
+    constant = run_child("numpy", request(data_dir, tmp_path, framework="numpy", steps=9, lr=0.2))
+    for framework, result in runs.items():
+        assert result["status"] == "done", result["reason"]
+        assert result["applied"]["lr"] == 0.2 and result["applied"]["lr_schedule"] == "cosine"
+        assert result["applied"]["lr_last"] == pytest.approx(0.2 * harness.LR_FLOOR, rel=1e-6), framework
+        assert result["metrics"]["eval_s"] > 0
+    numpy_m, jax_m = runs["numpy"]["metrics"], runs["jax"]["metrics"]
+    assert abs(numpy_m["loss_last"] - jax_m["loss_last"]) < 1e-3  # the same rate at every step
+    assert abs(numpy_m["val_loss"] - jax_m["val_loss"]) < 1e-3  # the same held-out windows, the same weights
+    assert abs(numpy_m["loss_last"] - constant["metrics"]["loss_last"]) > 1e-4  # the schedule changed training

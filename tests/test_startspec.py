@@ -120,3 +120,16 @@ def test_a_compiler_without_its_openmp_headers_is_unavailable_saying_why(tmp_pat
         ccflags.compiler_unavailable.cache_clear()
     assert why == ("compiler=clang: clang++ finds no omp.h with -fopenmp, which every inductor kernel includes "
                    "(apt install libomp-dev)")
+
+
+def test_a_run_whose_optimizer_got_another_learning_rate_or_schedule_is_not_in_force():
+    numpy_config = config(framework="numpy", cores=2, intra_threads=1, lr=0.003, lr_schedule="cosine")
+    spec = startspec.spec_for(numpy_config, FACTS, [0, 1])
+    honest = {"affinity": [0, 1], "blas": "openblas", "blas_threads": 1, "jit": False, "omp_num_threads": "2",
+              "allocator_lib": None, "lr": 0.003, "lr_schedule": "cosine"}
+    assert verify.not_in_force(numpy_config, spec, honest) == []
+    assert verify.not_in_force(numpy_config, spec, {**honest, "lr": 0.001}) == ["lr=0.001 (asked 0.003)"]
+    assert verify.not_in_force(numpy_config, spec, {**honest, "lr_schedule": "constant"}) == [
+        "lr_schedule='constant' (asked 'cosine')"]
+    finetune = config(framework="numpy", cores=2, intra_threads=1, task="finetune", optimizer="sgd")
+    assert verify.not_in_force(finetune, spec, {**honest, "lr": 0.005, "lr_schedule": "constant"}) == []  # a tenth of sgd's 0.05

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.variables import parse_value, resolve
+from common.variables import FINETUNE_LR_FACTOR, LR_OF, parse_value, resolve
 from worker import data
 from worker.trainers import harness
 from worker.trainers.torch import child as train
@@ -155,7 +155,7 @@ def test_finetune_starts_from_the_saved_model_of_the_same_architecture(data_dir,
     assert saved["run_id"] == 1 and saved["arch_hash"] == train.arch_hash(base_config(data_dir, tmp_path), "builtin")
     tuned = metrics(data_dir, tmp_path, task="finetune")
     assert tuned["applied"]["finetune_from"] == base["output_path"]
-    assert tuned["applied"]["lr"] == pytest.approx(train.LR["adamw"] * train.FINETUNE_LR_FACTOR)
+    assert tuned["applied"]["lr"] == pytest.approx(LR_OF["adamw"] * FINETUNE_LR_FACTOR)
     assert tuned["metrics"]["loss_first"] < base["metrics"]["loss_first"]
     other_shape = metrics(data_dir, tmp_path, task="finetune", d_model=48, n_heads=2)
     assert other_shape["applied"]["finetune_from"].startswith("fresh base pretrain")
@@ -395,3 +395,28 @@ def test_a_warm_cache_is_filled_by_a_process_of_its_own_and_the_timed_compile_st
     assert not second["cache_prewarmed_now"] and "prewarm_s" not in second
     assert list((cache / "cpubench-warmed").glob("*.json"))
     assert list(Path(first["inductor_header_dir"]).glob("*.h"))  # the header, built by the prewarm
+
+
+def test_validation_loss_is_measured_on_the_held_out_windows_after_the_timed_steps(data_dir, tmp_path):
+    short = metrics(data_dir, tmp_path, steps=1)
+    again = metrics(data_dir, tmp_path, steps=1)
+    longer = metrics(data_dir, tmp_path, steps=40)
+    for result in (short, longer):
+        m = result["metrics"]
+        assert math.isfinite(m["val_loss"]) and m["eval_s"] > 0
+        # the held-out windows: EVAL_TOKENS of the split, whole windows of seq_len
+        assert result["applied"]["val_tokens"] == data.EVAL_TOKENS // 32 * 32
+    assert short["metrics"]["val_loss"] == again["metrics"]["val_loss"]  # the same windows, the same weights
+    assert longer["metrics"]["val_loss"] < short["metrics"]["val_loss"] - 0.2  # it learned text it never saw
+
+
+def test_the_learning_rate_and_its_cosine_schedule_are_the_optimizers_own_read_back(data_dir, tmp_path):
+    constant = metrics(data_dir, tmp_path, steps=9, lr=0.004)
+    cosine = metrics(data_dir, tmp_path, steps=9, lr=0.004, lr_schedule="cosine")
+    assert constant["applied"]["lr"] == 0.004 and constant["applied"]["lr_last"] == 0.004
+    assert constant["applied"]["lr_schedule"] == "constant" and cosine["applied"]["lr_schedule"] == "cosine"
+    assert cosine["applied"]["lr_last"] == pytest.approx(0.004 * harness.LR_FLOOR)
+    # the first step already ran at a tenth of the peak (warm-up): the two runs train apart
+    assert cosine["metrics"]["loss_last"] != constant["metrics"]["loss_last"]
+    default = metrics(data_dir, tmp_path, optimizer="sgd")
+    assert default["applied"]["lr"] == LR_OF["sgd"]  # lr=auto: the optimizer's stated default

@@ -436,6 +436,11 @@ def val_windows(val_ids: np.ndarray, seq_len: int, eval_tokens: int = EVAL_TOKEN
     return ids[:-1].reshape(n, seq_len), ids[1:].reshape(n, seq_len)  # inputs, targets: (N, T) each
 
 
+def validation_windows(train: Path, config: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A run's fixed evaluation set: val_windows of the held-out ids at its vocab_size and seq_len."""
+    return val_windows(load_val_tokens(train, config["vocab_size"]), config["seq_len"])
+
+
 # -- batches -----------------------------------------------------------------------------------
 
 

@@ -12,14 +12,17 @@ not shown it ran under the job's settings.
     numpy   blas == the job's blas (the library every product ran on) and blas_threads ==
             intra_threads (threadpoolctl for OpenBLAS and MKL, BLIS's own API), jit is False
     jax     xla_threads == cores (XLA sizes its pool from the affinity), jit == (compile == "xla")
+Every trainer: lr == variables.peak_lr(config) and lr_schedule == the job's (its optimizer's own).
 torch and jax record `blas` (applied.blas: BLAS_INFO of torch's build, XLA's Eigen) without it being
 judged: it is their build's, not the job's choice (a torch wheel for ARM runs OpenBLAS).
 """
 
 from __future__ import annotations
 
+import math
 import os
 
+from common.variables import peak_lr
 from worker import ccflags, isa_check
 from worker.startspec import DEFAULT, ISA_CAPS, ChildSpec
 
@@ -59,17 +62,26 @@ EXPECTED = {"torch": _expected_torch, "jax": _expected_jax, "numpy": _expected_n
 REQUIRED = {"torch": (), "jax": ("xla_threads", "jit"), "numpy": ("blas", "blas_threads", "jit")}
 
 
+def _same(read, want) -> bool:
+    """A read-back value equals the asked one (a float, such as lr, up to its last bits' rounding)."""
+    if isinstance(want, float) and isinstance(read, (int, float)) and not isinstance(read, bool):
+        return math.isclose(read, want, rel_tol=1e-9)
+    return read == want
+
+
 def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
     """The job's settings the child did NOT run under, each as 'key=what it read (asked what)'."""
     framework = config.get("framework", "torch")
     expected = {"affinity": sorted(spec.cpus)} | EXPECTED[framework](config, spec)
+    # the optimizer's own peak learning rate and the schedule it followed (every trainer records both)
+    expected |= {"lr": peak_lr(config), "lr_schedule": config.get("lr_schedule", "constant")}
     required = REQUIRED[framework] + (("cc_kernel_flags",) if "cc_kernel_flags" in expected else ()) + (
         ("cc_kernel_compilers",) if framework == "torch" and config.get("compiler", "gcc") != "gcc"
         and "cc_kernel_compilers" in expected else ())
     if framework == "torch" and "cc_kernel_compilers" not in required and not child.get("cc_kernel_compilers"):
         expected.pop("cc_kernel_compilers", None)  # gcc, no kernel seen: nothing to judge
     wrong = [f"{key}={child.get(key)!r} (asked {want!r})" for key, want in expected.items()
-             if (key in child or key in required) and child.get(key) != want]
+             if (key in child or key in required) and not _same(child.get(key), want)]
     if framework == "torch":
         wrong += isa_check.disobeyed(config["isa"], child)  # the ISA MKL and oneDNN really dispatched to
     for rank in child.get("ranks") or []:  # data parallelism: every rank on its own slice, its threads the job's

@@ -53,6 +53,12 @@ TRAINERS = {"torch": "worker.trainers.torch", "jax": "worker.trainers.jax", "num
 PEAK_KEY = {"fp32": "fp32", "q8": "fp32", "q4": "int4", "bitnet": "int8", "int8": "int8", "bf16": "bf16",
             "mixed": "bf16"}
 LOSS_LAST_STEPS = 3  # loss_last averages this many final steps: one step's loss is noisy
+# lr_schedule=cosine (nanoGPT's recipe): a linear warm-up over this share of the optimizer steps, then a
+# cosine decay that ends at LR_FLOOR of the peak on the last step (nanoGPT's min_lr = lr / 10)
+LR_WARMUP_SHARE = 0.1
+LR_FLOOR = 0.1
+# Held-out windows per forward in evaluate(): fixed, so every batch size evaluates in the same chunks
+EVAL_BATCH = 16
 
 
 class Skip(Exception):
@@ -106,8 +112,22 @@ def result(metrics: dict, *, applied: dict, timed_window: dict, dataset_used: st
 # -- the timed loop ----------------------------------------------------------------------------
 
 
+def lr_factor(step: int, total: int, schedule: str) -> float:
+    """The learning rate of optimizer step `step` (0-based, of `total`) as a share of the peak."""
+    if schedule == "constant":
+        return 1.0
+    if schedule != "cosine":
+        raise ValueError(f"lr_schedule={schedule!r}: expected constant or cosine")
+    warm = max(1, math.ceil(LR_WARMUP_SHARE * total))
+    if step < warm:
+        return (step + 1) / warm
+    progress = min(1.0, (step - warm + 1) / max(1, total - warm))  # reaches 1 at the last step
+    return LR_FLOOR + (1.0 - LR_FLOOR) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dict,
-               compilations: Callable[[], int] | None = None) -> tuple[dict, dict, float]:
+               compilations: Callable[[], int] | None = None,
+               set_lr: Callable[[float], None] | None = None) -> tuple[dict, dict, float]:
     """Warm up, then time each step on its own: (metrics, timed_window, first_step_start).
 
     `step(micro_batches)` runs one optimizer step over grad_accum (inputs, targets) micro-batches and
@@ -116,6 +136,8 @@ def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dic
     Batches are drawn before the clock starts. warmup_steps are untimed (let the loop settle:
     allocator, caches, kernel selection); the first step alone is first_step_s (compilation
     included): the first warmup step, or with warmup_steps=0 the first timed step.
+    `set_lr(factor)`: scales the session's learning rate to `factor` x its peak before each step (before
+    the clock starts), following lr_schedule over warmup_steps + steps; never called for a constant one.
     `compilations()`: the framework's count of compilations so far (None: it has no such count);
     timed_window records how many happened during the timed steps and the slowest step over the
     median, so a run that timed its compiler is failed by the worker (compiled_while_timed), not done.
@@ -123,9 +145,14 @@ def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dic
     accum = config["grad_accum"]
     losses = []
     first: dict = {}
+    schedule = config.get("lr_schedule", "constant")
+    total = config["warmup_steps"] + config["steps"]
+    scheduled = set_lr is not None and schedule != "constant"
 
     def one_step() -> int:
         micro = [next_batch() for _ in range(accum)]  # drawn before the clock starts
+        if scheduled:
+            set_lr(lr_factor(len(losses), total, schedule))
         if not first:
             first["start"] = time.perf_counter()
         t = time.perf_counter_ns()
@@ -162,10 +189,37 @@ def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dic
         "ctx_switches": after.ru_nivcsw - before.ru_nivcsw,
         # one process; the torch trainer's data-parallel launch (torch/distributed.py) replaces these
         "world_size": 1, "global_batch": config["batch_size"] * accum, "allreduce_ms": None, "allreduce_share": None,
+        "val_loss": None, "eval_s": None,  # validation() measures them after the timed steps
     }
     window = {"start_unix_s": start_unix_s, "end_unix_s": end_unix_s, "compilations": compiled,
               "slowest_step_x_median": max(ms) / median if median > 0 else None}
     return metrics, window, first["start"]
+
+
+def evaluate(loss_of: Callable, inputs, targets) -> tuple[float, float]:
+    """(mean loss, seconds) over the fixed held-out windows (worker/data.py val_windows), EVAL_BATCH
+    windows per call of `loss_of(inputs, targets)`, which returns the mean loss of its windows (eval
+    mode: no dropout, no gradients). Runs after the timed steps: no step time holds it."""
+    started = time.perf_counter()
+    total = 0.0
+    for i in range(0, len(inputs), EVAL_BATCH):
+        x, y = inputs[i:i + EVAL_BATCH], targets[i:i + EVAL_BATCH]
+        total += float(loss_of(x, y)) * len(x)
+    return total / len(inputs), time.perf_counter() - started
+
+
+def validation(loss_of: Callable, held_out: Callable, applied: dict) -> dict:
+    """val_loss and eval_s of a trained model on its corpus's held-out windows (`held_out()`: worker/
+    data.py validation_windows), for the result's metrics; both None, with the reason in
+    applied["val_loss_missing"], where the held-out split is too short for one window."""
+    try:
+        inputs, targets = held_out()
+    except ValueError as e:
+        applied["val_loss_missing"] = str(e)
+        return {"val_loss": None, "eval_s": None}
+    applied["val_tokens"] = int(inputs.size)
+    val_loss, eval_s = evaluate(loss_of, inputs, targets)
+    return {"val_loss": val_loss, "eval_s": eval_s}
 
 
 def compiled_while_timed(window: dict | None) -> str | None:
@@ -182,8 +236,10 @@ def compiled_while_timed(window: dict | None) -> str | None:
 
 
 def check_finite(metrics: dict) -> None:
-    if not all(math.isfinite(metrics[k]) for k in ("loss_first", "loss_last")):
-        raise RuntimeError(f"loss is not finite: first {metrics['loss_first']}, last {metrics['loss_last']}")
+    losses = [metrics[k] for k in ("loss_first", "loss_last", "val_loss") if metrics.get(k) is not None]
+    if not all(math.isfinite(v) for v in losses):
+        raise RuntimeError(f"loss is not finite: first {metrics['loss_first']}, last {metrics['loss_last']}, "
+                           f"validation {metrics.get('val_loss')}")
 
 
 def throughput(metrics: dict, config: dict, peak_gflops: dict | None) -> dict:

@@ -13,6 +13,7 @@ sync hook, the analytic counts, the result. Neither torch nor the other framewor
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import json
@@ -20,11 +21,10 @@ import os
 import time
 from pathlib import Path
 
+from common.variables import peak_lr
 from worker.trainers import harness
 from worker.trainers.harness import Skip
 
-LR = {"adamw": 1e-3, "sgd": 0.05}  # the torch trainer's learning rates
-FINETUNE_LR_FACTOR = 0.1
 BASE_PRETRAIN_STEPS = 30
 ARCH_KEYS = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_ratio", "activation",
              "attention", "window", "vocab_size", "seq_len")
@@ -90,7 +90,7 @@ def _train(request: dict, child, t0: float) -> dict:
     if len(tokens) < config["seq_len"] + 2:
         raise Skip(f"not supported: seq_len={config['seq_len']} (the corpus has only {len(tokens)} tokens)")
     batches = data.Batches(tokens, config["seq_len"], config["batch_size"], config["seed"])
-    lr = LR[config["optimizer"]]
+    lr = peak_lr(config | {"task": "pretrain"})  # a finetune's tenth is taken below, after its base pretrain
 
     params = None  # the shared init
     if config["task"] == "finetune":
@@ -109,13 +109,15 @@ def _train(request: dict, child, t0: float) -> dict:
             applied["finetune_from"] = f"fresh base pretrain ({BASE_PRETRAIN_STEPS} untimed steps)"
             applied["base_pretrain_s"] = time.perf_counter() - t
             excluded_s += applied["base_pretrain_s"]
-        lr *= FINETUNE_LR_FACTOR
+        lr = peak_lr(config)
 
     session = child.Session(config, lr, params)
     metrics, window, first_step_start = harness.timed_loop(session.step, session.sync, batches.next, config,
-                                                           getattr(session, "compilations", None))
+                                                           getattr(session, "compilations", None), session.set_lr)
     metrics["setup_s"] = first_step_start - t0 - excluded_s
     metrics |= harness.throughput(metrics, config, request.get("peak_gflops"))
+    held_out = functools.partial(data.validation_windows, corpus, config)
+    metrics |= harness.validation(session.eval_loss, held_out, applied)
     harness.check_finite(metrics)
 
     output_path = _save(session, config, request, dataset_used)

@@ -44,10 +44,13 @@ class Session:
         self.config = config
         self.jit = COMPILE[config["compile"]]
         self.arch = Arch.from_config(config)
+        self.lr = lr
         self.trainer = Trainer(self.arch, init_params(config) if params is None else params, config["optimizer"],
-                               lr, config["precision"], self.jit)
+                               lr, config["precision"], self.jit,
+                               scheduled=config.get("lr_schedule", "constant") != "constant")
         self._steps = 0
-        self.applied = {"lr": lr, "param_dtype": str(self.trainer.params["wte.weight"].dtype),
+        self.applied = {"lr": lr, "lr_schedule": config.get("lr_schedule", "constant"),
+                        "param_dtype": str(self.trainer.params["wte.weight"].dtype),
                         "compute_dtype": np.dtype(self.trainer.dtype).name,
                         "compile_mode": "jax.jit(train_step, donate params and optimizer state)" if self.jit
                         else "eager (op by op, no jit)"}
@@ -58,6 +61,14 @@ class Session:
         ys = np.stack([y for _, y in micro_batches])
         self._steps += 1
         return self.trainer.step(xs, ys, seed=self._steps)
+
+    def set_lr(self, factor: float) -> None:
+        """lr_schedule: the next steps' learning rate, factor x the peak (harness.timed_loop)."""
+        self.trainer.set_lr(self.lr * factor)
+
+    def eval_loss(self, inputs: np.ndarray, targets: np.ndarray) -> float:
+        """The mean loss of held-out windows, without dropout or an update (harness.evaluate)."""
+        return self.trainer.eval_loss(inputs, targets)
 
     @staticmethod
     def compilations() -> int:
@@ -77,7 +88,7 @@ class Session:
                 "mixed": "bf16 GEMMs, fp32 master weights"}[self.config["precision"]]
 
     def read_back(self) -> dict:
-        return self.applied | runtime.read_back(self.jit)
+        return self.applied | {"lr_last": self.trainer.lr()} | runtime.read_back(self.jit)
 
     @staticmethod
     def build_info() -> dict:

@@ -202,15 +202,18 @@ def loss_fn(params: dict, idx, targets, arch: Arch, layout: BlockLayout, dtype, 
 # -- training ------------------------------------------------------------------------------------
 
 
-def make_optimizer(name: str, lr: float, params: dict) -> optax.GradientTransformation:
+def make_optimizer(name: str, lr: float, params: dict, scheduled: bool = False) -> optax.GradientTransformation:
     """The torch trainer's optimizers in optax: AdamW (decay on matrices, not on gains) or SGD momentum.
-    optax.adamw's update -lr (m_hat / (sqrt(v_hat) + eps) + wd p) is torch's decoupled rule exactly."""
+    optax.adamw's update -lr (m_hat / (sqrt(v_hat) + eps) + wd p) is torch's decoupled rule exactly.
+    scheduled: the learning rate lives in the optimizer state (optax.inject_hyperparams), so a schedule
+    sets it between steps without recompiling; a constant one stays a constant of the compiled step."""
+    wrap = optax.inject_hyperparams if scheduled else (lambda make: make)
     if name == "sgd":
-        return optax.sgd(lr, momentum=SGD_MOMENTUM)
+        return wrap(optax.sgd)(lr, momentum=SGD_MOMENTUM)
     if name == "adamw":
         decay = {k: not is_gain(k) and np.ndim(v) >= 2 for k, v in params.items()}
-        return optax.adamw(lr, b1=ADAMW_BETAS[0], b2=ADAMW_BETAS[1], eps=ADAMW_EPS,
-                           weight_decay=ADAMW_WEIGHT_DECAY, mask=decay)
+        return wrap(optax.adamw)(lr, b1=ADAMW_BETAS[0], b2=ADAMW_BETAS[1], eps=ADAMW_EPS,
+                                 weight_decay=ADAMW_WEIGHT_DECAY, mask=decay)
     raise ValueError(f"optimizer {name!r}: the JAX trainer knows adamw and sgd")
 
 
@@ -222,13 +225,15 @@ class Trainer:
     """One optimizer step over grad_accum micro-batches: jit'ed whole (compile=xla) or op by op (eager)."""
 
     def __init__(self, arch: Arch, params: dict[str, np.ndarray], optimizer: str, lr: float, precision: str,
-                 jit: bool, seq_len: int | None = None):
+                 jit: bool, seq_len: int | None = None, scheduled: bool = False):
         assert precision in PRECISIONS, precision
         self.arch = arch
         self.layout = block_layout(arch.attention, seq_len or arch.seq_len, arch.window)
         self.dtype = compute_dtype(precision)
         self.params = to_device(params, precision)
-        self.tx = make_optimizer(optimizer, lr, self.params)
+        self._lr = lr
+        self._eval = None  # the jit'ed evaluation loss, made at the first eval_loss()
+        self.tx = make_optimizer(optimizer, lr, self.params, scheduled)
         self.opt_state = self.tx.init(self.params)
         self.key = jax.random.PRNGKey(0)
         # Under jit a scan keeps the compiled program one micro-batch long whatever grad_accum is; op
@@ -244,6 +249,22 @@ class Trainer:
         self.params, self.opt_state, loss = self._step(self.params, self.opt_state, jnp.asarray(xs),
                                                        jnp.asarray(ys), key)
         return loss
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next steps (an optimizer made with scheduled=True)."""
+        self.opt_state.hyperparams["learning_rate"] = jnp.asarray(lr, dtype=jnp.float32)
+        self._lr = lr
+
+    def lr(self) -> float:
+        """The learning rate in force, read from the optimizer state where it lives there."""
+        hyper = getattr(self.opt_state, "hyperparams", None)
+        return float(hyper["learning_rate"]) if hyper is not None else self._lr
+
+    def eval_loss(self, idx: np.ndarray, targets: np.ndarray) -> float:
+        """Mean loss of (B, T) held-out windows: no dropout, no gradients, the parameters unchanged."""
+        if self._eval is None:
+            self._eval = jax.jit(partial(loss_fn, arch=self.arch, layout=self.layout, dtype=self.dtype))
+        return float(self._eval(self.params, jnp.asarray(idx), jnp.asarray(targets)))
 
     def numpy_params(self) -> dict[str, np.ndarray]:
         return {k: np.asarray(v, dtype=np.float32) for k, v in self.params.items()}

@@ -35,7 +35,17 @@ class Session:
         self.arch = Arch.from_config(config)
         self.trainer = Trainer(self.arch, init_params(config) if params is None else params, config["optimizer"],
                                lr, config["batch_size"], config["seed"])
-        self.applied = {"lr": lr, "param_dtype": "float32", "attention_layout": _layout_text(self.arch)}
+        self.lr = lr
+        self.applied = {"lr": lr, "lr_schedule": config.get("lr_schedule", "constant"), "param_dtype": "float32",
+                        "attention_layout": _layout_text(self.arch)}
+
+    def set_lr(self, factor: float) -> None:
+        """lr_schedule: the next steps' learning rate, factor x the peak (harness.timed_loop)."""
+        self.trainer.optimizer.set_lr(self.lr * factor)
+
+    def eval_loss(self, inputs: np.ndarray, targets: np.ndarray) -> float:
+        """The mean loss of held-out windows, without dropout or an update (harness.evaluate)."""
+        return self.trainer.eval_loss(inputs, targets)
 
     def step(self, micro_batches) -> float:
         """One optimizer step over [(inputs, targets), ...] NumPy micro-batches; the mean loss."""
@@ -51,7 +61,7 @@ class Session:
         return dict(self.trainer.params)
 
     def read_back(self) -> dict:
-        return self.applied | runtime.read_back()
+        return self.applied | {"lr_last": self.trainer.optimizer.lr} | runtime.read_back()
 
     @staticmethod
     def gemm_format() -> str:

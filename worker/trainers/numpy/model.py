@@ -314,17 +314,12 @@ class GPT:
         self.attention = Attention(arch, self.B, self.T)
         self.mlp = MLP(arch)
 
-    def loss_and_grads(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray], idx: np.ndarray,
-                       targets: np.ndarray, rng: np.random.Generator | None = None, scale: float = 1.0) -> float:
-        """Forward and backward of one micro-batch; the gradients (times `scale`, e.g. 1 / grad_accum)
-        are ADDED into `grads` (same names and shapes as params), so micro-batches accumulate.
+    def forward(self, params: dict[str, np.ndarray], idx: np.ndarray, rng: np.random.Generator | None = None):
+        """The forward pass of one micro-batch: the logits (N, vocab) and what the backward needs.
         rng: dropout's generator (None: no dropout)."""
         a, B, T = self.arch, self.B, self.T
         N = B * T
         assert idx.shape == (B, T), (idx.shape, B, T)
-        idx_flat = idx.reshape(N)
-
-        # forward
         wte = params["wte.weight"]
         x = (wte[idx] + params["wpe.weight"][:T]).reshape(N, a.d_model)  # (N, C)
         drop_emb = dropout_mask(rng, a.dropout, x.shape)
@@ -349,7 +344,24 @@ class GPT:
             caches.append((ln1, att_cache, drop_att, ln2, mlp_cache, drop_mlp))
         xf, lnf = layernorm(x, params["ln_f.weight"])
         logits = mm(xf, wte.T)  # (N, vocab): the tied head
+        return logits, (xf, lnf, caches, drop_emb)
+
+    def loss(self, params: dict[str, np.ndarray], idx: np.ndarray, targets: np.ndarray) -> float:
+        """The mean loss of one micro-batch, forward only, without dropout (evaluation)."""
+        logits, _ = self.forward(params, idx)
+        return cross_entropy(logits, targets.reshape(-1))[0]
+
+    def loss_and_grads(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray], idx: np.ndarray,
+                       targets: np.ndarray, rng: np.random.Generator | None = None, scale: float = 1.0) -> float:
+        """Forward and backward of one micro-batch; the gradients (times `scale`, e.g. 1 / grad_accum)
+        are ADDED into `grads` (same names and shapes as params), so micro-batches accumulate.
+        rng: dropout's generator (None: no dropout)."""
+        a, B, T = self.arch, self.B, self.T
+        N = B * T
+        idx_flat = idx.reshape(N)
+        logits, (xf, lnf, caches, drop_emb) = self.forward(params, idx, rng)
         loss, dlogits = cross_entropy(logits, targets.reshape(N))
+        wte = params["wte.weight"]
 
         # backward
         if scale != 1.0:

@@ -58,13 +58,18 @@ class AdamW:
 
     def __init__(self, flat: FlatParams, lr: float, betas=ADAMW_BETAS, eps=ADAMW_EPS,
                  weight_decay=ADAMW_WEIGHT_DECAY):
-        self.flat, self.lr, self.betas, self.eps = flat, lr, betas, eps
+        self.flat, self.betas, self.eps, self.weight_decay = flat, betas, eps, weight_decay
         self.m = np.zeros_like(flat.flat)
         self.v = np.zeros_like(flat.flat)
         self.t = 0
-        # the decay factor per element: 1 - lr * wd on matrices, 1 on gains; one multiply per step
-        self.decay = 1.0 - lr * weight_decay * flat.decay_mask()
+        self._mask = flat.decay_mask()
         self._tmp = np.empty_like(flat.flat)
+        self.set_lr(lr)
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = lr
+        # the decay factor per element: 1 - lr * wd on matrices, 1 on gains; one multiply per step
+        self.decay = 1.0 - lr * self.weight_decay * self._mask
 
     def step(self) -> None:
         p, g, m, v, tmp = self.flat.flat, self.flat.grad_flat, self.m, self.v, self._tmp
@@ -95,6 +100,9 @@ class SGD:
         self.flat, self.lr, self.momentum = flat, lr, momentum
         self.buf: np.ndarray | None = None
         self._tmp = np.empty_like(flat.flat)
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = lr
 
     def step(self) -> None:
         g = self.flat.grad_flat

@@ -20,6 +20,7 @@ import time
 _T0 = time.perf_counter()  # setup_s starts here: before every import
 
 import contextlib  # noqa: E402
+import functools  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -29,11 +30,10 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from common.variables import peak_lr  # noqa: E402
 from worker.trainers import harness  # noqa: E402
 from worker.trainers.harness import Skip  # noqa: E402
 
-LR = {"adamw": 1e-3, "sgd": 0.05}  # high for tiny models: loss must visibly fall in a few steps
-FINETUNE_LR_FACTOR = 0.1  # finetuning starts from trained weights: a 10x lower learning rate
 BASE_PRETRAIN_STEPS = 30  # untimed pretraining when finetune finds no saved model to start from
 # the variables that shape the weights; with the tokenizer's text they decide whether a saved model fits
 ARCH_KEYS = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_ratio", "activation",
@@ -174,6 +174,34 @@ def make_step(model, optimizer, precision: str, fused_loss: bool = True):
     return step
 
 
+def scaled_lr(optimizer, peak: float):
+    """set_lr for harness.timed_loop: every parameter group's learning rate to factor x the peak."""
+
+    def set_lr(factor: float) -> None:
+        for group in optimizer.param_groups:
+            group["lr"] = peak * factor
+
+    return set_lr
+
+
+def eval_loss(model, precision: str):
+    """loss_of for harness.evaluate: the mean loss of (inputs, targets) NumPy windows through the plain
+    module (never the compiled or DDP-wrapped one: no recompile, no collective), in eval mode (no
+    dropout), without gradients, at the run's precision (mixed: under the same autocast)."""
+    import torch
+
+    def loss_of(x, y) -> float:
+        model.eval()
+        try:
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "mixed"):
+                _, loss = model(torch.from_numpy(x), torch.from_numpy(y), return_logits=False)
+        finally:
+            model.train()
+        return float(loss)
+
+    return loss_of
+
+
 def _set_inductor_config(fusion: bool) -> dict:
     """Apply the fusion switch; return the inductor settings now in force (read back)."""
     import torch._inductor.config as inductor_config
@@ -226,7 +254,7 @@ def warm_marker(config: dict, cache_dir: str) -> Path:
 
     skip_keys = {"cores", "freq_mhz", "governor", "turbo", "pin_threads", "numa", "allocator", "omp_threads",
                  "intra_threads", "inter_threads", "steps", "warmup_steps", "seed", "repeat", "task",
-                 "optimizer", "grad_accum"}
+                 "optimizer", "grad_accum", "lr", "lr_schedule"}
     key = {k: v for k, v in config.items() if k not in skip_keys} | {"torch": torch.__version__}
     return Path(cache_dir) / "cpubench-warmed" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode())
                                                   .hexdigest()[:16] + ".json")
@@ -308,7 +336,7 @@ def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
     model = GPT(cfg)
     applied["init"] = shared_init(model, config)
     batches = dp.batches(tokens, config) if dp else torch_batches(tokens, config, config["seed"])
-    lr = LR[config["optimizer"]]
+    lr = peak_lr(config | {"task": "pretrain"})  # a finetune's tenth is taken below, after its base pretrain
 
     if config["task"] in ("finetune", "finetune_lora"):
         saved = find_saved_model(request.get("output_root"), arch_hash(config, dataset_used))
@@ -329,7 +357,7 @@ def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
             applied["base_pretrain_s"] = time.perf_counter() - t
             excluded_s += applied["base_pretrain_s"]
         if config["task"] == "finetune":
-            lr *= FINETUNE_LR_FACTOR
+            lr = peak_lr(config)
         else:  # adapters start at zero (B = 0): they train at the pretraining rate, the base is frozen
             add_lora(model, config["lora_rank"])
             applied["lora"] = f"rank {config['lora_rank']} on qkv, attn proj, mlp fc, mlp proj; every other weight frozen"
@@ -377,9 +405,13 @@ def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
     step = make_step(trained, optimizer, config["precision"], fused_loss=fused_loss)
     metrics, window, first_step_start = harness.timed_loop(
         _first_compile_skips(dp.step(step) if dp else step, config), lambda loss: loss, batches, config,
-        _graphs_compiled if config["compile"] == "inductor" else None)
+        _graphs_compiled if config["compile"] == "inductor" else None, scaled_lr(optimizer, lr))
+    applied["lr_schedule"] = config["lr_schedule"]
+    applied["lr_last"] = optimizer.param_groups[0]["lr"]
     metrics["setup_s"] = first_step_start - _T0 - excluded_s
     metrics |= harness.throughput(metrics, config, request.get("peak_gflops"))
+    held_out = functools.partial(data.validation_windows, corpus, config)
+    metrics |= harness.validation(eval_loss(model, config["precision"]), held_out, applied)
     harness.check_finite(metrics)
 
     mark = time.perf_counter()
