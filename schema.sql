@@ -139,6 +139,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     lora_rank     INTEGER NOT NULL DEFAULT 8,
     steps         INTEGER NOT NULL,
     warmup_steps  INTEGER NOT NULL,
+    max_tokens    INTEGER,                    -- a learning run's token budget; NULL: a step-time run (none)
+    target_loss   REAL,                       -- the validation loss a learning run trains to; NULL: none
+    eval_every    INTEGER NOT NULL DEFAULT 0, -- tokens between a learning run's evaluations; 0 without max_tokens
     seed          INTEGER NOT NULL,
     dataset       TEXT    NOT NULL,
     repeat        INTEGER NOT NULL
@@ -221,6 +224,11 @@ CREATE TABLE IF NOT EXISTS runs (
     allreduce_share REAL,                     -- allreduce_ms / step_ms_median; NULL with one rank
     val_loss       REAL,                      -- mean cross-entropy over the corpus's fixed held-out tokens, after the timed steps
     eval_s         REAL,                      -- the seconds that evaluation took (apart from every step time)
+    train_tokens   INTEGER,                   -- tokens trained in all, warm-up included
+    reached        BOOLEAN,                   -- a target_loss run: its validation loss came to the target within max_tokens; NULL without a target
+    tokens_to_target INTEGER,                 -- tokens trained at the first evaluation at or below target_loss; NULL if not reached
+    steps_to_target INTEGER,                  -- optimizer steps trained by then
+    time_to_target_s REAL,                    -- training plus evaluation seconds by then (as MLPerf counts); NULL if not reached
     UNIQUE (job_id, pool_id)
 );
 
@@ -258,13 +266,13 @@ SELECT
     j.fusion, j.compile_cache, j.cc_flags, j.compiler, j.blas, j.attn_backend, j.n_layers, j.d_model, j.n_heads, j.head_dim,
     j.kv_heads, j.mlp_ratio, j.dropout, j.activation, j.attention, j."window", j.vocab_size,
     j.seq_len, j.batch_size, j.grad_accum, j.precision, j.optimizer, j.lr, j.lr_schedule, j.task, j.lora_rank, j.steps,
-    j.warmup_steps, j.seed, j.dataset, j.repeat, j.block,
+    j.warmup_steps, j.max_tokens, j.target_loss, j.eval_every, j.seed, j.dataset, j.repeat, j.block,
     r.setup_s, r.first_step_s, r.step_ms_median, r.step_ms_p10, r.step_ms_p90, r.step_ms_mean,
     r.step_ms_std, r.train_s, r.wall_s, r.tokens_per_s, r.samples_per_s, r.loss_first,
     r.loss_last, r.peak_rss_mb, r.cpu_user_s, r.cpu_sys_s, r.ctx_switches, r.freq_mhz_avg,
     r.energy_j, r.temp_c_max, r.params, r.trainable_params, r.flops_per_step, r.gflops, r.mfu,
     r.steal_s, r.other_cpu_s, r.world_size, r.global_batch, r.allreduce_ms, r.allreduce_share,
-    r.val_loss, r.eval_s,
+    r.val_loss, r.eval_s, r.train_tokens, r.reached, r.tokens_to_target, r.steps_to_target, r.time_to_target_s,
     r.gemm_format, r.dataset_used, r.output_path, r.applied, r.torch_version, r.python_version, r.load_before,
     m.machine_id, m.fingerprint, m.hostname, m.cpu_model, m.vendor, m.sockets, m.physical_cores,
     m.logical_cores, m.numa_nodes, m.smt, m.isa_flags, m.l1d_kb, m.l2_kb, m.l3_kb,
@@ -277,6 +285,40 @@ JOIN sweeps s ON s.sweep_id = j.sweep_id
 JOIN machines m ON m.machine_id = r.machine_id
 JOIN pools p ON p.pool_id = r.pool_id
 WHERE r.status <> 'queued';
+
+-- Every evaluation of a learning run (max_tokens set): how its validation loss fell with the tokens and
+-- seconds it trained. Decisions:
+-- * One row per (run, attempt, step): a claim that failed part way keeps the curve it had, and the
+--   next claim starts clean with its own, numbered after it; v_curves says which curve is the final one.
+-- * Seconds are cumulative from the first step: train_s every step's own time (warm-up included),
+--   eval_s every evaluation's; train_s + eval_s is the time MLPerf counts to a quality target.
+CREATE TABLE IF NOT EXISTS curves (
+    run_id      INTEGER NOT NULL REFERENCES runs (run_id),  -- the run (one per job and pool)
+    attempt     INTEGER NOT NULL,             -- 1, 2...: the run's claims that left a curve, in order
+    step        INTEGER NOT NULL,             -- optimizer steps trained at this evaluation
+    tokens      INTEGER NOT NULL,             -- tokens trained at this evaluation
+    train_s     REAL NOT NULL,                -- training seconds so far
+    eval_s      REAL NOT NULL,                -- evaluation seconds so far, this one included
+    train_loss  REAL,                         -- mean training loss of the steps since the last evaluation
+    val_loss    REAL NOT NULL,                -- mean loss over the corpus's fixed held-out windows
+    PRIMARY KEY (run_id, attempt, step)
+);
+
+-- One row per evaluation, with the run's variables: what users query for learning curves.
+-- Columns computed here:
+--   final: the curve of the run's last attempt, and the run is done (a failed attempt's partial curve: false)
+--   time_s: train_s + eval_s, the seconds to this point as a time to quality counts them
+CREATE VIEW IF NOT EXISTS v_curves AS
+SELECT
+    c.run_id, c.attempt, (r.status = 'done' AND c.attempt = l.last_attempt) AS final, r.status, r.machine_id,
+    r.dataset_used, j.job_id, j.framework, j.n_layers, j.d_model, j.n_heads, j.vocab_size, j.seq_len, j.batch_size,
+    j.grad_accum, j.precision, j.optimizer, j.lr, j.lr_schedule, j.max_tokens, j.target_loss, j.eval_every,
+    j.seed, j.dataset, j.repeat,
+    c.step, c.tokens, c.train_s, c.eval_s, c.train_s + c.eval_s AS time_s, c.train_loss, c.val_loss
+FROM curves c
+JOIN runs r ON r.run_id = c.run_id
+JOIN jobs j ON j.job_id = r.job_id
+JOIN (SELECT run_id, MAX(attempt) AS last_attempt FROM curves GROUP BY run_id) l ON l.run_id = c.run_id;
 
 -- Fitted effects of each variable on step time (step_ms_median), written by `bench.py report`
 -- (orchestrator/effects.py, whose docstring has the method). Decisions:

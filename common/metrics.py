@@ -16,7 +16,7 @@ METRICS = (
     "peak_rss_mb", "cpu_user_s", "cpu_sys_s", "ctx_switches", "freq_mhz_avg", "energy_j",
     "temp_c_max", "params", "trainable_params", "flops_per_step", "gflops", "mfu", "steal_s",
     "other_cpu_s", "world_size", "global_batch", "allreduce_ms", "allreduce_share",
-    "val_loss", "eval_s",
+    "val_loss", "eval_s", "train_tokens", "reached", "tokens_to_target", "steps_to_target", "time_to_target_s",
 )
 # Measured by the worker around the child (its wall clock, the sensors), merged before the store's check.
 WORKER_METRICS = ("wall_s", "freq_mhz_avg", "energy_j", "temp_c_max", "steal_s", "other_cpu_s")

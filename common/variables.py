@@ -65,6 +65,8 @@ TORCH_GEMM_ROUTES = ("mkl", "mkl_intel_path", "onednn", "cpp_template")
 BLAS_CHOICES = ("openblas", "mkl", "blis", "eigen", "mkl_intel_path", "onednn", "cpp_template")
 DEFAULT = "default"
 ALL = "all"
+NONE = "none"  # a learning bound left unset: target_loss, max_tokens
+EVALUATIONS = 20  # eval_every=auto: this many evaluations over max_tokens
 # Old names a sweep may still write, and the value they now enqueue as. q8 was simulated until
 # release 6 (fp32 GEMMs on fake-quantized operands); it is folded into int8, which computes in int8
 # (torch._int_mm). Old databases' q8 rows keep q8, and their gemm_format says they were simulated.
@@ -235,8 +237,18 @@ CATALOGUE: tuple[Variable, ...] = (
        "finetune_lora: rank-lora_rank adapters on a frozen saved model", choices=("pretrain", "finetune", "finetune_lora")),
     _v("lora_rank", int, 8, TRAINING, "rank of the LoRA adapters (only with task=finetune_lora)", min=1, max=4096,
        since=3),
-    _v("steps", int, 20, TRAINING, "timed optimizer steps", min=1, max=1_000_000),
+    _v("steps", int, 20, TRAINING, "timed optimizer steps (a learning run, with max_tokens, trains to its "
+       "token budget instead)", min=1, max=1_000_000),
     _v("warmup_steps", int, 3, TRAINING, "untimed steps before timing (lets the loop settle)", min=0, max=100_000),
+    _v("max_tokens", int, NONE, TRAINING, "a learning run: train this many tokens (a whole number of optimizer "
+       "steps), evaluating every eval_every tokens; none = a step-time run of warmup_steps + steps",
+       min=1, max=10**15, words=(NONE,), since=7),
+    _v("target_loss", float, NONE, TRAINING, "a learning run to a quality target: stop at the first evaluation "
+       "whose validation loss is at or below it (reached), or at max_tokens (not reached); needs max_tokens",
+       min=1e-6, max=1e6, words=(NONE,), since=7),
+    _v("eval_every", int, AUTO, TRAINING, "tokens between a learning run's evaluations of the held-out split "
+       f"(rounded to whole steps); auto = max_tokens / {EVALUATIONS}, 0 without max_tokens", min=1, max=10**15,
+       words=(AUTO,), since=7),
     _v("seed", int, 0, TRAINING, "seed of torch, data order and init", min=0, max=2**31 - 1),
     _v("dataset", str, DATASET_HUB, TRAINING, "training text", choices=(DATASET_HUB, DATASET_SHAKESPEARE, DATASET_BUILTIN)),
     _v("repeat", int, 0, TRAINING, "repeat index; set by the sweep's `repeats`", min=0, max=10_000),
@@ -287,6 +299,8 @@ DERIVATIONS: tuple[Derivation, ...] = (
     Derivation("kv_heads", ("n_heads",), lambda c: c["n_heads"]),
     Derivation("blas", ("framework",), lambda c: BLAS_AUTO[c["framework"]]),
     Derivation("lr", ("optimizer",), lambda c: LR_OF[c["optimizer"]]),
+    Derivation("eval_every", ("max_tokens",),
+               lambda c: 0 if c["max_tokens"] == NONE else max(1, c["max_tokens"] // EVALUATIONS)),
     # The torch-only variables follow the framework: on jax/numpy, what really runs there (elsewhere());
     # on torch they are free, and "at the derived value" means at their default.
     *(Derivation(name, ("framework", "compile") if name == "fusion" else ("framework",),
@@ -366,8 +380,47 @@ def resolve(partial: dict, cpu_count: int) -> tuple[dict, list[str]]:
     for d in DERIVATIONS:
         if c[d.name] == AUTO:
             c[d.name] = d.rule(c)
+    check_learning(c)
     why += _framework_rules(c, partial)
     return c, why + violations(c, cpu_count)
+
+
+def tokens_per_step(config: dict) -> int:
+    """Tokens one optimizer step trains, over every rank and node."""
+    ranks = config.get("ranks", 1) * config.get("nodes", 1)
+    return config["batch_size"] * config["grad_accum"] * config["seq_len"] * ranks
+
+
+def steps_trained(config: dict) -> int:
+    """Optimizer steps a run trains at most: warmup_steps + steps, or a learning run's token budget in
+    whole steps (one that reaches its target stops sooner)."""
+    if is_learning(config):
+        return config["max_tokens"] // tokens_per_step(config)
+    return config["warmup_steps"] + config["steps"]
+
+
+def is_learning(config: dict) -> bool:
+    """A learning run (max_tokens set) trains to a token budget or a target loss, evaluating as it goes."""
+    return config.get("max_tokens", NONE) not in (NONE, None)  # None: the column's NULL for the word
+
+
+def check_learning(config: dict) -> None:
+    """A learning run's bounds that cannot be a job at all: BadInput (exit 2, nothing enqueued), not a
+    counted violation, since no value of another variable would make them sensible."""
+    target, budget = config.get("target_loss", NONE), config.get("max_tokens", NONE)
+    if target != NONE and budget == NONE:
+        raise BadInput(f"target_loss={target:g} needs max_tokens: the budget after which a run that never reaches "
+                       f"it ends as not reached")
+    if budget == NONE:
+        if config.get("eval_every", 0) not in (0, AUTO):
+            raise BadInput(f"eval_every={config['eval_every']} needs max_tokens (only a learning run evaluates as it goes)")
+        return
+    if budget < tokens_per_step(config):
+        raise BadInput(f"max_tokens={budget} is below one optimizer step of this config ({tokens_per_step(config)} "
+                       f"tokens: batch_size x grad_accum x seq_len x ranks x nodes)")
+    if target != NONE and config.get("dataset") == DATASET_BUILTIN:
+        raise BadInput(f"target_loss={target:g} on dataset={DATASET_BUILTIN}: generated text has no held-out "
+                       f"language to learn; use dataset=shakespeare (or the hub dataset)")
 
 
 def violations(config: dict, cpu_count: int) -> list[str]:

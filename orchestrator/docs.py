@@ -104,7 +104,13 @@ def _v_results_page() -> str:
     return v_results_page()
 
 
-PAGES = {"docs/variables.md": variables_page, "docs/v_results.md": _v_results_page}
+def _v_curves_page() -> str:
+    from orchestrator.schema_docs import v_curves_page
+
+    return v_curves_page()
+
+
+PAGES = {"docs/variables.md": variables_page, "docs/v_results.md": _v_results_page, "docs/v_curves.md": _v_curves_page}
 CLI_PAGE = "docs/commands.md"  # generated from the command line bench.py hands in (cli)
 
 

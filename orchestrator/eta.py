@@ -33,6 +33,7 @@ import numpy as np
 from sqlalchemy import text
 
 from common.compute import flops_per_step
+from common.variables import steps_trained
 from orchestrator.config_index import CONFIG_NAMES
 from orchestrator.store import Store
 
@@ -84,7 +85,7 @@ _fits: dict[tuple[str, int], tuple[tuple, tuple[float, float, dict]]] = {}
 def work(config: dict) -> float:
     """Training FLOPs of a whole run: the exact count of one step (the worker's own) times the steps
     run, warm-up included."""
-    return float(flops_per_step(config)) * (config["steps"] + config["warmup_steps"])
+    return float(flops_per_step(config)) * steps_trained(config)
 
 
 def _config(values: tuple) -> dict:
@@ -180,7 +181,7 @@ def predicted_work(model, config: dict) -> float | None:
     """The cost model's seconds of training for a whole run of `config` (its predicted step time
     times the steps run, warm-up included); None where the model refuses it."""
     ms = model.point_ms(config) if model is not None else None
-    return None if ms is None else ms / 1e3 * (config["steps"] + config["warmup_steps"])
+    return None if ms is None else ms / 1e3 * steps_trained(config)
 
 
 def _log_error(walls: np.ndarray, guess: np.ndarray) -> float:

@@ -444,8 +444,10 @@ def _to_6(conn: Connection, dialect: str) -> str:
 
 
 def _to_7(conn: Connection, dialect: str) -> str:
-    """Version 6 -> 7: the variables lr (old jobs trained at their optimizer's default, variables.LR_OF)
-    and lr_schedule (constant), and the metrics val_loss and eval_s (NULL in old runs: none was measured)."""
+    """Version 6 -> 7: the variables lr (old jobs trained at their optimizer's default, variables.LR_OF),
+    lr_schedule (constant), max_tokens and target_loss (none: NULL) and eval_every (0); the metrics
+    val_loss, eval_s, train_tokens and the time-to-target ones (NULL in old runs: none was measured);
+    the curves table and the v_curves view."""
     done = reconcile(conn, dialect, fills={})
     return "from version 6: " + ("; ".join(done) or "views remade")
 

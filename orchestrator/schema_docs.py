@@ -1,4 +1,4 @@
-"""docs/v_results.md, generated from schema.sql: every column of the view users query, in its order,
+"""docs/v_results.md and docs/v_curves.md, generated from schema.sql: every column of the views users query, in order,
 with the comment schema.sql gives the column where it is defined (a variable's words come from the
 catalogue, common/variables.py).
 
@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 VIEW = "v_results"
 GENERATED = ("<!-- generated from schema.sql's comments (and the variable catalogue) by `python bench.py docs`: "
              "edit schema.sql, then run it -->")
-ALIASES = {"r": "runs", "j": "jobs", "s": "sweeps", "m": "machines", "p": "pools"}
-SOURCE_WORDS = {"runs": "run", "jobs": "job", "sweeps": "sweep", "machines": "machine", "pools": "pool"}
+ALIASES = {"r": "runs", "j": "jobs", "s": "sweeps", "m": "machines", "p": "pools", "c": "curves"}
+SOURCE_WORDS = {"runs": "run", "jobs": "job", "sweeps": "sweep", "machines": "machine", "pools": "pool",
+                "curves": "curve"}
 
 
 @dataclass
@@ -68,13 +69,13 @@ def table_comments(schema: str) -> dict[str, dict[str, tuple[str, str]]]:
     return tables
 
 
-def view_columns(schema: str | None = None) -> list[Column]:
+def view_columns(schema: str | None = None, view: str = VIEW) -> list[Column]:
     """The view's columns in order, each with its source table and its words."""
     schema = schema if schema is not None else (ROOT / "schema.sql").read_text()
     comments = table_comments(schema)
-    m = re.search(rf"((?:--[^\n]*\n)*)CREATE VIEW IF NOT EXISTS {VIEW} AS\s*SELECT(.*?)\bFROM\b", schema, re.S)
+    m = re.search(rf"((?:--[^\n]*\n)*)CREATE VIEW IF NOT EXISTS {view} AS\s*SELECT(.*?)\bFROM\b", schema, re.S)
     if m is None:
-        raise ValueError(f"schema.sql has no view {VIEW}")
+        raise ValueError(f"schema.sql has no view {view}")
     computed = dict(re.findall(r"--\s+(\w+): (.*)", m.group(1)))
     columns = []
     for item in _top_level_split(m.group(2)):
@@ -93,8 +94,8 @@ def view_columns(schema: str | None = None) -> list[Column]:
     return columns
 
 
-def undocumented(schema: str | None = None) -> list[str]:
-    return [c.name for c in view_columns(schema) if not c.doc]
+def undocumented(schema: str | None = None, view: str = VIEW) -> list[str]:
+    return [c.name for c in view_columns(schema, view) if not c.doc]
 
 
 def _cell(text: str) -> str:
@@ -111,10 +112,26 @@ def v_results_page() -> str:
              "with it. Times are REAL seconds since the epoch on the database's clock; a metric a machine",
              "cannot measure is NULL, never a made-up number. Variables: [the catalogue](variables.md).", "",
              "| column | from | type | what |", "|---|---|---|---|"]
+    return "\n".join(lines + _rows(columns))
+
+
+def v_curves_page() -> str:
+    """docs/v_curves.md."""
+    lines = [GENERATED, "", "# `v_curves`, column by column", "",
+             "`v_curves` is one row per evaluation of a learning run (a job with `max_tokens`): the validation",
+             "loss on the corpus's fixed held-out windows after so many steps, tokens and seconds, with the",
+             "run's main variables. Every other column of the run is in `v_results` (join on `run_id`); take",
+             "`final` for the curve of each run's last claim. The words below are schema.sql's own comments.", "",
+             "| column | from | type | what |", "|---|---|---|---|"]
+    return "\n".join(lines + _rows(view_columns(view="v_curves")))
+
+
+def _rows(columns: list[Column]) -> list[str]:
+    lines = []
     for c in columns:
         source = SOURCE_WORDS.get(c.table, "computed") if c.table else f"computed: `{_cell(c.sql)}`"
         if c.table == "runs" and c.name in METRICS:
             source = "run (metric)"
         lines.append(f"| `{c.name}` | {source} | {c.type or ''} | {_cell(c.doc)} |")
     lines.append("")
-    return "\n".join(lines)
+    return lines

@@ -179,6 +179,16 @@ FINISH_RUN = """
 UPDATE runs SET status = :status, finished = {now}, reason = :reason, {assignments}
 WHERE run_id = :run_id AND status = 'running' AND worker_pid = :pid
 """
+# A learning run's evaluations, written with its outcome in one transaction (only by the finish that
+# changed the run: a finish tried again after a lost answer writes no second curve).
+# The claim's curve is numbered after the run's earlier ones (`retry` sets runs.attempts back to 0, so
+# that count cannot tell a retried run's curves apart).
+NEXT_CURVE_ATTEMPT = "SELECT COALESCE(MAX(attempt), 0) + 1 FROM curves WHERE run_id = :run_id"
+INSERT_CURVE = """
+INSERT INTO curves (run_id, attempt, step, tokens, train_s, eval_s, train_loss, val_loss)
+VALUES (:run_id, :attempt, :step, :tokens, :train_s, :eval_s, :train_loss, :val_loss)
+"""
+CURVE_FIELDS = ("step", "tokens", "train_s", "eval_s", "train_loss", "val_loss")
 # {server_start}: when the PostgreSQL server (re)started: heartbeats missed while it was down were
 # not the workers' fault, so staleness counts from the later of the last beat and the start.
 SELECT_RUNNING = """
@@ -673,9 +683,11 @@ class Store:
         with self.transaction(write=True) as conn:
             return conn.execute(self.sql(HEARTBEAT), {"run_id": run_id, "child_pid": child_pid}).rowcount == 1
 
-    def finish(self, run_id: int, *, pid: int, status: str, reason: str | None = None, fields: dict | None = None) -> None:
-        """Record the outcome of a claimed run. Raises BenchError if the run was taken away meanwhile,
-        or, writing nothing, if the fields are not a result (result_problems)."""
+    def finish(self, run_id: int, *, pid: int, status: str, reason: str | None = None, fields: dict | None = None,
+               curve: list[dict] | None = None) -> None:
+        """Record the outcome of a claimed run, and the curve of its learning run's evaluations (a failed
+        claim's partial curve too, numbered after the run's earlier curves). Raises BenchError if the run
+        was taken away meanwhile, or, writing nothing, if the fields are not a result (result_problems)."""
         assert status in ("done", "failed", "skipped"), status
         problems = result_problems(status, fields or {})
         if problems:
@@ -685,6 +697,10 @@ class Store:
         with self.transaction(write=True) as conn:
             changed = conn.execute(self.sql(FINISH_RUN, assignments=assignments),
                                    {"run_id": run_id, "pid": pid, "status": status, "reason": reason, **fields}).rowcount
+            if changed == 1 and curve:
+                attempt = conn.execute(text(NEXT_CURVE_ATTEMPT), {"run_id": run_id}).scalar_one()
+                conn.execute(text(INSERT_CURVE), [{"run_id": run_id, "attempt": attempt,
+                                                   **{k: row.get(k) for k in CURVE_FIELDS}} for row in curve])
         if changed != 1 and self._finished_by(run_id, pid, status):
             return  # an earlier try was written, its answer lost with the connection
         if changed != 1:

@@ -23,7 +23,8 @@ def test_the_variables_page_names_every_variable_with_its_default_and_values():
 
 def test_bench_docs_check_fails_on_a_stale_page_and_docs_rewrites_it(tmp_path):
     (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "v_results.md").write_text((ROOT / "docs" / "v_results.md").read_text())
+    for page in ("v_results.md", "v_curves.md"):
+        (tmp_path / "docs" / page).write_text((ROOT / "docs" / page).read_text())
     stale = tmp_path / "docs" / "variables.md"
     stale.write_text(variables_page().replace("| `task` |", "| `task_renamed` |"))
     assert stale_pages(tmp_path) == [stale]
@@ -61,7 +62,7 @@ def test_a_new_option_makes_commands_md_stale(tmp_path):
 
     cli = _cli()
     (tmp_path / "docs").mkdir()
-    for rel in ("docs/variables.md", "docs/v_results.md", "docs/commands.md"):
+    for rel in ("docs/variables.md", "docs/v_results.md", "docs/v_curves.md", "docs/commands.md"):
         (tmp_path / rel).write_text((ROOT / rel).read_text())
     assert stale_pages(tmp_path, cli) == []
     page = commands_page(cli)
@@ -83,6 +84,15 @@ def test_every_v_results_column_is_documented_from_schema_sql_and_the_page_is_cu
     # a column added to the view without a word in schema.sql fails
     drifted = schema.replace("r.setup_s,", "r.setup_s, r.heartbeat,", 1)
     assert undocumented(drifted) == ["heartbeat"]
+
+
+def test_every_v_curves_column_is_documented_and_the_page_is_current():
+    from orchestrator.schema_docs import undocumented, v_curves_page, view_columns
+
+    assert undocumented(view="v_curves") == []
+    columns = [c.name for c in view_columns(view="v_curves")]
+    assert {"run_id", "attempt", "final", "step", "tokens", "time_s", "val_loss", "train_loss"} <= set(columns)
+    assert (ROOT / "docs" / "v_curves.md").read_text() == v_curves_page()
 
 
 def test_schema_calls_p_adjusted_what_effects_computes():

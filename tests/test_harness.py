@@ -117,15 +117,17 @@ def test_the_harness_and_trainers_never_import_orchestrator():
 
 
 def test_the_harness_imports_only_the_standard_library():
-    """And the shared vocabulary (common/metrics.py, common/compute.py), which imports only the standard
-    library itself."""
+    """And the shared vocabulary (common/metrics.py, common/compute.py, common/variables.py), which
+    imports only the standard library and itself."""
     import sys
 
     def outside(path):
         return {n for n in _imports(path) if n.split(".")[0] not in sys.stdlib_module_names and n != "__future__"}
-    assert outside(REPO / "worker" / "trainers" / "harness.py") == {"common.metrics", "common.compute"}
+    assert outside(REPO / "worker" / "trainers" / "harness.py") == {"common.metrics", "common.compute",
+                                                                    "common.variables"}
     assert outside(REPO / "common" / "metrics.py") == set()
     assert outside(REPO / "common" / "compute.py") == set()
+    assert {n.split(".")[0] for n in outside(REPO / "common" / "variables.py")} == {"common"}
 
 
 
@@ -180,3 +182,74 @@ def test_evaluation_weights_each_chunk_of_held_out_windows_by_its_size():
     mean, seconds = harness.evaluate(loss_of, inputs, inputs)
     assert calls == [16, 16, 8] and seconds >= 0
     assert mean == pytest.approx(inputs[:, 0].mean())
+
+
+def _learning_config(**overrides):
+    config, why = resolve({"batch_size": 2, "seq_len": 4, "grad_accum": 1, "warmup_steps": 2, "max_tokens": 80,
+                           "eval_every": 16, "dataset": "shakespeare", **overrides}, 2)
+    assert not why, why
+    return config
+
+
+def _learn(config, tmp_path, compiles_per_eval=0, start=10.0):
+    """A learning run of a fake session whose validation loss is `start` - the optimizer steps it took."""
+    import numpy as np
+
+    state = {"steps": 0, "compilations": 0}
+
+    def step(micro):
+        state["steps"] += 1
+        return 5.0
+
+    def loss_of(x, y):
+        state["compilations"] += compiles_per_eval
+        return start - state["steps"]
+
+    windows = np.zeros((3, 4), dtype=np.int64)
+    learning = harness.Learning(loss_of, lambda: (windows, windows), str(tmp_path / "out" / "curve.jsonl"))
+    metrics, window, _ = harness.timed_loop(step, float, lambda: (None, None), config,
+                                            lambda: state["compilations"], learning=learning)
+    return metrics, window, state
+
+
+def test_a_learning_run_evaluates_every_eval_every_tokens_and_stops_at_its_target(tmp_path):
+    import json
+
+    config = _learning_config(target_loss=4.5)  # 8 tokens a step: an evaluation every 2 steps, 10 steps at most
+    metrics, window, state = _learn(config, tmp_path, compiles_per_eval=1)
+    curve = [json.loads(line) for line in (tmp_path / "out" / "curve.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in curve] == [2, 4, 6]  # 10 - 6 = 4 <= 4.5: reached at the third
+    assert [row["val_loss"] for row in curve] == [8.0, 6.0, 4.0] and curve[-1]["tokens"] == 48
+    assert state["steps"] == 6 and metrics["train_tokens"] == 48
+    assert metrics["reached"] is True and metrics["tokens_to_target"] == 48 and metrics["steps_to_target"] == 6
+    assert metrics["time_to_target_s"] == pytest.approx(curve[-1]["train_s"] + curve[-1]["eval_s"])
+    assert metrics["val_loss"] == 4.0 and metrics["eval_s"] == pytest.approx(curve[-1]["eval_s"])
+    assert window["compilations"] == 0  # the evaluations' own compiles are not the timed steps'
+    assert all(a["train_s"] <= b["train_s"] for a, b in zip(curve, curve[1:]))
+
+
+def test_a_learning_run_that_never_reaches_its_target_is_done_and_says_so(tmp_path):
+    metrics, _, state = _learn(_learning_config(target_loss=0.5), tmp_path, start=20.0)
+    assert state["steps"] == 10  # the whole budget: 80 tokens / 8 a step
+    assert metrics["reached"] is False and metrics["val_loss"] == 10.0
+    assert metrics["tokens_to_target"] is None and metrics["time_to_target_s"] is None
+
+
+def test_a_token_budget_without_a_target_trains_it_all_and_reports_the_last_validation_loss(tmp_path):
+    metrics, _, state = _learn(_learning_config(eval_every="auto", max_tokens=83), tmp_path)
+    assert state["steps"] == 10 and metrics["reached"] is None and metrics["val_loss"] == 0.0
+    rows = (tmp_path / "out" / "curve.jsonl").read_text().splitlines()
+    assert len(rows) == 10  # auto: max_tokens / 20 = 4 tokens -> every step
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"target_loss": 3.0}, "target_loss=3 needs max_tokens"),
+    ({"max_tokens": 100, "batch_size": 4, "seq_len": 32}, "max_tokens=100 is below one optimizer step"),
+    ({"max_tokens": 4096, "target_loss": 3.0, "dataset": "builtin"}, "generated text has no held-out language"),
+    ({"eval_every": 64}, "eval_every=64 needs max_tokens"),
+])
+def test_a_learning_bound_that_cannot_be_a_job_is_bad_input(settings, words):
+    from common.errors import BadInput
+
+    with pytest.raises(BadInput, match=re.escape(words)):
+        resolve({k: parse_value(k, v) for k, v in settings.items()}, 2)

@@ -126,3 +126,19 @@ def test_numpy_and_jax_follow_one_cosine_schedule_and_measure_one_validation_los
     assert abs(numpy_m["loss_last"] - jax_m["loss_last"]) < 1e-3  # the same rate at every step
     assert abs(numpy_m["val_loss"] - jax_m["val_loss"]) < 1e-3  # the same held-out windows, the same weights
     assert abs(numpy_m["loss_last"] - constant["metrics"]["loss_last"]) > 1e-4  # the schedule changed training
+
+
+def test_numpy_and_jax_learning_runs_evaluate_alike_as_they_train(data_dir, tmp_path):
+    runs = {}
+    for framework in ("numpy", "jax"):
+        req = request(data_dir, tmp_path, framework=framework, compile="xla" if framework == "jax" else "eager",
+                      max_tokens=64 * 12, eval_every=64 * 4)  # TINY: 64 tokens a step, 12 steps
+        req["curve_path"] = str(tmp_path / framework / "curve.jsonl")
+        result = run_child(framework, req)
+        assert result["status"] == "done", result["reason"]
+        runs[framework] = [json.loads(line) for line in Path(req["curve_path"]).read_text().splitlines()]
+        assert result["metrics"]["val_loss"] == runs[framework][-1]["val_loss"]
+        assert result["timed_window"]["compilations"] in (0, None)  # jax's evaluation graph is not a timed compile
+    assert [r["step"] for r in runs["numpy"]] == [r["step"] for r in runs["jax"]] == [4, 8, 12]
+    for a, b in zip(runs["numpy"], runs["jax"]):
+        assert abs(a["val_loss"] - b["val_loss"]) < 1e-3

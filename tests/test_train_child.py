@@ -420,3 +420,30 @@ def test_the_learning_rate_and_its_cosine_schedule_are_the_optimizers_own_read_b
     assert cosine["metrics"]["loss_last"] != constant["metrics"]["loss_last"]
     default = metrics(data_dir, tmp_path, optimizer="sgd")
     assert default["applied"]["lr"] == LR_OF["sgd"]  # lr=auto: the optimizer's stated default
+
+
+def test_a_learning_run_stops_at_the_first_evaluation_at_its_target_and_appends_each_evaluation(data_dir, tmp_path):
+    budget = request(data_dir, tmp_path, max_tokens=128 * 24, eval_every=128 * 4)  # TINY: 128 tokens a step
+    budget["curve_path"] = str(tmp_path / "budget" / "curve.jsonl")
+    whole = train.run(budget)
+    assert whole["status"] == "done", whole["reason"]
+    curve = [json.loads(line) for line in Path(budget["curve_path"]).read_text().splitlines()]
+    assert [row["step"] for row in curve] == [4, 8, 12, 16, 20, 24]  # the warm-up step counts and is evaluated
+    assert whole["metrics"]["val_loss"] == curve[-1]["val_loss"] and whole["metrics"]["reached"] is None
+    assert whole["metrics"]["train_tokens"] == 128 * 24 and curve[-1]["val_loss"] < curve[0]["val_loss"]
+
+    target = curve[3]["val_loss"] + 1e-6
+    first = next(row for row in curve if row["val_loss"] <= target)
+    to_target = request(data_dir, tmp_path, max_tokens=128 * 24, eval_every=128 * 4)
+    to_target["config"]["target_loss"] = target  # builtin text: resolve() refuses a target there, the trainer need not
+    to_target["curve_path"] = str(tmp_path / "target" / "curve.jsonl")
+    m = train.run(to_target)["metrics"]
+    assert m["reached"] is True and m["steps_to_target"] == first["step"] and m["tokens_to_target"] == first["tokens"]
+    assert m["val_loss"] == pytest.approx(first["val_loss"], abs=1e-5)
+    assert m["time_to_target_s"] > 0 and m["train_tokens"] == first["tokens"]
+    assert len(Path(to_target["curve_path"]).read_text().splitlines()) == curve.index(first) + 1
+
+    unreachable = request(data_dir, tmp_path, max_tokens=128 * 24, eval_every=128 * 4)
+    unreachable["config"]["target_loss"] = 0.01
+    m = train.run(unreachable)["metrics"]
+    assert m["reached"] is False and m["tokens_to_target"] is None and m["train_tokens"] == 128 * 24

@@ -10,7 +10,8 @@ def test_every_variable_of_the_design_is_in_the_catalogue():
     design = """cores ranks nodes freq_mhz governor turbo pin_threads numa allocator omp_threads intra_threads
     inter_threads isa onednn framework compile fusion compile_cache cc_flags compiler blas attn_backend n_layers d_model
     n_heads head_dim kv_heads mlp_ratio dropout activation attention window vocab_size seq_len
-    batch_size grad_accum precision optimizer lr lr_schedule task lora_rank steps warmup_steps seed dataset repeat""".split()
+    batch_size grad_accum precision optimizer lr lr_schedule task lora_rank steps warmup_steps max_tokens target_loss
+    eval_every seed dataset repeat""".split()
     assert set(design) == set(V.NAMES)
 
 

@@ -39,6 +39,7 @@ class Outcome:
     applied: dict = field(default_factory=dict)
     stderr_tail: str = ""
     timed_window: dict | None = None  # {start_unix_s, end_unix_s} of the child's timed steps
+    curve: list = field(default_factory=list)  # a learning run's evaluations, as far as it got
 
 
 def child_env(extra: dict[str, str], project_root: Path, data_dir: Path) -> dict[str, str]:

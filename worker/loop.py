@@ -42,6 +42,7 @@ from worker.child import ForkServers, Outcome, child_env, run_exec
 from worker.trainers.harness import METRICS, TRAINERS, WORKER_METRICS, compiled_while_timed
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CURVE_FILE = "curve.jsonl"  # in a run's output dir: a learning run's evaluations, appended by its child
 
 
 def default_state_dir() -> Path:
@@ -291,24 +292,25 @@ class Worker:
         if problems:  # a trainer that breaks the contract: a failed run saying how, never a silent drop
             outcome.status, outcome.reason = "failed", f"the trainer's result breaks the contract: {problems}"
             fields = {k: v for k, v in fields.items() if k in RUN_FACTS or k in METRICS}
-        self._finish(claim.run_id, outcome.status, outcome.reason, fields)
+        self._finish(claim.run_id, outcome.status, outcome.reason, fields, outcome.curve)
         return outcome
 
-    def _finish(self, run_id: int, status: str, reason: str | None, fields: dict) -> None:
-        """Write the run's result; kept on local disk until the database has it."""
+    def _finish(self, run_id: int, status: str, reason: str | None, fields: dict, curve: list | None = None) -> None:
+        """Write the run's result (and a learning run's curve); kept on local disk until the database has it."""
         kept = self.kept_dir / f"{self._kept_prefix}-run-{run_id}.json"
         try:
             self.kept_dir.mkdir(parents=True, exist_ok=True)
             partial_path = kept.with_suffix(".part")
             partial_path.write_text(json.dumps({
                 "database": self.store.display_url, "run_id": run_id, "pid": self.pid, "started": self.started,
-                "status": status, "reason": reason, "fields": fields}, default=str))
+                "status": status, "reason": reason, "fields": fields, "curve": curve}, default=str))
             partial_path.replace(kept)
         except OSError as error:  # a full local disk: the database may still take it
             self.emit(Event("note", text=f"run {run_id}'s result could not be kept on disk ({error})"))
             kept = None
         try:
-            self._db(self.store.finish, run_id, pid=self.pid, status=status, reason=reason, fields=fields)
+            self._db(self.store.finish, run_id, pid=self.pid, status=status, reason=reason, fields=fields,
+                     curve=curve)
         except DatabaseUnavailable as error:
             if kept is None:
                 raise
@@ -335,7 +337,7 @@ class Worker:
                 continue  # our own, being written
             try:
                 self.store.finish(kept["run_id"], pid=kept["pid"], status=kept["status"], reason=kept["reason"],
-                                  fields=kept["fields"])
+                                  fields=kept["fields"], curve=kept.get("curve"))
                 self.emit(Event("note", text=f"wrote run {kept['run_id']}'s result, kept on disk by worker pid "
                                              f"{kept['pid']} through a database outage"))
             except DatabaseUnavailable:
@@ -364,7 +366,10 @@ class Worker:
             "peak_gflops": None,  # of the CPU set knobs.applied picks, below
             "compile_cache_dir": str(self.opts.state_dir / "inductor-cache"),
             "collective_timeout_s": self.opts.collective_timeout_s,  # ranks > 1: a hung rank fails the run after it
+            # a learning run appends each evaluation here as it goes: what a failed attempt got is kept
+            "curve_path": str(output_dir / CURVE_FILE),
         }
+        (output_dir / CURVE_FILE).unlink(missing_ok=True)  # the same worker's earlier attempt: this one starts clean
         with knobs.applied(config, self.facts, self.pool, journal_path=self.journal, sysfs_root=self.opts.sysfs_root) as spec:
             job["peak_gflops"] = self._peak(config, spec.cpus)
             sampler = sensors.RunSampler(spec.cpus, sysfs_root=self.opts.sysfs_root)
@@ -383,6 +388,7 @@ class Worker:
                                 on_heartbeat=beat)
             finally:
                 sampled = sampler.stop()
+        outcome.curve = read_curve(output_dir / CURVE_FILE)
         window = outcome.timed_window  # {start_unix_s, end_unix_s}: the sensors average over exactly it
         if window:
             sampled = sampler.summary((window["start_unix_s"], window["end_unix_s"]))
@@ -435,6 +441,22 @@ class Worker:
             if used != dataset:
                 self.emit(Event("note", text=f"dataset {dataset} could not be loaded; training on {used} instead "
                                              f"(recorded per run as dataset_used={used})"))
+
+
+def read_curve(path: Path) -> list[dict]:
+    """The evaluations a learning run's child appended (harness.Learning.curve_path), whole lines only:
+    a child killed while writing leaves its last line cut."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            break
+    return rows
 
 
 def _trainer_missing(module: str) -> str | None:
@@ -550,4 +572,6 @@ def measure_once(config: dict, options: WorkerOptions) -> dict:
     result.update({k: v for k, v in outcome.facts.items() if k != "child_pid"})
     result["applied"] = outcome.applied
     result["config"] = config
+    if outcome.curve:
+        result["curve"] = outcome.curve
     return result

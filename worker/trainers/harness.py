@@ -12,6 +12,7 @@ Request (the worker writes it):
     data_dir           the prepared corpora (worker/data.py)
     peak_gflops        {"fp32": .., "bf16": .., "basis", "provisional"} GEMM peak of the run's CPU set, or None
     compile_cache_dir  a shared compiler cache (torch inductor's warm cache)
+    curve_path         a learning run (max_tokens) appends each evaluation here as one JSON line, as it goes
 Result (the trainer prints it; result() and skipped() build it):
     status "done" | "skipped", reason, metrics (EVERY name of TRAINER_METRICS, None where it cannot
     measure), gemm_format (what the run's GEMMs computed, in words; a simulated format says so), applied (the settings read back, at least READBACK), timed_window ({start_unix_s,
@@ -34,6 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from common.compute import (INT4_GROUP, INT4_N_MULTIPLE, NOT_OFFERED, SIMULATED, int4_unsupported,  # noqa: F401
                             linear_shapes, mlp_hidden)
@@ -42,6 +44,7 @@ from common.compute import (INT4_GROUP, INT4_N_MULTIPLE, NOT_OFFERED, SIMULATED,
 from common.compute import (MERGED_LORA_PRECISIONS, attended_positions, block_matmul_params,  # noqa: F401
                             flops_per_step, lora_params, matmul_params, param_counts)
 from common.metrics import METRICS, TRAINER_METRICS, WORKER_METRICS  # noqa: F401 (the contract's names)
+from common.variables import NONE, is_learning, tokens_per_step
 
 # Read back by every trainer (common_read_back()); each adds its framework's own (threads, BLAS...).
 READBACK = ("affinity", "main_thread_affinity", "allocator_lib", "uid")
@@ -125,9 +128,19 @@ def lr_factor(step: int, total: int, schedule: str) -> float:
     return LR_FLOOR + (1.0 - LR_FLOOR) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+@dataclass
+class Learning:
+    """What a learning run (max_tokens set) evaluates with as it trains, and where its curve goes."""
+
+    loss_of: Callable  # (inputs, targets) -> the mean loss of held-out windows (the session's eval_loss)
+    held_out: Callable  # () -> (inputs, targets): the fixed held-out windows (worker/data.py validation_windows)
+    curve_path: str | None = None  # each evaluation appended as a JSON line: a failed attempt's curve survives
+
+
 def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dict,
                compilations: Callable[[], int] | None = None,
-               set_lr: Callable[[float], None] | None = None) -> tuple[dict, dict, float]:
+               set_lr: Callable[[float], None] | None = None,
+               learning: Learning | None = None) -> tuple[dict, dict, float]:
     """Warm up, then time each step on its own: (metrics, timed_window, first_step_start).
 
     `step(micro_batches)` runs one optimizer step over grad_accum (inputs, targets) micro-batches and
@@ -137,22 +150,28 @@ def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dic
     allocator, caches, kernel selection); the first step alone is first_step_s (compilation
     included): the first warmup step, or with warmup_steps=0 the first timed step.
     `set_lr(factor)`: scales the session's learning rate to `factor` x its peak before each step (before
-    the clock starts), following lr_schedule over warmup_steps + steps; never called for a constant one.
+    the clock starts), following lr_schedule over the run's steps; never called for a constant one.
     `compilations()`: the framework's count of compilations so far (None: it has no such count);
     timed_window records how many happened during the timed steps and the slowest step over the
     median, so a run that timed its compiler is failed by the worker (compiled_while_timed), not done.
+    `learning`: a learning run (max_tokens set, learning_steps()) trains its token budget instead of
+    `steps`, evaluating every eval_every tokens and stopping at the first evaluation at or below
+    target_loss; its metrics add the curve's outcome (val_loss, reached, ..._to_target).
     """
     accum = config["grad_accum"]
     losses = []
     first: dict = {}
     schedule = config.get("lr_schedule", "constant")
-    total = config["warmup_steps"] + config["steps"]
+    warmup, steps = config["warmup_steps"], config["steps"]
+    if learning is not None:
+        warmup, steps = learning_steps(config)
     scheduled = set_lr is not None and schedule != "constant"
+    evaluations: dict = {"compilations": 0}
 
     def one_step() -> int:
         micro = [next_batch() for _ in range(accum)]  # drawn before the clock starts
         if scheduled:
-            set_lr(lr_factor(len(losses), total, schedule))
+            set_lr(lr_factor(len(losses), warmup + steps, schedule))
         if not first:
             first["start"] = time.perf_counter()
         t = time.perf_counter_ns()
@@ -162,15 +181,26 @@ def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dic
         losses.append(loss)
         return elapsed_ns
 
-    for _ in range(config["warmup_steps"]):
-        one_step()
-    compiled_before = compilations() if compilations is not None else None
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    start_unix_s = time.time()
-    times_ns = [one_step() for _ in range(config["steps"])]
+    marks: dict = {}
+
+    def start_timing() -> None:  # after the warm-up: the timed window's sensors, CPU times and compiles
+        marks.update(compiled=compilations() if compilations is not None else None,
+                     rusage=resource.getrusage(resource.RUSAGE_SELF), unix_s=time.time())
+        evaluations["compilations"] = 0  # the evaluations' compiles inside the window, from here
+
+    if learning is None:
+        for _ in range(warmup):
+            one_step()
+        start_timing()
+        times_ns = [one_step() for _ in range(steps)]
+        outcome = {"val_loss": None, "eval_s": None}  # validation() measures them after the timed steps
+    else:
+        times_ns, outcome = _learn(one_step, start_timing, losses, config, learning, compilations, evaluations)
+    compiled_before, before, start_unix_s = marks["compiled"], marks["rusage"], marks["unix_s"]
     end_unix_s = time.time()
     after = resource.getrusage(resource.RUSAGE_SELF)
-    compiled = compilations() - compiled_before if compilations is not None else None
+    compiled = (compilations() - compiled_before - evaluations["compilations"]
+                if compilations is not None else None)
 
     ms = [t / 1e6 for t in times_ns]
     median = statistics.median(ms)
@@ -189,11 +219,75 @@ def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dic
         "ctx_switches": after.ru_nivcsw - before.ru_nivcsw,
         # one process; the torch trainer's data-parallel launch (torch/distributed.py) replaces these
         "world_size": 1, "global_batch": config["batch_size"] * accum, "allreduce_ms": None, "allreduce_share": None,
-        "val_loss": None, "eval_s": None,  # validation() measures them after the timed steps
-    }
+        "train_tokens": tokens * len(values),
+        "reached": None, "tokens_to_target": None, "steps_to_target": None, "time_to_target_s": None,
+    } | outcome
     window = {"start_unix_s": start_unix_s, "end_unix_s": end_unix_s, "compilations": compiled,
               "slowest_step_x_median": max(ms) / median if median > 0 else None}
     return metrics, window, first["start"]
+
+
+def learning_steps(config: dict) -> tuple[int, int]:
+    """A learning run's (warm-up steps, steps after them): its token budget in whole optimizer steps,
+    at least one of them after the warm-up (whose steps train and count tokens like any other)."""
+    total = config["max_tokens"] // tokens_per_step(config)
+    warmup = min(config["warmup_steps"], total - 1)
+    return warmup, total - warmup
+
+
+def _learn(one_step: Callable, start_timing: Callable, losses: list, config: dict, learning: Learning,
+           compilations: Callable | None, evaluations: dict) -> tuple[list, dict]:
+    """The steps of a learning run: an evaluation every eval_every tokens (and at the last step), each
+    a curve row, until the validation loss is at or below target_loss or the budget is trained. The
+    warm-up steps train and are evaluated like the rest; the step times are those after them (all
+    of them, for a run that reached its target within its warm-up). (step times, the outcome's metrics)"""
+    try:
+        inputs, targets = learning.held_out()
+    except ValueError as e:
+        raise Skip(f"not supported: a learning run evaluates on held-out text ({e})") from None
+    per_step = tokens_per_step(config)
+    warmup, steps = learning_steps(config)
+    every = max(1, round(config["eval_every"] / per_step))
+    target = None if config.get("target_loss", NONE) == NONE else float(config["target_loss"])
+    step_ns: list[int] = []
+    eval_s, since, curve = 0.0, 0, []
+
+    def evaluate_now(trained: int) -> float:
+        nonlocal eval_s, since
+        counted = compilations() if compilations is not None else 0
+        val_loss, seconds = evaluate(learning.loss_of, inputs, targets)
+        if compilations is not None:  # an evaluation's own graph (jit) is not the timed steps' compiler
+            evaluations["compilations"] += compilations() - counted
+        eval_s += seconds
+        row = {"step": trained, "tokens": trained * per_step, "train_s": sum(step_ns) / 1e9,
+               "eval_s": eval_s, "train_loss": statistics.fmean(float(v) for v in losses[since:]),
+               "val_loss": val_loss}
+        since = len(losses)
+        curve.append(row)
+        if learning.curve_path:
+            os.makedirs(os.path.dirname(learning.curve_path) or ".", exist_ok=True)
+            with open(learning.curve_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        return val_loss
+
+    for trained in range(1, warmup + steps + 1):
+        if trained == warmup + 1:
+            start_timing()
+        step_ns.append(one_step())
+        if (trained % every == 0 or trained == warmup + steps) and evaluate_now(trained) <= (target or -math.inf):
+            break
+    if len(step_ns) <= warmup:  # reached within the warm-up: its steps are all there is to time
+        start_timing()
+        times_ns = step_ns
+    else:
+        times_ns = step_ns[warmup:]
+    last = curve[-1]
+    reached = None if target is None else last["val_loss"] <= target
+    outcome = {"val_loss": last["val_loss"], "eval_s": eval_s, "reached": reached}
+    if reached:
+        outcome |= {"tokens_to_target": last["tokens"], "steps_to_target": last["step"],
+                    "time_to_target_s": last["train_s"] + last["eval_s"]}
+    return times_ns, outcome
 
 
 def evaluate(loss_of: Callable, inputs, targets) -> tuple[float, float]:
@@ -206,6 +300,13 @@ def evaluate(loss_of: Callable, inputs, targets) -> tuple[float, float]:
         x, y = inputs[i:i + EVAL_BATCH], targets[i:i + EVAL_BATCH]
         total += float(loss_of(x, y)) * len(x)
     return total / len(inputs), time.perf_counter() - started
+
+
+def learning_for(config: dict, request: dict, loss_of: Callable, held_out: Callable) -> Learning | None:
+    """The Learning of a learning run (max_tokens set), or None for a step-time run."""
+    if not is_learning(config):
+        return None
+    return Learning(loss_of, held_out, request.get("curve_path"))
 
 
 def validation(loss_of: Callable, held_out: Callable, applied: dict) -> dict:

@@ -112,12 +112,15 @@ def _train(request: dict, child, t0: float) -> dict:
         lr = peak_lr(config)
 
     session = child.Session(config, lr, params)
+    held_out = functools.partial(data.validation_windows, corpus, config)
+    learning = harness.learning_for(config, request, session.eval_loss, held_out)
     metrics, window, first_step_start = harness.timed_loop(session.step, session.sync, batches.next, config,
-                                                           getattr(session, "compilations", None), session.set_lr)
+                                                           getattr(session, "compilations", None), session.set_lr,
+                                                           learning)
     metrics["setup_s"] = first_step_start - t0 - excluded_s
     metrics |= harness.throughput(metrics, config, request.get("peak_gflops"))
-    held_out = functools.partial(data.validation_windows, corpus, config)
-    metrics |= harness.validation(session.eval_loss, held_out, applied)
+    if learning is None:  # a learning run's val_loss is its last evaluation's
+        metrics |= harness.validation(session.eval_loss, held_out, applied)
     harness.check_finite(metrics)
 
     output_path = _save(session, config, request, dataset_used)

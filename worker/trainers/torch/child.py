@@ -30,7 +30,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from common.variables import peak_lr  # noqa: E402
+from common.variables import is_learning, peak_lr  # noqa: E402
 from worker.trainers import harness  # noqa: E402
 from worker.trainers.harness import Skip  # noqa: E402
 
@@ -54,6 +54,9 @@ def run(request: dict, dp=None) -> dict:
     config = request["config"]
     if config["framework"] != "torch":  # before importing torch: a skip must be fast
         return harness.skipped(f"the torch trainer does not run framework={config['framework']}")
+    if config.get("ranks", 1) * config.get("nodes", 1) > 1 and is_learning(config):
+        return harness.skipped("not supported: a learning run (max_tokens) with ranks x nodes > 1: every rank would "
+                               "have to evaluate alike and stop at the same step; not implemented")
     if dp is None and config.get("ranks", 1) * config.get("nodes", 1) > 1 and not request.get("prewarm_only"):
         from worker.trainers.torch import distributed
 
@@ -403,15 +406,18 @@ def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
     applied["loss_path"] = head_loss_path(next(model.parameters()).dtype, next(model.parameters()).dtype,
                                           config["precision"] == "mixed", fused_loss)
     step = make_step(trained, optimizer, config["precision"], fused_loss=fused_loss)
+    held_out = functools.partial(data.validation_windows, corpus, config)
+    loss_of = eval_loss(model, config["precision"])
+    learning = harness.learning_for(config, request, loss_of, held_out)
     metrics, window, first_step_start = harness.timed_loop(
         _first_compile_skips(dp.step(step) if dp else step, config), lambda loss: loss, batches, config,
-        _graphs_compiled if config["compile"] == "inductor" else None, scaled_lr(optimizer, lr))
+        _graphs_compiled if config["compile"] == "inductor" else None, scaled_lr(optimizer, lr), learning)
     applied["lr_schedule"] = config["lr_schedule"]
     applied["lr_last"] = optimizer.param_groups[0]["lr"]
     metrics["setup_s"] = first_step_start - _T0 - excluded_s
     metrics |= harness.throughput(metrics, config, request.get("peak_gflops"))
-    held_out = functools.partial(data.validation_windows, corpus, config)
-    metrics |= harness.validation(eval_loss(model, config["precision"]), held_out, applied)
+    if learning is None:  # a learning run's val_loss is its last evaluation's
+        metrics |= harness.validation(loss_of, held_out, applied)
     harness.check_finite(metrics)
 
     mark = time.perf_counter()
