@@ -249,7 +249,8 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("eval_every", int, AUTO, TRAINING, "tokens between a learning run's evaluations of the held-out split "
        f"(rounded to whole steps); auto = max_tokens / {EVALUATIONS}, 0 without max_tokens", min=1, max=10**15,
        words=(AUTO,), since=7),
-    _v("seed", int, 0, TRAINING, "seed of torch, data order and init", min=0, max=2**31 - 1),
+    _v("seed", int, 0, TRAINING, "seed of torch, data order and init; repeat r of a learning run (max_tokens) "
+       "trains with seed + r, its own init and data order (read back as applied.seed)", min=0, max=2**31 - 1),
     _v("dataset", str, DATASET_HUB, TRAINING, "training text", choices=(DATASET_HUB, DATASET_SHAKESPEARE, DATASET_BUILTIN)),
     _v("repeat", int, 0, TRAINING, "repeat index; set by the sweep's `repeats`", min=0, max=10_000),
 )
@@ -397,6 +398,12 @@ def steps_trained(config: dict) -> int:
     if is_learning(config):
         return config["max_tokens"] // tokens_per_step(config)
     return config["warmup_steps"] + config["steps"]
+
+
+def run_seed(config: dict) -> int:
+    """The seed a run trains with: its seed, and for repeat r of a learning run seed + r, so that the
+    repeats of a quality result hold convergence variance (init and data order), not only timing noise."""
+    return config["seed"] + config.get("repeat", 0) if is_learning(config) else config["seed"]
 
 
 def is_learning(config: dict) -> bool:

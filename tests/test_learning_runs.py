@@ -87,3 +87,16 @@ def test_a_learning_bound_that_cannot_be_a_job_exits_2_in_one_line_and_writes_no
     assert done.returncode == 2, done.stderr
     assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not os.path.exists(db) or rows(db, "SELECT COUNT(*) FROM jobs") == [(0,)]
+
+
+def test_each_repeat_of_a_learning_run_trains_with_a_seed_of_its_own(db):
+    bench("enqueue", "--db", db, *TINY, "--set", f"max_tokens={128 * 6}", "--set", "seed=5", "--repeats", "2",
+          check=True)
+    bench("enqueue", "--db", db, *TINY, "--set", "steps=3", "--set", "seed=5", "--repeats", "2", check=True)
+    bench("work", "--db", db, check=True, timeout=600)
+    got = rows(db, "SELECT max_tokens, repeat, seed, json_extract(applied, '$.seed'), val_loss FROM v_results "
+                   "ORDER BY max_tokens IS NULL, repeat")
+    learning, timing = got[:2], got[2:]
+    assert [(r[2], r[3]) for r in learning] == [(5, 5), (5, 6)]  # the column keeps the sweep's seed
+    assert learning[0][4] != learning[1][4]  # their own init and data order: they learned apart
+    assert [r[3] for r in timing] == [5, 5]  # a step-time run's repeats time one configuration

@@ -12,7 +12,8 @@ not shown it ran under the job's settings.
     numpy   blas == the job's blas (the library every product ran on) and blas_threads ==
             intra_threads (threadpoolctl for OpenBLAS and MKL, BLIS's own API), jit is False
     jax     xla_threads == cores (XLA sizes its pool from the affinity), jit == (compile == "xla")
-Every trainer: lr == variables.peak_lr(config) and lr_schedule == the job's (its optimizer's own).
+Every trainer: lr == variables.peak_lr(config) and lr_schedule == the job's (its optimizer's own), and
+seed == variables.run_seed(config) (a learning run's repeat r trains with seed + r).
 torch and jax record `blas` (applied.blas: BLAS_INFO of torch's build, XLA's Eigen) without it being
 judged: it is their build's, not the job's choice (a torch wheel for ARM runs OpenBLAS).
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 
-from common.variables import peak_lr
+from common.variables import peak_lr, run_seed
 from worker import ccflags, isa_check
 from worker.startspec import DEFAULT, ISA_CAPS, ChildSpec
 
@@ -74,7 +75,8 @@ def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
     framework = config.get("framework", "torch")
     expected = {"affinity": sorted(spec.cpus)} | EXPECTED[framework](config, spec)
     # the optimizer's own peak learning rate and the schedule it followed (every trainer records both)
-    expected |= {"lr": peak_lr(config), "lr_schedule": config.get("lr_schedule", "constant")}
+    expected |= {"lr": peak_lr(config), "lr_schedule": config.get("lr_schedule", "constant"),
+                 "seed": run_seed(config)}
     required = REQUIRED[framework] + (("cc_kernel_flags",) if "cc_kernel_flags" in expected else ()) + (
         ("cc_kernel_compilers",) if framework == "torch" and config.get("compiler", "gcc") != "gcc"
         and "cc_kernel_compilers" in expected else ())

@@ -44,7 +44,7 @@ from common.compute import (INT4_GROUP, INT4_N_MULTIPLE, NOT_OFFERED, SIMULATED,
 from common.compute import (MERGED_LORA_PRECISIONS, attended_positions, block_matmul_params,  # noqa: F401
                             flops_per_step, lora_params, matmul_params, param_counts)
 from common.metrics import METRICS, TRAINER_METRICS, WORKER_METRICS  # noqa: F401 (the contract's names)
-from common.variables import NONE, is_learning, tokens_per_step
+from common.variables import NONE, is_learning, run_seed, tokens_per_step
 
 # Read back by every trainer (common_read_back()); each adds its framework's own (threads, BLAS...).
 READBACK = ("affinity", "main_thread_affinity", "allocator_lib", "uid")
@@ -86,7 +86,11 @@ def serve(run: Callable[[dict], dict]) -> None:
     """A trainer's main: read the request, run it, print exactly one result line."""
     out = _claim_stdout()
     request = json.loads(sys.stdin.read())
+    seed = run_seed(request["config"])  # a learning run's repeat trains with a seed of its own
+    request["config"] = request["config"] | {"seed": seed}
     result = run(request)
+    if result.get("status") == "done":
+        result["applied"]["seed"] = seed
     out.write(json.dumps(result) + "\n")
     out.flush()
 
