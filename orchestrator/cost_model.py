@@ -52,8 +52,10 @@ SIZES = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_ratio", 
 # `task` is priced too (LoRA's adapters, frozen weights) but is a factor as well: the quick base's
 # finetune_lora runs take 28% more than their operations say (the adapters' small kernels), in sample.
 STRUCTURE = ("activation", "attention", "optimizer")
-# Variables that do not change what one step costs (or are the run's bookkeeping).
-IGNORED = ("steps", "warmup_steps", "seed", "repeat", "dataset")
+# Variables that do not change what one step costs (or are the run's bookkeeping): the learning rate
+# and a learning run's bounds change how many steps reach a loss, not a step's cost.
+IGNORED = ("steps", "warmup_steps", "seed", "repeat", "dataset", "lr", "lr_schedule", "max_tokens", "target_loss",
+           "eval_every")
 TERMS = ("gemm_flops", "gemm_elements", "attention_flops", "memory_elements", "calls", "step", "dram_elements")
 # The cost terms' scales: each feature divided by its scale is of order one on the quick base, so the
 # optimizer's free parameters are of order one too.

@@ -44,10 +44,11 @@ RAN_FROM = {
 
 @functools.lru_cache(maxsize=1 << 16, typed=True)  # a 100k-run report asks millions of times for a few values
 def value_of(name: str, raw):
-    """A column value as the report groups it: booleans as bool, NULL (the word default) as 'default'."""
-    if raw is None:
-        return "default"
+    """A column value as the report groups it: booleans as bool, NULL as its word ('default'; 'none' for
+    a learning bound left unset)."""
     var = BY_NAME[name]
+    if raw is None:
+        return var.words[0] if var.words and var.words[0] == "none" else "default"
     if var.type is bool:
         return bool(raw)
     if var.type is float:

@@ -62,6 +62,7 @@ FACTOR = {
 # Written out here, not taken from the code under test: what follows what when left on "auto".
 FOLLOWS = {"cores": ("omp_threads", "intra_threads", "inter_threads"), "omp_threads": ("intra_threads",),
            "d_model": ("head_dim",), "n_heads": ("head_dim", "kv_heads"),
+           "optimizer": ("lr",), "max_tokens": ("eval_every",),  # lr: the optimizer's stated default
            # on jax/numpy the torch-only variables say what runs there (variables.elsewhere()); blas
            # is each framework's own library (variables.BLAS_OF)
            "framework": ("attn_backend", "onednn", "fusion", "compile_cache", "compile", "blas")}

@@ -168,7 +168,8 @@ def test_jobs_record_which_values_were_derived_and_the_rules_agree_with_the_reco
     assert hand and all("omp_threads" not in d and d["intra_threads"] == "auto" for _, d in hand)
     base = [d for c, d in jobs if c["cores"] == 2 and c["omp_threads"] == 2 and c["head_dim"] == 64]
     assert any(d == {"cores": "all", "compile": "auto", "omp_threads": "auto", "intra_threads": "auto", "inter_threads": "auto",
-                     "head_dim": "auto", "kv_heads": "auto", "blas": "auto"} for d in base)
+                     "head_dim": "auto", "kv_heads": "auto", "blas": "auto", "lr": "auto", "eval_every": "auto"}
+               for d in base)
     for config, derived in jobs:  # the fallback for jobs without a record gives the same answer
         for name in derived:  # a later release's variable at its unset value is left out of the JSON (blas)
             if name in DERIVED_BY_NAME and name in config:

@@ -18,7 +18,7 @@ from orchestrator.store import Store
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "orchestrator" / "report"
 ALLOWED = {"data": set(), "words": {"data"}, "markdown": {"data", "words"}, "html": {"data", "words"}}
-BELOW = ("seeds", "pool_report", "parallel_report", "prediction_report", "effects", "plots", "rows",
+BELOW = ("seeds", "pool_report", "parallel_report", "learning_report", "learning", "prediction_report", "effects", "plots", "rows",
          "results_csv")
 
 

@@ -34,7 +34,7 @@ from orchestrator import effects as fx
 from orchestrator.effects import Analysis, VariableEffect
 from orchestrator.forked import Family, Worker
 from orchestrator.rows import read_results, start_results_csv
-from orchestrator import applied_cut, config_index, prediction_report
+from orchestrator import applied_cut, config_index, learning_report, prediction_report
 from orchestrator.store import ReadOnlyDatabase, Store
 from orchestrator.view_sql import MACHINE_ONLY, REPORT_LEAVES
 from orchestrator.report import html as html_report
@@ -98,6 +98,7 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
         # (the machine's facts: below; of each run's applied, what the report reads: applied_cut)
         _, rows = read_results(conn, machine_id, leave_out=REPORT_LEAVES, cut_applied=applied_cut.cut)
         machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
+        curves = learning_report.read_curves(conn, rows)  # learning runs' final curves ({} without any)
         targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
     gc.freeze()  # the rows: never traversed again by the collections of the analysis that follows
 
@@ -158,6 +159,8 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
                   plot_paths, out_dir, targets)
     ctx.sweep_texts, ctx.check_predictions = sweep_texts, plots  # "How long here"
     ctx.memo = memo.setdefault("predictions", {}) if memo is not None else None
+    ctx.learning = learning_report.prepare(ctx, curves, plots_dir if plots else None)  # "Time to a trained model"
+    plot_paths += list(ctx.learning["plots"].values())
     if fitter is not None:  # the child's result waited for where a writer first needs it
         prediction_report.adopt(ctx, fitter.result)
     # The page first: its cost model's section comes near its end, after most of its work, so that a

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator import effects as fx
-from orchestrator import parallel_report, prediction_report, seeds
+from orchestrator import learning_report, parallel_report, prediction_report, seeds
 from orchestrator.config_index import CONFIG_NAMES, config_index
 from orchestrator.rows import column
 from orchestrator.view_sql import tuple_getter
@@ -745,6 +745,7 @@ def write_page(ctx, path: Path) -> Path:
         '(Ctrl+P, "Save as PDF": every plot is drawn before printing), or without a window: '
         '<code>chromium --headless --no-pdf-header-footer --virtual-time-budget=30000 '
         '--print-to-pdf=report.pdf "file://$PWD/result/index.html#print"</code>.</p></header>',
+        learning_report.html_section(ctx),  # time to a trained model, first where learning runs exist
         _effects_section(st, ctx, several),
         f'<section id="variables"><h2>Each variable</h2><p>One section per varied variable, clearest effect first. '
         f'Dots are runs (hover for the run); the line is the fitted power law, diamonds with bars the fitted '

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from orchestrator import effects as fx
-from orchestrator import parallel_report
+from orchestrator import learning_report, parallel_report
 from orchestrator.effects import Analysis, VariableEffect
 from orchestrator.pool_report import pool_lines
 from orchestrator.seeds import seeds_section
@@ -479,6 +479,7 @@ SECTIONS: list[Callable[[Context], list[str]]] = [
     title_section,
     baseline_section,
     glance_section,
+    learning_report.markdown_section,  # time to a trained model (orchestrator/learning_report.py)
     notes_section,
     noise_section,
     runs_section,

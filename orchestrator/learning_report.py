@@ -1,0 +1,203 @@
+"""The report's "Time to a trained model": for the learning runs with a target (target_loss), each
+variable's factor on time to target split into its factor on step time and on tokens to target
+(orchestrator/learning.py), the seed-to-seed spread, a callout wherever ranking by step time and by
+time to target disagree, and each value's validation loss against tokens and seconds (plots/). The
+report reads the curves once (read_curves) and prepares the section once (prepare); summary.md gets
+markdown_section(), index.html html_section().
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from sqlalchemy import text
+
+from orchestrator import learning
+
+# The final curve of every learning run with a target (its last attempt, done), in step order.
+SELECT_CURVES = """
+SELECT run_id, step, tokens, train_s + eval_s AS time_s, val_loss FROM v_curves
+WHERE final AND target_loss IS NOT NULL ORDER BY run_id, step
+"""
+
+INTRO = ("A faster step can be a slower training: precision, batch size, width, optimizer and learning rate change "
+         "how many tokens reach a given validation loss. Each learning run here trains on real text until its "
+         "loss on held-out text it never saw is at or below its target (checked every eval_every tokens), or "
+         "until max_tokens (then it is counted as not reached, never dropped). Time to target = steps x step time "
+         "(+ evaluation, as MLPerf counts it), so each value's factor on it against the baseline is its factor on "
+         "step time x its factor on tokens to target, each with a 95% interval over the value's seeds (every "
+         "repeat trains with its own seed). A factor below 1 is faster or fewer tokens.")
+CENSORED = ("≥: some of the value's runs did not reach the target, so it needs at least this many tokens; ≤: some "
+            "of the baseline's did not; unresolved: both.")
+
+
+def read_curves(conn, rows: list[dict]) -> dict[int, list[tuple]]:
+    """run_id -> its final curve [(step, tokens, seconds, val_loss)], for the report's learning runs."""
+    wanted = {r["run_id"] for r in learning.learning_rows(rows)}
+    if not wanted:
+        return {}
+    curves: dict[int, list[tuple]] = defaultdict(list)
+    for run_id, step, tokens, seconds, val_loss in conn.execute(text(SELECT_CURVES)):
+        if run_id in wanted:
+            curves[run_id].append((step, tokens, seconds, val_loss))
+    return dict(curves)
+
+
+def prepare(ctx, curves: dict[int, list[tuple]], plots_dir: Path | None) -> dict:
+    """The section's data, once for both writers: comparisons, rank changes, and the curve plots drawn
+    into plots_dir (None: no pictures)."""
+    rows = learning.learning_rows(ctx.done)
+    comps = learning.comparisons(rows)
+    drawn = _plot(comps, curves, plots_dir) if plots_dir is not None and comps else {}
+    return {"runs": rows, "comparisons": comps, "changes": learning.rank_changes(comps), "plots": drawn,
+            "datasets": sorted({str(r.get("dataset_used")) for r in rows})}
+
+
+def _factor(f: learning.Factor, digits: int = 2) -> str:
+    if f.estimate is None:
+        return "unresolved"
+    est = f"{f.estimate:.{digits}f}x"
+    if f.bound in (">=", "<="):
+        side = f.low if f.bound == ">=" else f.high
+        return f"{'≥' if f.bound == '>=' else '≤'} {est}" + (f" (95%: {side:.{digits}f})" if side else "")
+    if f.bound == "unresolved":
+        return f"unresolved ({est} over reached runs)"
+    if f.low is None:
+        return f"{est} (one run a side: no interval)"
+    return f"{est} [{f.low:.{digits}f}, {f.high:.{digits}f}]"
+
+
+def _runs(v: learning.Value) -> str:
+    spread = v.tokens_spread()
+    return f"{v.reached}/{v.n}" + (f", spread {spread:.0%}" if spread is not None else "")
+
+
+def _olympic(v: learning.Value) -> str:
+    t = v.olympic_time()
+    return "-" if t is None else ("not reached" if math.isinf(t) else f"{t:.3g}")
+
+
+HEADER = ["variable", "value vs baseline", "reached (seeds), tokens spread", "step time", "tokens to target",
+          "time to target", "olympic time to target, s (value; baseline)"]
+
+
+def _cells(c: learning.Comparison, names: dict, several: bool) -> list[str]:
+    machine = [names.get(c.machine_id, str(c.machine_id))] if several else []
+    return machine + [c.variable, f"{c.label} vs {c.base_label}", f"{_runs(c.value)} (baseline {_runs(c.baseline)})",
+                      _factor(c.step), _factor(c.tokens), _factor(c.time),
+                      f"{_olympic(c.value)}; {_olympic(c.baseline)}"]
+
+
+def _change_words(changes, names: dict, several: bool) -> list[str]:
+    out = []
+    for machine_id, variable, by_step, by_time in changes:
+        where = f" on {names.get(machine_id, machine_id)}" if several else ""
+        out.append(f"`{variable}`{where}: by step time {' < '.join(by_step)}, but by time to target "
+                   f"{' < '.join(by_time)}: the faster step is not the faster training.")
+    return out
+
+
+def _generated_note(section: dict) -> str | None:
+    if "builtin" in section["datasets"]:
+        return ("Some of these runs trained on the generated built-in text (the hub and PyPI were out of reach): "
+                "its loss says nothing about learning real text.")
+    return None
+
+
+def markdown_section(ctx) -> list[str]:
+    section = getattr(ctx, "learning", None)
+    if not section or not section["runs"]:
+        return []
+    lines = ["## Time to a trained model", "", INTRO, ""]
+    if note := _generated_note(section):
+        lines += [f"**{note}**", ""]
+    comps = section["comparisons"]
+    if not comps:
+        return lines + [f"{len(section['runs'])} learning runs, but no two configurations one variable apart: "
+                        "nothing to compare yet.", ""]
+    for words in _change_words(section["changes"], ctx.names, ctx.several):
+        lines += [f"> **Rank changes**: {words}", ""]
+    header = (["machine"] if ctx.several else []) + HEADER
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cells(c, ctx.names, ctx.several)) + " |" for c in comps]
+    lines += ["", CENSORED, ""]
+    lines += [f"![validation loss, {v}](plots/{p.name})" for v, p in section["plots"].items()]
+    return lines + [""]
+
+
+def html_section(ctx) -> str:
+    section = getattr(ctx, "learning", None)
+    if not section or not section["runs"]:
+        return ""
+    e = html.escape
+    parts = [f'<section id="learning"><h2>Time to a trained model</h2><p>{e(INTRO)}</p>']
+    if note := _generated_note(section):
+        parts.append(f'<p class="callout"><strong>{e(note)}</strong></p>')
+    comps = section["comparisons"]
+    if not comps:
+        parts.append(f"<p>{len(section['runs'])} learning runs, but no two configurations one variable apart: "
+                     "nothing to compare yet.</p></section>")
+        return "".join(parts)
+    for words in _change_words(section["changes"], ctx.names, ctx.several):
+        parts.append(f'<p class="callout"><strong>Rank changes</strong>: {e(words).replace("`", "")}</p>')
+    header = (["machine"] if ctx.several else []) + HEADER
+    parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
+    parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in _cells(comp, ctx.names, ctx.several)) + "</tr>"
+              for comp in comps]
+    parts.append(f"</table><p>{e(CENSORED)}</p>")
+    parts += [f'<figure><img src="plots/{e(p.name)}" alt="validation loss against tokens and seconds, {e(v)}">'
+              f"<figcaption>Validation loss against tokens and against seconds (training + evaluation), "
+              f"<code>{e(v)}</code>: the median over each value's seeds</figcaption></figure>"
+              for v, p in section["plots"].items()]
+    return "".join(parts) + "</section>"
+
+
+def _plot(comps: list[learning.Comparison], curves: dict[int, list[tuple]], plots_dir: Path) -> dict[str, Path]:
+    """One PNG per (machine, variable): each value's median validation loss over its seeds at every
+    evaluation, against tokens and against seconds, the target dashed."""
+    from orchestrator import plots
+
+    by_variable: dict[tuple, list] = defaultdict(list)
+    for c in comps:
+        key = (c.machine_id, c.variable)
+        if not by_variable[key]:
+            by_variable[key].append((c.base_label + " (baseline)", c.baseline))
+        by_variable[key].append((c.label, c.value))
+    several = len({m for m, _ in by_variable}) > 1
+    out = {}
+    for (machine_id, variable), series in by_variable.items():
+        fig = plots.figure(9.0, 3.4)
+        ax_tokens, ax_time = fig.subplots(1, 2, sharey=True)
+        for label, value in series:
+            points = _median_curve(value, curves)
+            if points:
+                tokens, seconds, loss = zip(*points)
+                ax_tokens.plot(tokens, loss, marker=".", label=label)
+                ax_time.plot(seconds, loss, marker=".", label=label)
+        target = series[0][1].config.get("target_loss")
+        for ax, xlabel in ((ax_tokens, "tokens trained"), (ax_time, "seconds (training + evaluation)")):
+            if target is not None:
+                ax.axhline(float(target), linestyle="--", color="grey", linewidth=1)
+            ax.set_xlabel(xlabel)
+        ax_tokens.set_ylabel("validation loss")
+        ax_tokens.legend(title=variable, fontsize=7)
+        plots.lay_out(fig)
+        name = f"learning_{variable}" + (f"_machine{machine_id}" if several else "") + ".png"
+        path = plots_dir / name
+        plots._save(fig, path)
+        out[variable + (f" (machine {machine_id})" if several else "")] = path
+    return out
+
+
+def _median_curve(value: learning.Value, curves: dict[int, list[tuple]]) -> list[tuple]:
+    """(tokens, seconds, validation loss) at each evaluation step, medians over the value's runs that got there."""
+    at: dict[int, list[tuple]] = defaultdict(list)
+    for r in value.runs:
+        for step, tokens, seconds, loss in curves.get(r["run_id"], []):
+            at[step].append((tokens, seconds, loss))
+    return [(statistics.median(p[0] for p in pts), statistics.median(p[1] for p in pts),
+             statistics.median(p[2] for p in pts)) for _, pts in sorted(at.items())]
