@@ -584,12 +584,13 @@ def predict(
     tokens: Annotated[Optional[float], typer.Option(help="also the time to train this many tokens")] = None,
     epochs: Annotated[Optional[float], typer.Option(help="also the time to train this many epochs of --dataset")] = None,
     dataset: Annotated[Optional[str], typer.Option(help="wikitext-2 or wikitext-103 (their published word counts, converted to the run's tokenizer)")] = None,
+    to_loss: Annotated[Optional[float], typer.Option("--to-loss", help="also the time to this validation loss (tokens to it from the learning runs' curves, docs/learning.md)")] = None,
     as_json: JsonOption = False,
     db: DbOption = "results.db",
 ) -> None:
     """The predicted median step time of a configuration on a machine of the database, with a 95%
     prediction interval, what it rests on and what it extrapolates (orchestrator/cost_model.py,
-    docs/prediction.md). Only reads the database."""
+    docs/prediction.md); with --to-loss, the time to reach that validation loss. Only reads the database."""
     import socket
 
     from orchestrator.cost_model import predict as predict_config
@@ -597,7 +598,8 @@ def predict(
     def body():
         partial = settings_given(settings)
         doc = predict_config(open_store(db, read_only=True), partial, machine=machine_name,
-                             here=socket.gethostname(), tokens=tokens, epochs=epochs, dataset=dataset)
+                             here=socket.gethostname(), tokens=tokens, epochs=epochs, dataset=dataset,
+                             to_loss=to_loss)
         if as_json:
             print(json.dumps(doc))
             return
@@ -614,6 +616,15 @@ def predict(
                       f"({_duration(doc['train_s_low'])} to {_duration(doc['train_s_high'])})")
             if "tokens_basis" in doc:
                 out.print(f"  tokens: {doc['tokens_basis']}")
+        if "time_to_target_s" in doc:
+            out.print(styled(("  to validation loss ", ""), (f"{doc['to_loss']:g}", "bold"),
+                             f": {_duration(doc['time_to_target_s'])} ({_duration(doc['time_to_target_s_low'])} to "
+                             f"{_duration(doc['time_to_target_s_high'])}), {doc['tokens_to_target']:,.0f} tokens "
+                             f"({doc['tokens_to_target_low']:,.0f} to {doc['tokens_to_target_high']:,.0f})"))
+            out.print(f"  learning: {doc['learning_basis']}")
+            for name, e in doc["learning_extrapolated"].items():
+                out.print(styled("  ", ("extrapolated", "yellow"), f": {name}={e['value']:g}, learning measured "
+                                 f"{e['measured_min']:g} to {e['measured_max']:g}"))
         out.print(f"  basis: {doc['basis']}")
         for name, e in doc["extrapolated"].items():
             out.print(styled("  ", ("extrapolated", "yellow"), f": {name}={e['value']:g}, measured {e['measured_min']:g} "

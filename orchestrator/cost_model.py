@@ -1150,14 +1150,20 @@ def model_of(store, machine_id: int, calibrated: bool = False) -> Model:
 
 
 def predict(store, settings: dict, *, machine: str | None = None, here: str | None = None,
-            tokens: float | None = None, epochs: float | None = None, dataset: str | None = None) -> dict:
+            tokens: float | None = None, epochs: float | None = None, dataset: str | None = None,
+            to_loss: float | None = None) -> dict:
     """THE entry point: the predicted median step time of `settings` (parsed K=V, the catalogue's
     defaults filling the rest, resolved on the chosen machine's CPUs) with its 95% interval, what it
-    rests on, what it extrapolates, and with tokens (or epochs of a named dataset) the training time.
-    BadInput for input that cannot be a job; BenchError for what the model refuses."""
+    rests on, what it extrapolates, and with tokens (or epochs of a named dataset) the training time;
+    with to_loss, the time to that validation loss (time_to_loss()). BadInput for input that cannot
+    be a job; BenchError for what the model refuses."""
     from common import variables as V
     from common.errors import BadInput
     from common.compute import param_counts
+    if to_loss is not None and not (math.isfinite(to_loss) and to_loss > 0):
+        raise BadInput(f"--to-loss must be a positive number, got {to_loss}")
+    if to_loss is not None and (tokens is not None or epochs is not None):
+        raise BadInput("give --to-loss, or --tokens / --epochs: the tokens to a loss are what --to-loss predicts")
     if (epochs is None) != (dataset is None):
         raise BadInput("--epochs and --dataset go together (the dataset's token count times the epochs)")
     if tokens is not None and epochs is not None:
@@ -1188,4 +1194,86 @@ def predict(store, settings: dict, *, machine: str | None = None, here: str | No
     if tokens is not None:
         doc.update(p.train(tokens_per_step, tokens))
         doc["tokens"] = tokens
+    if to_loss is not None:
+        doc.update(time_to_loss(store, config, p, to_loss))
     return doc
+
+
+# Every learning run's final curve, and what its run says of its evaluations (bench.py predict --to-loss).
+SELECT_LEARNING_RUNS = """
+SELECT r.run_id, r.dataset_used, r.eval_s, r.step_ms_median, j.config
+FROM runs r JOIN jobs j ON j.job_id = r.job_id
+WHERE r.status = 'done' AND j.max_tokens IS NOT NULL
+"""
+SELECT_FINAL_CURVES = "SELECT run_id, tokens, val_loss FROM v_curves WHERE final ORDER BY run_id, step"
+
+
+def time_to_loss(store, config: dict, p: Prediction, loss: float) -> dict:
+    """The time to validation loss `loss`: tokens to it from a law fitted to every machine's learning
+    curves (orchestrator/learning.py: learning is portable, step time is not) over tokens per step x
+    this machine's predicted step time, plus evaluations (every eval_every tokens: the config's, else
+    the learning runs' median) at the learning runs' ratio of an evaluation to a training token's time.
+    The 95% interval joins the law's (seed-to-seed spread included) and the step time's on the log scale."""
+    import json
+    import statistics
+    from collections import defaultdict
+
+    from sqlalchemy import text
+
+    from common import variables as V
+    from orchestrator import learning
+
+    with store.transaction() as conn:
+        runs = conn.execute(text(SELECT_LEARNING_RUNS)).all()
+        curves: dict[int, list] = defaultdict(list)
+        for run_id, tokens, val_loss in conn.execute(text(SELECT_FINAL_CURVES)):
+            curves[run_id].append((tokens, val_loss))
+    observations, seen, eval_ratios, cadences = [], set(), [], []
+    for run_id, dataset_used, eval_s, step_ms, config_json in runs:
+        if run_id not in curves:
+            continue
+        run_config = V.complete(json.loads(config_json)) | {"dataset_used": dataset_used}
+        values = learning.law_values(run_config)
+        key = (tuple(sorted((k, str(v)) for k, v in values.items())), V.run_seed(run_config))
+        if key in seen:
+            continue  # a seed run again (an OFAT baseline in every block) is one observation
+        seen.add(key)
+        observations.append((values, learning.tokens_to(curves[run_id], loss)))
+        cadences.append(int(run_config["eval_every"]))
+        if eval_s and step_ms:
+            per_token_s = step_ms / 1e3 / V.tokens_per_step(run_config)
+            eval_ratios.append(eval_s / len(curves[run_id]) / per_token_s)
+    if not observations:
+        raise BenchError("no learning run (max_tokens) is done in this database: tokens to a loss were never measured")
+    law = learning.fit_law(observations, loss)
+    values = learning.law_values(config | {"dataset_used": _learning_text(config, observations)})
+    if why := law.refusal(values):
+        raise BenchError(f"{why}; {law.runs} learning runs reached {loss:g}")
+    t = law.predict(values)
+    tokens = t["tokens_to_target"]
+    per_step = V.tokens_per_step(config)
+    cadence = int(config["eval_every"]) if V.is_learning(config) else int(statistics.median(cadences))
+    per_eval_s = statistics.median(eval_ratios) * p.step_ms / 1e3 / per_step if eval_ratios else 0.0
+    train_s = tokens / per_step * p.step_ms / 1e3
+    eval_s = math.ceil(tokens / cadence) * per_eval_s
+    half = math.sqrt(t["log_half_width"] ** 2 + (math.log(p.step_ms_high / p.step_ms_low) / 2) ** 2)
+    total = train_s + eval_s
+    return {"to_loss": loss, "tokens_to_target": tokens, "tokens_to_target_low": t["tokens_to_target_low"],
+            "tokens_to_target_high": t["tokens_to_target_high"], "steps_to_target": tokens / per_step,
+            "time_to_target_s": total, "time_to_target_s_low": total * math.exp(-half),
+            "time_to_target_s_high": total * math.exp(half), "eval_s": eval_s,
+            "learning_extrapolated": t["extrapolated"],
+            "learning_basis": (f"tokens to {loss:g}: a law fitted to {law.runs} learning runs' curves ({law.configurations} "
+                               f"configurations{f'; {law.censored} left out: their curves never came to it' if law.censored else ''}), "
+                               f"log tokens linear in log {', '.join(law.numeric) or 'nothing'}"
+                               f"{' (lr also squared)' if law.squared else ''} with factors for "
+                               f"{', '.join(law.levels) or 'nothing'}, {law.dof} residual dof; evaluations every "
+                               f"{cadence:,} tokens at {statistics.median(eval_ratios) if eval_ratios else 0:.3g} "
+                               f"training tokens' time each")}
+
+
+def _learning_text(config: dict, observations: list) -> str:
+    """The text a prediction's learning is read on: the config's dataset, or what the learning runs of
+    that dataset really trained on (the hub's name falls back to shakespeare here)."""
+    used = {v["dataset_used"] for v, _ in observations}
+    return config["dataset"] if config["dataset"] in used or len(used) != 1 else next(iter(used))

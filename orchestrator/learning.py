@@ -239,3 +239,136 @@ def rank_changes(comps: list[Comparison]) -> list[tuple[int, str, list[str], lis
         if by_step != by_time:
             out.append((machine_id, variable, by_step, by_time))
     return out
+
+
+# -- a tokens-to-loss law, for configurations never run (bench.py predict --to-loss) ---------------
+
+# What learning depends on, as the law sees it: numeric variables enter as logs (lr also squared, the
+# loss being U-shaped in it), categorical ones as factors; a variable that never varied among the
+# learning runs is held: a query off its measured value is refused. The system settings (cores,
+# threads, allocator, framework, GEMM route) change a step's time, not what a step learns.
+LAW_NUMERIC = ("d_model", "n_layers", "n_heads", "mlp_ratio", "vocab_size", "seq_len", "batch", "lr")
+LAW_CATEGORICAL = ("precision", "optimizer", "lr_schedule", "activation", "attention", "dropout", "dataset_used")
+
+
+def law_values(config: dict) -> dict:
+    """The law's variables of a configuration (batch: samples per optimizer step over every rank)."""
+    out = {k: config.get(k) for k in LAW_NUMERIC + LAW_CATEGORICAL if k != "batch"}
+    out["batch"] = (config["batch_size"] * config["grad_accum"] * (config.get("ranks") or 1)
+                    * (config.get("nodes") or 1))
+    out["dataset_used"] = config.get("dataset_used") or config.get("dataset")
+    return out
+
+
+def tokens_to(curve: list[tuple[float, float]], loss: float) -> float | None:
+    """Tokens at which a curve [(tokens, val_loss)] first comes to `loss`, interpolated between its
+    evaluations (linear in loss against log tokens); None where it never does (censored)."""
+    previous = None
+    for tokens, val in curve:
+        if val <= loss:
+            if previous is None or previous[1] <= val:
+                return float(tokens)
+            (t0, l0) = previous
+            share = (l0 - loss) / (l0 - val)
+            return math.exp(math.log(t0) + share * (math.log(tokens) - math.log(t0)))
+        previous = (tokens, val)
+    return None
+
+
+@dataclass
+class Law:
+    """log tokens to a loss = features x coefficients, fitted by least squares to learning runs' curves."""
+
+    loss: float
+    numeric: list[str]  # varied numeric variables (log features)
+    squared: list[str]  # of those, also squared (lr, with three values or more)
+    levels: dict[str, list]  # varied categorical variable -> its levels (the first is the reference)
+    held: dict[str, object]  # variables that never varied -> their one value
+    ranges: dict[str, tuple[float, float]]
+    coef: object  # numpy array
+    cov: object  # (X'X)^-1
+    s2: float
+    dof: int
+    runs: int
+    configurations: int
+    censored: int
+
+    def features(self, values: dict) -> list[float]:
+        x = [1.0]
+        for k in self.numeric:
+            x.append(math.log(float(values[k])))
+            if k in self.squared:
+                x.append(math.log(float(values[k])) ** 2)
+        for k, levels in self.levels.items():
+            x += [1.0 if values[k] == level else 0.0 for level in levels[1:]]
+        return x
+
+    def refusal(self, values: dict) -> str | None:
+        """Why the law cannot answer for these values (learning never measured there), or None."""
+        for k, v in self.held.items():
+            if values.get(k) != v:
+                return (f"{k}={_label(values.get(k))}: learning was measured only at {k}={_label(v)} "
+                        f"(the law does not guess how it changes tokens to a loss)")
+        for k, levels in self.levels.items():
+            if values.get(k) not in levels:
+                return (f"{k}={_label(values.get(k))}: learning was never measured there "
+                        f"(measured: {', '.join(map(_label, levels))})")
+        return None
+
+    def predict(self, values: dict) -> dict:
+        """tokens to the loss with a 95% prediction interval (a new run, seed-to-seed spread included),
+        and what it extrapolates beyond the measured range."""
+        import numpy as np
+
+        x = np.array(self.features(values))
+        mean = float(x @ self.coef)
+        se = math.sqrt(self.s2 * (1.0 + float(x @ self.cov @ x)))
+        q = float(stats.t.ppf(0.975, self.dof))
+        extrapolated = {k: {"value": float(values[k]), "measured_min": lo, "measured_max": hi}
+                        for k, (lo, hi) in self.ranges.items() if not lo <= float(values[k]) <= hi}
+        return {"tokens_to_target": math.exp(mean), "tokens_to_target_low": math.exp(mean - q * se),
+                "tokens_to_target_high": math.exp(mean + q * se), "log_half_width": q * se,
+                "extrapolated": extrapolated}
+
+
+def fit_law(observations: list[tuple[dict, float | None]], loss: float) -> Law:
+    """The law from (law_values of a run, its tokens to `loss` or None where its curve never came to
+    it). Censored runs are left out of the fit and counted; BenchError where too few runs remain."""
+    import numpy as np
+
+    from common.errors import BenchError
+
+    reached = [(v, t) for v, t in observations if t is not None]
+    censored = len(observations) - len(reached)
+    if not reached:
+        raise BenchError(f"no learning run's validation loss came to {loss:g}: nothing to fit tokens to it from "
+                         f"({censored} run(s) never got there)")
+    numeric, squared, levels, held, ranges = [], [], {}, {}, {}
+    for k in LAW_NUMERIC:
+        distinct = sorted({float(v[k]) for v, _ in reached})
+        if len(distinct) == 1:
+            held[k] = reached[0][0][k]
+            continue
+        numeric.append(k)
+        ranges[k] = (distinct[0], distinct[-1])
+        if k == "lr" and len(distinct) >= 3:
+            squared.append(k)
+    for k in LAW_CATEGORICAL:
+        seen = sorted({v[k] for v, _ in reached}, key=lambda x: (str(type(x)), x))
+        if len(seen) == 1:
+            held[k] = seen[0]
+        else:
+            modal = statistics.mode(v[k] for v, _ in reached)
+            levels[k] = [modal] + [s for s in seen if s != modal]
+    law = Law(loss, numeric, squared, levels, held, ranges, None, None, 0.0, 0, len(reached),
+              len({tuple(sorted((k, str(v)) for k, v in values.items())) for values, _ in reached}), censored)
+    X = np.array([law.features(v) for v, _ in reached])
+    y = np.log([t for _, t in reached])
+    dof = len(y) - X.shape[1]
+    if dof < 1:
+        raise BenchError(f"{len(y)} runs reached {loss:g}, fewer than the law's {X.shape[1]} coefficients + 1")
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    resid = y - X @ coef
+    law.coef, law.cov = coef, np.linalg.pinv(X.T @ X)
+    law.s2, law.dof = float(resid @ resid / dof), dof
+    return law

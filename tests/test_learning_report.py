@@ -79,7 +79,7 @@ def test_a_learning_sweep_reports_time_to_target_split_into_step_time_and_tokens
     tiny = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "seq_len=32",
             "--set", "vocab_size=256", "--set", "warmup_steps=1", "--set", "cores=1", "--set", "dataset=shakespeare"]
     bench("enqueue", "--db", db, *tiny, "--set", "max_tokens=6144", "--set", "eval_every=256",
-          "--set", "target_loss=5.2", "--set", "lr=0.01", "--axis", "batch_size=4,8", "--repeats", "2", check=True)
+          "--set", "target_loss=5.2", "--set", "lr=0.01", "--axis", "batch_size=4,8", "--repeats", "6", check=True)
     bench("work", "--db", db, check=True, timeout=900)
     out = tmp_path / "result"
     done = bench("report", "--db", db, "--out", str(out), check=True, timeout=600)
@@ -91,3 +91,54 @@ def test_a_learning_sweep_reports_time_to_target_split_into_step_time_and_tokens
     assert (out / "plots" / "learning_batch_size.png").exists()
     page = (out / "index.html").read_text()
     assert 'id="learning"' in page and page.index('id="learning"') < page.index('id="effects"')
+
+    # a batch size never run: tokens to a loss from the curves' law, step time from the cost model
+    import json
+
+    asked = [f"{k}={v}" for k, v in (("d_model", 32), ("n_layers", 1), ("n_heads", 2), ("seq_len", 32),
+                                      ("vocab_size", 256), ("dataset", "shakespeare"), ("lr", 0.01),
+                                      ("batch_size", 6), ("cores", 1), ("warmup_steps", 1))]
+    doc = json.loads(bench("predict", "--db", db, *asked, "--to-loss", "5.3", "--json", check=True).stdout)
+    for key in ("time_to_target_s", "time_to_target_s_low", "time_to_target_s_high", "tokens_to_target"):
+        assert doc[key] > 0, key
+    assert doc["time_to_target_s_low"] < doc["time_to_target_s"] < doc["time_to_target_s_high"]
+    refused = bench("predict", "--db", db, *asked, "lr_schedule=cosine", "--to-loss", "5.3")  # the same step cost
+    assert refused.returncode == 1, refused.stderr
+    assert "lr_schedule=cosine: learning was measured only at lr_schedule=constant" in refused.stderr
+
+
+def test_tokens_to_a_loss_are_read_off_a_curve_between_its_evaluations():
+    curve = [(1000, 6.0), (2000, 5.0), (4000, 4.0)]
+    assert learning.tokens_to(curve, 5.0) == pytest.approx(2000)
+    assert learning.tokens_to(curve, 4.5) == pytest.approx(math.exp((math.log(2000) + math.log(4000)) / 2))
+    assert learning.tokens_to(curve, 6.5) == 1000  # already there at the first evaluation
+    assert learning.tokens_to(curve, 3.0) is None  # never: censored
+
+
+def test_the_tokens_law_recovers_a_known_truth_refuses_what_was_never_measured_and_covers_new_runs():
+    rng = random.Random(5)
+
+    def truth(v):  # tokens to the loss: fewer with width, more with batch, a U in the learning rate
+        return 1e5 * (v["d_model"] / 64) ** -0.5 * (v["batch"] / 16) ** 0.3 * math.exp(
+            0.4 * math.log(v["lr"] / 0.003) ** 2) * (1.3 if v["precision"] == "bitnet" else 1.0)
+
+    base = {"d_model": 64, "n_layers": 2, "n_heads": 4, "mlp_ratio": 4.0, "vocab_size": 1024, "seq_len": 64,
+            "batch": 16, "lr": 0.003, "precision": "fp32", "optimizer": "adamw", "lr_schedule": "constant",
+            "activation": "gelu", "attention": "full", "dropout": 0.0, "dataset_used": "shakespeare"}
+    designs = [{}, {"d_model": 32}, {"d_model": 128}, {"batch": 4}, {"batch": 64}, {"lr": 0.001}, {"lr": 0.01},
+               {"precision": "bitnet"}]
+    observations = [(base | d, truth(base | d) * math.exp(rng.gauss(0, 0.05))) for d in designs for _ in range(5)]
+    observations.append((base | {"lr": 0.03}, None))  # never got there: left out, counted
+    law = learning.fit_law(observations, 5.0)
+    assert law.censored == 1 and law.runs == 40 and law.squared == ["lr"]
+    covered = 0
+    new = [{"d_model": 48}, {"d_model": 96}, {"batch": 8}, {"lr": 0.002}, {"lr": 0.005}]
+    for d in new:
+        p = law.predict(base | d)
+        assert p["tokens_to_target"] == pytest.approx(truth(base | d), rel=0.08), d
+        covered += sum(p["tokens_to_target_low"] <= truth(base | d) * math.exp(rng.gauss(0, 0.05))
+                       <= p["tokens_to_target_high"] for _ in range(20))
+    assert covered >= 0.9 * 20 * len(new)
+    assert "seq_len=128: learning was measured only at seq_len=64" in law.refusal(base | {"seq_len": 128})
+    assert "precision=q4: learning was never measured there" in law.refusal(base | {"precision": "q4"})
+    assert law.predict(base | {"d_model": 256})["extrapolated"]["d_model"]["measured_max"] == 128
