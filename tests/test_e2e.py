@@ -23,7 +23,7 @@ def test_once_prints_one_json_document_with_every_metric_and_the_settings_read_b
     assert result["step_ms_median"] > 0 and result["wall_s"] >= result["train_s"] > 0
     assert result["applied"]["affinity"] == [0]
     assert result["applied"]["torch_threads"] == 1
-    assert result["dataset_used"] in ("ThomasTheMaker/Arc-Corpus-sample", "builtin")
+    assert result["dataset_used"] in ("ThomasTheMaker/Arc-Corpus-sample", "shakespeare", "builtin")
     assert result["energy_j"] is None and "energy_j" in result["applied"]["sensor_notes"]
 
 
