@@ -297,7 +297,7 @@ def _learn(one_step: Callable, start_timing: Callable, losses: list, config: dic
 def evaluate(loss_of: Callable, inputs, targets) -> tuple[float, float]:
     """(mean loss, seconds) over the fixed held-out windows (worker/data.py val_windows), EVAL_BATCH
     windows per call of `loss_of(inputs, targets)`, which returns the mean loss of its windows (eval
-    mode: no dropout, no gradients). Runs after the timed steps: no step time holds it."""
+    mode: no dropout, no gradients). Between steps, never inside one: no step time holds it."""
     started = time.perf_counter()
     total = 0.0
     for i in range(0, len(inputs), EVAL_BATCH):
