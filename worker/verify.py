@@ -75,8 +75,11 @@ def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
     framework = config.get("framework", "torch")
     expected = {"affinity": sorted(spec.cpus)} | EXPECTED[framework](config, spec)
     # the optimizer's own peak learning rate and the schedule it followed (every trainer records both)
-    expected |= {"lr": peak_lr(config), "lr_schedule": config.get("lr_schedule", "constant"),
-                 "seed": run_seed(config)}
+    expected["lr_schedule"] = config.get("lr_schedule", "constant")
+    if "optimizer" in config:
+        expected["lr"] = peak_lr(config)
+    if "seed" in config:
+        expected["seed"] = run_seed(config)
     required = REQUIRED[framework] + (("cc_kernel_flags",) if "cc_kernel_flags" in expected else ()) + (
         ("cc_kernel_compilers",) if framework == "torch" and config.get("compiler", "gcc") != "gcc"
         and "cc_kernel_compilers" in expected else ())

@@ -89,7 +89,7 @@ def serve(run: Callable[[dict], dict]) -> None:
     seed = run_seed(request["config"])  # a learning run's repeat trains with a seed of its own
     request["config"] = request["config"] | {"seed": seed}
     result = run(request)
-    if result.get("status") == "done":
+    if result.get("status") == "done" and "applied" in result:  # (a prewarm-only process has none)
         result["applied"]["seed"] = seed
     out.write(json.dumps(result) + "\n")
     out.flush()
