@@ -53,7 +53,13 @@ class Value:
 
     @property
     def reached(self) -> int:
+        """Seeds that reached the target."""
         return len(self.tokens)
+
+    @property
+    def seeds(self) -> int:
+        """Distinct seeds run (an OFAT baseline runs the same seeds in every block)."""
+        return len(self.tokens) + len(self.censored)
 
     def olympic_time(self) -> float | None:
         """MLPerf's score: the mean time to target with the fastest and slowest run dropped (from 3 runs
@@ -233,7 +239,7 @@ def rank_changes(comps: list[Comparison]) -> list[tuple[int, str, list[str], lis
     for (machine_id, variable), cs in groups.items():
         if any(c.time.estimate is None or c.step.estimate is None for c in cs):
             continue
-        entries = [(c.base_label, 1.0, 1.0)] + [(c.label, c.step.estimate, c.time.estimate) for c in cs]
+        entries = [(cs[0].base_label, 1.0, 1.0)] + [(c.label, c.step.estimate, c.time.estimate) for c in cs]
         by_step = [e[0] for e in sorted(entries, key=lambda e: e[1])]
         by_time = [e[0] for e in sorted(entries, key=lambda e: e[2])]
         if by_step != by_time:

@@ -73,7 +73,7 @@ def _factor(f: learning.Factor, digits: int = 2) -> str:
 
 def _runs(v: learning.Value) -> str:
     spread = v.tokens_spread()
-    return f"{v.reached}/{v.n}" + (f", spread {spread:.0%}" if spread is not None else "")
+    return f"{v.reached}/{v.seeds}" + (f", spread {spread:.0%}" if spread is not None else "")
 
 
 def _olympic(v: learning.Value) -> str:
@@ -81,7 +81,7 @@ def _olympic(v: learning.Value) -> str:
     return "-" if t is None else ("not reached" if math.isinf(t) else f"{t:.3g}")
 
 
-HEADER = ["variable", "value vs baseline", "reached (seeds), tokens spread", "step time", "tokens to target",
+HEADER = ["variable", "value vs baseline", "seeds reached, spread of their tokens", "step time", "tokens to target",
           "time to target", "olympic time to target, s (value; baseline)"]
 
 

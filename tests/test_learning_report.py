@@ -73,6 +73,10 @@ def test_a_faster_step_that_trains_slower_is_called_out():
     rows = _runs(random.Random(4), truth={("precision", "bf16"): (0.7, 1.8), ("batch_size", 16): (0.8, 1.0)})
     changes = learning.rank_changes(learning.comparisons(rows))
     assert [(v, s, t) for _, v, s, t in changes] == [("precision", ["bf16", "fp32"], ["fp32", "bf16"])]
+    rows = _runs(random.Random(4), truth={("precision", "bf16"): (0.7, 1.8), ("d_model", 128): (2.0, 0.3)})
+    changes = learning.rank_changes(learning.comparisons(rows))  # each variable's baseline is its own value
+    assert sorted((v, s, t) for _, v, s, t in changes) == [("d_model", ["64", "128"], ["128", "64"]),
+                                                          ("precision", ["bf16", "fp32"], ["fp32", "bf16"])]
 
 
 def test_a_learning_sweep_reports_time_to_target_split_into_step_time_and_tokens(db, tmp_path):
