@@ -229,9 +229,21 @@ def _product(step: Factor, tokens: Factor, base: Value, v: Value) -> Factor:
     return Factor(est, est * math.exp(-half), est * math.exp(half))
 
 
+def clear_flips(cs: list[Comparison]) -> list[str]:
+    """The values whose step time and time to target are both clearly apart from the baseline's, on
+    opposite sides: a clearly faster step that clearly trains slower, or the reverse."""
+    def side(f: Factor) -> int:
+        if f.low is not None and f.low > 1:
+            return 1
+        if f.high is not None and f.high < 1:
+            return -1
+        return 0
+    return [c.label for c in cs if side(c.step) * side(c.time) == -1]
+
+
 def rank_changes(comps: list[Comparison]) -> list[tuple[int, str, list[str], list[str]]]:
     """(machine, variable, values ranked by step time, by time to target) where the two orders differ:
-    the faster step is not the faster training."""
+    the faster step is not the faster training (point estimates: clear_flips() says which are clear)."""
     out = []
     groups: dict[tuple, list[Comparison]] = defaultdict(list)
     for c in comps:

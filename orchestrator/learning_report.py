@@ -92,12 +92,16 @@ def _cells(c: learning.Comparison, names: dict, several: bool) -> list[str]:
                       f"{_olympic(c.value)}; {_olympic(c.baseline)}"]
 
 
-def _change_words(changes, names: dict, several: bool) -> list[str]:
+def _change_words(changes, comps, names: dict, several: bool) -> list[str]:
     out = []
     for machine_id, variable, by_step, by_time in changes:
         where = f" on {names.get(machine_id, machine_id)}" if several else ""
+        clear = learning.clear_flips([c for c in comps if (c.machine_id, c.variable) == (machine_id, variable)])
+        how = (f"clear for {', '.join(clear)} (step time and time to target both apart from the baseline's, "
+               f"on opposite sides)" if clear else "within the noise: no value's two intervals both exclude the "
+               "baseline on opposite sides")
         out.append(f"`{variable}`{where}: by step time {' < '.join(by_step)}, but by time to target "
-                   f"{' < '.join(by_time)}: the faster step is not the faster training.")
+                   f"{' < '.join(by_time)} ({how}).")
     return out
 
 
@@ -119,8 +123,8 @@ def markdown_section(ctx) -> list[str]:
     if not comps:
         return lines + [f"{len(section['runs'])} learning runs, but no two configurations one variable apart: "
                         "nothing to compare yet.", ""]
-    for words in _change_words(section["changes"], ctx.names, ctx.several):
-        lines += [f"> **Rank changes**: {words}", ""]
+    for words in _change_words(section["changes"], comps, ctx.names, ctx.several):
+        lines += [f"> **Ranked differently by step time and by time to target**: {words}", ""]
     header = (["machine"] if ctx.several else []) + HEADER
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cells(c, ctx.names, ctx.several)) + " |" for c in comps]
@@ -142,8 +146,9 @@ def html_section(ctx) -> str:
         parts.append(f"<p>{len(section['runs'])} learning runs, but no two configurations one variable apart: "
                      "nothing to compare yet.</p></section>")
         return "".join(parts)
-    for words in _change_words(section["changes"], ctx.names, ctx.several):
-        parts.append(f'<p class="callout"><strong>Rank changes</strong>: {e(words).replace("`", "")}</p>')
+    for words in _change_words(section["changes"], comps, ctx.names, ctx.several):
+        parts.append(f'<p class="callout"><strong>Ranked differently by step time and by time to target</strong>: '
+                     f'{e(words).replace("`", "")}</p>')
     header = (["machine"] if ctx.several else []) + HEADER
     parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
     parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in _cells(comp, ctx.names, ctx.several)) + "</tr>"
@@ -183,6 +188,9 @@ def _plot(comps: list[learning.Comparison], curves: dict[int, list[tuple]], plot
             if target is not None:
                 ax.axhline(float(target), linestyle="--", color="grey", linewidth=1)
             ax.set_xlabel(xlabel)
+        from matplotlib.ticker import FuncFormatter
+
+        ax_tokens.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1e3:g}k"))
         ax_tokens.set_ylabel("validation loss")
         ax_tokens.legend(title=variable, fontsize=7)
         plots.lay_out(fig)
