@@ -86,7 +86,7 @@ def baseline_section(ctx: Context) -> list[str]:
 
 
 def glance_section(ctx: Context) -> list[str]:
-    lines = ["## At a glance: the variables, clearest effect first", ""]
+    lines = ["## At a glance: effects on step time, clearest first", ""]
     ranked = ctx.analysis.ranked()
     if not ranked:
         return lines + ["No variable took more than one value among the finished runs yet, so there is nothing to "
