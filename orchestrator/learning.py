@@ -390,3 +390,33 @@ def fit_law(observations: list[tuple[dict, float | None]], loss: float) -> Law:
     law.coef, law.cov = coef, np.linalg.pinv(X.T @ X)
     law.s2, law.dof = float(resid @ resid / dof), dof
     return law
+
+
+# -- learning is portable, step time is not ------------------------------------------------------
+
+def pooled_tokens(vs: list[Value]) -> Value:
+    """One configuration's tokens to target over every machine that measured it: learning does not
+    depend on the CPU (up to numerics: machine_agreement() checks it where two machines ran it)."""
+    pooled = Value(vs[0].config, [r for v in vs for r in v.runs])
+    for v in vs:
+        pooled.tokens += v.tokens
+        pooled.censored += v.censored
+        pooled.step_ms += v.step_ms
+        pooled.times += v.times
+    return pooled
+
+
+def machine_agreement(rows: list[dict]) -> list[tuple[dict, int, int, Factor]]:
+    """(configuration, machine a, machine b, tokens to target on b / on a) for every configuration
+    two machines both measured: where learning should not differ, the figure says whether it did."""
+    by_key: dict[tuple, dict[int, Value]] = defaultdict(dict)
+    for machine_id, vs in values(rows).items():
+        for key, v in vs.items():
+            by_key[key][machine_id] = v
+    out = []
+    for key, per_machine in by_key.items():
+        machines = sorted(per_machine)
+        for b in machines[1:]:
+            a = machines[0]
+            out.append((per_machine[a].config, a, b, _ratio(per_machine[a].tokens, per_machine[b].tokens)))
+    return out

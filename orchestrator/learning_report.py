@@ -47,14 +47,77 @@ def read_curves(conn, rows: list[dict]) -> dict[int, list[tuple]]:
     return dict(curves)
 
 
-def prepare(ctx, curves: dict[int, list[tuple]], plots_dir: Path | None) -> dict:
-    """The section's data, once for both writers: comparisons, rank changes, and the curve plots drawn
-    into plots_dir (None: no pictures)."""
+def prepare(ctx, curves: dict[int, list[tuple]], plots_dir: Path | None, store=None) -> dict:
+    """The section's data, once for both writers: comparisons, rank changes, the curve plots drawn
+    into plots_dir (None: no pictures), and with several machines (and the store, for their cost
+    models) each configuration's time to target on every machine."""
     rows = learning.learning_rows(ctx.done)
     comps = learning.comparisons(rows)
     drawn = _plot(comps, curves, plots_dir) if plots_dir is not None and comps else {}
+    several = store is not None and rows and len(ctx.names) > 1
     return {"runs": rows, "comparisons": comps, "changes": learning.rank_changes(comps), "plots": drawn,
-            "datasets": sorted({str(r.get("dataset_used")) for r in rows})}
+            "datasets": sorted({str(r.get("dataset_used")) for r in rows}),
+            "machines": everywhere(rows, ctx.names, store) if several else [],
+            "agreement": learning.machine_agreement(rows) if several else []}
+
+
+def everywhere(rows: list[dict], names: dict, store) -> list[dict]:
+    """Each learning configuration's time to target on every machine of the report: measured where the
+    machine ran it (MLPerf's olympic mean), else predicted: tokens to target measured anywhere (the
+    geometric mean over seeds) over tokens per step x that machine's cost-model step time, the
+    evaluations' share of the time as measured; its 95% interval joins both on the log scale."""
+    from common import variables as V
+    from common.errors import BenchError
+    from orchestrator import cost_model
+
+    per_machine = learning.values(rows)
+    by_key: dict[tuple, list[learning.Value]] = defaultdict(list)
+    for vs in per_machine.values():
+        for key, v in vs.items():
+            by_key[key].append(v)
+    models: dict[int, object] = {}
+    out = []
+    for key, vs in by_key.items():
+        pooled = learning.pooled_tokens(vs)
+        measured_on = sorted({r["machine_id"] for r in pooled.runs})
+        row = {"config": pooled.config, "measured_on": measured_on, "cells": {}}
+        for machine_id in names:
+            own = per_machine.get(machine_id, {}).get(key)
+            if own is not None:
+                row["cells"][machine_id] = ("measured", own.olympic_time(), None, None)
+                continue
+            try:
+                if machine_id not in models:
+                    models[machine_id] = cost_model.model_of(store, machine_id, calibrated=True)
+                config = _config_of(pooled.runs[0])
+                p = models[machine_id].predict(config)
+            except BenchError as why:
+                row["cells"][machine_id] = ("refused", None, None, str(why))
+                continue
+            tokens = learning._ratio([1.0], pooled.tokens)  # the geometric mean and its interval
+            if tokens.estimate is None or pooled.censored:
+                row["cells"][machine_id] = ("refused", None, None, "tokens to target not measured whole "
+                                            "(a seed did not reach it)")
+                continue
+            share = statistics.median(min(0.9, float(r["eval_s"] or 0) / float(r["time_to_target_s"]))
+                                      for r in pooled.runs if r["reached"] and r.get("time_to_target_s"))
+            train_s = tokens.estimate / V.tokens_per_step(config) * p.step_ms / 1e3
+            total = train_s / (1.0 - share)
+            halves = [math.log(p.step_ms_high / p.step_ms_low) / 2]
+            if tokens.low is not None:
+                halves.append((math.log(tokens.high) - math.log(tokens.low)) / 2)
+            half = math.sqrt(sum(h * h for h in halves))
+            row["cells"][machine_id] = ("predicted", total, (total * math.exp(-half), total * math.exp(half)), None)
+        out.append(row)
+    return out
+
+
+def _config_of(row: dict) -> dict:
+    """A run's full config from its row (a NULL column back to its word: default, none)."""
+    from common import variables as V
+
+    return V.complete({n: row.get(n) if row.get(n) is not None else (V.BY_NAME[n].words or ("default",))[0]
+                       for n in V.NAMES})
 
 
 def _factor(f: learning.Factor, digits: int = 2) -> str:
@@ -129,7 +192,48 @@ def markdown_section(ctx) -> list[str]:
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cells(c, ctx.names, ctx.several)) + " |" for c in comps]
     lines += ["", CENSORED, ""]
+    lines += _machines_lines(section, ctx.names)
     lines += [f"![validation loss, {v}](plots/{p.name})" for v, p in section["plots"].items()]
+    return lines + [""]
+
+
+MACHINES_INTRO = ("Learning is portable, step time is not: tokens to a target depend on the model, the data, the "
+                  "precision, the hyperparameters and the seed, not on the CPU. Each configuration's time to "
+                  "target on every machine: measured where the machine ran it (MLPerf's olympic mean); elsewhere "
+                  "predicted, from the tokens to target measured on the machine named and that machine's "
+                  "cost-model step time, with the evaluations' measured share added.")
+
+
+def _machine_cells(row: dict, names: dict) -> list[str]:
+    cells = []
+    for machine_id in names:
+        kind, value, interval, why = row["cells"][machine_id]
+        if kind == "measured":
+            cells.append("measured: " + ("not reached" if value is not None and math.isinf(value) else
+                                         f"{value:.3g} s" if value is not None else "-"))
+        elif kind == "predicted":
+            source = ", ".join(f"machine {m}" for m in row["measured_on"])
+            cells.append(f"predicted: {value:.3g} s [{interval[0]:.3g}, {interval[1]:.3g}] (tokens measured on {source})")
+        else:
+            cells.append(f"refused: {why}")
+    return cells
+
+
+def _config_words(config: dict, rows: list[dict]) -> str:
+    varied = [k for k in learning.LEARNING_KEYS if len({str(r["config"].get(k)) for r in rows}) > 1]
+    return ", ".join(f"{k}={learning._label(config[k])}" for k in varied) or "the configuration"
+
+
+def _machines_lines(section: dict, names: dict) -> list[str]:
+    rows = section["machines"]
+    if not rows:
+        return []
+    lines = ["### Time to target on each machine", "", MACHINES_INTRO, "",
+             "| configuration | " + " | ".join(names[m] for m in names) + " |", "|" + "---|" * (len(names) + 1)]
+    lines += ["| " + " | ".join([_config_words(r["config"], rows)] + _machine_cells(r, names)) + " |" for r in rows]
+    for config, a, b, f in section["agreement"]:
+        lines.append(f"\nTokens to target where two machines ran the same configuration "
+                     f"({_config_words(config, rows)}): {names.get(b, b)} / {names.get(a, a)} = {_factor(f)}.")
     return lines + [""]
 
 
@@ -154,6 +258,16 @@ def html_section(ctx) -> str:
     parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in _cells(comp, ctx.names, ctx.several)) + "</tr>"
               for comp in comps]
     parts.append(f"</table><p>{e(CENSORED)}</p>")
+    if section["machines"]:
+        rows, names = section["machines"], ctx.names
+        parts.append(f"<h3>Time to target on each machine</h3><p>{e(MACHINES_INTRO)}</p><table><tr><th>configuration</th>"
+                     + "".join(f"<th>{e(names[m])}</th>" for m in names) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in [_config_words(r["config"], rows)]
+                                   + _machine_cells(r, names)) + "</tr>" for r in rows]
+        parts.append("</table>")
+        parts += [f"<p>Tokens to target where two machines ran the same configuration "
+                  f"({e(_config_words(config, rows))}): {e(str(names.get(b, b)))} / {e(str(names.get(a, a)))} = "
+                  f"{e(_factor(f))}.</p>" for config, a, b, f in section["agreement"]]
     parts += [f'<figure><img src="plots/{e(p.name)}" alt="validation loss against tokens and seconds, {e(v)}">'
               f"<figcaption>Validation loss against tokens and against seconds (training + evaluation), "
               f"<code>{e(v)}</code>: the median over each value's seeds</figcaption></figure>"

@@ -29,7 +29,7 @@ MINE = " AND r.machine_id = :machine_id"
 CSV_ONLY = ("claimed", "setup_s", "first_step_s", "step_ms_mean", "step_ms_std", "wall_s", "samples_per_s",
             "loss_first", "loss_last", "peak_rss_mb", "cpu_user_s", "cpu_sys_s", "ctx_switches", "freq_mhz_avg",
             "energy_j", "temp_c_max", "gflops", "output_path", "torch_version", "python_version", "load_before",
-            "val_loss", "eval_s", "steps_to_target")  # a learning run's: its section reads the others
+            "val_loss", "steps_to_target")  # a learning run's: its section reads the others
 MACHINE_ONLY = ("fingerprint", "cpu_model", "vendor", "sockets", "physical_cores", "logical_cores", "numa_nodes",
                 "smt", "isa_flags", "l1d_kb", "l2_kb", "mem_total_gb", "mem_bw_gbs_1t", "mem_bw_gbs_all",
                 "gemm_gflops_fp32_1c", "gemm_gflops_fp32_all", "gemm_gflops_bf16_1c", "gemm_gflops_bf16_all",

@@ -146,3 +146,28 @@ def test_the_tokens_law_recovers_a_known_truth_refuses_what_was_never_measured_a
     assert "seq_len=128: learning was measured only at seq_len=64" in law.refusal(base | {"seq_len": 128})
     assert "precision=q4: learning was never measured there" in law.refusal(base | {"precision": "q4"})
     assert law.predict(base | {"d_model": 256})["extrapolated"]["d_model"]["measured_max"] == 128
+
+
+def test_with_several_machines_each_gets_the_time_to_target_measured_or_predicted_from_the_curves(db, tmp_path):
+    """A learning sweep run on this host, and a synthetic machine (tests/synthetic.py) that ran the quick
+    preset and none of the learning runs: it gets their time to target predicted from its own step
+    times and the tokens this host measured, said as such."""
+    from orchestrator.report import write_report
+    from orchestrator.store import Store
+    from tests import synthetic as S
+
+    tiny = ["--set", "d_model=64", "--set", "n_layers=2", "--set", "n_heads=4", "--set", "seq_len=64",
+            "--set", "vocab_size=1024", "--set", "warmup_steps=1", "--set", "cores=1", "--set", "dataset=shakespeare",
+            "--set", "max_tokens=16384", "--set", "eval_every=1024", "--set", "target_loss=6.6", "--set", "lr=0.01"]
+    bench("enqueue", "--db", db, *tiny, "--axis", "batch_size=4,8", "--repeats", "3", check=True)
+    bench("work", "--db", db, check=True, timeout=900)
+    synthetic = S.build(Store(db), seed=1)  # claims every queued job: the learning ones end done, unmeasured
+    report = write_report(Store(db), tmp_path / "result", plots=False)
+    section = report.summary_path.read_text().split("### Time to target on each machine", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("| batch_size=")]
+    assert len(lines) == 2, section
+    for line in lines:
+        here, there = line.split(" | ")[1:3]
+        assert here.startswith("measured: ") and there.startswith("predicted: "), line
+        assert "tokens measured on" in there
+    assert synthetic in report.analysis.machines

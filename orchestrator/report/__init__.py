@@ -159,7 +159,7 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
                   plot_paths, out_dir, targets)
     ctx.sweep_texts, ctx.check_predictions = sweep_texts, plots  # "How long here"
     ctx.memo = memo.setdefault("predictions", {}) if memo is not None else None
-    ctx.learning = learning_report.prepare(ctx, curves, plots_dir if plots else None)  # "Time to a trained model"
+    ctx.learning = learning_report.prepare(ctx, curves, plots_dir if plots else None, store)  # "Time to a trained model"
     plot_paths += list(ctx.learning["plots"].values())
     if fitter is not None:  # the child's result waited for where a writer first needs it
         prediction_report.adopt(ctx, fitter.result)
