@@ -201,6 +201,18 @@ def _ratio(base: list[float], other: list[float]) -> Factor:
     return Factor(math.exp(est), math.exp(est - q * se), math.exp(est + q * se))
 
 
+def geomean(xs: list[float]) -> Factor:
+    """The geometric mean of positive values with the 95% t interval of their mean log (none from one)."""
+    if not xs:
+        return Factor(None, None, None, "unresolved")
+    logs = [math.log(x) for x in xs]
+    est = statistics.fmean(logs)
+    if len(logs) < 2:
+        return Factor(math.exp(est), None, None)
+    half = float(stats.t.ppf(0.975, len(logs) - 1)) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return Factor(math.exp(est), math.exp(est - half), math.exp(est + half))
+
+
 def _tokens_factor(base: Value, v: Value) -> Factor:
     """The tokens-to-target factor over reached runs; censored runs make it a bound (said in `bound`)."""
     f = _ratio(base.tokens, v.tokens)

@@ -94,7 +94,7 @@ def everywhere(rows: list[dict], names: dict, store) -> list[dict]:
             except BenchError as why:
                 row["cells"][machine_id] = ("refused", None, None, str(why))
                 continue
-            tokens = learning._ratio([1.0], pooled.tokens)  # the geometric mean and its interval
+            tokens = learning.geomean(pooled.tokens)
             if tokens.estimate is None or pooled.censored:
                 row["cells"][machine_id] = ("refused", None, None, "tokens to target not measured whole "
                                             "(a seed did not reach it)")

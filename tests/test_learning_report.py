@@ -171,3 +171,9 @@ def test_with_several_machines_each_gets_the_time_to_target_measured_or_predicte
         assert here.startswith("measured: ") and there.startswith("predicted: "), line
         assert "tokens measured on" in there
     assert synthetic in report.analysis.machines
+
+
+def test_the_geometric_mean_of_tokens_to_target_carries_its_seeds_interval():
+    f = learning.geomean([100.0, 400.0])
+    assert f.estimate == pytest.approx(200.0) and f.low < 100.0 and f.high > 400.0  # t with 1 dof: wide
+    assert learning.geomean([300.0]).low is None and learning.geomean([]).bound == "unresolved"
