@@ -44,7 +44,7 @@ from common.compute import (INT4_GROUP, INT4_N_MULTIPLE, NOT_OFFERED, SIMULATED,
 from common.compute import (MERGED_LORA_PRECISIONS, attended_positions, block_matmul_params,  # noqa: F401
                             flops_per_step, lora_params, matmul_params, param_counts)
 from common.metrics import METRICS, TRAINER_METRICS, WORKER_METRICS  # noqa: F401 (the contract's names)
-from common.variables import NONE, is_learning, run_seed, tokens_per_step
+from common.variables import NONE, is_learning, run_seed, steps_trained, tokens_per_step
 
 # Read back by every trainer (common_read_back()); each adds its framework's own (threads, BLAS...).
 READBACK = ("affinity", "main_thread_affinity", "allocator_lib", "uid")
@@ -234,7 +234,7 @@ def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dic
 def learning_steps(config: dict) -> tuple[int, int]:
     """A learning run's (warm-up steps, steps after them): its token budget in whole optimizer steps,
     at least one of them after the warm-up (whose steps train and count tokens like any other)."""
-    total = config["max_tokens"] // tokens_per_step(config)
+    total = steps_trained(config)
     warmup = min(config["warmup_steps"], total - 1)
     return warmup, total - warmup
 
