@@ -89,6 +89,9 @@ DbOption = Annotated[str, typer.Option("--db", envvar="BENCH_DB", help="results 
 PoolOption = Annotated[Optional[str], typer.Option("--pool", help="a named pool shared by identical nodes "
                                                    "(each job once per pool); default: this machine's own")]
 JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout and nothing else there")]
+BudgetOption = Annotated[Optional[str], typer.Option(
+    "--budget", help="DURATION (5m, 90s, 2h, or none): one pass of every comparison, then runs where the intervals "
+                     "are widest until this much run time is spent; run: default the preset's sweep.budget")]
 MemLimitOption = Annotated[Optional[float], typer.Option(
     "--mem-limit-gb", envvar="BENCH_MEM_LIMIT_GB",
     help="GiB a job may use (refused above it, by estimate); default: this machine's memory")]
@@ -226,7 +229,13 @@ def work_with_progress(db: str, options) -> dict:
         eta_at = [0.0]  # when the ETA was last fitted: every few seconds is enough for a person
 
         def show(event):
-            if event.counts:
+            if event.counts and worker.budget is not None:  # the bar counts seconds of the budget, not jobs
+                c = event.counts
+                spent, total = worker.budget_spent_s, worker.budget.budget_s
+                progress.update(task, total=round(total), completed=round(min(spent, total)),
+                                tally=f"s of budget; done {c['done']} failed {c['failed']} skipped {c['skipped']}",
+                                eta=_duration(max(0.0, total - spent)))
+            elif event.counts:
                 c = event.counts
                 finished = c["done"] + c["failed"] + c["skipped"]
                 progress.update(task, total=c["total"], completed=finished,
@@ -269,7 +278,8 @@ def _cpu_list(text: Optional[str]) -> Optional[list[int]]:
     return sorted(cpus)
 
 
-def _worker_options(cpus, max_jobs, wait, timeout, pool_name=None, target_ci=None, max_repeats=10, db_retry=None):
+def _worker_options(cpus, max_jobs, wait, timeout, pool_name=None, target_ci=None, max_repeats=10, db_retry=None,
+                    budget_s=None, budget_sweep_id=None):
     from common.errors import BadInput
     from common.patience import retry_seconds
     from worker.loop import WorkerOptions
@@ -284,12 +294,14 @@ def _worker_options(cpus, max_jobs, wait, timeout, pool_name=None, target_ci=Non
         raise BadInput(f"--target-ci {target_ci:g}: expected a percentage between 0 and 100 (5 = +-5%)")
     if max_repeats < 2:
         raise BadInput(f"--max-repeats {max_repeats}: an interval needs at least 2 runs per value")
+    if budget_s is not None and target_ci is not None:
+        raise BadInput("--budget and --target-ci: give one (a budget spends its time where intervals are widest)")
     db_retry_s = retry_seconds(db_retry)
     return WorkerOptions(cpus=pool, max_jobs=max_jobs, wait=wait, timeout_s=timeout, pool_name=pool_name,
                          heartbeat_s=float(os.environ.get("BENCH_HEARTBEAT_S", "5")),
                          max_attempts=int(os.environ.get("BENCH_MAX_ATTEMPTS", "3")),
                          target_ci=None if target_ci is None else target_ci / 100, max_repeats=max_repeats,
-                         db_retry_s=db_retry_s)
+                         db_retry_s=db_retry_s, budget_s=budget_s, budget_sweep_id=budget_sweep_id)
 
 
 @app.command()
@@ -303,6 +315,7 @@ def work(
         "--target-ci", help="PCT: when the queue is empty, add repeat passes for comparisons whose 95% interval "
                             "is wider than +-PCT%")] = None,
     max_repeats: Annotated[int, typer.Option(help="with --target-ci: at most this many runs per value")] = 10,
+    budget: BudgetOption = None,
     db_retry: Annotated[Optional[float], typer.Option(
         "--db-retry", help="seconds to ride out a lost database (a server restart, a held lock) before giving up "
                            "[default: BENCH_DB_RETRY_S or 600]")] = None,
@@ -313,7 +326,10 @@ def work(
     def body():
         from orchestrator.cli_support import require_database
 
-        options = _worker_options(cpus, max_jobs, wait, timeout, pool, target_ci, max_repeats, db_retry)
+        from common.durations import parse_duration
+
+        options = _worker_options(cpus, max_jobs, wait, timeout, pool, target_ci, max_repeats, db_retry,
+                                  budget_s=parse_duration(budget) if budget is not None else None)
         require_database(db, "work")
         counts = work_with_progress(db, options)
         out.print(f"queued {counts['queued']}, done {counts['done']}, failed {counts['failed']}, "
@@ -515,23 +531,30 @@ def run(
     out_dir: Annotated[Path, typer.Option("--out", help="where the report goes")] = Path("result"),
     timeout: Annotated[float, typer.Option(help="seconds one job may take")] = 900.0,
     mem_limit_gb: MemLimitOption = None,
+    budget: BudgetOption = None,
     db: DbOption = "results.db",
 ) -> None:
-    """The main job: enqueue a preset, work until it is done, write the report."""
+    """The main job: enqueue a preset, work until it is done (or its time budget is spent), write the report."""
     from worker import memory
     from orchestrator.sweep import load
 
     def body():
         from orchestrator.cli_support import check_out_dir, first_job
 
+        from common.durations import parse_duration
+
         check_out_dir(out_dir)
+        asked = parse_duration(budget) if budget is not None else None
         plan = load(None, preset=preset, machine=this_machine(), max_jobs=_env_max_jobs())
+        budget_s = asked if budget is not None else plan.budget_s
+        if budget_s is not None:  # one pass of everything; the budget decides the repeats
+            plan = load(None, preset=preset, repeats=1, machine=this_machine(), max_jobs=_env_max_jobs())
         limit = memory.machine_limit(mem_limit_gb)
         worst = memory.check_plan(plan, *limit)
         first_job(plan)
-        options = _worker_options(None, None, False, timeout)
         result = open_store(db).enqueue(name=plan.name, source=plan.source, sweep_text=plan.text,
                                         jobs=plan.iter_jobs(), notes=plan.notes)
+        options = _worker_options(None, None, False, timeout, budget_s=budget_s, budget_sweep_id=result.sweep_id)
         print_plan_result(plan, result, dry_run=False, memory_gib=(worst / memory.GIB, limit[0] / memory.GIB))
         work_with_progress(db, options)
         report_and_print(db, out_dir)

@@ -383,3 +383,34 @@ CREATE TABLE IF NOT EXISTS adaptive_decisions (
     wide        TEXT NOT NULL,              -- JSON: the comparisons still wider than the target, with their half-widths
     created     REAL NOT NULL
 );
+
+-- A time budget (`run --budget`, `work --budget`): what one machine may spend on one sweep's runs and
+-- the repeat runs the budget added. What was spent is read from the runs themselves (each one's
+-- claim-to-finish time), so a stopped or killed worker resumes under the remainder.
+CREATE TABLE IF NOT EXISTS budgets (
+    budget_id   INTEGER PRIMARY KEY AUTOINCREMENT,
+    machine_id  INTEGER NOT NULL REFERENCES machines (machine_id),
+    sweep_id    INTEGER NOT NULL REFERENCES sweeps (sweep_id),  -- the sweep whose first pass it starts from
+    budget_s    REAL NOT NULL,              -- seconds of runs asked for (the latest asking)
+    created     REAL NOT NULL,
+    UNIQUE (machine_id, sweep_id)
+);
+
+-- Where a budget's time went, one row per decision: runs added for the comparisons whose interval
+-- one more run narrows most per second, or the end (the budget spent, or every comparison resolved
+-- or narrow enough).
+CREATE TABLE IF NOT EXISTS budget_decisions (
+    decision_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    budget_id   INTEGER NOT NULL REFERENCES budgets (budget_id),
+    decision    TEXT NOT NULL CHECK (decision IN ('added runs', 'spent', 'resolved')),
+    spent_s     REAL NOT NULL,              -- seconds of the budget's runs when decided
+    budget_s    REAL NOT NULL,              -- the budget then
+    repeat      INTEGER,                    -- the pass the added runs form (jobs.repeat)
+    jobs        INTEGER NOT NULL,           -- jobs added (0 for the end)
+    predicted_s REAL,                       -- their predicted seconds (the ETA's per-job cost)
+    sweep_id    INTEGER REFERENCES sweeps (sweep_id),  -- the sweep row of the added jobs
+    chosen      TEXT NOT NULL,              -- JSON: the comparisons given runs: half-width, runs, why
+    open        TEXT NOT NULL,              -- JSON: the comparisons still unresolved and wider than asked
+    decide_s    REAL NOT NULL,              -- seconds the decision itself took (counted as spent)
+    created     REAL NOT NULL
+);

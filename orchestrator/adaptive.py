@@ -89,27 +89,11 @@ def next_pass(store: Store, machine_id: int, *, target_ci: float, max_repeats: i
         decision = Decision("maximum reached", None, 0, listed)
     else:
         job_ids = sorted({j for e in open_ for j in (e.job_ids.tolist() if hasattr(e.job_ids, "tolist") else e.job_ids)})
-        jobs, seen = [], set()
-        with store.transaction() as conn:
-            for job_id in job_ids:
-                config_text, derived, block = conn.execute(text(SELECT_JOB), {"job_id": job_id}).one()
-                # the stored JSON leaves out a later release's variables at their default
-                config = V.complete(json.loads(config_text)) | {"repeat": repeat}
-                canonical = V.canonical_json(config)
-                if (canonical, block) in seen:  # the same job from two earlier passes
-                    continue
-                seen.add((canonical, block))
-                jobs.append({"config": config, "config_hash": V.config_hash(config, block), "config_json": canonical,
-                             "block": block, "derived": json.loads(derived) if derived else None})
-        # the pass keeps the blocks of the jobs it repeats: each block's jobs beside each other
-        orders = block_positions(0, repeat, sorted({stretch_of(j["block"]) for j in jobs if j["block"] is not None}))
-        for job in jobs:
-            job["run_order"] = run_order(0, repeat, job["config_hash"]) if job["block"] is None else \
-                block_run_order(0, repeat, orders[stretch_of(job["block"])], job["config_hash"])
+        jobs = repeat_jobs(store, job_ids, repeat)
         result = store.enqueue(name=SWEEP_NAME, source=f"work --target-ci (machine {machine_id})",
                                sweep_text=f"adaptive pass {repeat}: target +-{target_ci:g}, at most {max_repeats} "
                                           f"repeats\n" + "\n".join(w["what"] for w in listed),
-                               jobs=sorted(jobs, key=lambda j: j["run_order"]),
+                               jobs=jobs,
                                notes=[f"repeat pass {repeat} added by work --target-ci {target_ci * 100:g}"])
         decision = Decision("added pass", repeat, result.new, listed,
                             analysis.machines[machine_id].noise.where_repeats_help())
@@ -119,3 +103,26 @@ def next_pass(store: Store, machine_id: int, *, target_ci: float, max_repeats: i
             "jobs": decision.jobs, "target_ci": target_ci, "max_repeats": max_repeats,
             "wide": json.dumps(listed)})
     return decision
+
+
+def repeat_jobs(store: Store, job_ids: list[int], repeat: int) -> list[dict]:
+    """The jobs `job_ids` again as repeat pass `repeat` (one job per configuration and block, however
+    many passes it came from), in a blocked run order: each block's jobs beside each other, the blocks
+    shuffled anew for the pass. What --target-ci and --budget enqueue."""
+    jobs, seen = [], set()
+    with store.transaction() as conn:
+        for job_id in job_ids:
+            config_text, derived, block = conn.execute(text(SELECT_JOB), {"job_id": job_id}).one()
+            # the stored JSON leaves out a later release's variables at their default
+            config = V.complete(json.loads(config_text)) | {"repeat": repeat}
+            canonical = V.canonical_json(config)
+            if (canonical, block) in seen:  # the same job from two earlier passes
+                continue
+            seen.add((canonical, block))
+            jobs.append({"config": config, "config_hash": V.config_hash(config, block), "config_json": canonical,
+                         "block": block, "derived": json.loads(derived) if derived else None})
+    orders = block_positions(0, repeat, sorted({stretch_of(j["block"]) for j in jobs if j["block"] is not None}))
+    for job in jobs:
+        job["run_order"] = run_order(0, repeat, job["config_hash"]) if job["block"] is None else \
+            block_run_order(0, repeat, orders[stretch_of(job["block"])], job["config_hash"])
+    return sorted(jobs, key=lambda j: j["run_order"])

@@ -97,6 +97,9 @@ def family_quantile(family: int, dof: float) -> float:
     return t_quantile(1 - ALPHA / (2 * max(1, family)), dof)
 
 
+USABLE = 5.0  # an interval reaching further than 5x either side (0.2x-5x around 1) is too wide to read (Effect.usable)
+
+
 @dataclass
 class Effect:
     """One fitted number: an elasticity (value None) or the ratio of `value`'s step time to `baseline`'s."""
@@ -174,6 +177,15 @@ class Effect:
         if self.se is None:
             return None
         return math.expm1(self.half_log * (1.0 if self.kind == "ratio" else math.log(2)))
+
+    @property
+    def usable(self) -> bool:
+        """Whether the shown interval is narrow enough to read as an effect: it reaches no further than
+        a factor USABLE either side of the estimate (0.2x-5x around no change), on the step-time scale
+        (of a doubling, for an elasticity). A wider one is shown as unresolved."""
+        if self.se is None:
+            return False
+        return self.half_log * (1.0 if self.kind == "ratio" else math.log(2)) <= math.log(USABLE)
 
     @property
     def no_change(self) -> float:

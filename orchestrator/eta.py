@@ -144,6 +144,24 @@ def estimate_remaining_s(store: Store, machine_id: int, *, pool_id: int | None =
     return remaining_s(cached[1], queued_rows)
 
 
+SELECT_JOB_CONFIGS = f"SELECT j.job_id, {_CONFIG} FROM jobs j WHERE j.job_id IN ({{ids}})"
+
+
+def job_costs(store: Store, machine_id: int, job_ids: list[int]) -> dict[int, float]:
+    """Seconds each job (by id) should take on the machine, as the ETA counts a queued job (a
+    configuration already finished costs what it cost; another, the fitted model's guess); empty
+    while the machine has finished no run."""
+    pool_id = store.pool_id(machine_id)
+    with store.transaction() as conn:
+        finished = conn.execute(text(SELECT_FINISHED.format(limit=DONE_SAMPLE)), {"pool_id": pool_id}).all()
+        if not any(r[1] == "done" for r in finished) or not job_ids:
+            return {}
+        rows = [r for chunk in range(0, len(job_ids), 500) for r in conn.execute(text(SELECT_JOB_CONFIGS.format(
+            ids=", ".join(str(int(j)) for j in job_ids[chunk:chunk + 500])))).all()]
+    learned = learn(finished, machine_model(store, machine_id, sum(r[1] == "done" for r in finished)))
+    return {int(r[0]): remaining_s(learned, [tuple(r[1:])]) for r in rows}
+
+
 # (db, machine) -> (done runs when fitted, the cost model or None): refitted when the done runs have
 # grown by a quarter, not after every run (a fit reads every done run: ~0.2 s for the quick sweep's).
 _models: dict[tuple[str, int], tuple[int, object]] = {}

@@ -452,6 +452,12 @@ def _to_7(conn: Connection, dialect: str) -> str:
     return "from version 6: " + ("; ".join(done) or "views remade")
 
 
+def _to_8(conn: Connection, dialect: str) -> str:
+    """Version 7 -> 8: the budgets and budget_decisions tables (`run --budget`)."""
+    done = reconcile(conn, dialect, fills={})
+    return "from version 7: " + ("; ".join(done) or "views remade")
+
+
 MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3, 4: _to_4, 5: _to_5, 6: _to_6,
-                                                            7: _to_7}
+                                                            7: _to_7, 8: _to_8}
 LATEST = max(MIGRATIONS)

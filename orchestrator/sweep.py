@@ -46,11 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import variables as V
+from common.durations import parse_duration
 from common.errors import BadInput
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 MODES = ("grid", "ofat", "random", "list")
-SWEEP_KEYS = {"name": str, "mode": str, "repeats": int, "seed": int, "samples": int, "description": str}
+SWEEP_KEYS = {"name": str, "mode": str, "repeats": int, "seed": int, "samples": int, "description": str,
+              "budget": str}
 TABLES = ("sweep", "base", "axes", "configs", "predict")
 JOINT = "joint"  # the block of an ofat sweep's [[configs]]: no variable has this name
 # The most jobs one sweep may plan unless the user says more: a million jobs is ~1 GB of database and
@@ -90,6 +92,7 @@ class SweepPlan:
     seed: int = 0
     cpu_count: int = 1
     blocks: list[str] = field(default_factory=list)  # ofat: the blocks (axes) in plan order; else empty
+    budget_s: float | None = None  # sweep.budget: what `run` spends on it by default (orchestrator/budget.py)
     _jobs: list[dict] | None = None
 
     def iter_jobs(self) -> Iterator[dict]:
@@ -286,6 +289,7 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
     if mode not in MODES:
         raise BadInput(f"sweep.mode={mode!r} in {where}: expected one of {', '.join(MODES)}")
     repeats, seed = head.get("repeats", 1), head.get("seed", 0)
+    budget_s = parse_duration(head["budget"], f"sweep.budget in {where}:") if "budget" in head else None
     if repeats < 1:
         raise BadInput(f"sweep.repeats={repeats} in {where}: must be >= 1")
     samples = head.get("samples")
@@ -338,7 +342,7 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
                      varied=[k for k, vs in axes.items() if len(vs) > 1],
                      combinations=lambda: _combinations(mode, base, axes, seed, samples, configs, block_bases,
                                                         copies),
-                     repeats=repeats, seed=seed, cpu_count=machine.cpu_count,
+                     repeats=repeats, seed=seed, cpu_count=machine.cpu_count, budget_s=budget_s,
                      blocks=list(axes) + ([JOINT] if configs else []) if mode == "ofat" else [])
 
 

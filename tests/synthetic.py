@@ -155,7 +155,15 @@ def build(store: Store, seed: int = 0, *, dataset_used=lambda config: config["da
     jobs = [j for j in p.jobs if j["block"] != JOINT]
     store.enqueue(name=p.name, source=p.source, sweep_text=p.text, jobs=jobs, notes=p.notes)
     machine_id = store.register_machine(facts())
-    rng = random.Random(seed)
+    finish_queued(store, machine_id, random.Random(seed), drift=drift, tail=tail, disturbed=disturbed,
+                  dataset_used=dataset_used)
+    return machine_id
+
+
+def finish_queued(store: Store, machine_id: int, rng: random.Random, *, drift: tuple = DRIFT, tail: tuple | None = None,
+                  disturbed: tuple | None = None, dataset_used=lambda config: config["dataset"]) -> int:
+    """Claim and finish every queued job as a worker of the synthetic machine would; the runs finished."""
+    finished = 0
     while (claim := store.claim(machine_id, pid=os.getpid(), host="synthetic", max_cores=CPUS)) is not None:
         c = claim.config
         unseen, seen = slowed(rng, tail), slowed(rng, disturbed)
@@ -166,7 +174,13 @@ def build(store: Store, seed: int = 0, *, dataset_used=lambda config: config["da
             other = 0.4 if seen is not None else 0.002  # share of the job's CPU time another process took
             fields.update(train_s=TRAIN_S, steal_s=0.0, other_cpu_s=other * TRAIN_S * c["cores"])
         store.finish(claim.run_id, pid=os.getpid(), status="done", fields=fields)
-    return machine_id
+        finished += 1
+    return finished
+
+
+def job_seconds(config: dict) -> float:
+    """What a synthetic job costs a budget: its steps at the law's step time and a fixed overhead."""
+    return 0.3 + law(config) / 1e3 * (config["steps"] + config["warmup_steps"])
 
 
 def truth(base: dict) -> dict[tuple, float]:

@@ -62,6 +62,8 @@ class WorkerOptions:
     max_attempts: int = 3
     target_ci: float | None = None  # `work --target-ci`: add repeat passes until intervals are this narrow (0.05 = +-5%)
     max_repeats: int = 10
+    budget_s: float | None = None  # `work --budget`: seconds of runs to spend on a sweep (orchestrator/budget.py)
+    budget_sweep_id: int | None = None  # the sweep the budget is for; None = the newest a user enqueued
     db_retry_s: float = 600.0  # how long a database outage is ridden out before the worker gives up
     state_dir: Path = field(default_factory=default_state_dir)
     sysfs_root: str = "/"
@@ -154,6 +156,8 @@ class Worker:
         self.machine_id: int | None = None
         self.pool_id: int | None = None  # the queue claimed from (store pools; not the CPU pool above)
         self._counted_at = float("-inf")
+        self.budget = None  # orchestrator.budget.Budget under --budget, once started
+        self.budget_spent_s = 0.0  # what the budget's runs took so far: the database's figure plus this worker's runs
         self._datasets: dict[str, str] = {}
         self._provisional_peaks: dict = {}  # loaded GEMM peak measurements, never cached (gemm_peak.peak_for)
         self.patience = Patience(options.db_retry_s, lambda text: on_event(Event("note", text=text)))
@@ -191,15 +195,26 @@ class Worker:
             with cpu_locks(self.opts.state_dir, self.pool, wait=self.opts.wait):
                 self.start()
                 self.emit(Event("start", counts=self._db(self.store.counts, pool_id=self.pool_id)))
+                if self.opts.budget_s is not None:
+                    self._begin_budget()
                 done = 0
                 settled = False
                 while self.opts.max_jobs is None or done < self.opts.max_jobs:
+                    if self.budget is not None and self.budget_spent_s >= self.budget.budget_s:
+                        self.emit(Event("note", text=self._spend(add=False).words()))
+                        break
                     self._take_back_stale()
                     claim = self._claim()
                     if claim is None and self.opts.target_ci is not None and not settled:
                         if self._adapt():
                             continue
                         settled = True  # decided once for this empty queue (--wait polls on)
+                    if claim is None and self.budget is not None and not settled:
+                        decision = self._spend()
+                        self.emit(Event("note", text=decision.words()))
+                        if decision.added:
+                            continue
+                        settled = True
                     if claim is None:
                         if not self.opts.wait:
                             break
@@ -208,7 +223,9 @@ class Worker:
                         continue
                     settled = False
                     self.emit(Event("claimed", claim=claim))
+                    claimed_at = time.monotonic()
                     outcome = self._run_claim(claim)
+                    self.budget_spent_s += time.monotonic() - claimed_at
                     done += 1
                     self.emit(Event("finished", claim=claim, outcome=outcome, counts=self._counts_now_and_then()))
                 counts = self._db(self.store.counts, pool_id=self.pool_id)
@@ -230,6 +247,21 @@ class Worker:
                             max_repeats=self.opts.max_repeats)
         self.emit(Event("note", text=decision.words(self.opts.target_ci)))
         return decision.added
+
+    def _begin_budget(self) -> None:
+        """--budget: the sweep's budget on this machine (made, or resumed with what its runs spent)."""
+        from orchestrator import budget
+
+        self.budget = self._db(budget.begin, self.store, self.machine_id, self.opts.budget_s, self.opts.budget_sweep_id)
+        self.budget_spent_s = self._db(budget.spent_s, self.store, self.budget)
+
+    def _spend(self, add: bool = True):
+        """The queue is empty, or the budget spent: decide where the rest goes (orchestrator/budget.py)."""
+        from orchestrator import budget
+
+        decision = self._db(budget.next_runs, self.store, self.budget, add=add)
+        self.budget_spent_s = decision.spent_s
+        return decision
 
     def _counts_now_and_then(self, every_s: float = 2.0) -> dict | None:
         """The pool's counts for the progress bar, at most every few seconds: counting a 100k-job

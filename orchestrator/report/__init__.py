@@ -34,7 +34,8 @@ from orchestrator import effects as fx
 from orchestrator.effects import Analysis, VariableEffect
 from orchestrator.forked import Family, Worker
 from orchestrator.rows import read_results, start_results_csv
-from orchestrator import applied_cut, config_index, learning_report, prediction_report
+from orchestrator import applied_cut, budget, config_index, learning_report, prediction_report
+from orchestrator.migrations import table_names
 from orchestrator.store import ReadOnlyDatabase, Store
 from orchestrator.view_sql import MACHINE_ONLY, REPORT_LEAVES
 from orchestrator.report import html as html_report
@@ -100,6 +101,7 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
         machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
         curves = learning_report.read_curves(conn, rows)  # learning runs' final curves ({} without any)
         targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
+        budgets = budget.decisions(conn) if "budget_decisions" in table_names(conn, store.engine.dialect.name) else {}
     gc.freeze()  # the rows: never traversed again by the collections of the analysis that follows
 
     by_machine = defaultdict(list)  # the rows of each machine, in their order (one pass over the rows)
@@ -156,7 +158,7 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
         sweep_notes = [(name, note) for name, notes in conn.execute(text(SELECT_SWEEP_NOTES))
                        for note in json.loads(notes or "[]")]
     ctx = Context(rows, fx.done_runs(rows), analysis, grids, names, facts, counts, failures, sweep_notes,
-                  plot_paths, out_dir, targets)
+                  plot_paths, out_dir, targets, budgets)
     ctx.sweep_texts, ctx.check_predictions = sweep_texts, plots  # "How long here"
     ctx.memo = memo.setdefault("predictions", {}) if memo is not None else None
     ctx.learning = learning_report.prepare(ctx, curves, plots_dir if plots else None, store)  # "Time to a trained model"

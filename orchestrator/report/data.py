@@ -7,7 +7,7 @@ and the rows of the `effects` table. Imports neither the words (words.py) nor a 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -60,6 +60,7 @@ class Context:
     plot_paths: list[Path]
     out_dir: Path
     targets: dict[int, tuple[float, int]]  # machine -> (--target-ci, --max-repeats) of its adaptive passes
+    budgets: dict[int, list[dict]] = field(default_factory=dict)  # machine -> its --budget decisions (budget.decisions)
 
     @property
     def several(self) -> bool:

@@ -131,10 +131,14 @@ def _effect_dict(e, rank: int, anchor: str, names: dict[int, str], headline: boo
     else:
         label = f"{e.variable}: {e.value} vs {e.baseline}"
         factor, flo, fhi = e.estimate, lo, hi
+    verdict, significant = e.verdict(), e.significant
+    if e.se is not None and not e.usable:  # beyond 0.2x-5x: a point without its interval, never an effect
+        flo = fhi = None
+        verdict, significant = f"unresolved: {e.n_runs} runs, interval {lo:.2g} to {hi:.2g}", None
     return {"machine_id": e.machine_id, "machine": names.get(e.machine_id, str(e.machine_id)), "variable": e.variable,
             "kind": e.kind, "value": e.value, "baseline": e.baseline, "estimate": e.estimate, "lo": lo, "hi": hi,
-            "factor": factor, "factor_lo": flo, "factor_hi": fhi, "label": label, "verdict": e.verdict(),
-            "significant": e.significant, "p_adjusted": e.p_adjusted, "n_runs": e.n_runs, "min_runs": e.min_runs,
+            "factor": factor, "factor_lo": flo, "factor_hi": fhi, "label": label, "verdict": verdict,
+            "significant": significant, "p_adjusted": e.p_adjusted, "n_runs": e.n_runs, "min_runs": e.min_runs,
             "repeats_needed": e.repeats_needed, "describe": e.describe(), "rank": rank, "anchor": anchor,
             "headline": headline}
 

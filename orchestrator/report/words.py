@@ -109,6 +109,8 @@ def _ratio(e: Effect | None) -> str:
     if e is None:
         return "1 (baseline)"
     lo, hi = e.ci_adj
+    if lo is not None and not e.usable:
+        return f"unresolved ({e.n_runs} runs; interval {lo:.2g} to {hi:.2g})"
     ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None else " (a value ran once: no CI)"
     return f"{e.estimate:.2f}x{ci}"
 
@@ -148,6 +150,8 @@ def effect_words(ve: VariableEffect) -> str:
         size = ""
     if h.significant is None:
         return f"{what}: {h.verdict()}"
+    if not h.usable:
+        return unresolved_words(ve, h)
     if h.significant:
         return f"{what} ({_ci(h)})" + (f": {size}" if size else "")
     words = f"no detectable effect: {what} ({_ci(h)})"
@@ -156,6 +160,19 @@ def effect_words(ve: VariableEffect) -> str:
                   if h.repeats_needed <= fx.MAX_REPEATS_SAID else
                   f"; even {fx.MAX_REPEATS_SAID} runs per value would not resolve an effect this small at this noise")
     return words
+
+
+def spread(ve: VariableEffect) -> float:
+    """The widest spread among the variable's values' runs: largest over smallest step time, less 1."""
+    return max((max(lv.step_ms) / min(lv.step_ms) - 1.0 for lv in ve.levels if lv.n >= 2), default=0.0)
+
+
+def unresolved_words(ve: VariableEffect, e: Effect) -> str:
+    """An effect whose interval reaches beyond 0.2x-5x (Effect.usable): its runs and their spread, not
+    a number to read."""
+    lo, hi = e.ci_adj
+    return (f"unresolved: {e.n_runs} runs, spread {_pct(spread(ve))} (the interval, {lo:.2g} to {hi:.2g}, "
+            f"is too wide to read; more runs of its values would narrow it)")
 
 
 def _target_words(e: Effect, target: tuple[float, int] | None) -> str:

@@ -39,7 +39,7 @@ function forest(div){
   for (const cls of ['clear', 'none', 'untested']){
     const idx = es.map((e, i) => i).filter(i => verdictClass(es[i]) === cls);
     if (!idx.length) continue;
-    traces.push({type:'scatter', mode:'markers', name:{clear:'clear effect', none:'no detectable effect', untested:'not tested (a value ran once)'}[cls],
+    traces.push({type:'scatter', mode:'markers', name:{clear:'clear effect', none:'no detectable effect', untested:'not tested, or unresolved (too few runs)'}[cls],
       x: idx.map(i => es[i].factor), y: idx.map(i => y[i]),
       customdata: idx.map(i => es[i].anchor),
       error_x: {type:'data', symmetric:false, array: idx.map(i => es[i].factor_hi === null ? 0 : es[i].factor_hi - es[i].factor),
