@@ -397,9 +397,15 @@ def status(
         if pool_id is not None:
             from orchestrator.eta import estimate_remaining_s
 
-            eta = estimate_remaining_s(store, machine_id, pool_id=pool_id)
-            if counts["queued"] and eta is not None:
-                out.print(f"ETA for the queued jobs: {_duration(eta)} (learned from finished runs)")
+            from orchestrator.live import eta_words
+
+            mine = next((p for p in fleet_progress(store).pools if p.pool_id == pool_id), None)
+            if mine is not None and mine.budget_s is not None:  # the budget, not the queue, says when it ends
+                out.print(f"Time budget (--budget): {eta_words(mine, time.time())}")
+            else:
+                eta = estimate_remaining_s(store, machine_id, pool_id=pool_id)
+                if counts["queued"] and eta is not None:
+                    out.print(f"ETA for the queued jobs: {_duration(eta)} (learned from finished runs)")
 
     guarded(body)
 

@@ -95,6 +95,11 @@ class PoolProgress:
     skipped: int = 0
     eta_s: float | None = None  # the queued jobs' estimated time (orchestrator/eta.py), split over its busy machines
     machines: list[MachineProgress] = field(default_factory=list)
+    # A machine's own pool under `--budget` (orchestrator/budget.py): its length, what its runs spent, and
+    # how it ended ('spent', 'resolved'; None while it runs). The budget, not the queue, says when it ends.
+    budget_s: float | None = None
+    budget_spent_s: float | None = None
+    budget_ended: str | None = None
 
 
 @dataclass
@@ -161,6 +166,7 @@ def progress(store: Store, *, eta: bool = True) -> Progress:
             left = _eta_cache[key][1]
             busy = sum(1 for m in p.machines if m.running) or 1
             p.eta_s = None if left is None else left / busy
+    _budgets(store, pools)
     labels = {p.pool_id: p.label for p in pools.values()}
     return Progress(
         now, jobs, sorted(pools.values(), key=lambda p: p.pool_id),
@@ -168,6 +174,33 @@ def progress(store: Store, *, eta: bool = True) -> Progress:
           "heartbeat": r[5], "config": _config_words(r[6])} for r in running],
         [{"run_id": r[0], "pool": labels.get(r[1], str(r[1])), "machine_id": r[2], "host": r[3], "status": r[4],
           "finished": r[5], "reason": short_reason(r[6])} for r in failures])
+
+
+# The newest budget of each machine (its own pool), with its last decision.
+SELECT_BUDGETS = """
+SELECT b.budget_id, b.machine_id, b.sweep_id, b.budget_s, p.pool_id,
+       (SELECT d.decision FROM budget_decisions d WHERE d.budget_id = b.budget_id ORDER BY d.decision_id DESC LIMIT 1)
+FROM budgets b JOIN pools p ON p.machine_id = b.machine_id
+WHERE b.budget_id = (SELECT MAX(budget_id) FROM budgets WHERE machine_id = b.machine_id)
+"""
+
+
+def _budgets(store: Store, pools: dict[int, "PoolProgress"]) -> None:
+    """Each machine pool's budget, where it has one (orchestrator/budget.py): the bar counts against it."""
+    from orchestrator import budget
+    from orchestrator.migrations import table_names
+
+    with store.transaction() as conn:
+        if "budgets" not in table_names(conn, store.dialect):
+            return
+        rows = conn.execute(text(SELECT_BUDGETS)).all()
+    for budget_id, machine_id, sweep_id, budget_s, pool_id, last in rows:
+        p = pools.get(pool_id)
+        if p is None:
+            continue
+        b = budget.Budget(budget_id, machine_id, sweep_id, float(budget_s))
+        p.budget_s, p.budget_spent_s = b.budget_s, budget.spent_s(store, b)
+        p.budget_ended = last if last in ("spent", "resolved") else None
 
 
 def _config_words(config_json: str | None) -> str:
@@ -208,7 +241,14 @@ def queued_words(p: PoolProgress) -> str:
 
 def eta_words(p: PoolProgress, now: float) -> str:
     """When a pool's queued jobs should be done (those its workers can run), or why there is no time: a
-    pool with no run running has no worker to finish them by any time, only their work left."""
+    pool with no run running has no worker to finish them by any time, only their work left. Under a
+    budget: what is left of it (the allocation adds runs until it is spent, unless all is resolved first)."""
+    if p.budget_s is not None:
+        spent = f"budget {ago(p.budget_spent_s)} of {ago(p.budget_s)} spent"
+        if p.budget_ended:
+            return spent + ("; every comparison resolved" if p.budget_ended == "resolved" else "")
+        left = max(0.0, p.budget_s - p.budget_spent_s)
+        return f"{spent}; at most {ago(left)} left" + (f" (by {clock(now + left)} UTC)" if p.running else "")
     if p.eta_s is not None and not p.running:
         return f"{ago(p.eta_s)} of work; no worker running"
     if p.eta_s is not None:

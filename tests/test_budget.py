@@ -114,6 +114,20 @@ def test_work_budget_gives_every_comparison_a_second_run_then_the_widest_more_an
     summary = (out / "summary.md").read_text()
     assert "## How the time budget was spent" in summary and "Budget 0 min 20 s" in summary
     assert "| optimizer=sgd vs adamw |" in summary
+    status = bench("status", "--db", db, check=True)
+    assert "Time budget (--budget): budget" in status.stdout and "of 20 s spent" in status.stdout
+
+
+def test_run_enqueues_one_pass_of_the_preset_and_stops_when_its_budget_is_spent(tmp_path):
+    db, out = str(tmp_path / "results.db"), tmp_path / "result"
+    proc = bench("run", "--preset", "quick", "--budget", "6s", "--db", db, "--out", str(out), env=STUB)
+    assert proc.returncode == 0, proc.stderr
+    assert query(db, "SELECT MAX(repeat) AS r FROM jobs") == [{"r": 0}]  # one pass: the budget adds the rest
+    done = query(db, "SELECT COUNT(*) AS n FROM runs WHERE status <> 'queued'")[0]["n"]
+    assert 0 < done < query(db, "SELECT COUNT(*) AS n FROM jobs")[0]["n"]
+    (d,) = query(db, "SELECT decision, budget_s FROM budget_decisions")
+    assert d == {"decision": "spent", "budget_s": 6.0}
+    assert "## How the time budget was spent" in (out / "summary.md").read_text()
 
 
 def _stub_sweep(db: str, jobs: int = 12) -> None:
