@@ -5,6 +5,10 @@ true effects by the shown (family-wise) intervals, the false alarms (clear effec
 no change) and the median shown half-width.
 
     python -m benchmarks.budget_truth [SEEDS]
+
+With `--db PATH [MINUTES...]` it reads a real budget run instead (`run --budget 30m`) and prints the
+median shown half-width of its ratio comparisons when the first 5, 15 and 30 minutes of its runs had
+finished (a prefix of the allocation: what a shorter budget would have run, but its last pass).
 """
 
 from __future__ import annotations
@@ -101,5 +105,39 @@ def main(seeds: int = 6) -> None:
               + ", ".join(f"{h:.0%}" for h in widest))
 
 
+SELECT_SPENT_ORDER = f"""
+SELECT r.run_id, {budget._COST} AS cost FROM runs r WHERE r.status IN ('done', 'failed', 'skipped')
+AND r.finished IS NOT NULL ORDER BY r.finished
+"""
+
+
+def prefixes(db: str, minutes: list[float]) -> None:
+    """The median shown half-width of a real budget run's ratio comparisons after its first M minutes."""
+    store = Store(db)
+    with store.transaction() as conn:
+        order = conn.execute(text(SELECT_SPENT_ORDER)).all()
+        rows = [dict(r._mapping) for r in conn.execute(text("SELECT * FROM v_results"))]
+    by_id = {r["run_id"]: r for r in rows}
+    for m in minutes:
+        spent, kept = 0.0, []
+        for run_id, cost in order:
+            spent += float(cost or 0.0)
+            if spent > m * 60:
+                break
+            if run_id in by_id:
+                kept.append(by_id[run_id])
+        machines = sorted({r["machine_id"] for r in kept})
+        effects = [e for e in fx.analyse(kept, machines).effects if e.kind == "ratio"]
+        halves = [e.half_width for e in effects if e.se is not None]
+        clear = sorted({e.variable for e in fx.analyse(kept, machines).effects if e.significant})
+        print(f"{m:g} min: {len(kept)} runs, {len(halves)}/{len(effects)} ratio comparisons with an interval, "
+              f"median shown half-width {statistics.median(halves):.1%}, unusable "
+              f"{sum(not e.usable for e in effects if e.se is not None)}; clear: {', '.join(clear)}")
+    store.engine.dispose()
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 6)
+    if len(sys.argv) > 2 and sys.argv[1] == "--db":
+        prefixes(sys.argv[2], [float(x) for x in sys.argv[3:]] or [5, 15, 30])
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 6)

@@ -194,6 +194,8 @@ class Effect:
     def verdict(self) -> str:
         if self.significant is None:
             return f"not tested: {self.why_untested or 'no noise estimate'}"
+        if not self.usable:
+            return f"unresolved: {self.n_runs} runs, the interval too wide to read"
         if self.significant:
             return "clear effect"
         return "no detectable effect"
@@ -210,6 +212,8 @@ class Effect:
         """variable, effect, estimate, family-wise 95% CI, runs: as text, for a table (bench.py's rich table)."""
         lo, hi = self.ci_adj
         ci = f"{lo:.2f} to {hi:.2f}" if lo is not None else "-"
+        if lo is not None and not self.usable:
+            ci = f"unresolved ({lo:.2g} to {hi:.2g})"
         if self.kind == "elasticity":
             where = f" at {self.group}" if self.group else ""
             return (self.variable, f"step time ~ {self.variable}^e{where}", f"e = {self.estimate:.2f}", ci, str(self.n_runs))
