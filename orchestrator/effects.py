@@ -785,7 +785,7 @@ def _analysed(memo: dict | None, by_machine: dict, ids: list[int], probe_cv: dic
         for m in todo[1:]:
             ran[m] = as_ran(by_machine[m], share=not per_run)
             if used := _undisturbed(ran[m])[2]:
-                inputs[m] = model_inputs(used)
+                inputs[m] = model_inputs(used, probe_cv.get(m))
     if inputs:
         beside.submit(fit_all, [arrays for _, _, arrays in inputs.values()])
     if meanwhile is not None:
@@ -838,7 +838,7 @@ def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (),
     out of every fit, unless every run was disturbed. `fitted`: the step model of those runs, fitted
     elsewhere (noise.fit_model's)."""
     flagged, kept_all, runs = _undisturbed(runs)
-    model = fit_model(runs, fitted) if runs else None
+    model = fit_model(runs, fitted, probe_cv) if runs else None
     drift = pass_drift(runs, model) if model else Drift({}, {}, [])
     cells = Cells(runs)
     varied = varied_variables(cells.rep)  # (one run per cell: a cell's runs share their values)

@@ -50,10 +50,23 @@ def stratum_of(r: Run):
     return r.values.get("cores")
 
 
-def model_inputs(runs: list[Run]) -> tuple[dict, dict, tuple]:
+# The probe's noise figure (machines.noise_cv) is the CV of 7 identical runs' medians (worker/noise.py):
+# a variance measured with 6 degrees of freedom.
+PROBE_DOF = 6
+
+
+def probe_prior(probe_cv: float | None) -> tuple[float, float] | None:
+    """The machine probe's noise as step_model.fit's prior: (log-scale variance, its degrees of freedom)."""
+    if probe_cv is None or not math.isfinite(probe_cv) or probe_cv <= 0:
+        return None
+    return math.log1p(probe_cv * probe_cv), float(PROBE_DOF)
+
+
+def model_inputs(runs: list[Run], probe_cv: float | None = None) -> tuple[dict, dict, tuple]:
     """What fit_model fits: the configurations' and blocks' indices (config key -> index, (pass, block)
     -> index), and step_model.fit's arguments as plain lists (fit_inputs: picklable, so that
-    effects.analyse can have a child fit one machine while this process fits another)."""
+    effects.analyse can have a child fit one machine while this process fits another). probe_cv: the
+    machine probe's noise, the prior of the residual variance (probe_prior)."""
     configs: dict = {}
     blocks: dict = {}
     config_idx = [configs.setdefault(k, len(configs)) for k in map(attrgetter("_key"), runs)]  # (config_key()'s cache)
@@ -62,21 +75,22 @@ def model_inputs(runs: list[Run]) -> tuple[dict, dict, tuple]:
     block_idx = [blocks.setdefault((p, stretch[b]), len(blocks)) for p, b in zip(map(attrgetter("pass_"), runs), raw)]
     log_ms = [r.log_ms for r in runs]
     return configs, blocks, (log_ms, config_idx, block_idx, [stratum_of(r) for r in runs], len(configs),
-                             len(blocks), [r.pass_ for r in runs])
+                             len(blocks), [r.pass_ for r in runs], probe_prior(probe_cv))
 
 
 def fit_inputs(inputs: tuple) -> sm.Fit:
     """step_model.fit of model_inputs()'s arguments."""
-    log_ms, config_idx, block_idx, strata, n_configs, n_blocks, passes = inputs
-    return sm.fit(log_ms, config_idx, block_idx, strata, n_configs=n_configs, n_blocks=n_blocks, pass_idx=passes)
+    log_ms, config_idx, block_idx, strata, n_configs, n_blocks, passes, prior = inputs
+    return sm.fit(log_ms, config_idx, block_idx, strata, n_configs=n_configs, n_blocks=n_blocks, pass_idx=passes,
+                  prior=prior)
 
 
-def fit_model(runs: list[Run], fitted: tuple | None = None) -> Model:
+def fit_model(runs: list[Run], fitted: tuple | None = None, probe_cv: float | None = None) -> Model:
     """The model of these runs, each run given its block-adjusted log step time (adj) and its chance of
     being in the slow mode (slow). `fitted`: (model_inputs(runs), fit_inputs() of them) where the fit
     was made elsewhere."""
     if fitted is None:
-        made = model_inputs(runs)
+        made = model_inputs(runs, probe_cv)
         fitted = made, fit_inputs(made[2])
     (configs, blocks, inputs), f = fitted
     log_ms, block_idx = inputs[0], inputs[2]

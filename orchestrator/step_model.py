@@ -58,6 +58,9 @@ class Stratum:
     slow_share: float = 0.0  # pi: share of runs in the slow mode (0: no slow mode)
     slow_shift: float = 0.0  # delta: the slow mode's extra log step time (same spread as the fast mode)
     members: tuple = ()  # the stratum keys merged into this one (too few runs of their own)
+    own_sigma2: float = float("nan")  # its residual variance as measured here, before the machine's prior
+    own_dof: float = 0.0  # the degrees of freedom of that (dof less the prior's)
+    config_prior: tuple | None = None  # (d0, s0^2) of its configurations' variances (_own_variances); None: not read
 
     @property
     def cv(self) -> float:
@@ -92,6 +95,8 @@ class Fit:
     n_runs: int
     _solve: object = field(repr=False, default=None)
     _design: object = field(repr=False, default=None)  # (X sparse n x p, weights, noise source per run, dof per source, excess per run)
+    prior: "Prior | None" = None  # the machine's prior the strata were moderated toward (moderate_strata)
+    blocks_dropped: bool = False  # the design left too few degrees of freedom to pay for block effects
 
     @property
     def dof(self) -> float:
@@ -258,16 +263,21 @@ COVARIANCE_CHUNK = 4_000_000  # values of X z held at once by Fit.covariance (32
 
 
 def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int, mixture: bool = True,
-        pass_idx=None) -> Fit:
+        pass_idx=None, prior: tuple[float, float] | None = None) -> Fit:
     """Fit the model to log step times y; config_idx / block_idx index each run's configuration and
     block (0..n-1); stratum_keys is each run's noise stratum (any hashable). pass_idx (each run's
     repeat pass), where given, is where a slow mode is looked for: in a model of configuration +
     pass, whose residuals small blocks have not averaged away (in a block of two runs the residuals
-    are +-x of each other, and a run's own slowness cannot be told from its neighbour's)."""
+    are +-x of each other, and a run's own slowness cannot be told from its neighbour's). prior:
+    (log-scale variance, the degrees of freedom it was measured with) of what the machine is known
+    to do (the probe's noise): each stratum's variance is moderated toward it (moderate_strata)."""
     y = np.asarray(y, dtype=float)
     ci = np.asarray(config_idx, dtype=int)
     bi = np.asarray(block_idx, dtype=int)
     n = len(y)
+    blocks_dropped = _blocks_cost_too_much(ci, bi, n_configs, n_blocks)
+    if blocks_dropped:  # one block per part: the configurations' effects on their own
+        bi = np.zeros(n, dtype=int)
     # Connected parts of the bipartite configuration-block graph: one reference block per part.
     graph = sparse.coo_matrix((np.ones(n), (ci, n_configs + bi)), shape=(n_configs + n_blocks,) * 2)
     n_parts, labels = connected_components(graph, directed=False)
@@ -434,17 +444,32 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     for s in range(n_strata):
         m = s_of_run == s
         s_dof[s] = max(0.0, float(m.sum() - lev[m].sum()) - (3 if pi[s] > 0 else 0))
+    own_sigma2, own_dof = sigma2.copy(), dict(s_dof)
+    prior_used = None
+    if prior is not None:
+        prior_used = moderate_strata(sigma2, s_dof, [not _is_noisy_key(k) for k in big], prior)
+        for s in range(n_strata):
+            m = s_of_run == s
+            eff_w[m] = 1.0 / sigma2[s] if np.isfinite(sigma2[s]) and sigma2[s] > 0 else 1.0
+        lu, theta = solve_weighted(eff_w, target)
+        _leverages(X, eff_w, lu, p, lev)
     has_noise = all(np.isfinite(sigma2)) and sum(s_dof.values()) >= 1
-    source, excess = s_of_run.copy(), np.ones(n)
+    source, excess, config_priors = s_of_run.copy(), np.ones(n), {}
     if has_noise:
-        source, excess = _own_variances(target - X @ theta, ci, s_of_run, lev, sigma2, s_dof, n_configs, big)
+        # each configuration's own variance against its stratum's as measured here (a prior from the
+        # probe moves the level of the whole stratum, not how its configurations differ from each other):
+        # the excess of a run is then own-moderated / own-stratum, times the stratum's moderated weight
+        base = np.where(np.isfinite(own_sigma2) & (own_sigma2 > 0), own_sigma2, sigma2)
+        source, excess, config_priors = _own_variances(target - X @ theta, ci, s_of_run, lev, base, s_dof,
+                                                       n_configs, big)
 
     strata = {}
     objs = []
     for s, k in enumerate(big):
         members = tuple(d for d in distinct if home[d] == k)
         objs.append(Stratum(k, int((s_of_run == s).sum()), float(sigma2[s]) if np.isfinite(sigma2[s]) else float("nan"),
-                            s_dof[s], float(pi[s]), float(delta[s]), members))
+                            s_dof[s], float(pi[s]), float(delta[s]), members, own_sigma2=float(own_sigma2[s]),
+                            own_dof=float(own_dof[s]), config_prior=config_priors.get(s)))
     for d in distinct:
         strata[d] = objs[big.index(home[d])]
     for s, k in enumerate(big):
@@ -453,7 +478,8 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     for b, col in col_of_block.items():
         gamma[b] = theta[col]
     return Fit(theta[:n_configs].copy(), gamma, strata, component,
-               post, n, lu.solve_few if has_noise else None, (X, eff_w, source, s_dof if has_noise else {}, excess))
+               post, n, lu.solve_few if has_noise else None, (X, eff_w, source, s_dof if has_noise else {}, excess),
+               prior=prior_used, blocks_dropped=blocks_dropped)
 
 
 NOISY_ALPHA = 0.01  # family-wise, over the configurations tested
@@ -488,8 +514,9 @@ def _robust_weights(y, ci, n_configs: int) -> np.ndarray:
     return 1.0 / v[ci]
 
 
-OWN_VARIANCE_ALPHA = 0.05  # a configuration this much noisier than its stratum (uncorrected) widens its own intervals
-OWN_VARIANCE_MIN_RUNS = 5
+OWN_VARIANCE_MIN_DOF = 0.5  # a configuration's residual degrees of freedom below this say nothing of its spread
+MODERATE_MIN_CONFIGS = 3  # configurations a stratum needs before the spread of their variances is read
+SPREAD_Z = 1.645  # one-sided 5%: how far beyond sampling the spread of variances must be to be read as real
 
 
 def _is_noisy_key(key) -> bool:
@@ -498,36 +525,47 @@ def _is_noisy_key(key) -> bool:
 
 
 def _own_variances(r, ci, s_of_run, lev, sigma2, s_dof: dict, n_configs: int, keys: list):
-    """Where a configuration's own fast-mode residual variance is above its stratum's (an F test at
-    OWN_VARIANCE_ALPHA, not corrected for the many tested: erring wide), its runs' variance in every
-    contrast is its own, with its own degrees of freedom: (noise source per run, excess per run), the
-    excess being own / stratum variance (1 elsewhere). The estimates do not change, only the intervals.
-    The split into noisy configurations (_noisy_configs) catches a level far noisier than the rest and
-    refits it on its own weights; this catches the rest of the way: a level whose draws came out only
-    2-3x noisier than its stratum is not significant there after Bonferroni, yet a pooled variance
-    makes its interval too narrow by that factor. s_dof gains an entry per configuration it flags."""
-    from scipy.special import fdtrc
-
+    """Each configuration's variance moderated toward its stratum's (empirical Bayes, as limma's
+    moderated t: Smyth 2004). Per stratum, the configurations' own fast-mode residual variances s_c^2
+    (d_c degrees of freedom, leverages subtracted) are read as draws of s0^2 chi2_d0 / d0-distributed
+    true variances; d0 and s0^2 are estimated from their spread (smyth_prior). Where that spread is
+    what sampling alone gives (d0 infinite) every configuration keeps the stratum's variance and
+    degrees of freedom, as under one shared variance. Otherwise a configuration's variance is
+    (d0 s0^2 + d_c s_c^2) / (d0 + d_c), known with d0 + d_c degrees of freedom: a configuration
+    noisier than the rest widens its own intervals as far as its runs and its neighbours say,
+    and none is split off or left alone by a yes/no test (the uncorrected F test before this
+    widened 3-run comparisons of a quiet machine by chance). The estimates do not change, only the
+    intervals: (noise source per run, excess per run = moderated / stratum variance, the priors
+    per stratum as {stratum: (d0, s0^2)}); s_dof gains an entry per configuration given its own."""
     source, excess = s_of_run.copy(), np.ones(len(r))
     runs = np.bincount(ci, minlength=n_configs)
     rss = np.bincount(ci, weights=r * r, minlength=n_configs)
     dof = runs - np.bincount(ci, weights=lev, minlength=n_configs)
-    stratum = np.zeros(n_configs, dtype=int)
+    stratum = np.full(n_configs, -1)
     stratum[ci] = s_of_run  # a configuration's runs share one stratum
-    for c in np.nonzero(runs >= OWN_VARIANCE_MIN_RUNS)[0].tolist():
-        s = int(stratum[c])
-        if _is_noisy_key(keys[s]):
-            continue  # already its own stratum
-        if dof[c] < 1 or not (np.isfinite(sigma2[s]) and sigma2[s] > 0 and s_dof.get(s, 0) > 0):
+    runs_of = None
+    priors = {}
+    for s in sorted(set(stratum[stratum >= 0].tolist())):
+        if _is_noisy_key(keys[s]) or not (np.isfinite(sigma2[s]) and sigma2[s] > 0 and s_dof.get(s, 0) > 0):
             continue
-        ratio = float(rss[c]) / float(dof[c]) / float(sigma2[s])
-        if ratio > 1 and fdtrc(float(dof[c]), s_dof[s], ratio) < OWN_VARIANCE_ALPHA:
+        mine = np.nonzero((stratum == s) & (dof >= OWN_VARIANCE_MIN_DOF) & (rss > 0))[0]
+        if len(mine) < MODERATE_MIN_CONFIGS:
+            continue
+        d0, s0 = smyth_prior(rss[mine] / dof[mine], dof[mine])
+        priors[s] = (d0, s0)
+        if not math.isfinite(d0):
+            continue
+        if runs_of is None:
+            runs_of = _runs_of(ci, n_configs)
+        for c in np.nonzero(stratum == s)[0].tolist():
+            d_c = float(max(dof[c], 0.0))
+            own = float(rss[c]) / d_c if d_c > 0 else s0
+            moderated = (d0 * s0 + d_c * own) / (d0 + d_c)
             new = len(s_dof)
-            s_dof[new] = float(dof[c])
-            m = ci == c
-            source[m] = new
-            excess[m] = ratio
-    return source, excess
+            s_dof[new] = d0 + d_c
+            source[runs_of[c]] = new
+            excess[runs_of[c]] = moderated / float(sigma2[s])
+    return source, excess, priors
 
 
 def _noisy_configs(r, ci, s_of_run, lev, n_configs: int, *, trim: float = 0.2, trim_rest: bool = False,
@@ -813,3 +851,133 @@ def _em(X, y, m, theta, lev, weights, slow0, solver=None):
     post = np.zeros(len(y))
     post[m] = post_m
     return theta, post, pi, delta, s2, ll
+
+
+def smyth_prior(s2, dof) -> tuple[float, float]:
+    """(d0, s0^2): the prior degrees of freedom and variance of a set of sample variances s2 with
+    degrees of freedom dof, by Smyth's (2004) moments of log s2: e = log s2 - digamma(d/2) +
+    log(d/2) has mean log s0^2 - digamma(d0/2) + log(d0/2) and variance trigamma(d/2) +
+    trigamma(d0/2). d0 is infinite (s0^2 the mean of e back-transformed) where the spread is no
+    more than sampling gives."""
+    from scipy.special import digamma, polygamma
+
+    s2, dof = np.asarray(s2, dtype=float), np.asarray(dof, dtype=float)
+    e = np.log(s2) - digamma(dof / 2) + np.log(dof / 2)
+    e_mean = float(e.mean())
+    if len(e) < 2:
+        return math.inf, math.exp(e_mean)
+    excess = float(np.var(e, ddof=1)) - float(np.mean(polygamma(1, dof / 2)))
+    # Sampling alone makes that excess positive in half the sweeps of a machine whose configurations are
+    # equally noisy (and with 1-2 degrees of freedom each, by a lot: log chi2_1 is heavy-tailed): a prior
+    # of finite d0 is taken only where the excess is beyond what sampling gives in one sweep in twenty
+    # (its standard error under equal variances: the fourth cumulant of log chi2_d / d is
+    # tetragamma'(d/2), so Var(sample variance) ~ (psi3 + 2 psi1^2) / G).
+    null_se = math.sqrt(float(np.mean(polygamma(3, dof / 2) + 2 * polygamma(1, dof / 2) ** 2)) / len(e))
+    if excess <= SPREAD_Z * null_se:
+        return math.inf, math.exp(e_mean)
+    d0 = 2 * trigamma_inverse(excess)
+    return d0, math.exp(e_mean + float(digamma(d0 / 2)) - math.log(d0 / 2))
+
+
+def trigamma_inverse(x: float) -> float:
+    """y with trigamma(y) = x (Smyth's Newton iteration, as limma's trigammaInverse)."""
+    from scipy.special import polygamma
+
+    if x > 1e7:
+        return 1 / math.sqrt(x)
+    if x < 1e-6:
+        return 1 / x
+    y = 0.5 + 1 / x
+    for _ in range(50):
+        tri = float(polygamma(1, y))
+        dif = tri * (1 - tri / x) / float(polygamma(2, y))
+        y += dif
+        if -dif / y < 1e-8:
+            break
+    return y
+
+
+def prior_dof(sampling_dof: float, tau2: float) -> float:
+    """The degrees of freedom a variance measured with sampling_dof is worth as the prior of another
+    occasion's, where log variance moves by tau2 (its variance) between occasions: the d0 whose
+    trigamma(d0 / 2) is trigamma(sampling_dof / 2) + tau2 (the variance of a log chi2 / d is
+    trigamma(d / 2))."""
+    from scipy.special import polygamma
+
+    return 2 * trigamma_inverse(float(polygamma(1, sampling_dof / 2)) + tau2)
+
+
+# How far a machine's noise moves between occasions, as the variance of log residual variance: the
+# quick sweeps of one VM at different hours had residuals of 9.8%, 10.8% and 4.8% (docs/measurements.md,
+# machine E; about 96 degrees of freedom each, so sampling explains almost none of it), a variance of
+# log variance of 0.78. A figure measured at another time (the probe's) is never trusted further than
+# that, however well the sweep at hand happens to agree with it.
+TAU2_MIN = 0.75
+BLOCK_MIN_DOF = MIN_STRATUM_DF  # residual degrees of freedom a design must keep after paying for its blocks
+
+
+@dataclass
+class Prior:
+    """What the machine is known to do, as a prior of a sweep's residual variance (moderate_strata)."""
+
+    sigma2: float  # its log-scale variance (the probe's CV, as a variance of log step time)
+    sampling_dof: float  # the degrees of freedom it was measured with (the probe's runs less one)
+    tau2: float  # the variance of log variance between occasions used (at least TAU2_MIN)
+    tau2_estimated: float | None  # what this machine's figures said of it (None: too few to say)
+    dof: float  # d0: the degrees of freedom the prior is worth here
+
+    @property
+    def cv(self) -> float:
+        return math.sqrt(math.expm1(self.sigma2))
+
+
+def moderate_strata(sigma2: np.ndarray, s_dof: dict, quiet: list[bool], prior: tuple[float, float]) -> Prior | None:
+    """Each quiet stratum's variance moderated toward the machine's prior (in place: sigma2 and s_dof):
+    (d0 prior + d s^2) / (d0 + d) with d0 + d degrees of freedom, limma's moderated variance with one
+    prior. d0 is what a variance measured with the prior's own degrees of freedom is worth on
+    another occasion (prior_dof): tau2, the variance of log variance between occasions, is estimated
+    from the spread of the prior and the strata's variances (Smyth's moments) and never taken below
+    TAU2_MIN. A stratum with no degrees of freedom of its own (nothing repeated, or every repeat
+    disturbed) gets the prior's variance with its d0 degrees of freedom. Strata of a noisy
+    configuration of its own are left as they are. None where the prior is unusable."""
+    from scipy.special import digamma, polygamma
+
+    p_s2, p_dof = prior
+    if not (p_s2 and math.isfinite(p_s2) and p_s2 > 0 and p_dof and p_dof > 0):
+        return None
+    own = [(float(sigma2[s]), float(s_dof[s])) for s in range(len(sigma2))
+           if quiet[s] and s_dof[s] >= OWN_VARIANCE_MIN_DOF and np.isfinite(sigma2[s]) and sigma2[s] > 0]
+    tau2_hat = None
+    if own:
+        v = np.array([p_s2] + [a for a, _ in own])
+        d = np.array([p_dof] + [b for _, b in own])
+        e = np.log(v) - digamma(d / 2) + np.log(d / 2)
+        tau2_hat = max(0.0, float(np.var(e, ddof=1)) - float(np.mean(polygamma(1, d / 2))))
+    tau2 = max(TAU2_MIN, tau2_hat or 0.0)
+    d0 = prior_dof(p_dof, tau2)
+    for s in range(len(sigma2)):
+        if not quiet[s]:
+            continue
+        d_s = float(s_dof[s]) if np.isfinite(sigma2[s]) and sigma2[s] > 0 else 0.0
+        mine = float(sigma2[s]) if d_s > 0 else 0.0
+        sigma2[s] = (d0 * p_s2 + d_s * mine) / (d0 + d_s)
+        s_dof[s] = d0 + d_s
+    return Prior(float(p_s2), float(p_dof), tau2, tau2_hat, d0)
+
+
+def _blocks_cost_too_much(ci, bi, n_configs: int, n_blocks: int) -> bool:
+    """Whether block effects would leave the design fewer than BLOCK_MIN_DOF residual degrees of
+    freedom where leaving them out keeps more (a small grid of two passes: each block is a whole
+    pass, and its one degree of freedom is a fifth of what the sweep has). There the configurations'
+    effects are fitted on their own: a pass's drift is then part of the residual, which is what it
+    costs, but the comparisons are not starved."""
+    if n_blocks < 2 or len(ci) == 0:
+        return False
+    n = len(ci)
+    configs = len(np.unique(ci))
+    graph = sparse.coo_matrix((np.ones(n), (ci, n_configs + bi)), shape=(n_configs + n_blocks,) * 2)
+    n_parts, labels = connected_components(graph, directed=False)
+    used_blocks = len(np.unique(bi))
+    parts = len(np.unique(labels[n_configs + np.unique(bi)]))
+    with_blocks = n - configs - (used_blocks - parts)
+    return with_blocks < BLOCK_MIN_DOF and with_blocks < n - configs

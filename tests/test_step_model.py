@@ -196,12 +196,14 @@ def test_two_modes_with_its_buffers_is_the_plain_em_float_for_float():
 
 
 def test_covariance_skips_only_slices_that_add_zero(monkeypatch):
-    data = sweep(4, noisy=(4, 7), slow=0.0, two_strata=False)
+    # seed 9: the quiet configurations' variances spread more than sampling gives, so each has its own
+    # moderated variance (an excess); the two far noisier ones are strata of their own (no excess)
+    data = sweep(9, noisy=(4, 7), slow=0.0, two_strata=False)
     f = fitted(data)
     extra = f._extra()
-    assert extra is not None and 0 < np.count_nonzero(extra) < len(extra) // 3  # some cells have an excess
+    assert extra is not None and 0 < np.count_nonzero(extra) < len(extra)  # some cells have an excess, some none
     vecs = contrasts(data[5])[:5]
-    # slices of 9 cells: most hold no excess, one holds both kinds (the excess cells are the last 20 of 300)
+    # slices of 9 cells: some hold no excess (the 20 cells of the noisy configurations' own strata), some do
     monkeypatch.setattr(sm, "COVARIANCE_CHUNK", 9 * len(vecs))
     got = f.covariance(vecs)
     # every slice, as main computed it
