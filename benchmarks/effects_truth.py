@@ -88,7 +88,10 @@ def off_by_more_than_10_percent(kind: str, est: float, true: float) -> bool:
 def summarise(truth: dict, seeds: list[list], noisy: tuple) -> dict:
     per = {}
     alarms = misses = offs = 0
+    halfs = []  # the shown ratio intervals' relative half-widths (geometric), every seed's
     for found in seeds:
+        halfs += [math.expm1(math.log(hi / lo) / 2) for kind, _, _, _, lo, hi, _ in found
+                  if kind == "ratio" and lo is not None and lo > 0]
         alarm = miss = off = False
         for kind, name, value, est, lo, hi, called in found:
             k = (kind, name, value)
@@ -108,7 +111,9 @@ def summarise(truth: dict, seeds: list[list], noisy: tuple) -> dict:
         alarms += alarm
         misses += miss
         offs += off
-    return {"per": per, "alarms": alarms, "misses": misses, "offs": offs, "n": len(seeds)}
+    halfs.sort()
+    return {"per": per, "alarms": alarms, "misses": misses, "offs": offs, "n": len(seeds),
+            "half": halfs[len(halfs) // 2] if halfs else None}
 
 
 def main() -> None:
@@ -162,7 +167,8 @@ def main() -> None:
         print(f"{lab}: seeds with a no-effect comparison called an effect {r['alarms']}/{r['n']} "
               f"({r['alarms'] / r['n']:.0%}); seeds with an interval missing its truth {r['misses']}/{r['n']} "
               f"({r['misses'] / r['n']:.0%}); seeds with an estimate more than 10% off (the noisy level aside) "
-              f"{r['offs']}/{r['n']} ({r['offs'] / r['n']:.0%})")
+              f"{r['offs']}/{r['n']} ({r['offs'] / r['n']:.0%}); median shown ratio half-width "
+              + (f"+-{r['half']:.1%}" if r["half"] is not None else "-"))
 
 
 if __name__ == "__main__":

@@ -146,6 +146,7 @@ class Noise:
     block_cv: float | None = None  # how much blocks (stretches of time) vary beyond the runs in them
     strata: list = field(default_factory=list)  # step_model.Stratum per noise stratum
     within_cv: float | None = None  # the part of cv that is the sampling noise of a run's median step
+    borrowed: str = ""  # where the variance borrowed strength (the probe's prior, the configurations'), in words
 
     def where_repeats_help(self) -> str:
         """Kalibera & Jones' rule in words: repeat at the level whose noise dominates. The run-to-run
@@ -218,7 +219,34 @@ def machine_noise(runs: list[Run], varied: list[str], model: Model | None, probe
     has = f is not None and f.dof >= 1 and f.sigma2 is not None and math.isfinite(f.sigma2)
     return Noise(cv_of(f.sigma2) if has else None, cv_of(raw), len(repeated), noisiest, probe_cv,
                  dof=f.dof if has else 0.0, block_cv=cv_of(f.block_variance()) if has else None,
-                 strata=f.distinct_strata() if has else [], within_cv=_median_sampling_cv(runs))
+                 strata=f.distinct_strata() if has else [], within_cv=_median_sampling_cv(runs),
+                 borrowed=borrowed_words(f) if has else "")
+
+
+def borrowed_words(f: sm.Fit) -> str:
+    """How the fit's variances borrowed strength, for the noise section: the degrees of freedom the
+    sweep has of its own and those the machine probe's figure is worth, how the configurations'
+    variances were moderated, and block effects left out where the design could not pay for them."""
+    quiet = [s for s in f.distinct_strata() if not s.noisy_config]
+    own = sum(s.own_dof for s in quiet)
+    out = []
+    p = f.prior
+    if p is not None:
+        said = (f"estimated {p.tau2_estimated:.2f} from the probe's and this sweep's figures"
+                if p.tau2_estimated is not None else "not estimable here: nothing was repeated")
+        out.append(f"{own:.0f} degrees of freedom of its own and {p.dof:.1f} borrowed from the machine probe's "
+                   f"{p.cv:.1%} (its {p.sampling_dof:.0f} are worth {p.dof:.1f} on another occasion: the variance of "
+                   f"log variance between occasions taken as {p.tau2:.2f}, {said}, at least {sm.TAU2_MIN:g})")
+    priors = [s.config_prior for s in quiet if s.config_prior is not None]
+    finite = [d0 for d0, _ in priors if math.isfinite(d0)]
+    if finite:
+        out.append(f"each configuration's variance moderated toward its stratum's, a prior worth "
+                   f"{min(finite):.1f} degrees of freedom (from how much the configurations' variances spread)")
+    elif priors:
+        out.append("the configurations' variances spread no more than sampling makes them: one shared variance")
+    if f.blocks_dropped:
+        out.append("no block effects: the design has too few runs to pay for them (a pass's drift stays in the residual)")
+    return "; ".join(out)
 
 
 def _median_sampling_cv(runs: list[Run]) -> float | None:

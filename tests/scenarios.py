@@ -257,3 +257,27 @@ def _lab(n, v):
     from orchestrator.effects import label, value_of
 
     return label(n, value_of(n, v))
+
+
+SMALL_GRID_TRUTH = {("elasticity", "d_model", None): 1.2, ("ratio", "n_layers", "1"): 1 / 1.35}
+
+
+def small_grid(sigma_run: float = 0.04) -> Scenario:
+    """The small sweep a user types first: d_model 64, 96, 128 x n_layers 1, 2 (n_layers=2 is 35%
+    slower: 1 vs 2 is 0.74x), two passes, 12 runs, each pass the block (a grid); independent run
+    noise only (Scenario.rows). Drop a run (a disturbed one) from its rows to starve it."""
+    from common.variables import config_hash, resolve
+
+    jobs = []
+    rng = random.Random(5)
+    for rep in range(2):
+        cells = [(d, n) for d in (64, 96, 128) for n in (1, 2)]
+        rng.shuffle(cells)
+        for d, n in cells:
+            cfg, why = resolve({"d_model": d, "n_layers": n, "n_heads": 4, "seq_len": 64, "repeat": rep}, 8)
+            assert not why, why
+            jobs.append({"config": cfg, "config_hash": config_hash(cfg), "run_order": len(jobs), "block": None})
+    return Scenario(f"small grid d_model x n_layers, 2 passes, {sigma_run:.0%} run noise",
+                    "issue 48: a 12-run sweep starved by one disturbed run",
+                    lambda c: LOG(10.0) + 1.2 * LOG(c["d_model"] / 64) + (LOG(1.35) if c["n_layers"] == 2 else 0.0),
+                    _rows_from_jobs(jobs), dict(SMALL_GRID_TRUTH), sigma_run=sigma_run, sigma_ar=0.0)

@@ -105,6 +105,7 @@ def analysis_dicts(analysis, grids: dict[int, list], names: dict[int, str]) -> d
         nz = ma.noise
         per_value = Counter(lv.n for ve in ma.variables for lv in ve.levels).most_common(1)
         noise[m] = {"cv": nz.cv, "cv_with_drift": nz.cv_with_drift, "probe_cv": nz.probe_cv, "configs": nz.configs,
+                    "borrowed": nz.borrowed,
                     "sigma": nz.sigma, "noisiest": [list(x) for x in nz.noisiest],
                     "drift": {int(p): x for p, x in ma.drift.relative().items()},
                     "drift_not_estimated": list(ma.drift.not_estimated),
@@ -552,7 +553,8 @@ def _machine_section(ctx, st: dict, several: bool) -> str:
             figure = _pct(nz["cv"])
             source = (f"the model's residual: runs around their configuration, blocks removed ({nz['dof']:.0f} "
                       "degrees of freedom)" + (f"; the machine probe measured {_pct(nz['probe_cv'])}"
-                                                if nz["probe_cv"] is not None else ""))
+                                                if nz["probe_cv"] is not None else "")
+                      + (f"; {nz['borrowed']}" if nz.get("borrowed") else ""))
         elif nz["probe_cv"] is not None:
             figure, source = _pct(nz["probe_cv"]), "the machine probe (identical short runs): nothing here was repeated"
         else:

@@ -159,6 +159,8 @@ def noise_section(ctx: Context) -> list[str]:
             figure = _pct(nz.cv) + f" ({nz.dof:.0f} degrees of freedom)"
             if nz.probe_cv is not None:
                 figure += f"; the machine probe measured {_pct(nz.probe_cv)}"
+            if nz.borrowed:
+                figure += f"; {nz.borrowed}"
         elif nz.probe_cv is not None:
             figure = f"{_pct(nz.probe_cv)} (the machine probe's: nothing here was repeated)"
         else:
