@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from sqlalchemy import text
 
 from orchestrator import effects as fx
+from orchestrator.noise import quiet_probe_cv
 from common import variables as V
 from common.errors import BadInput
 from orchestrator.sweep import block_positions, block_run_order, run_order, stretch_of
 from orchestrator.store import Store
 
 SELECT_ROWS = "SELECT * FROM v_results WHERE machine_id = :machine_id ORDER BY run_id"
-SELECT_NOISE = "SELECT noise_cv FROM machines WHERE machine_id = :machine_id"
+SELECT_NOISE = "SELECT noise_cv, facts FROM machines WHERE machine_id = :machine_id"
 SELECT_MAX_REPEAT = "SELECT MAX(repeat) FROM jobs"
 SELECT_JOB = "SELECT config, derived, block FROM jobs WHERE job_id = :job_id"
 INSERT_DECISION = ("INSERT INTO adaptive_decisions (machine_id, decision, repeat, jobs, target_ci, max_repeats, wide, created) "
@@ -74,7 +75,7 @@ def next_pass(store: Store, machine_id: int, *, target_ci: float, max_repeats: i
         raise BadInput(f"--max-repeats {max_repeats}: an interval needs at least 2 runs per value")
     with store.transaction() as conn:
         rows = [dict(r._mapping) for r in conn.execute(text(SELECT_ROWS), {"machine_id": machine_id})]
-        noise = conn.execute(text(SELECT_NOISE), {"machine_id": machine_id}).scalar_one_or_none()
+        noise = quiet_probe_cv(*conn.execute(text(SELECT_NOISE), {"machine_id": machine_id}).one())
         top = conn.execute(text(SELECT_MAX_REPEAT)).scalar_one_or_none()
     analysis = fx.analyse(rows, [machine_id], probe_cv={machine_id: float(noise)} if noise is not None else None,
                           target_ci={machine_id: target_ci})

@@ -33,6 +33,7 @@ from common.errors import BadInput
 from orchestrator import effects as fx
 from orchestrator.adaptive import SELECT_MAX_REPEAT, SELECT_NOISE, SELECT_ROWS, repeat_jobs
 from orchestrator.eta import _COST, job_costs
+from orchestrator.noise import quiet_probe_cv
 from orchestrator.store import Store
 
 SWEEP_NAME = "budget"  # the sweep rows of the runs a budget adds
@@ -223,11 +224,13 @@ def plan(store: Store, machine_id: int, budget_s: float, spent: float, costs, *,
     sweep row of the added jobs (None when none was added)."""
     with store.transaction() as conn:
         rows = [dict(r._mapping) for r in conn.execute(text(SELECT_ROWS), {"machine_id": machine_id})]
-        noise = conn.execute(text(SELECT_NOISE), {"machine_id": machine_id}).scalar_one_or_none()
+        noise = quiet_probe_cv(*conn.execute(text(SELECT_NOISE), {"machine_id": machine_id}).one())
         top = conn.execute(text(SELECT_MAX_REPEAT)).scalar_one_or_none()
     analysis = fx.analyse(rows, [machine_id], probe_cv={machine_id: float(noise)} if noise is not None else None)
     wanting = [(e, why) for e in analysis.effects if (why := needs_runs(e)) is not None]
     listed = [{"what": what(e), "half_width": e.half_width, "runs": e.min_runs, "why": why} for e, why in wanting]
+    if not add:  # the budget ran out (with queued jobs it never reached, perhaps): say where things stand
+        return Decision("spent", spent, budget_s, open=listed), None
     if not wanting:
         return Decision("resolved", spent, budget_s, open=listed), None
     keys = _job_keys(store, sorted({j for e, _ in wanting for j in _ids(e)}))

@@ -55,6 +55,16 @@ def stratum_of(r: Run):
 PROBE_DOF = 6
 
 
+def quiet_probe_cv(noise_cv, facts) -> float | None:
+    """A machine's probe noise (machines.noise_cv) where its probe ran on a quiet machine, else None:
+    one taken under load (facts' limits_disturbed; facts as JSON text or a dict) is not its noise.
+    What the report, --target-ci and --budget all give the analysis."""
+    import json
+
+    facts = facts if isinstance(facts, dict) else json.loads(facts or "{}")
+    return float(noise_cv) if noise_cv is not None and not facts.get("limits_disturbed") else None
+
+
 def probe_prior(probe_cv: float | None) -> tuple[float, float] | None:
     """The machine probe's noise as step_model.fit's prior: (log-scale variance, its degrees of freedom)."""
     if probe_cv is None or not math.isfinite(probe_cv) or probe_cv <= 0:
@@ -236,7 +246,9 @@ def borrowed_words(f: sm.Fit) -> str:
                 if p.tau2_estimated is not None else "not estimable here: nothing was repeated")
         out.append(f"{own:.0f} degrees of freedom of its own and {p.dof:.1f} borrowed from the machine probe's "
                    f"{p.cv:.1%} (its {p.sampling_dof:.0f} are worth {p.dof:.1f} on another occasion: the variance of "
-                   f"log variance between occasions taken as {p.tau2:.2f}, {said}, at least {sm.TAU2_MIN:g})")
+                   f"log variance between occasions taken as {p.tau2:.2f}, {said}, at least {sm.TAU2_MIN:g})"
+                   + (f"; {p.refused} stratum(s) of runs borrowed nothing: their own noise and the probe's differ "
+                      f"beyond chance (F test, {sm.PRIOR_ALPHA:g})" if p.refused else ""))
     priors = [s.config_prior for s in quiet if s.config_prior is not None]
     finite = [d0 for d0, _ in priors if math.isfinite(d0)]
     if finite:

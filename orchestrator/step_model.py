@@ -483,6 +483,7 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
 
 
 NOISY_ALPHA = 0.01  # family-wise, over the configurations tested
+NOISY_MIN_DOF = 1.5  # a configuration split off as noisy needs this many degrees of freedom of its own (3 runs)
 NOISY_MIN_RATIO = 4.0  # before the slow modes: a noisy configuration's (trimmed) variance is at least 4x its stratum's
 
 
@@ -607,7 +608,7 @@ def _noisy_configs(r, ci, s_of_run, lev, n_configs: int, *, trim: float = 0.2, t
         mine = stratum_of_config == s
         rss_s, dof_s = float(rest_rss[mine].sum()), float(rest_dof[mine].sum())
         for c in np.nonzero(mine)[0].tolist():
-            if own_dof[c] < 0.9:
+            if own_dof[c] < NOISY_MIN_DOF:  # two runs: a variance of one degree of freedom would starve its comparisons
                 continue
             # against the rest of its stratum (leave it out: a noisy value must not set its own yardstick)
             dof_rest, rss_rest = dof_s - rest_dof[c], rss_s - rest_rss[c]
@@ -925,6 +926,7 @@ class Prior:
     tau2: float  # the variance of log variance between occasions used (at least TAU2_MIN)
     tau2_estimated: float | None  # what this machine's figures said of it (None: too few to say)
     dof: float  # d0: the degrees of freedom the prior is worth here
+    refused: int = 0  # strata whose own variance the prior disagrees with (PRIOR_ALPHA): they borrowed nothing
 
     @property
     def cv(self) -> float:
@@ -955,14 +957,32 @@ def moderate_strata(sigma2: np.ndarray, s_dof: dict, quiet: list[bool], prior: t
         tau2_hat = max(0.0, float(np.var(e, ddof=1)) - float(np.mean(polygamma(1, d / 2))))
     tau2 = max(TAU2_MIN, tau2_hat or 0.0)
     d0 = prior_dof(p_dof, tau2)
+    refused = 0
     for s in range(len(sigma2)):
         if not quiet[s]:
             continue
         d_s = float(s_dof[s]) if np.isfinite(sigma2[s]) and sigma2[s] > 0 else 0.0
         mine = float(sigma2[s]) if d_s > 0 else 0.0
+        if d_s > 0 and _disagrees(mine, d_s, p_s2, p_dof):
+            refused += 1  # a probe taken under other load is not this sweep's noise: its own variance stands
+            continue
         sigma2[s] = (d0 * p_s2 + d_s * mine) / (d0 + d_s)
         s_dof[s] = d0 + d_s
-    return Prior(float(p_s2), float(p_dof), tau2, tau2_hat, d0)
+    return Prior(float(p_s2), float(p_dof), tau2, tau2_hat, d0, refused)
+
+
+PRIOR_ALPHA = 0.05  # a stratum whose variance and the prior's differ at this level (two-sided F) borrows nothing
+
+
+def _disagrees(s2: float, dof: float, p_s2: float, p_dof: float) -> bool:
+    """Whether a stratum's own variance (s2, dof) and the prior's (p_s2, p_dof) are too far apart to be
+    one noise: a two-sided F test at PRIOR_ALPHA. Borrowing from a prior the data reject would move a
+    quiet sweep's variance up to a busy probe's (a variance 30x the sweep's, at even one degree of
+    freedom, triples it), or a noisy sweep's down."""
+    from scipy.stats import f as f_dist
+
+    ratio = s2 / p_s2
+    return bool(ratio < f_dist.ppf(PRIOR_ALPHA / 2, dof, p_dof) or ratio > f_dist.ppf(1 - PRIOR_ALPHA / 2, dof, p_dof))
 
 
 def _blocks_cost_too_much(ci, bi, n_configs: int, n_blocks: int) -> bool:

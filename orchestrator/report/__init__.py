@@ -36,6 +36,7 @@ from orchestrator.forked import Family, Worker
 from orchestrator.rows import read_results, start_results_csv
 from orchestrator import applied_cut, budget, config_index, learning_report, prediction_report
 from orchestrator.migrations import table_names
+from orchestrator.noise import quiet_probe_cv
 from orchestrator.store import ReadOnlyDatabase, Store
 from orchestrator.view_sql import MACHINE_ONLY, REPORT_LEAVES
 from orchestrator.report import html as html_report
@@ -119,8 +120,8 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
                                       "mfu_peak": mfu_peak(by_machine[r["machine_id"]])}
         # The probe's measured noise (machines.noise_cv), from a quiet machine only: one taken under
         # load would stand in for the runs' noise where nothing was repeated.
-        if r.get("noise_cv") is not None and not probe.get("limits_disturbed"):
-            probe_cv[r["machine_id"]] = float(r["noise_cv"])
+        if (cv := quiet_probe_cv(r.get("noise_cv"), probe)) is not None:
+            probe_cv[r["machine_id"]] = cv
     # The cost model's section needs the runs only: a fresh report with pictures (its leave-one-out is
     # most of that section's time) sends the share of them its fits use to a child, which fits while
     # this process analyses. --watch (a memo) keeps its per-machine entries in this process.
