@@ -7,8 +7,13 @@
 --   from several hosts compare on one clock.
 -- * jobs is the plan and never changes after enqueue; runs holds what happened, one row per
 --   (job, machine). A job with no run row for a machine is queued for that machine.
--- * A run taken back from a dead worker keeps its row as 'queued' so its attempt count survives;
---   the claim treats it exactly like a job without a row.
+-- * A run taken back from a dead worker keeps its row as 'queued' so its attempt and strike counts
+--   survive; the claim treats it exactly like a job without a row.
+-- * attempts counts claims, strikes the claims the job itself likely ended (its child killed by a
+--   signal, or its worker dead while the child ran past its predicted time): a user's kill of a
+--   worker is not the job's fault. A run is failed at the maximum of strikes, or, so that a job that
+--   kills its worker every time still ends, at a higher cap of claims taken back uncounted
+--   (attempts - strikes); child_started says how long the child ran when its worker died.
 -- * The variable columns of jobs are named and ordered as common/variables.py's catalogue
 --   (tests/test_schema.py keeps them in step). The word "default" (leave the machine as it is)
 --   is stored as NULL in freq_mhz; every other variable column is concrete.
@@ -172,11 +177,13 @@ CREATE TABLE IF NOT EXISTS runs (
     machine_id    INTEGER NOT NULL REFERENCES machines (machine_id),  -- the machine that ran it (last claimed it)
     pool_id       INTEGER NOT NULL REFERENCES pools (pool_id),        -- the queue it was claimed from
     status        TEXT NOT NULL CHECK (status IN ('queued', 'running', 'done', 'failed', 'skipped')), -- running, done, failed or skipped (queued: taken back, not in v_results)
-    attempts      INTEGER NOT NULL DEFAULT 0, -- claims so far; failed once it reaches the maximum
+    attempts      INTEGER NOT NULL DEFAULT 0, -- claims so far (a user's SIGTERM gives its claim back); runs.strikes counts those the job itself ended
+    strikes       INTEGER NOT NULL DEFAULT 0, -- claims the job itself likely ended (child killed by a signal, or past its predicted time when its worker died); failed once it reaches the maximum
     worker_pid    INTEGER,
     worker_host   TEXT,                     -- the host of the worker that claimed it
     worker_started REAL,                      -- the claiming worker's process start time: a reused pid is not it
     child_pid     INTEGER,
+    child_started REAL,                       -- when this claim's child started (database clock); NULL before it did
     claimed       REAL,                     -- when a worker last claimed it (database clock)
     heartbeat     REAL,
     finished      REAL,                     -- when it ended: done, failed or skipped (database clock)

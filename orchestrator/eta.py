@@ -59,6 +59,7 @@ FROM jobs j LEFT JOIN runs r ON r.job_id = j.job_id AND r.pool_id = :pool_id
 WHERE r.run_id IS NULL OR r.status = 'queued'
 """
 SELECT_FILLED = "SELECT filled FROM pools WHERE pool_id = :pool_id"
+SELECT_JOB = f"SELECT {_CONFIG} FROM jobs j WHERE j.job_id = :job_id"
 # Jobs wider than a pool's workers: a worker claims the first job in run order that fits its CPUs
 # (store.POP_QUEUE) and leaves the wider ones queued for a wider worker. Where a queued job wider than
 # every job the pool has run lies before the pool's latest claim in run order, a worker passed it over:
@@ -135,13 +136,32 @@ def estimate_remaining_s(store: Store, machine_id: int, *, pool_id: int | None =
         waiting, widest = (0, None) if filled is None else wider if wider is not None else wider_waiting(conn, pool_id)
         queued_rows = conn.execute(text(SELECT_QUEUED if filled is not None else SELECT_QUEUED_UNFILLED),
                                    {"pool_id": pool_id, "fits": widest if waiting else ANY_WIDTH}).all()
+    return remaining_s(_learned(store, machine_id, pool_id, finished), queued_rows)
+
+
+def predicted_job_s(store: Store, machine_id: int, job_id: int, *, pool_id: int | None = None) -> float | None:
+    """Seconds one job of the pool (the machine's own unless given) should take from claim to
+    finish, as the ETA counts it; None while no run of the pool is done. The store's take-back asks
+    it how far past its time a dead worker's child had run (store.blame)."""
+    if pool_id is None:
+        pool_id = store.pool_id(machine_id)
+    with store.transaction() as conn:
+        finished = conn.execute(text(SELECT_FINISHED.format(limit=DONE_SAMPLE)), {"pool_id": pool_id}).all()
+        if not any(r[1] == "done" for r in finished):
+            return None
+        job = conn.execute(text(SELECT_JOB), {"job_id": job_id}).one()
+    return remaining_s(_learned(store, machine_id, pool_id, finished), [tuple(job)])
+
+
+def _learned(store: Store, machine_id: int, pool_id: int, finished: list) -> tuple:
+    """learn() of the pool's finished sample, cached until a run finishes."""
     key, sample = (store.url, pool_id), (len(finished), finished[0][0])
     cached = _fits.get(key)
     if cached is None or cached[0] != sample:
         done = sum(r[1] == "done" for r in finished)
         _fits[key] = (sample, learn(finished, machine_model(store, machine_id, done)))
         cached = _fits[key]
-    return remaining_s(cached[1], queued_rows)
+    return cached[1]
 
 
 SELECT_JOB_CONFIGS = f"SELECT j.job_id, {_CONFIG} FROM jobs j WHERE j.job_id IN ({{ids}})"

@@ -453,7 +453,11 @@ def _to_7(conn: Connection, dialect: str) -> str:
 
 
 def _to_8(conn: Connection, dialect: str) -> str:
-    """Version 7 -> 8: the budgets and budget_decisions tables (`run --budget`)."""
+    """Version 7 -> 8: the budgets and budget_decisions tables (`run --budget`); runs.strikes (claims
+    the job itself likely ended; 0 in old runs, whose take-backs were all counted as attempts: attempts -
+    strikes now counts them toward the higher cap of uncounted take-backs) and runs.child_started (NULL
+    in old runs: a run the old release left running is taken back uncounted, as if its child had not
+    started)."""
     done = reconcile(conn, dialect, fills={})
     return "from version 7: " + ("; ".join(done) or "views remade")
 

@@ -26,7 +26,7 @@ import os
 import re
 import shutil
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,16 +151,17 @@ DELETE FROM queue WHERE pool_id = :pool_id AND job_id = (
     ORDER BY run_order, job_id LIMIT 1 {skip_locked})
 RETURNING job_id
 """
-# The run row: new, or a row taken back as 'queued' (its attempt count goes on).
+# The run row: new, or a row taken back as 'queued' (its attempt and strike counts go on).
 UPSERT_RUN = """
 INSERT INTO runs (job_id, machine_id, pool_id, status, attempts, worker_pid, worker_host, worker_started, claimed, heartbeat)
 VALUES (:job_id, :machine_id, :pool_id, 'running', 1, :pid, :host, :started, {now}, {now})
 ON CONFLICT (job_id, pool_id) DO UPDATE SET status = 'running', attempts = runs.attempts + 1,
     machine_id = excluded.machine_id, worker_pid = excluded.worker_pid, worker_host = excluded.worker_host,
     worker_started = excluded.worker_started,
-    child_pid = NULL, claimed = excluded.claimed, heartbeat = excluded.heartbeat, finished = NULL, reason = NULL
+    child_pid = NULL, child_started = NULL, claimed = excluded.claimed, heartbeat = excluded.heartbeat,
+    finished = NULL, reason = NULL
 WHERE runs.status = 'queued'
-RETURNING run_id, attempts
+RETURNING run_id, attempts, strikes
 """
 SELECT_JOB_CONFIG = "SELECT config FROM jobs WHERE job_id = :job_id"
 # A run put back ('queued') goes back in its pool's queue (if the pool has one yet).
@@ -171,8 +172,11 @@ FROM runs r JOIN jobs j ON j.job_id = r.job_id JOIN pools p ON p.pool_id = r.poo
 WHERE {which} AND r.status = 'queued' AND p.filled IS NOT NULL
 ON CONFLICT (pool_id, job_id) DO NOTHING
 """
+# The first beat that names the child dates its start (:has_child 1 with a child_pid): how long it
+# ran when its worker died says whether the job or the user is the likely cause (take_back_stale).
 HEARTBEAT = """
-UPDATE runs SET heartbeat = {now}, child_pid = COALESCE(:child_pid, child_pid)
+UPDATE runs SET heartbeat = {now}, child_pid = COALESCE(:child_pid, child_pid),
+    child_started = CASE WHEN child_pid IS NULL AND :has_child = 1 THEN {now} ELSE child_started END
 WHERE run_id = :run_id AND status = 'running'
 """
 FINISH_RUN = """
@@ -192,7 +196,8 @@ CURVE_FIELDS = ("step", "tokens", "train_s", "eval_s", "train_loss", "val_loss")
 # {server_start}: when the PostgreSQL server (re)started: heartbeats missed while it was down were
 # not the workers' fault, so staleness counts from the later of the last beat and the start.
 SELECT_RUNNING = """
-SELECT run_id, worker_pid, worker_host, worker_started, heartbeat, attempts, {now} AS now, {server_start} AS server_start
+SELECT run_id, job_id, worker_pid, worker_host, worker_started, heartbeat, attempts, strikes, child_started,
+    {now} AS now, {server_start} AS server_start
 FROM runs WHERE pool_id = :pool_id AND status = 'running'
 """
 SERVER_START = {
@@ -202,27 +207,35 @@ SERVER_START = {
 # A run this worker holds: after a connection lost during the claim's commit, the claim may have
 # been written without the worker hearing it.
 SELECT_OWN_RUNNING = """
-SELECT r.run_id, r.job_id, r.attempts, r.worker_started, j.config FROM runs r JOIN jobs j ON j.job_id = r.job_id
+SELECT r.run_id, r.job_id, r.attempts, r.strikes, r.worker_started, j.config FROM runs r JOIN jobs j ON j.job_id = r.job_id
 WHERE r.pool_id = :pool_id AND r.status = 'running' AND r.worker_pid = :pid AND r.worker_host = :host
 ORDER BY r.run_id
 """
 # What a finish whose answer was lost left: written already when it is ours and finished.
 SELECT_RUN_STATE = "SELECT status, worker_pid, finished FROM runs WHERE run_id = :run_id"
-# Taken back only if nobody touched it since we looked (the heartbeat is the version).
+# A dead worker's run, back in the queue or failed (:status), a strike against its job or not
+# (:strike 1 or 0); only if nobody touched it since we looked (the heartbeat is the version).
 TAKE_BACK = """
-UPDATE runs SET status = CASE WHEN attempts >= :max_attempts THEN 'failed' ELSE 'queued' END,
-    reason = CASE WHEN attempts >= :max_attempts THEN :failed_reason ELSE :reason END,
-    finished = CASE WHEN attempts >= :max_attempts THEN {now} ELSE NULL END,
-    worker_pid = NULL, child_pid = NULL
+UPDATE runs SET status = :status, reason = :reason, strikes = strikes + :strike,
+    finished = CASE WHEN :status = 'failed' THEN {now} ELSE NULL END,
+    worker_pid = NULL, child_pid = NULL, child_started = NULL
 WHERE run_id = :run_id AND status = 'running' AND heartbeat = :heartbeat
 """
 # A worker stopped by the user gives its run back without spending an attempt.
 RELEASE_RUN = """
-UPDATE runs SET status = 'queued', attempts = attempts - 1, worker_pid = NULL, child_pid = NULL, reason = :reason
+UPDATE runs SET status = 'queued', attempts = attempts - 1, worker_pid = NULL, child_pid = NULL, child_started = NULL,
+    reason = :reason
+WHERE run_id = :run_id AND status = 'running' AND worker_pid = :pid
+"""
+# A live worker whose child the job itself likely ended (killed by a signal the worker did not send)
+# gives the run back with a strike, to be tried again.
+STRIKE_RUN = """
+UPDATE runs SET status = 'queued', strikes = strikes + 1, worker_pid = NULL, child_pid = NULL, child_started = NULL,
+    reason = :reason
 WHERE run_id = :run_id AND status = 'running' AND worker_pid = :pid
 """
 RETRY_RUNS = """
-UPDATE runs SET status = 'queued', reason = NULL, finished = NULL, attempts = 0
+UPDATE runs SET status = 'queued', reason = NULL, finished = NULL, attempts = 0, strikes = 0
 WHERE pool_id = :pool_id AND status IN ({statuses})
 """
 # Per sweep, each job counted once: under the sweep that first planned it (jobs.sweep_id), so the
@@ -250,8 +263,9 @@ SELECT_ACTIVE_POOLS = f"SELECT p.pool_id FROM pools p WHERE {ACTIVE}"
 class Claim:
     run_id: int
     job_id: int
-    attempts: int
+    attempts: int  # claims so far, this one included
     config: dict
+    strikes: int = 0  # earlier claims the job itself likely ended (schema.sql: runs.strikes)
 
 
 @dataclass
@@ -676,35 +690,54 @@ class Store:
                 if got is None:
                     continue  # a queue row whose run is not queued (cannot happen; the row is gone now)
                 config = conn.execute(text(SELECT_JOB_CONFIG), {"job_id": job_id}).scalar_one()
-                return Claim(run_id=got[0], job_id=job_id, attempts=got[1], config=complete(json.loads(config)))
+                return Claim(run_id=got[0], job_id=job_id, attempts=got[1], strikes=got[2],
+                             config=complete(json.loads(config)))
         raise BenchError("could not claim a job after 1000 tries: is the database overloaded?")
 
     def heartbeat(self, run_id: int, child_pid: int | None = None) -> bool:
         with self.transaction(write=True) as conn:
-            return conn.execute(self.sql(HEARTBEAT), {"run_id": run_id, "child_pid": child_pid}).rowcount == 1
+            return conn.execute(self.sql(HEARTBEAT), {"run_id": run_id, "child_pid": child_pid,
+                                                      "has_child": int(child_pid is not None)}).rowcount == 1
 
     def finish(self, run_id: int, *, pid: int, status: str, reason: str | None = None, fields: dict | None = None,
-               curve: list[dict] | None = None) -> None:
+               curve: list[dict] | None = None, strike: bool = False) -> None:
         """Record the outcome of a claimed run, and the curve of its learning run's evaluations (a failed
-        claim's partial curve too, numbered after the run's earlier curves). Raises BenchError if the run
-        was taken away meanwhile, or, writing nothing, if the fields are not a result (result_problems)."""
+        claim's partial curve too, numbered after the run's earlier curves); strike: the failure is the
+        job's last strike (counted in runs.strikes). Raises BenchError if the run was taken away
+        meanwhile, or, writing nothing, if the fields are not a result (result_problems)."""
         assert status in ("done", "failed", "skipped"), status
         problems = result_problems(status, fields or {})
         if problems:
             raise BenchError(f"run {run_id}: not recorded: {problems}")
         fields = {k: _sql_value(v) for k, v in (fields or {}).items()}
-        assignments = ", ".join(f"{k} = :{k}" for k in fields) or "run_id = run_id"
+        assignments = ", ".join([f"{k} = :{k}" for k in fields] + ["strikes = strikes + 1"] * strike) or "run_id = run_id"
         with self.transaction(write=True) as conn:
             changed = conn.execute(self.sql(FINISH_RUN, assignments=assignments),
                                    {"run_id": run_id, "pid": pid, "status": status, "reason": reason, **fields}).rowcount
             if changed == 1 and curve:
-                attempt = conn.execute(text(NEXT_CURVE_ATTEMPT), {"run_id": run_id}).scalar_one()
-                conn.execute(text(INSERT_CURVE), [{"run_id": run_id, "attempt": attempt,
-                                                   **{k: row.get(k) for k in CURVE_FIELDS}} for row in curve])
+                self._add_curve(conn, run_id, curve)
         if changed != 1 and self._finished_by(run_id, pid, status):
             return  # an earlier try was written, its answer lost with the connection
         if changed != 1:
             raise BenchError(f"run {run_id} was taken back from this worker before it finished (heartbeat too old?)")
+
+    @staticmethod
+    def _add_curve(conn: Connection, run_id: int, curve: list[dict]) -> None:
+        attempt = conn.execute(text(NEXT_CURVE_ATTEMPT), {"run_id": run_id}).scalar_one()
+        conn.execute(text(INSERT_CURVE), [{"run_id": run_id, "attempt": attempt,
+                                           **{k: row.get(k) for k in CURVE_FIELDS}} for row in curve])
+
+    def strike(self, run_id: int, *, pid: int, reason: str, curve: list[dict] | None = None) -> bool:
+        """Give a claimed run back to the queue with a strike against its job (its child was killed by
+        a signal the worker did not send), keeping a learning run's partial curve as finish() does.
+        False if the run was taken away meanwhile."""
+        with self.transaction(write=True) as conn:
+            changed = conn.execute(text(STRIKE_RUN), {"run_id": run_id, "pid": pid, "reason": reason}).rowcount
+            if changed == 1:
+                if curve:
+                    self._add_curve(conn, run_id, curve)
+                conn.execute(text(REQUEUE.format(which="r.run_id = :run_id")), {"run_id": run_id})
+        return changed == 1
 
     def _finished_by(self, run_id: int, pid: int, status: str) -> bool:
         with self.transaction() as conn:
@@ -715,10 +748,11 @@ class Store:
         """The run of the pool this worker (pid, host and start time) holds, if any: a claim written
         before the connection was lost, its answer with it."""
         with self.transaction() as conn:
-            for run_id, job_id, attempts, run_started, config in conn.execute(
+            for run_id, job_id, attempts, strikes, run_started, config in conn.execute(
                     text(SELECT_OWN_RUNNING), {"pool_id": pool_id, "pid": pid, "host": host}):
                 if started is None or run_started is None or same_start(started, run_started):
-                    return Claim(run_id=run_id, job_id=job_id, attempts=attempts, config=complete(json.loads(config)))
+                    return Claim(run_id=run_id, job_id=job_id, attempts=attempts, strikes=strikes,
+                                 config=complete(json.loads(config)))
         return None
 
     def release(self, run_id: int, *, pid: int, reason: str) -> None:
@@ -727,7 +761,8 @@ class Store:
             conn.execute(text(REQUEUE.format(which="r.run_id = :run_id")), {"run_id": run_id})
 
     def take_back_stale(self, machine_id: int, *, host: str, grace_s: float, max_attempts: int, is_alive,
-                        pool_id: int | None = None, started_at=None, other_hosts: bool = True) -> list[int]:
+                        pool_id: int | None = None, started_at=None, other_hosts: bool = True,
+                        predicted_s: Callable[[int], float | None] = lambda job_id: None) -> list[int]:
         """Put back in the queue the running runs of the pool (the machine's own unless given) whose
         worker is gone. On this host the worker's pid decides, never the heartbeat's age: a run is
         taken back when is_alive(pid) is False, or when started_at(pid) (the live process's start
@@ -736,31 +771,51 @@ class Store:
         cannot see, a heartbeat older than grace_s means gone, counted from the later of the beat and
         the server's (re)start: beats missed while the server was down were nobody's fault.
         other_hosts=False leaves other hosts' runs alone (a worker just back from an outage gives
-        them a grace period to beat again). After max_attempts claims a run is failed instead."""
+        them a grace period to beat again).
+
+        A take-back is a strike against the job only where its child ran past PAST_PREDICTED times
+        predicted_s(job_id) (the ETA's seconds for the job; None: no prediction yet) when its worker
+        last beat (blame): a worker killed while starting, or while its child was within its time, is
+        a user's stop, not the job's fault. After max_attempts strikes a run is failed, and after
+        UNCOUNTED_PER_STRIKE times as many uncounted take-backs too (a job that kills its worker
+        every time still ends); the reason says which."""
         if pool_id is None:
             pool_id = self.pool_id(machine_id)
-        taken = []
-        with self.transaction(write=True) as conn:
+        with self.transaction() as conn:
             running = conn.execute(self.sql(SELECT_RUNNING, server_start=SERVER_START[self.dialect]),
                                    {"pool_id": pool_id}).all()
-            for run_id, pid, run_host, started, beat, attempts, now, server_start in running:
-                if run_host == host and pid is not None:
-                    if not is_alive(pid):
-                        why = f"worker pid {pid} on {host} died"
-                    elif started is not None and started_at is not None and not same_start(started_at(pid), started):
-                        why = f"worker pid {pid} on {host} died (the pid was reused by another process)"
-                    else:
-                        continue  # alive: it heartbeats, or it is busy starting its child
-                elif not other_hosts:
-                    continue
-                elif beat is None or now - max(beat, server_start or beat) > grace_s:
-                    why = f"no heartbeat from worker {pid}@{run_host} for {grace_s:g} s"
+        gone = []
+        for run_id, job_id, pid, run_host, started, beat, attempts, strikes, child_started, now, server_start in running:
+            if run_host == host and pid is not None:
+                if not is_alive(pid):
+                    why = f"worker pid {pid} on {host} died"
+                elif started is not None and started_at is not None and not same_start(started_at(pid), started):
+                    why = f"worker pid {pid} on {host} died (the pid was reused by another process)"
                 else:
-                    continue
-                changed = conn.execute(self.sql(TAKE_BACK), {
-                    "run_id": run_id, "heartbeat": beat, "max_attempts": max_attempts,
-                    "reason": f"requeued: {why}",
-                    "failed_reason": f"gave up after {attempts} attempts; last: {why}"}).rowcount
+                    continue  # alive: it heartbeats, or it is busy starting its child
+            elif not other_hosts:
+                continue
+            elif beat is None or now - max(beat, server_start or beat) > grace_s:
+                why = f"no heartbeat from worker {pid}@{run_host} for {grace_s:g} s"
+            else:
+                continue
+            # The prediction is read outside the write transaction (an ETA fit may take a moment); the
+            # heartbeat guard of TAKE_BACK still takes back only what was looked at.
+            strike, why = blame(why, beat, child_started, predicted_s(job_id) if child_started is not None else None)
+            gone.append((run_id, beat, attempts, strikes + strike, strike, why))
+        taken = []
+        with self.transaction(write=True) as conn:
+            for run_id, beat, attempts, strikes, strike, why in gone:
+                uncounted = attempts - strikes
+                if strikes >= max_attempts:
+                    status, reason = "failed", f"gave up after {_strikes(strikes)}; last: {why}"
+                elif uncounted >= UNCOUNTED_PER_STRIKE * max_attempts:
+                    status, reason = "failed", (f"gave up after {attempts} claims, {uncounted} of them taken back "
+                                                f"from a dead worker without a strike; last: {why}")
+                else:
+                    status, reason = "queued", f"requeued: {why}" + (f" (strike {strikes} of {max_attempts})" * strike)
+                changed = conn.execute(self.sql(TAKE_BACK), {"run_id": run_id, "heartbeat": beat, "status": status,
+                                                             "reason": reason, "strike": int(strike)}).rowcount
                 if changed:
                     conn.execute(text(REQUEUE.format(which="r.run_id = :run_id")), {"run_id": run_id})
                     taken.append(run_id)
@@ -914,6 +969,35 @@ def _chunks(items: Iterable, n: int) -> Iterator[list]:
             chunk = []
     if chunk:
         yield chunk
+
+
+# A take-back counts against the job when its child had run past this many times its predicted
+# seconds: the ETA's prediction of a job is its claim-to-finish cost (the child's life and the
+# worker's share), and a shared machine's load can stretch a run well past it; twice that is
+# beyond what a user's stop of a healthy run explains (a leak swapping, a hang).
+PAST_PREDICTED = 2.0
+# The backstop: a run taken back this many times max_attempts without a strike is failed too (12
+# claims by default), so a job that kills its worker during start-up every time still ends; a user
+# stopping and restarting a worker that often on one job is not expected.
+UNCOUNTED_PER_STRIKE = 4
+
+
+def blame(why: str, beat: float | None, child_started: float | None, predicted_s: float | None) -> tuple[bool, str]:
+    """(whether a dead worker's run is a strike against its job, `why` saying which it was). The
+    child ran at least from its start to the worker's last beat (the worker may have died up to a
+    heartbeat later: the count errs toward the user)."""
+    if child_started is None or beat is None:
+        return False, f"{why} (not counted: before its child started)"
+    ran_s = max(0.0, beat - child_started)
+    if predicted_s is None:
+        return False, f"{why} (not counted: child ran {ran_s:.1f} s, no prediction for the job yet)"
+    if ran_s <= PAST_PREDICTED * predicted_s:
+        return False, f"{why} (not counted: child ran {ran_s:.1f} s of a predicted {predicted_s:.3g} s)"
+    return True, f"{why} while its child ran {ran_s:.1f} s, past {PAST_PREDICTED:g}x its predicted {predicted_s:.3g} s"
+
+
+def _strikes(n: int) -> str:
+    return f"{n} strike" if n == 1 else f"{n} strikes"
 
 
 def same_start(now_started: float | None, recorded: float) -> bool:

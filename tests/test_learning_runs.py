@@ -43,8 +43,10 @@ def test_a_learning_sweep_keeps_every_evaluation_in_curves_and_v_curves(db):
 def test_a_killed_learning_run_keeps_its_partial_curve_and_the_retry_starts_clean(db, tmp_path):
     steps = 200
     bench("enqueue", "--db", db, *TINY, "--set", f"max_tokens={128 * steps}", "--set", "eval_every=128", check=True)
+    # One strike fails the run: a child killed by a signal is otherwise tried again at once (worker/loop.py).
     worker = subprocess.Popen([sys.executable, str(ROOT / "bench.py"), "work", "--db", db], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "BENCH_MAX_ATTEMPTS": "1"})
     try:
         deadline = time.monotonic() + 120
         curve_files = []

@@ -72,18 +72,71 @@ def test_finish_of_a_run_taken_away_raises(store, tmp_path):
         store.finish(claim.run_id, pid=10, status="done", fields=done_fields())
 
 
-def test_dead_worker_runs_are_requeued_then_failed_after_max_attempts(store, tmp_path):
+def _reason(store) -> str:
+    with store.transaction() as conn:
+        return conn.exec_driver_sql("SELECT reason FROM runs").scalar_one()
+
+
+def test_a_worker_dead_before_its_child_started_costs_no_strike_until_the_backstop(store, tmp_path):
+    """A user stopping and restarting a worker kills it while it starts, over and over: the job is not
+    to blame, but a job that kills its worker every time must still end (UNCOUNTED_PER_STRIKE)."""
+    from orchestrator.store import UNCOUNTED_PER_STRIKE
+
     enqueue(store, plan(tmp_path, n=1))
     machine = store.register_machine(FACTS)
-    for attempt in (1, 2, 3):
+    cap = UNCOUNTED_PER_STRIKE * 3
+    for attempt in range(1, cap + 1):
         claim = store.claim(machine, pid=100 + attempt, host="here", max_cores=2)
-        assert claim is not None and claim.attempts == attempt
+        assert claim is not None and (claim.attempts, claim.strikes) == (attempt, 0)
         store.take_back_stale(machine, host="here", grace_s=1e9, max_attempts=3, is_alive=lambda pid: False)
+        if attempt == 3:  # where three claims used to fail it
+            assert "requeued: worker pid 103 on here died (not counted: before its child started)" == _reason(store)
     assert store.claim(machine, pid=200, host="here", max_cores=2) is None
     counts = store.counts(machine)
     assert counts["failed"] == 1 and counts["running"] == 0
+    assert _reason(store) == (f"gave up after {cap} claims, {cap} of them taken back from a dead worker without a "
+                              f"strike; last: worker pid {100 + cap} on here died (not counted: before its child started)")
+
+
+def test_a_worker_dead_while_its_child_ran_past_its_prediction_strikes_and_three_strikes_fail(store, tmp_path):
+    import time
+
+    enqueue(store, plan(tmp_path, n=1))
+    machine = store.register_machine(FACTS)
+    for attempt, predicted in enumerate((10.0, 0.1, 0.1, 0.1), start=1):
+        claim = store.claim(machine, pid=100 + attempt, host="here", max_cores=2)
+        assert store.heartbeat(claim.run_id, child_pid=5000 + attempt)  # the child starts
+        time.sleep(0.3)
+        assert store.heartbeat(claim.run_id, child_pid=5000 + attempt)  # and runs 0.3 s by the last beat
+        assert store.take_back_stale(machine, host="here", grace_s=1e9, max_attempts=3, is_alive=lambda pid: False,
+                                     predicted_s=lambda job_id: predicted) == [claim.run_id]
+        reason = _reason(store)
+        if attempt == 1:
+            assert re.fullmatch(r"requeued: worker pid 101 on here died \(not counted: child ran 0\.\d s of a "
+                                r"predicted 10 s\)", reason), reason
+        elif attempt == 2:
+            assert re.fullmatch(r"requeued: worker pid 102 on here died while its child ran 0\.\d s, past 2x its "
+                                r"predicted 0\.1 s \(strike 1 of 3\)", reason), reason
+    assert re.fullmatch(r"gave up after 3 strikes; last: worker pid 104 on here died while its child ran 0\.\d s, "
+                        r"past 2x its predicted 0\.1 s", reason), reason
     with store.transaction() as conn:
-        assert "gave up after 3 attempts" in conn.exec_driver_sql("SELECT reason FROM runs").scalar_one()
+        assert conn.exec_driver_sql("SELECT status, attempts, strikes FROM runs").one() == ("failed", 4, 3)
+
+
+def test_a_strike_from_a_live_worker_requeues_and_retry_clears_the_count(store, tmp_path):
+    enqueue(store, plan(tmp_path, n=1))
+    machine = store.register_machine(FACTS)
+    claim = store.claim(machine, pid=7, host="here", max_cores=2)
+    assert store.strike(claim.run_id, pid=8, reason="not ours") is False  # another worker's run: untouched
+    assert store.strike(claim.run_id, pid=7, reason="requeued (strike 1 of 3): child killed by signal SIGKILL")
+    again = store.claim(machine, pid=7, host="here", max_cores=2)
+    assert (again.run_id, again.attempts, again.strikes) == (claim.run_id, 2, 1)
+    store.finish(again.run_id, pid=7, status="failed", reason="gave up", fields={}, strike=True)
+    with store.transaction() as conn:
+        assert conn.exec_driver_sql("SELECT status, attempts, strikes FROM runs").one() == ("failed", 2, 2)
+    assert store.retry(machine, failed=True, skipped=False) == 1
+    fresh = store.claim(machine, pid=7, host="here", max_cores=2)
+    assert (fresh.attempts, fresh.strikes) == (1, 0)
 
 
 def test_a_live_worker_on_this_host_keeps_its_run(store, tmp_path):

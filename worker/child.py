@@ -32,7 +32,7 @@ STDERR_TAIL_LINES = 12
 
 @dataclass
 class Outcome:
-    status: str  # done | failed | skipped
+    status: str  # done | failed | skipped; queued: given back with a strike, to be tried again (worker/loop.py)
     reason: str | None = None
     metrics: dict = field(default_factory=dict)
     facts: dict = field(default_factory=dict)  # runs columns besides metrics: dataset_used, output_path...
@@ -40,6 +40,22 @@ class Outcome:
     stderr_tail: str = ""
     timed_window: dict | None = None  # {start_unix_s, end_unix_s} of the child's timed steps
     curve: list = field(default_factory=list)  # a learning run's evaluations, as far as it got
+    # failed by a signal the worker did not send (the OOM killer, a crash, someone's kill): the job's
+    # own process the likely cause, maybe a passing one: a strike against the job, tried again
+    # (worker/loop.py), where its other failures are final at once
+    strike: bool = False
+
+
+def oom_kills() -> int | None:
+    """The kernel's count of processes the OOM killer has killed since boot (/proc/vmstat), or None."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def child_env(extra: dict[str, str], project_root: Path, data_dir: Path) -> dict[str, str]:
@@ -86,6 +102,7 @@ def run_exec(job: dict, *, module: str, argv_prefix: list[str], env: dict[str, s
     child's own failures. `on_heartbeat(child_pid)` is called every heartbeat_s while it runs."""
     argv = [*argv_prefix, sys.executable, "-m", module]
     started = time.perf_counter()
+    ooms = oom_kills()
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=cwd, env=env, close_fds=True,
                             preexec_fn=_preexec(cpus, drop_to_invoking_user(), os.getpid()))
@@ -112,7 +129,7 @@ def run_exec(job: dict, *, module: str, argv_prefix: list[str], env: dict[str, s
         raise
     wall_s = time.perf_counter() - started
     outcome = _outcome(proc.returncode, out, err, wall_s=wall_s, timed_out=timed_out, timeout_s=timeout_s,
-                       child_pid=proc.pid)
+                       child_pid=proc.pid, oom_kills_before=ooms)
     outcome.applied["spawn"] = "exec"
     return outcome
 
@@ -123,7 +140,7 @@ def _tail(err: bytes) -> str:
 
 
 def _outcome(rc: int, out: bytes, err: bytes, *, wall_s: float, timed_out: bool, timeout_s: float,
-             child_pid: int) -> Outcome:
+             child_pid: int, oom_kills_before: int | None = None) -> Outcome:
     tail = _tail(err)
     base = {"wall_s": wall_s}
     if timed_out:
@@ -132,9 +149,13 @@ def _outcome(rc: int, out: bytes, err: bytes, *, wall_s: float, timed_out: bool,
     if rc != 0:
         if rc < 0:
             what = f"child killed by signal {signal.Signals(-rc).name}"
+            ooms = oom_kills()
+            if -rc == signal.SIGKILL and None not in (ooms, oom_kills_before) and ooms > oom_kills_before:
+                what += " (by the OOM killer: the kernel's oom_kill count rose while it ran)"
         else:
             what = f"child exited with code {rc}"
-        return Outcome("failed", f"{what}\n{tail}".strip(), base, {"child_pid": child_pid}, stderr_tail=tail)
+        return Outcome("failed", f"{what}\n{tail}".strip(), base, {"child_pid": child_pid}, stderr_tail=tail,
+                       strike=rc < 0)
     try:
         result = json.loads(out.decode())
         status = result["status"]
@@ -238,6 +259,7 @@ class ForkServer:
             request = {name: str(path) for name, path in paths.items()}
             request.update(cpus=cpus, user=None)  # the server already runs as the invoking user
             started = time.perf_counter()
+            ooms = oom_kills()
             timed_out = False
             pid = None
             try:
@@ -266,7 +288,8 @@ class ForkServer:
                 raise
             wall_s = time.perf_counter() - started
             outcome = _outcome(reply["returncode"], paths["stdout"].read_bytes(), paths["stderr"].read_bytes(),
-                               wall_s=wall_s, timed_out=timed_out, timeout_s=timeout_s, child_pid=pid)
+                               wall_s=wall_s, timed_out=timed_out, timeout_s=timeout_s, child_pid=pid,
+                               oom_kills_before=ooms)
         outcome.applied["spawn"] = "fork server"
         return outcome
 

@@ -36,6 +36,7 @@ import psutil
 
 from common.errors import BadInput, BenchError, Busy, DatabaseUnavailable, Stopped
 from common.patience import Patience
+from orchestrator import eta
 from orchestrator.store import RUN_FACTS, Claim, Store, same_start, result_problems
 from worker import gemm_peak, knobs, probe, sensors
 from worker.child import ForkServers, Outcome, child_env, run_exec
@@ -59,7 +60,7 @@ class WorkerOptions:
     poll_s: float = 5.0
     timeout_s: float = 900.0  # per job
     heartbeat_s: float = 5.0
-    max_attempts: int = 3
+    max_attempts: int = 3  # strikes against a job before its run is failed (store.take_back_stale, _run_claim)
     target_ci: float | None = None  # `work --target-ci`: add repeat passes until intervals are this narrow (0.05 = +-5%)
     max_repeats: int = 10
     budget_s: float | None = None  # `work --budget`: seconds of runs to spend on a sweep (orchestrator/budget.py)
@@ -294,9 +295,15 @@ class Worker:
         # beats were the database's fault (Store.take_back_stale also counts from a server restart).
         taken = self._db(self.store.take_back_stale, self.machine_id, host=self.host, grace_s=self.opts.grace_s,
                          max_attempts=self.opts.max_attempts, is_alive=_alive_other, pool_id=self.pool_id,
-                         started_at=_start_time, other_hosts=self.patience.settled(self.opts.grace_s))
+                         started_at=_start_time, other_hosts=self.patience.settled(self.opts.grace_s),
+                         predicted_s=self._predicted_s)
         if taken:
             self.emit(Event("requeued", text=f"took back {len(taken)} run(s) of dead workers: {taken}"))
+
+    def _predicted_s(self, job_id: int) -> float | None:
+        """The ETA's seconds for a job of the pool: how long a dead worker's child may have run before
+        its job is to blame (store.blame)."""
+        return eta.predicted_job_s(self.store, self.machine_id, job_id, pool_id=self.pool_id)
 
     def _run_claim(self, claim: Claim) -> Outcome:
         seen = set()
@@ -324,25 +331,37 @@ class Worker:
         if problems:  # a trainer that breaks the contract: a failed run saying how, never a silent drop
             outcome.status, outcome.reason = "failed", f"the trainer's result breaks the contract: {problems}"
             fields = {k: v for k, v in fields.items() if k in RUN_FACTS or k in METRICS}
-        self._finish(claim.run_id, outcome.status, outcome.reason, fields, outcome.curve)
+        if outcome.strike:  # its child killed by a signal we did not send: tried again up to max_attempts strikes
+            strikes = claim.strikes + 1
+            if strikes < self.opts.max_attempts:
+                reason = f"requeued (strike {strikes} of {self.opts.max_attempts}): {outcome.reason}"
+                if self._db(self.store.strike, claim.run_id, pid=self.pid, reason=reason, curve=outcome.curve):
+                    outcome.status, outcome.reason = "queued", reason
+                    return outcome
+                raise BenchError(f"run {claim.run_id} was taken back from this worker before it finished "
+                                 f"(heartbeat too old?)")
+            outcome.reason = f"gave up after {strikes} strike{'s' * (strikes > 1)}; last: {outcome.reason}"
+        self._finish(claim.run_id, outcome.status, outcome.reason, fields, outcome.curve, strike=outcome.strike)
         return outcome
 
-    def _finish(self, run_id: int, status: str, reason: str | None, fields: dict, curve: list | None = None) -> None:
-        """Write the run's result (and a learning run's curve); kept on local disk until the database has it."""
+    def _finish(self, run_id: int, status: str, reason: str | None, fields: dict, curve: list | None = None,
+                strike: bool = False) -> None:
+        """Write the run's result (and a learning run's curve; strike: its failure is the job's last
+        strike); kept on local disk until the database has it."""
         kept = self.kept_dir / f"{self._kept_prefix}-run-{run_id}.json"
         try:
             self.kept_dir.mkdir(parents=True, exist_ok=True)
             partial_path = kept.with_suffix(".part")
             partial_path.write_text(json.dumps({
                 "database": self.store.display_url, "run_id": run_id, "pid": self.pid, "started": self.started,
-                "status": status, "reason": reason, "fields": fields, "curve": curve}, default=str))
+                "status": status, "reason": reason, "fields": fields, "curve": curve, "strike": strike}, default=str))
             partial_path.replace(kept)
         except OSError as error:  # a full local disk: the database may still take it
             self.emit(Event("note", text=f"run {run_id}'s result could not be kept on disk ({error})"))
             kept = None
         try:
             self._db(self.store.finish, run_id, pid=self.pid, status=status, reason=reason, fields=fields,
-                     curve=curve)
+                     curve=curve, strike=strike)
         except DatabaseUnavailable as error:
             if kept is None:
                 raise
@@ -369,7 +388,7 @@ class Worker:
                 continue  # our own, being written
             try:
                 self.store.finish(kept["run_id"], pid=kept["pid"], status=kept["status"], reason=kept["reason"],
-                                  fields=kept["fields"], curve=kept.get("curve"))
+                                  fields=kept["fields"], curve=kept.get("curve"), strike=kept.get("strike", False))
                 self.emit(Event("note", text=f"wrote run {kept['run_id']}'s result, kept on disk by worker pid "
                                              f"{kept['pid']} through a database outage"))
             except DatabaseUnavailable:
