@@ -3,12 +3,14 @@ stdin, one JSON line on stdout), sleeps steps * 50 ms, and misbehaves on purpose
 job's `seed`:
 0 = a quick honest result, 1 = segfault, 2 = os._exit(3), 3 = hang, 4 = raise, 5 = print garbage,
 6 = a done result with a metric the contract does not know (and without mfu), 7 = a done result whose
-timed steps counted compilations (a trainer that recompiles every step).
+timed steps counted compilations (a trainer that recompiles every step), 8 = killed by SIGKILL as the
+OOM killer does (each try leaves a file in output_root/tries/ first).
 It skips torch entirely (its result is built by the harness's result(), every metric named) so the queue's tests stay fast; the real child has its own tests."""
 
 import ctypes
 import json
 import os
+import signal
 import sys
 import time
 
@@ -31,6 +33,11 @@ def main():
     elif mode == 5:
         print("not json")
         sys.exit(0)
+    elif mode == 8:
+        tries = os.path.join(job["output_root"], "tries")
+        os.makedirs(tries, exist_ok=True)
+        open(os.path.join(tries, f"run-{job['run_id']}-{os.getpid()}"), "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
     # One file per completed child run: the tests count executions per job.
     markers = os.path.join(job["output_root"], "markers")
     os.makedirs(markers, exist_ok=True)

@@ -36,7 +36,6 @@ import psutil
 
 from common.errors import BadInput, BenchError, Busy, DatabaseUnavailable, Stopped
 from common.patience import Patience
-from orchestrator import eta
 from orchestrator.store import RUN_FACTS, Claim, Store, same_start, result_problems
 from worker import gemm_peak, knobs, probe, sensors
 from worker.child import ForkServers, Outcome, child_env, run_exec
@@ -303,6 +302,8 @@ class Worker:
     def _predicted_s(self, job_id: int) -> float | None:
         """The ETA's seconds for a job of the pool: how long a dead worker's child may have run before
         its job is to blame (store.blame)."""
+        from orchestrator import eta  # numpy and the cost model: only when a dead worker's run is taken back
+
         return eta.predicted_job_s(self.store, self.machine_id, job_id, pool_id=self.pool_id)
 
     def _run_claim(self, claim: Claim) -> Outcome:
