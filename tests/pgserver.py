@@ -54,9 +54,11 @@ class Server:
 
 
 @contextmanager
-def postgres_server(*options: str) -> Iterator[Server]:
+def postgres_server(*options: str, listen: tuple[str, ...] = ("127.0.0.1",),
+                    trust: tuple[str, ...] = ()) -> Iterator[Server]:
     """Start a server in a temp dir; yield it; stop it and remove everything.
-    `options`: extra server settings, e.g. "-c max_connections=200"."""
+    `options`: extra server settings, e.g. "-c max_connections=200"; `listen`: its addresses; `trust`:
+    networks (e.g. "10.213.7.0/24") whose clients it trusts besides loopback (tests/netcluster.py's nodes)."""
     pg = pg_bin()
     if pg is None:
         raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql)")
@@ -70,7 +72,9 @@ def postgres_server(*options: str) -> Iterator[Server]:
     port = _free_port()
     subprocess.run([*run_as, str(pg / "initdb"), "-D", str(data), "-A", "trust", "-U", "bench"],
                    check=True, capture_output=True)
-    settings = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off {' '.join(options)}"
+    with open(data / "pg_hba.conf", "a") as hba:
+        hba.writelines(f"host all all {net} trust\n" for net in trust)
+    settings = f"-p {port} -k {base} -c listen_addresses={','.join(listen)} -c fsync=off {' '.join(options)}"
     server = Server(f"postgresql+psycopg://bench@127.0.0.1:{port}/postgres", pg, data, base / "log", settings, run_as)
     server.start()
     try:
