@@ -95,3 +95,50 @@ def test_each_node_has_its_own_hostname_address_and_cpu_and_reaches_postgres(clu
     print("\n" + "\n".join(lines))
     expected = [f"{n.name} {n.cpus} {n.address}/24 pg-ok" for n in cluster.nodes]
     assert lines == sorted(expected)
+
+
+def applied_of(value) -> dict:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def test_a_sweep_of_nodes_1_and_2_runs_in_one_allocation_and_two_nodes_train_like_two_ranks(
+        cluster, cluster_db, tmp_path):
+    """nodes = [1, 2], one rank per node, batch 2 per rank: the two-node run trains the global batch of 4
+    exactly as one node with two ranks of batch 2 does (`once`, on this machine's two CPUs)."""
+    env = {"BENCH_COLLECTIVE_TIMEOUT_S": "30"}
+    enqueue(cluster_db, env, "nodes=1,2")
+    job_id, out = submit_together(cluster, cluster_db, tmp_path / "logs", env)
+    found = rows(cluster_db, "SELECT j.nodes, r.status, r.reason, r.applied, r.loss_first, r.loss_last, r.step_ms_median, "
+                             "r.allreduce_ms, r.allreduce_share, r.world_size, r.global_batch, r.worker_host "
+                             "FROM runs r JOIN jobs j USING (job_id) ORDER BY j.nodes")
+    assert [(r.nodes, r.status) for r in found] == [(1, "done"), (2, "done")], (found, out)
+    two = found[1]
+    applied = applied_of(two.applied)
+    ranks = applied["ranks"]
+    record = {"world_size": two.world_size, "global_batch": two.global_batch, "step_ms": round(two.step_ms_median, 2),
+              "allreduce_ms": round(two.allreduce_ms, 3), "allreduce_share": round(two.allreduce_share, 3),
+              "nodes": [{k: r[k] for k in ("rank", "node", "host", "address", "affinity", "torch_threads",
+                                             "omp_num_threads")} for r in ranks]}
+    print("\ntwo-node run:", json.dumps(record))
+    hosts = {n.name: n for n in cluster.nodes}
+    assert two.world_size == 2 and two.global_batch == 4
+    assert sorted(r["host"] for r in ranks) == sorted(hosts)
+    for r in ranks:  # each rank on its own node: that node's address and CPU, one thread
+        assert r["address"] == hosts[r["host"]].address and r["affinity"] == hosts[r["host"]].cpus
+        assert r["torch_threads"] == 1
+    assert sorted(applied["data_parallel"]["machines"]) == ["0", "1"]
+    assert {m["address"] for m in applied["data_parallel"]["machines"].values()} == {n.address for n in cluster.nodes}
+    assert 0 < two.allreduce_share < 1
+
+    once = bench("once", "--json", *[f"{k}={v}" for k, v in (TINY | {"cores": 2, "ranks": 2, "nodes": 1}).items()],
+                 env={"BENCH_COLLECTIVE_TIMEOUT_S": "30"}, check=True)
+    local = json.loads(once.stdout)
+    assert local["status"] == "done" and local["world_size"] == 2 and local["global_batch"] == 4, local
+    loss_diff = max(abs(local[k] - getattr(two, k)) for k in ("loss_first", "loss_last"))
+    step_diff = max(abs(a - b) for a, b in zip(
+        [sum(x) / 2 for x in zip(*[r["losses"] for r in ranks])],
+        [sum(x) / 2 for x in zip(*[r["losses"] for r in local["applied"]["ranks"]])]))
+    print(f"one node, two ranks (once): step {local['step_ms_median']:.2f} ms, all-reduce "
+          f"{local['allreduce_ms']:.3f} ms (share {local['allreduce_share']:.3f}); max |loss diff| first/last "
+          f"{loss_diff:.3g}, over every step {step_diff:.3g}")
+    assert loss_diff < 1e-5 and step_diff < 1e-5

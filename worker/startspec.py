@@ -251,7 +251,15 @@ def torch_spec(config: dict, facts: dict, cpus: list[int]) -> ChildSpec:
         _, aten, onednn = ISA_CAPS[config["isa"]]
         spec.env.update(ATEN_CPU_CAPABILITY=aten, ONEDNN_MAX_CPU_ISA=onednn, **isa_check.extra_env(config["isa"]))
     spec.env.update(gemm_route.start_env(config.get("blas", "mkl"), spec.env))  # mkl_intel_path: its preload
+    if int(config.get("nodes", 1)) > 1:
+        spec.env.update(slurm_env())
     return spec
+
+
+def slurm_env() -> dict[str, str]:
+    """What a child of nodes > 1 needs to start the other nodes' launchers with srun inside the worker's
+    allocation: SLURM's job variables (SLURM_JOB_ID, SLURM_JOB_NODELIST...) and SLURM_CONF where set."""
+    return {k: v for k, v in os.environ.items() if k.startswith("SLURM_")}
 
 
 def jax_spec(config: dict, facts: dict, cpus: list[int]) -> ChildSpec:

@@ -133,15 +133,17 @@ def launch(request: dict, t0: float) -> dict:
     (run_dir / "request.json").write_text(json.dumps({**request, "collective_timeout_s": timeout_s,
                                                       "launcher_t0": t0, "rendezvous": endpoint, "run_id_dp": run_id}))
     others = start_other_nodes(request, run_dir, nodes) if nodes > 1 else []
+    watch = NodeWatch(others, run_dir) if others else None
     try:
         run_agent(run_dir, ranks=ranks, nodes=nodes, endpoint=endpoint, run_id=run_id)
         return json.loads((run_dir / RESULT).read_text())
+    except RankFailed as failed:
+        lost = watch.lost if watch else None
+        raise RankFailed(f"{lost}; here: {failed}" if lost else str(failed)) from None
     finally:
-        for proc in others:  # their ranks ended (or failed) with ours: the launcher exits at once
-            try:
-                proc.wait(timeout=SHUTDOWN_TIMEOUT_S + 10)
-            except Exception:
-                proc.kill()
+        if watch:
+            watch.stop()
+        stop_other_nodes(others)
         if not request.get("dp_dir"):  # a folder of our own: nothing in it outlives the run
             shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -194,6 +196,12 @@ def failure_reason(failed, run_dir: Path) -> str:
                      for r, (n, phase) in sorted(where.items()))
     at = f" [{said}]" if said else ""
     described = {rank: _describe(f) for rank, f in failed.failures.items()}
+    remote = remote_nodes(run_dir)
+    peer_words = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout")
+    if remote and all(any(w in described[r].lower() for w in peer_words) for r in failed.failures):
+        # every rank here failed waiting on a peer: the other node(s) were lost (a cut link, a dead node)
+        rank = min(failed.failures)
+        return (f"lost contact with {remote}: rank {rank} on {socket.gethostname()} {described[rank]}{at}")
     timed_out = [r for r, text in described.items() if "timed out" in text.lower()]
     quiet = sorted(r for r in failed.failures if r not in timed_out)  # did not time out: it was not waiting
     if timed_out and quiet:
@@ -232,11 +240,96 @@ def start_other_nodes(request: dict, run_dir: Path, nodes: int) -> list:
     if os.environ.get("SLURM_JOB_ID") and not request.get("nodes_loopback"):
         argv = ["srun", f"--nodes={nodes - 1}", f"--ntasks={nodes - 1}", "--ntasks-per-node=1", "--relative=1",
                 "--export=ALL", *argv]
-        return [subprocess.Popen(argv, stdin=subprocess.DEVNULL)]
+        with open(run_dir / SRUN_ERR, "ab") as err:
+            return [subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=err)]
     if not request.get("nodes_loopback"):
         raise RankFailed(f"nodes={nodes} needs a SLURM allocation of {nodes} nodes (bench.py submit --slurm "
                          f"--nodes {nodes}): no SLURM_JOB_ID here")
     return [subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=False) for _ in range(nodes - 1)]
+
+
+NODE_FILE = "node-rank{rank}.json"  # each rank's node: host, address, group rank (for a reason naming it)
+SRUN_ERR = "srun-nodes.err"
+
+
+class NodeWatch:
+    """While this node's agent runs: the other nodes' launcher (srun) ending first means a node was lost
+    (its launcher killed, its slurmd declared dead by slurmctld and the step ended): this node's ranks are
+    killed at once, so the run fails now instead of after the collective timeout, and `lost` says why."""
+
+    def __init__(self, others: list, run_dir: Path):
+        import threading
+
+        self.others, self.run_dir, self.lost = others, run_dir, None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.2):
+            ended = [p for p in self.others if p.poll() is not None and p.returncode != 0]
+            if ended:
+                said = _last_line(self.run_dir / SRUN_ERR)
+                how = f"exited with code {ended[0].returncode}" if ended[0].returncode > 0 else \
+                    f"was killed by {signal.Signals(-ended[0].returncode).name}"
+                self.lost = f"lost {remote_nodes(self.run_dir) or 'another node'}: its launcher step (srun) {how}" + \
+                    (f" ({said})" if said else "")
+                for pid in _local_rank_pids():
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def _local_rank_pids() -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process().children(recursive=True)
+            if "worker.trainers.torch.distributed" in " ".join(p.cmdline()) and "--node" not in p.cmdline()]
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+def stop_other_nodes(others: list) -> None:
+    """After this node's agent ended: the other launchers end with their ranks (a lost peer fails their
+    collectives too); one that does not within SHUTDOWN_TIMEOUT_S (its link cut: srun hears nothing) is sent
+    SIGTERM (srun passes it on to its task), then SIGKILL."""
+    deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+    for proc in others:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except Exception:
+            proc.terminate()
+            try:
+                proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
+            except Exception:
+                proc.kill()
+                proc.wait()
+
+
+def remote_nodes(run_dir: Path) -> str:
+    """The nodes other than this one that ranks joined from, e.g. 'node 1 (host n1, 10.0.0.11: rank 1)'."""
+    here, nodes = socket.gethostname(), {}
+    for path in sorted(run_dir.glob("node-rank*.json")):
+        try:
+            info = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if info["host"] != here:
+            nodes.setdefault((info["node"], info["host"], info["address"]), []).append(info["rank"])
+    return ", ".join(f"node {node} (host {host}, {address}: rank{'s' if len(r) > 1 else ''} "
+                     f"{', '.join(map(str, sorted(r)))})" for (node, host, address), r in sorted(nodes.items()))
 
 
 def node_main(run_dir: Path) -> None:
@@ -246,6 +339,8 @@ def node_main(run_dir: Path) -> None:
     set_parent_death_signal(os.getppid())
     request = json.loads((run_dir / "request.json").read_text())
     config = request["config"]
+    cpus = sorted(os.sched_getaffinity(0))  # the whole node (srun's task): the job's cores of it, as on the first
+    os.sched_setaffinity(0, cpus[:int(config["cores"])])
     run_agent(run_dir, ranks=int(config["ranks"]), nodes=int(config["nodes"]), endpoint=request["rendezvous"],
               run_id=request["run_id_dp"])
 
@@ -265,6 +360,8 @@ class Rank:
         self.allreduce_ns: list[int] = []  # per step
         self.first_step_start: float | None = None
         self.losses: list = []  # every step's loss on this rank's slice (warm-up included)
+        self.node = int(os.environ.get("GROUP_RANK", 0))
+        self.address = local_address(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 9)))
 
     def batches(self, tokens, config: dict):
         """This rank's exact slice of each global batch: the samples [rank*B, (rank+1)*B) of the batch of
@@ -334,12 +431,23 @@ class Rank:
         timed = self.allreduce_ns[warmup:] if result.get("status") == "done" else []
         applied = result.get("applied") or {}
         return {"rank": self.rank, "local_rank": self.local_rank, "host": socket.gethostname(), "pid": os.getpid(),
-                "node": int(os.environ.get("GROUP_RANK", 0)), "machine": machine_facts(),
+                "node": self.node, "address": self.address, "machine": {**machine_facts(), "address": self.address},
                 "numa_nodes": numa_nodes(self.cpus),
                 "slice": self.cpus, "result": result, "first_step_start": self.first_step_start,
                 "allreduce_ms": statistics.median(timed) / 1e6 if timed else None,
                 "losses": [float(loss) for loss in self.losses],
                 "readback": {k: applied.get(k) for k in PER_RANK_READBACK}}
+
+
+def local_address(peer: str, port: int) -> str:
+    """This host's address on the route to the rendezvous host (a connected UDP socket sends nothing): the
+    interface gloo's traffic to the other nodes leaves by."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((peer, port))
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
 
 
 def numa_nodes(cpus: list[int]) -> list[int]:
@@ -404,6 +512,8 @@ def rank_main(run_dir: Path) -> None:
     def train() -> None:
         dist.init_process_group(BACKEND, timeout=timedelta(seconds=float(request["collective_timeout_s"])))
         dp = Rank(rank, world, local_rank, run_dir, mine)
+        (run_dir / NODE_FILE.format(rank=rank)).write_text(json.dumps(
+            {"rank": rank, "node": dp.node, "host": socket.gethostname(), "address": dp.address}))
         mine_request = {**request, "output_dir": request.get("output_dir") if rank == 0 else None}
         result = child.run(mine_request, dp=dp)
         records = [None] * world if rank == 0 else None
@@ -467,6 +577,7 @@ def merge(records: list[dict], request: dict) -> dict:
     applied = dict(first["applied"])
     applied["affinity"] = sorted({cpu for r in here for cpu in (r["readback"]["affinity"] or [])})
     applied["ranks"] = [{"rank": r["rank"], "node": r["node"], "local_rank": r["local_rank"], "host": r["host"],
+                         "address": r["address"],
                          "pid": r["pid"], "numa_nodes": r["numa_nodes"],
                          "slice": r["slice"], **r["readback"],
                          "step_ms_median": r["result"]["metrics"]["step_ms_median"],
