@@ -35,7 +35,7 @@ from tests.pgserver import Server, postgres_server
 from tests.slurm import _free_port, _wait
 
 PREFIX = "cbn"  # every namespace, interface and temp dir of these clusters starts with it
-SLURMD_TIMEOUT_S = 10  # slurmctld marks a silent node DOWN after this (the node-loss tests wait for it)
+SLURMD_TIMEOUT_S = 5  # slurmctld marks a silent node DOWN after this (the node-loss tests wait for it)
 
 
 def why_not() -> str | None:

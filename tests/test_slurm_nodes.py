@@ -59,13 +59,18 @@ def rows(url: str, sql: str) -> list:
         engine.dispose()
 
 
-def submit_together(cluster, url: str, logs: Path, env: dict, timeout_s: float = 300) -> tuple[str, str]:
-    """`submit --slurm --nodes 2 --together` on the cluster; waits until the allocation ended; returns
-    (job id, the batch step's output)."""
+def submit(cluster, url: str, logs: Path, env: dict, *args: str) -> str:
     proc = bench("submit", "--slurm", "--nodes", "2", "--together", "--timeout", "120", "--logs", str(logs),
-                 "--db", url, env={**cluster.env, **env}, check=True)
+                 "--db", url, *args, env={**cluster.env, **env}, check=True)
     job_id = proc.stdout.strip()
     assert job_id.isdigit(), proc.stdout + proc.stderr
+    return job_id
+
+
+def submit_together(cluster, url: str, logs: Path, env: dict, *args: str, timeout_s: float = 300) -> tuple[str, str]:
+    """`submit --slurm --nodes 2 --together` on the cluster; waits until the allocation ended; returns
+    (job id, the batch step's output)."""
+    job_id = submit(cluster, url, logs, env, *args)
     wait_gone(cluster, job_id, timeout_s)
     out = logs / f"cpubench-{job_id}.out"
     return job_id, out.read_text() if out.exists() else ""
@@ -142,3 +147,73 @@ def test_a_sweep_of_nodes_1_and_2_runs_in_one_allocation_and_two_nodes_train_lik
           f"{local['allreduce_ms']:.3f} ms (share {local['allreduce_share']:.3f}); max |loss diff| first/last "
           f"{loss_diff:.3g}, over every step {step_diff:.3g}")
     assert loss_diff < 1e-5 and step_diff < 1e-5
+
+
+def steps_begun(output: Path, rank: int) -> int:
+    for path in output.glob(f"cpubench-ranks-*/progress-rank{rank}"):
+        fields = path.read_text().split()
+        if len(fields) == 3:
+            return int(fields[1])
+    return 0
+
+
+def launcher_pid(cluster, node) -> int:
+    pids = [p for p in netcluster.netns_pids(node.name) if "distributed --node" in netcluster._cmdline(p)]
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+# the bound on a node fault's time to failure: what notices it (the collective timeout; for a dead slurmd,
+# slurmctld's SlurmdTimeout and its ping every third of it) plus the launcher's grace (the other node's
+# srun SIGTERM -> SIGKILL) and the worker writing the run
+GRACE_S = 15
+
+
+@pytest.mark.parametrize("fault", ["link cut", "slurmd killed", "launcher kill -9"])
+def test_a_lost_node_fails_the_run_naming_it_leaves_no_rank_and_the_retry_finishes_once_it_is_back(
+        cluster, cluster_db, tmp_path, fault):
+    env = {"BENCH_COLLECTIVE_TIMEOUT_S": str(COLLECTIVE_TIMEOUT_S)}
+    # a dead slurmd stops nothing by itself (its steps' slurmstepd go on): the run must still be training when
+    # slurmctld declares the node down, SlurmdTimeout later
+    enqueue(cluster_db, env, nodes=2, steps=1500 if fault == "slurmd killed" else 300)
+    output = Path(os.environ["BENCH_OUTPUT_DIR"])
+    job_id = submit(cluster, cluster_db, tmp_path / "logs", env, "--pool", "nodes")
+    second = cluster.nodes[1]
+    deadline = time.monotonic() + 180
+    while steps_begun(output, 1) < 3:
+        assert time.monotonic() < deadline, (tmp_path / "logs" / f"cpubench-{job_id}.out").read_text()
+        time.sleep(0.1)
+    if fault == "link cut":
+        cluster.cut(second)
+    elif fault == "slurmd killed":
+        cluster.kill_slurmd(second)
+    else:
+        os.kill(launcher_pid(cluster, second), 9)
+    hit = time.monotonic()
+    while rows(cluster_db, "SELECT status FROM runs")[0].status == "running":
+        assert time.monotonic() - hit < 120, "the run did not fail"
+        time.sleep(0.2)
+    failed_after_s = time.monotonic() - hit
+    ended_after_s = wait_gone(cluster, job_id, 120) + failed_after_s
+    status, reason = rows(cluster_db, "SELECT status, reason FROM runs")[0]
+    left = cluster.rank_processes()
+    print(f"\n{fault}: failed after {failed_after_s:.1f} s, allocation ended after {ended_after_s:.1f} s, "
+          f"ranks left {left}: {reason}")
+    assert status == "failed" and second.name in reason, reason
+    # slurmctld: "not responding" after SlurmdTimeout, DOWN at a ping round after (18 s with 10)
+    detector = netcluster.SLURMD_TIMEOUT_S * 2 if fault == "slurmd killed" else COLLECTIVE_TIMEOUT_S
+    assert failed_after_s < detector + GRACE_S
+    assert not left
+
+    if fault == "link cut":
+        cluster.mend(second)
+    elif fault == "slurmd killed":
+        cluster.start_slurmd(second)
+    cluster.wait_idle(90)
+    assert "requeued 1 run" in bench("retry", "--failed", "--pool", "nodes", "--db", cluster_db, check=True).stdout
+    _, out = submit_together(cluster, cluster_db, tmp_path / "logs", env, "--pool", "nodes")
+    status, attempts, reason, applied = rows(cluster_db, "SELECT status, attempts, reason, applied FROM runs")[0]
+    print(f"retried once the node was back: {status}, attempts {attempts}")
+    assert status == "done", (reason, out)
+    assert sorted(r["host"] for r in applied_of(applied)["ranks"]) == [n.name for n in cluster.nodes]
+    assert not cluster.rank_processes()

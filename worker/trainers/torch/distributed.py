@@ -139,7 +139,7 @@ def launch(request: dict, t0: float) -> dict:
         return json.loads((run_dir / RESULT).read_text())
     except RankFailed as failed:
         lost = watch.lost if watch else None
-        raise RankFailed(f"{lost}; here: {failed}" if lost else str(failed)) from None
+        raise RankFailed(f"{lost}; this node's ranks were stopped" if lost else str(failed)) from None
     finally:
         if watch:
             watch.stop()
@@ -267,11 +267,13 @@ class NodeWatch:
 
     def _watch(self) -> None:
         while not self._done.wait(0.2):
-            ended = [p for p in self.others if p.poll() is not None and p.returncode != 0]
+            # srun says "error: Node failure on <node>" and exits 0 when slurmctld declared the node dead
+            ended = [p for p in self.others if p.poll() is not None and (
+                p.returncode != 0 or "Node failure" in _last_line(self.run_dir / SRUN_ERR))]
             if ended:
                 said = _last_line(self.run_dir / SRUN_ERR)
-                how = f"exited with code {ended[0].returncode}" if ended[0].returncode > 0 else \
-                    f"was killed by {signal.Signals(-ended[0].returncode).name}"
+                code = ended[0].returncode
+                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
                 self.lost = f"lost {remote_nodes(self.run_dir) or 'another node'}: its launcher step (srun) {how}" + \
                     (f" ({said})" if said else "")
                 for pid in _local_rank_pids():
@@ -332,6 +334,30 @@ def remote_nodes(run_dir: Path) -> str:
                      f"{', '.join(map(str, sorted(r)))})" for (node, host, address), r in sorted(nodes.items()))
 
 
+def _leave_when_ranks_ended() -> None:
+    """A launcher cut off from the first node (its link down) outlived its ranks: once they failed, torch's
+    agent closes the rendezvous through the first node's store and waits on TCP for minutes. Once this
+    node's ranks have all ended, the agent gets SHUTDOWN_TIMEOUT_S to return; then the launcher leaves."""
+    import threading
+
+    import psutil
+
+    def watch() -> None:
+        me, seen, ended_at = psutil.Process(), False, None
+        while True:
+            time.sleep(0.5)
+            ranks = [p for p in me.children() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            seen = seen or bool(ranks)
+            if seen and not ranks:
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at > SHUTDOWN_TIMEOUT_S:
+                    print(f"cpubench: this node's ranks ended {SHUTDOWN_TIMEOUT_S} s ago and the agent has not "
+                          f"returned (the first node unreachable?): leaving", file=sys.stderr, flush=True)
+                    _leave(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def node_main(run_dir: Path) -> None:
     """A launcher of a node other than the first: the same agent, joining the first node's rendezvous."""
     from common.processes import set_parent_death_signal
@@ -341,6 +367,7 @@ def node_main(run_dir: Path) -> None:
     config = request["config"]
     cpus = sorted(os.sched_getaffinity(0))  # the whole node (srun's task): the job's cores of it, as on the first
     os.sched_setaffinity(0, cpus[:int(config["cores"])])
+    _leave_when_ranks_ended()
     run_agent(run_dir, ranks=int(config["ranks"]), nodes=int(config["nodes"]), endpoint=request["rendezvous"],
               run_id=request["run_id_dp"])
 
@@ -351,8 +378,9 @@ def node_main(run_dir: Path) -> None:
 class Rank:
     """What data parallelism adds to the torch child's _train inside one rank (child._train's `dp`)."""
 
-    def __init__(self, rank: int, world: int, local_rank: int, run_dir: Path, cpus: list[int]):
+    def __init__(self, rank: int, world: int, local_rank: int, run_dir: Path, cpus: list[int], group=None):
         self.rank, self.world, self.local_rank, self.cpus = rank, world, local_rank, cpus
+        self.group = group  # the training's process group (None: the world's)
         self.progress = os.open(run_dir / PROGRESS.format(rank=rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.steps_begun = 0
         self._mark("compute")
@@ -388,7 +416,7 @@ class Rank:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(model)
+        ddp = DistributedDataParallel(model, process_group=self.group)
 
         def timed_allreduce(state, bucket):
             started = time.perf_counter_ns()
@@ -400,7 +428,7 @@ class Rank:
 
             return allreduce_hook(state, bucket).then(done)
 
-        ddp.register_comm_hook(dist.group.WORLD, timed_allreduce)
+        ddp.register_comm_hook(self.group or dist.group.WORLD, timed_allreduce)
         return ddp
 
     def _mark(self, phase: str) -> None:
@@ -510,19 +538,23 @@ def rank_main(run_dir: Path) -> None:
 
     @record
     def train() -> None:
-        dist.init_process_group(BACKEND, timeout=timedelta(seconds=float(request["collective_timeout_s"])))
-        dp = Rank(rank, world, local_rank, run_dir, mine)
+        # Joining waits as long as the rendezvous does (another node's launcher, started by srun, imports torch
+        # seconds after this one); the training's collectives get the collective timeout, in a group of their own
+        timeout_s = float(request["collective_timeout_s"])
+        dist.init_process_group(BACKEND, timeout=timedelta(seconds=max(timeout_s, RENDEZVOUS_TIMEOUT_S)))
+        group = dist.new_group(timeout=timedelta(seconds=timeout_s)) if timeout_s < RENDEZVOUS_TIMEOUT_S else None
+        dp = Rank(rank, world, local_rank, run_dir, mine, group)
         (run_dir / NODE_FILE.format(rank=rank)).write_text(json.dumps(
             {"rank": rank, "node": dp.node, "host": socket.gethostname(), "address": dp.address}))
         mine_request = {**request, "output_dir": request.get("output_dir") if rank == 0 else None}
         result = child.run(mine_request, dp=dp)
         records = [None] * world if rank == 0 else None
-        dist.gather_object(dp.record(result, request["config"]), records, dst=0)
+        dist.gather_object(dp.record(result, request["config"]), records, dst=0, group=group)
         if rank == 0:
             merged = merge(records, request)
             (run_dir / (RESULT + ".tmp")).write_text(json.dumps(merged))
             os.replace(run_dir / (RESULT + ".tmp"), run_dir / RESULT)
-        dist.barrier()  # every rank leaves together, after rank 0 wrote the result
+        dist.barrier(group=group)  # every rank leaves together, after rank 0 wrote the result
 
     # Leave without C++ teardown, whether train() returned or raised: a rank that destroyed its gloo group
     # and exited normally was killed by SIGABRT ("terminate called without an active exception", a joinable
