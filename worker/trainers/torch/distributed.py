@@ -33,7 +33,9 @@ Faults: a rank that dies makes the agent stop the others (SIGTERM, SIGKILL after
 a rank that hangs makes the others' next collective fail after the collective timeout (the request's
 `collective_timeout_s`, default COLLECTIVE_TIMEOUT_S); either way the launcher raises RankFailed naming
 the rank that failed first and how far each rank got, and exits non-zero: the worker records a
-failed run and goes on.
+failed run and goes on. With nodes > 1 a lost node (its launcher killed, its link cut, its slurmd dead
+and the node declared down by slurmctld) is named: by the srun that ended early (NodeWatch) or by this
+node's ranks all failing on a peer (remote_nodes); see docs/clusters.md.
 """
 
 from __future__ import annotations
