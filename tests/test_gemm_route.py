@@ -3,6 +3,7 @@ same model to the same losses, each is read back from what ran, one torch cannot
 with why, and `auto`'s choice keeps old databases' jobs where they were."""
 
 import json
+import sqlite3
 
 import pytest
 
@@ -36,6 +37,57 @@ def test_every_route_trains_to_the_same_losses_and_reads_back_the_route_that_ran
     path = results["mkl_intel_path"]["applied"]["gemm_route"]
     assert path["mkl_vendor_check"] == "Intel" or path["mkl_branch"] != "COMPATIBLE", path
     assert "libmkl_intel_path" in results["mkl_intel_path"]["applied"]["gemm_route_applied"]
+
+
+def test_a_worker_proves_each_route_once_and_later_runs_name_the_run_that_proved_it(db):
+    """Which library ran a route's products is proved by one verbose step in the first run of each
+    route of a fork server; the later runs of the route (other sizes too) read MKL's branch themselves
+    and record the proving run, and every run is still judged on what its route read back."""
+    bench("enqueue", "--db", db, *(f"--set={s}" for s in TINY if not s.startswith("d_model")),
+          "--axis", "d_model=32,48,64", "--axis", "blas=mkl,onednn", check=True)
+    bench("work", "--db", db, check=True, timeout=600)
+    with sqlite3.connect(db) as conn:
+        runs = conn.execute("SELECT r.run_id, r.status, r.reason, j.blas, r.applied FROM runs r "
+                            "JOIN jobs j USING (job_id) ORDER BY r.finished").fetchall()
+    assert len(runs) == 6
+    provers = {}
+    for run_id, status, reason, blas, applied in runs:
+        assert status == "done", reason
+        route = json.loads(applied)["gemm_route"]
+        assert json.loads(applied)["blas"] == route["ran"] == blas
+        assert route["mkl_branch"] is not None  # read in every run
+        if blas not in provers:  # the route's first run in this fork server proves it
+            assert route["proven"].startswith("in this run"), route
+            provers[blas] = (run_id, route["proof_key"])
+        else:
+            assert route["proven"].startswith(f"once, by run {provers[blas][0]} "), route
+            assert route["proof_key"] == provers[blas][1]
+    assert provers["mkl"][1] != provers["onednn"][1]
+
+
+def test_a_proof_holds_for_other_sizes_but_not_other_settings():
+    config, _ = V.resolve({"d_model": 32, "n_heads": 2}, 2)
+    in_force = {"affinity": [0, 1], "torch_threads": 2, "cpu_capability": "AVX512", "mkldnn": True,
+                "mkl_isa": "AVX-512", "onednn_isa": "AVX-512"}
+    key = gemm_route.proof_key("mkl", config, in_force)
+    assert gemm_route.proof_key("mkl", {**config, "d_model": 64, "steps": 99}, in_force) == key
+    for other in ({"precision": "bf16"}, {"onednn": False}, {"attn_backend": "manual"}, {"compile": "inductor"}):
+        assert gemm_route.proof_key("mkl", {**config, **other}, in_force) != key, other
+    for other in ({"torch_threads": 1}, {"cpu_capability": "AVX2"}, {"affinity": [0]}, {"mkl_isa": "AVX2"}):
+        assert gemm_route.proof_key("mkl", config, {**in_force, **other}) != key, other
+    assert gemm_route.proof_key("onednn", config, in_force) != key
+
+
+def test_a_held_proof_replaces_the_verbose_step_and_a_route_that_did_not_run_proves_nothing():
+    steps = []
+    calls = {"onednn inner_product brg_matmul:avx512_core f32": {"calls": 4, "gflop": 0.1}}
+    held = {"k": {"calls_one_step": calls, "run_id": 7, "at": "2026-01-01T00:00:00+0000", "pid": 42}}
+    read, made = gemm_route.read_back("onednn", lambda: steps.append(1), "k", held, run_id=8)
+    assert not steps and not made  # no extra step; nothing new to hand on
+    assert read["blas"] == "onednn" and read["gemm_route"]["proven"].startswith("once, by run 7 (pid 42)")
+    read, made = gemm_route.read_back("onednn", lambda: steps.append(1), "other", held, run_id=8)
+    assert steps == [1]  # proved now: the step ran, printing no oneDNN product here
+    assert read["blas"] == "mkl" and made == {}  # a route that did not run is proved again next time
 
 
 def test_a_route_torch_cannot_take_is_skipped_with_the_reason():

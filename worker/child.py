@@ -44,6 +44,7 @@ class Outcome:
     # own process the likely cause, maybe a passing one: a strike against the job, tried again
     # (worker/loop.py), where its other failures are final at once
     strike: bool = False
+    proven: dict = field(default_factory=dict)  # what the child proved once for later ones (harness `proven`)
 
 
 def oom_kills() -> int | None:
@@ -168,7 +169,8 @@ def _outcome(rc: int, out: bytes, err: bytes, *, wall_s: float, timed_out: bool,
                                         "gemm_format")}
     facts["child_pid"] = child_pid
     return Outcome(status, result.get("reason"), metrics, facts, result.get("applied") or {}, stderr_tail=tail,
-                   timed_window=result.get("timed_window"))
+                   timed_window=result.get("timed_window"),
+                   proven=(result.get("proven") or {}) if status == "done" else {})
 
 
 class ForkServers:
@@ -190,11 +192,14 @@ class ForkServers:
 
 class ForkServer:
     """The worker's side of worker/forkserver.py for one trainer: one server per distinct
-    process-start settings, restarted when a job needs other settings, closed with the worker."""
+    process-start settings, restarted when a job needs other settings, closed with the worker.
+    `proven`: what its children proved once for the later ones (harness `proven`), handed to each
+    child; a new server starts with nothing proved."""
 
     def __init__(self):
         self.proc: subprocess.Popen | None = None
         self.key: tuple | None = None
+        self.proven: dict = {}
         self._buffer = b""
         self._stderr = None
 
@@ -207,6 +212,7 @@ class ForkServer:
 
     def _start(self, key: tuple, module: str, argv_prefix: list[str], env: dict, cpus: list[int], cwd: Path) -> None:
         self.close()
+        self.proven = {}
         self._buffer = b""
         self._stderr = tempfile.TemporaryFile()
         argv = [*argv_prefix, sys.executable, "-m", "worker.forkserver", module]
@@ -249,7 +255,7 @@ class ForkServer:
             return Outcome("failed", str(error), {}, {})
         with scratch.folder("cpubench-child-") as tmp:
             paths = {name: Path(tmp) / name for name in ("stdin", "stdout", "stderr")}
-            paths["stdin"].write_text(json.dumps(job))
+            paths["stdin"].write_text(json.dumps({**job, "proven": self.proven}))
             for name in ("stdout", "stderr"):
                 paths[name].touch()
             if drop_to_invoking_user() is not None:
@@ -290,6 +296,7 @@ class ForkServer:
             outcome = _outcome(reply["returncode"], paths["stdout"].read_bytes(), paths["stderr"].read_bytes(),
                                wall_s=wall_s, timed_out=timed_out, timeout_s=timeout_s, child_pid=pid,
                                oom_kills_before=ooms)
+        self.proven.update(outcome.proven)
         outcome.applied["spawn"] = "fork server"
         return outcome
 

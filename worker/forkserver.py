@@ -9,7 +9,9 @@ settings a freshly executed one would. The server never trains itself: each chil
 same just-imported state, sets its affinity and privileges, and runs the child module as __main__.
 What the server holds for them besides imports: the job's token ids (loaded before forking, shared
 copy-on-write) and what the trainer's `prepare_server()` reads once (the torch trainer: the library
-ISA read-back, worker/isa_check.py).
+ISA read-back, worker/isa_check.py). What a child proved once for the later ones (the torch trainer's
+GEMM route: worker/trainers/torch/gemm_route.py) is kept by the worker's side (worker/child.py
+ForkServer.proven) and travels in each job's request; it dies with the server.
 
 Protocol on the server's stdin/stdout, one JSON object a line:
   -> {"stdin": path, "stdout": path, "stderr": path, "cpus": [...], "user": [uid, gid] | null}

@@ -170,6 +170,8 @@ class Worker:
         if options.spawn not in ("fork", "exec"):
             raise BadInput(f"BENCH_SPAWN={options.spawn!r}: expected fork or exec")
         self.forkserver = ForkServers() if options.spawn == "fork" else None
+        # spawn=exec: what children proved once for later ones (harness `proven`), per start settings
+        self._exec_proven: dict[tuple, dict] = {}
 
     def close(self) -> None:
         if self.forkserver is not None:
@@ -432,14 +434,21 @@ class Worker:
                 sampler.watch(child_pid)
                 on_heartbeat(child_pid)
 
+            env = child_env(spec.env, PROJECT_ROOT, data_dir)
+            proven = None
+            if self.forkserver is None:  # a fork server keeps its own children's (a new server, nothing)
+                proven = self._exec_proven.setdefault(
+                    (module, tuple(sorted(env.items())), tuple(spec.argv_prefix), tuple(spec.cpus)), {})
+                job["proven"] = dict(proven)
             try:
                 spawn = self.forkserver.run if self.forkserver is not None else run_exec
-                outcome = spawn(job, module=module, argv_prefix=spec.argv_prefix,
-                                env=child_env(spec.env, PROJECT_ROOT, data_dir), cpus=spec.cpus, cwd=PROJECT_ROOT,
-                                timeout_s=self.opts.timeout_s, heartbeat_s=self.opts.heartbeat_s,
+                outcome = spawn(job, module=module, argv_prefix=spec.argv_prefix, env=env, cpus=spec.cpus,
+                                cwd=PROJECT_ROOT, timeout_s=self.opts.timeout_s, heartbeat_s=self.opts.heartbeat_s,
                                 on_heartbeat=beat)
             finally:
                 sampled = sampler.stop()
+            if proven is not None:
+                proven.update(outcome.proven)
         outcome.curve = read_curve(output_dir / CURVE_FILE)
         window = outcome.timed_window  # {start_unix_s, end_unix_s}: the sensors average over exactly it
         if window:

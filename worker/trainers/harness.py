@@ -13,12 +13,16 @@ Request (the worker writes it):
     peak_gflops        {"fp32": .., "bf16": .., "basis", "provisional"} GEMM peak of the run's CPU set, or None
     compile_cache_dir  a shared compiler cache (torch inductor's warm cache)
     curve_path         a learning run (max_tokens) appends each evaluation here as one JSON line, as it goes
+    proven             {key: proof} what earlier children of the same fork server (or, executed, of the
+                       same worker and start settings) proved once for later ones (the torch trainer:
+                       which library ran a GEMM route's products, worker/trainers/torch/gemm_route.py)
 Result (the trainer prints it; result() and skipped() build it):
     status "done" | "skipped", reason, metrics (EVERY name of TRAINER_METRICS, None where it cannot
     measure), gemm_format (what the run's GEMMs computed, in words; a simulated format says so), applied (the settings read back, at least READBACK), timed_window ({start_unix_s,
     end_unix_s}: time.time() around the timed steps, for sensors averaged over exactly that window),
     dataset_used, output_path, torch_version (None where torch did not run: the framework's own
-    version goes in build_info), python_version, build_info.
+    version goes in build_info), python_version, build_info, proven (what this run proved for later
+    children, {key: proof}; the worker hands it to them in `proven` while their start stays the same).
 On an exception: traceback on stderr, non-zero exit, no result line.
 
 Imports nothing but the standard library and common/ at module level: the children start fast.
@@ -103,7 +107,8 @@ def skipped(reason: str, applied: dict | None = None, torch_version: str | None 
 
 
 def result(metrics: dict, *, applied: dict, timed_window: dict, dataset_used: str | None, output_path: str | None,
-           torch_version: str | None, build_info: dict | None, gemm_format: str | None = None) -> dict:
+           torch_version: str | None, build_info: dict | None, gemm_format: str | None = None,
+           proven: dict | None = None) -> dict:
     """A done result; raises if a trainer metric is missing or an unknown one is present. gemm_format:
     what the GEMMs computed (every trainer says; None only from test stubs that train nothing)."""
     missing = [m for m in TRAINER_METRICS if m not in metrics]
@@ -113,7 +118,7 @@ def result(metrics: dict, *, applied: dict, timed_window: dict, dataset_used: st
     return {"status": "done", "reason": None, "metrics": {m: metrics[m] for m in TRAINER_METRICS},
             "gemm_format": gemm_format, "applied": applied, "timed_window": timed_window, "dataset_used": dataset_used,
             "output_path": output_path, "torch_version": torch_version,
-            "python_version": platform.python_version(), "build_info": build_info}
+            "python_version": platform.python_version(), "build_info": build_info, "proven": proven or {}}
 
 
 # -- the timed loop ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ the metric names and the analytic FLOP/parameter counts are the harness's.
                   the seconds an untimed process of its own took to compile the config into it)
     applied.setup_phases_s  where a job's time outside its steps goes: imports, data, model (with any
                   finetune start), optimizer (with compile settings and prewarm), then save, read_back
+                  (the GEMM route's proof only where this fork server had none: gemm_route.py)
 """
 
 from __future__ import annotations
@@ -424,8 +425,12 @@ def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
     output_path = save_model(model, config, request, dataset_used)
     phases["save"], mark = time.perf_counter() - mark, time.perf_counter()
     applied |= read_back()
-    # after save: one more step, outside dp's timing (a rank's all-reduce times are its timed loop's alone)
-    applied |= gemm_route.read_back(config["blas"], lambda: step([batches()]))
+    # after save: where this route was not proved yet, one more step, outside dp's timing (a rank's
+    # all-reduce times are its timed loop's alone)
+    route_read, proven = gemm_route.read_back(config["blas"], lambda: step([batches()]),
+                                              gemm_route.proof_key(config["blas"], config, applied),
+                                              request.get("proven"), request.get("run_id"))
+    applied |= route_read
     if config["compile"] == "inductor":
         from worker.trainers.torch import ccflags
 
@@ -434,7 +439,7 @@ def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
     phases["read_back"] = time.perf_counter() - mark
     return harness.result(metrics, applied=applied, timed_window=window, dataset_used=dataset_used,
                           output_path=output_path, torch_version=torch.__version__, build_info=build_info(),
-                          gemm_format=gemm_format(config["precision"]))
+                          gemm_format=gemm_format(config["precision"]), proven=proven)
 
 
 def shared_init(model, config: dict) -> str:

@@ -23,22 +23,33 @@ run, applied in the child and read back from what ran.
 MKL's own dispatch switches are not routes: on the AMD EPYC, MKL_ENABLE_INSTRUCTIONS=AVX512,
 MKL_CBWR=AVX512 and MKL_DEBUG_CPU_TYPE=5 each left MKL's branch at COMPATIBLE (read back as above).
 
-The read-back (`read_back`) runs one training step after the timed ones, and after the model is
-saved, under MKL's and oneDNN's verbose modes, and counts the GEMM calls each library printed; with
-MKL's branch and whether its vendor check was answered, it says which route ran (`blas`), which
-worker/verify.py compares with the job's.
+The read-back (`read_back`) says which route ran (`blas`), which worker/verify.py compares with the
+job's, from two kinds of evidence:
+- MKL's branch and whether its vendor check was answered (`mkl_branch`, one call): read in every run.
+  It alone decides mkl_intel_path (MKL left its generic branch) against mkl.
+- Which library ran the route's products (`count_calls`: one training step after the timed ones, and
+  after the model is saved, under MKL's and oneDNN's verbose modes). It decides onednn (oneDNN ran
+  fp32 products). It costs 0.6 s a run, mostly MKL's verbose banner waiting for the next whole second,
+  and its answer is the same for every run of the same route, settings and process start: it is
+  proved once per fork server (or per worker, for children it executes) and per `proof_key`, and
+  each later run of that key records which run proved it and when (`proven`). Model sizes are not in
+  the key: the verdict does not depend on them (mkl_intel_path is judged by MKL's branch alone; onednn's
+  mode sends every fp32 F.linear to oneDNN whatever its shape). The counts do, and are recorded as the
+  proving run's.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import platform
 import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 ROUTES = ("mkl", "mkl_intel_path", "onednn", "cpp_template")
@@ -261,11 +272,34 @@ def route_ran(route: str, calls: dict, branch: dict) -> str:
     return "mkl"
 
 
-def read_back(route: str, one_step) -> dict:
-    """Run one_step() (one training step) under MKL's and oneDNN's verbose modes: {"blas": the
-    route it shows, "gemm_route": the counted calls, MKL's branch, how long it took}."""
-    import time
+# What besides the route could change which library runs its products, for a proof (proof_key):
+# the job's variables that pick the ops and dtypes (precision, compile, attention's kernel...), what the
+# child read back of its threads and ISAs, and the start environment the libraries read when they load.
+PROOF_CONFIG = ("framework", "precision", "compile", "fusion", "cc_flags", "compiler", "attn_backend", "attention",
+                "task", "onednn", "isa", "ranks", "nodes")
+PROOF_IN_FORCE = ("affinity", "torch_threads", "interop_threads", "cpu_capability", "mkldnn", "mkl_isa",
+                  "onednn_isa", "allocator_lib")
+PROOF_ENV = ("LD_PRELOAD", "MKL_", "ONEDNN_", "DNNL_", "ATEN_", "OMP_", "KMP_", "GOMP_")
 
+
+def proof_key(route: str, config: dict, in_force: dict) -> str:
+    """The identity of what a proof of `route` holds for in this process: the route, the job's variables
+    and the settings read back (PROOF_CONFIG, PROOF_IN_FORCE), the libraries' start environment and this
+    torch install. Any difference and the route is proved again."""
+    import torch
+
+    key = {"route": route, "config": {k: config.get(k) for k in PROOF_CONFIG},
+           "in_force": {k: in_force.get(k) for k in PROOF_IN_FORCE},
+           "env": {k: v for k, v in os.environ.items() if k.startswith(PROOF_ENV)},
+           "torch": [torch.__version__, torch.__file__]}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_back(route: str, one_step, key: str, held: dict | None = None, run_id: int | None = None) -> tuple[dict, dict]:
+    """Which route ran: ({"blas": it, "gemm_route": the evidence}, the proof this run made, {key: proof},
+    empty unless it proved the asked route). MKL's branch is read here; which library ran the products
+    comes from `held[key]`, a proof an earlier run of this key made, or is proved now by running
+    one_step() (one training step) under MKL's and oneDNN's verbose modes and counting the calls."""
     import torch
 
     from worker.isa_check import _capture_stdout
@@ -276,8 +310,18 @@ def read_back(route: str, one_step) -> dict:
             one_step()
 
     t = time.perf_counter()
-    calls = count_calls(_capture_stdout(verbose_step))
     branch = mkl_branch()
-    ran = route_ran(route, calls, branch)
-    return {"blas": ran, "gemm_route": {"asked": route, "ran": ran, **branch, "calls_one_step": calls,
-                                        "read_back_s": round(time.perf_counter() - t, 3)}}
+    proof = (held or {}).get(key)
+    fresh = proof is None
+    if fresh:
+        proof = {"calls_one_step": count_calls(_capture_stdout(verbose_step)), "run_id": run_id,
+                 "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid()}
+        proven = "in this run (one step under MKL's and oneDNN's verbose modes)"
+    else:
+        proven = (f"once, by run {proof['run_id']} (pid {proof['pid']}) at {proof['at']}: the same route, "
+                  f"settings and process start (proof_key); MKL's branch read in this run")
+    ran = route_ran(route, proof["calls_one_step"], branch)
+    made = {key: proof} if fresh and ran == route else {}  # a route that did not run is proved again
+    return {"blas": ran, "gemm_route": {"asked": route, "ran": ran, **branch, "calls_one_step": proof["calls_one_step"],
+                                        "proven": proven, "proof_key": key,
+                                        "read_back_s": round(time.perf_counter() - t, 3)}}, made
