@@ -229,7 +229,7 @@ CREATE TABLE IF NOT EXISTS runs (
     global_batch   INTEGER,                   -- samples per optimizer step over every rank
     allreduce_ms   REAL,                      -- median over timed steps: time some gradient bucket was in flight, sent to reduced (DDP comm hook)
     allreduce_share REAL,                     -- allreduce_ms / step_ms_median; NULL with one rank
-    val_loss       REAL,                      -- mean cross-entropy over the corpus's fixed held-out tokens, after the timed steps
+    val_loss       REAL,                      -- mean cross-entropy over the corpus's fixed held-out tokens, after the timed steps (applied.val_tokens of them: the first 1024 in a step-time run, 8192 in a learning run)
     eval_s         REAL,                      -- the seconds that evaluation took (apart from every step time)
     train_tokens   INTEGER,                   -- tokens trained in all, warm-up included
     reached        BOOLEAN,                   -- a target_loss run: its validation loss came to the target within max_tokens; NULL without a target

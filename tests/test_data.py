@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from worker.data import DATASET_BUILTIN, DATASET_HUB, DATASET_SHAKESPEARE
+from common.variables import resolve
 from worker import data
 
 TO_BE = "To be, or not to be,--that is the question:--"  # Hamlet, a held-out play
@@ -175,6 +176,16 @@ def test_val_windows_are_the_start_of_the_held_out_ids_in_fixed_non_overlapping_
     assert x.shape == (1, 16)  # at least one window
     assert data.val_windows(np.arange(17), seq_len=16)[0].shape == (1, 16)
     assert data.val_windows(np.arange(10**5), seq_len=64)[0].shape == (data.EVAL_TOKENS // 64, 64)
+
+
+def test_a_step_time_run_evaluates_the_start_of_a_learning_runs_evaluation_set():
+    step_time, _ = resolve({}, 2)
+    learning, _ = resolve({"max_tokens": 10**6}, 2)
+    assert data.eval_tokens(learning) == data.EVAL_TOKENS and data.eval_tokens(step_time) == data.STEP_TIME_EVAL_TOKENS
+    val = np.arange(10**5)
+    short = data.val_windows(val, 64, data.eval_tokens(step_time))[0]
+    full = data.val_windows(val, 64, data.eval_tokens(learning))[0]
+    assert short.shape == (data.STEP_TIME_EVAL_TOKENS // 64, 64) and np.array_equal(short, full[:len(short)])
 
 
 def test_val_windows_refuse_a_held_out_text_shorter_than_one_window():

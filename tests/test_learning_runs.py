@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT, bench
+from worker.data import EVAL_TOKENS
 
 TINY = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "seq_len=32", "--set",
         "batch_size=4", "--set", "vocab_size=256", "--set", "warmup_steps=1", "--set", "dataset=builtin",
@@ -28,6 +29,8 @@ def test_a_learning_sweep_keeps_every_evaluation_in_curves_and_v_curves(db):
     bench("work", "--db", db, check=True, timeout=600)
     runs = rows(db, "SELECT run_id, lr, status, val_loss, train_tokens, reached FROM v_results ORDER BY lr")
     assert [r[2] for r in runs] == ["done", "done"] and [r[4] for r in runs] == [128 * 12] * 2
+    # a learning run evaluates the whole fixed set (a step-time run only its first STEP_TIME_EVAL_TOKENS)
+    assert rows(db, "SELECT DISTINCT json_extract(applied, '$.val_tokens') FROM runs") == [(EVAL_TOKENS // 32 * 32,)]
     assert [r[5] for r in runs] == [None, None]  # no target: nothing to reach
     for run_id, lr, _, val_loss, _, _ in runs:
         curve = rows(db, "SELECT attempt, final, step, tokens, train_s, eval_s, time_s, val_loss, lr FROM v_curves "

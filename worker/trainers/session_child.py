@@ -113,7 +113,7 @@ def _train(request: dict, child, t0: float) -> dict:
 
     session = child.Session(config, lr, params)
     held_out = functools.partial(data.validation_windows, corpus, config)
-    learning = harness.learning_for(config, request, session.eval_loss, held_out)
+    learning = harness.learning_for(config, request, session.eval_loss, held_out, applied)
     metrics, window, first_step_start = harness.timed_loop(session.step, session.sync, batches.next, config,
                                                            getattr(session, "compilations", None), session.set_lr,
                                                            learning)

@@ -409,7 +409,7 @@ def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
     step = make_step(trained, optimizer, config["precision"], fused_loss=fused_loss)
     held_out = functools.partial(data.validation_windows, corpus, config)
     loss_of = eval_loss(model, config["precision"])
-    learning = harness.learning_for(config, request, loss_of, held_out)
+    learning = harness.learning_for(config, request, loss_of, held_out, applied)
     metrics, window, first_step_start = harness.timed_loop(
         _first_compile_skips(dp.step(step) if dp else step, config), lambda loss: loss, batches, config,
         _graphs_compiled if config["compile"] == "inductor" else None, scaled_lr(optimizer, lr), learning)
