@@ -3,13 +3,19 @@ wall time is not timed steps, and where it goes (claim, knobs, sensors, fork, ch
 after the timed steps, record...).
 
     venv/bin/python benchmarks/queue_overhead.py [--jobs 12] [--steps 5] [--rounds 1] [--tree PATH ...]
-                                                 [--set K=V ...]
+                                                 [--set K=V ...] [--axis K=V1,V2,...]
 
 --tree: measure another checkout's worker too (e.g. main, for a before/after); with several trees the
 rounds alternate between them (interleaved: the machine's load hits each alike) and each tree gets its
 own table. Each round enqueues --jobs tiny jobs in a throwaway database and state dir, runs one job to
 warm the probe cache and the data cache, then times a worker (in a process of its own, started on that
 tree) over the rest. Prints figures; asserts nothing.
+
+The tiny jobs: n_layers=1 seq_len=32 batch_size=4 vocab_size=512 warmup_steps=1, d_model 32, 40, ...
+one width per job. --set overrides a setting of theirs (or adds one); --axis replaces the widths by
+another varied variable, e.g. the quick preset's base, its seeds varied:
+    --set d_model=256 --set n_layers=2 --set seq_len=64 --set vocab_size=1024 --set steps=10
+    --set warmup_steps=2 --axis seed=0,1,2,3,4,5,6,7,8,9,10,11,12
 
 The breakdown is measured in that worker process by timing the worker's own calls (the Store, the
 knobs, the sensors, the fork server) and in the child from what it reports (setup_s, first_step_s,
@@ -24,7 +30,11 @@ train_s, its timed window, and `applied["setup_phases_s"]` where the trainer rep
     setup        child module start -> first step (imports, data, model, optimizer)
     warmup       the untimed warmup step (first_step_s; with --set warmup_steps=N the others count
                  in "to child")
-    after        end of the timed steps -> the worker has the child's reply (save, read back, exit)
+    after        end of the timed steps -> the worker has the child's reply, in the child's parts:
+      eval         the validation loss on the held-out windows (eval_s; applied.val_tokens of them)
+      save         the model saved (applied.setup_phases_s)
+      read back    the settings read back, the GEMM route's proof where one was made (ditto)
+      rest         the rest: the throughput figures, the result line, the child's exit, the reply
     record       finish (DB), heartbeats, progress counts
     other        the rest of the worker's loop (events, outcome handling)
 """
@@ -45,6 +55,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("claim", "check+data", "knobs", "sensors", "server", "to child", "setup", "warmup", "after",
           "record", "other")
+AFTER = ("eval", "save", "read back", "rest")  # the parts of "after"
+TINY = {"n_layers": "1", "seq_len": "32", "batch_size": "4", "warmup_steps": "1", "vocab_size": "512"}
 
 
 def _timed(owner, name: str, bucket: str, totals: dict) -> None:
@@ -124,16 +136,16 @@ def _worker_side(db: str, out: str) -> None:
             f.write(json.dumps({**job, "cycle_s": t1 - t0, "phases": phases}) + "\n")
 
 
-def _round(tree: Path, jobs: int, steps: int, sets: list[str]) -> list[dict]:
+def _round(tree: Path, jobs: int, steps: int, sets: list[str], axis: str | None = None) -> list[dict]:
     """One round on one tree: per timed job, its phases (seconds)."""
     tmp = Path(tempfile.mkdtemp(prefix="cpubench-overhead-"))
     db = str(tmp / "results.db")
     env = {**os.environ, "BENCH_STATE_DIR": str(tmp / "state"), "BENCH_OUTPUT_DIR": str(tmp / "output")}
     python = sys.executable
-    widths = ",".join(str(32 + 8 * i) for i in range(jobs + 1))
-    subprocess.run([python, str(tree / "bench.py"), "enqueue", "--db", db, "--axis", f"d_model={widths}",
-                    "--set", "n_layers=1", "--set", "seq_len=32", "--set", "batch_size=4", "--set", f"steps={steps}",
-                    "--set", "warmup_steps=1", "--set", "vocab_size=512", *(a for kv in sets for a in ("--set", kv))],
+    axis = axis or "d_model=" + ",".join(str(32 + 8 * i) for i in range(jobs + 1))
+    given = {**TINY, "steps": str(steps), **dict(kv.split("=", 1) for kv in sets)}
+    subprocess.run([python, str(tree / "bench.py"), "enqueue", "--db", db, "--axis", axis,
+                    *(a for k, v in given.items() for a in ("--set", f"{k}={v}"))],
                    check=True, env=env, cwd=tree,
                    stdout=subprocess.DEVNULL)
     # The first job pays for the probe and the data cache: warm them with one job, then time the rest.
@@ -174,6 +186,12 @@ def _round(tree: Path, jobs: int, steps: int, sets: list[str]) -> list[dict]:
         row["other"] = row["cycle"] - sum(row[k] for k in PHASES if k != "other") - row["timed"] - row["timed gaps"]
         row["amortised"] = head["elapsed_s"] / len(timed) - run["train_s"]  # worker start and all
         row["child phases"] = applied.get("setup_phases_s") or {}
+        row["eval"] = run["eval_s"] or 0.0
+        row["save"] = row["child phases"].get("save", 0.0)
+        row["read back"] = row["child phases"].get("read_back", 0.0)
+        row["rest"] = row["after"] - row["eval"] - row["save"] - row["read back"]
+        row["val_tokens"] = applied.get("val_tokens")
+        row["proven"] = (applied.get("gemm_route") or {}).get("proven", "in this run")
         rows.append(row)
     return rows
 
@@ -191,7 +209,14 @@ def _summary(label: str, rows: list[dict], elapsed_note: str = "") -> None:
     for k in (*PHASES, "timed gaps"):
         values = [r[k] for r in rows]
         print(f"  {k:<12} {med[k]:9.3f} {statistics.fmean(values):8.3f} {max(values):7.3f}")
+        for part in AFTER if k == "after" else ():
+            values = [r[part] for r in rows]
+            print(f"    {part:<10} {statistics.median(values):9.3f} {statistics.fmean(values):8.3f} {max(values):7.3f}")
     print(f"  {'timed':<12} {med['timed']:9.3f}   (train_s, not overhead)")
+    tokens = sorted({r["val_tokens"] for r in rows}, key=str)
+    proved = sum(1 for r in rows if r["proven"].startswith("in this run"))
+    print(f"  evaluated {', '.join(map(str, tokens))} held-out tokens a run; the GEMM route proved by a verbose "
+          f"step in {proved} of {len(rows)} runs (the rest reuse the fork server's proof)")
     child = [r["child phases"] for r in rows if r["child phases"]]
     if child:
         print("  child's setup phases (applied.setup_phases_s), median s: " + ", ".join(
@@ -205,6 +230,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="rounds per tree, interleaved across trees")
     parser.add_argument("--set", action="append", default=[], metavar="K=V", dest="sets",
                         help="another setting of the tiny jobs (e.g. cores=1: no OpenMP barrier on a loaded machine)")
+    parser.add_argument("--axis", metavar="K=V1,V2", help="the varied variable instead of the tiny jobs' d_model "
+                                                          "widths (give --jobs + 1 values)")
     parser.add_argument("--tree", action="append", type=Path,
                         help="a checkout to measure (repeatable; default: this one)")
     args = parser.parse_args()
@@ -216,7 +243,7 @@ def main() -> None:
     for i in range(args.rounds):
         for tree in trees:
             t = time.perf_counter()
-            rows = _round(tree, args.jobs, args.steps, args.sets)
+            rows = _round(tree, args.jobs, args.steps, args.sets, args.axis)
             results[tree].append(rows)
             med = statistics.median(r["cycle"] - r["timed"] for r in rows)
             print(f"round {i + 1} {tree}: per-job overhead median {med:.3f} s ({time.perf_counter() - t:.0f} s)",
