@@ -117,10 +117,12 @@ def count(params: dict[str, np.ndarray]) -> int:
 
 def torch_state_dict(params: dict[str, np.ndarray]) -> dict:
     """The arrays as the torch model's state_dict (head.weight tied to wte.weight), for
-    `model.load_state_dict(...)`. Imports torch: only the torch trainer and tests call it."""
+    `model.load_state_dict(...)`, which copies them into the model: the tensors share the arrays'
+    memory (a copy of its own cost a d_model 256 model 80 ms a run on 2 busy cores). Imports torch:
+    only the torch trainer and tests call it."""
     import torch
 
-    state = {name: torch.from_numpy(np.ascontiguousarray(a)).clone() for name, a in params.items()}
+    state = {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in params.items()}
     state["head.weight"] = state["wte.weight"]
     return state
 
