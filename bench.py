@@ -588,7 +588,7 @@ def once(
         if why:
             raise BadInput(f"this configuration cannot run: {'; '.join(why)}")
         memory.check([config], *memory.machine_limit(mem_limit_gb), "once")
-        result = measure_once(config, options)
+        result = measure_once(config, options, variables.derived_words(partial))
         if as_json:
             print(json.dumps(result, default=str))
             return

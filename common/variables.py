@@ -60,6 +60,8 @@ BLAS_OF = {"torch": "mkl", "jax": "eigen", "numpy": "openblas"}
 # agrees with mkl to fp32 rounding (gemm_route.py, tests/test_gemm_route.py; oneDNN was not faster there).
 # A static rule, not a per-machine choice: resolve() runs at enqueue, and a job's identity must not
 # depend on the machine that planned it. Jobs stored before it keep theirs: unset_value() is BLAS_OF.
+# Where the route cannot run (no C compiler to build its library) a job that left blas on auto
+# (jobs.derived) runs torch as shipped, read back as mkl and saying why (gemm_route.auto_fallback).
 BLAS_AUTO = dict(BLAS_OF, torch="mkl_intel_path")
 TORCH_GEMM_ROUTES = ("mkl", "mkl_intel_path", "onednn", "cpp_template")
 BLAS_CHOICES = ("openblas", "mkl", "blis", "eigen", "mkl_intel_path", "onednn", "cpp_template")
@@ -203,7 +205,9 @@ CATALOGUE: tuple[Variable, ...] = (
        "mkl_intel_path (MKL's vendor check answered yes by a preloaded one-line library: kernels by the "
        "CPU's ISA), onednn (every F.linear/mm through torch's oneDNN op, forward and backward; compile=eager), "
        "cpp_template (inductor's C++ GEMM template: skipped, torch takes it for constant weights only); "
-       "jax: eigen (XLA's), recorded; auto = the fastest safe route (torch: mkl_intel_path, numpy: openblas)",
+       "jax: eigen (XLA's), recorded; auto = the fastest safe route (torch: mkl_intel_path, numpy: openblas; "
+       "a torch job left on auto runs mkl where mkl_intel_path cannot, as without a C compiler, and records "
+       "why in applied.blas_fallback)",
        choices=BLAS_CHOICES,
        words=(AUTO,), since=4),
     _v("attn_backend", str, "sdpa", FRAMEWORK, "attention kernel", choices=("manual", "sdpa", "sdpa_math")),

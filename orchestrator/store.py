@@ -28,7 +28,7 @@ import shutil
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
@@ -163,7 +163,7 @@ ON CONFLICT (job_id, pool_id) DO UPDATE SET status = 'running', attempts = runs.
 WHERE runs.status = 'queued'
 RETURNING run_id, attempts, strikes
 """
-SELECT_JOB_CONFIG = "SELECT config FROM jobs WHERE job_id = :job_id"
+SELECT_JOB_CONFIG = "SELECT config, derived FROM jobs WHERE job_id = :job_id"
 # A run put back ('queued') goes back in its pool's queue (if the pool has one yet).
 REQUEUE = """
 INSERT INTO queue (pool_id, job_id, run_order, cores)
@@ -207,7 +207,7 @@ SERVER_START = {
 # A run this worker holds: after a connection lost during the claim's commit, the claim may have
 # been written without the worker hearing it.
 SELECT_OWN_RUNNING = """
-SELECT r.run_id, r.job_id, r.attempts, r.strikes, r.worker_started, j.config FROM runs r JOIN jobs j ON j.job_id = r.job_id
+SELECT r.run_id, r.job_id, r.attempts, r.strikes, r.worker_started, j.config, j.derived FROM runs r JOIN jobs j ON j.job_id = r.job_id
 WHERE r.pool_id = :pool_id AND r.status = 'running' AND r.worker_pid = :pid AND r.worker_host = :host
 ORDER BY r.run_id
 """
@@ -266,6 +266,7 @@ class Claim:
     attempts: int  # claims so far, this one included
     config: dict
     strikes: int = 0  # earlier claims the job itself likely ended (schema.sql: runs.strikes)
+    derived: dict = field(default_factory=dict)  # jobs.derived: the variables resolve() filled from a word
 
 
 @dataclass
@@ -689,9 +690,9 @@ class Store:
                                                           "started": started}).first()
                 if got is None:
                     continue  # a queue row whose run is not queued (cannot happen; the row is gone now)
-                config = conn.execute(text(SELECT_JOB_CONFIG), {"job_id": job_id}).scalar_one()
+                config, derived = conn.execute(text(SELECT_JOB_CONFIG), {"job_id": job_id}).one()
                 return Claim(run_id=got[0], job_id=job_id, attempts=got[1], strikes=got[2],
-                             config=complete(json.loads(config)))
+                             config=complete(json.loads(config)), derived=json.loads(derived or "{}"))
         raise BenchError("could not claim a job after 1000 tries: is the database overloaded?")
 
     def heartbeat(self, run_id: int, child_pid: int | None = None) -> bool:
@@ -748,11 +749,11 @@ class Store:
         """The run of the pool this worker (pid, host and start time) holds, if any: a claim written
         before the connection was lost, its answer with it."""
         with self.transaction() as conn:
-            for run_id, job_id, attempts, strikes, run_started, config in conn.execute(
+            for run_id, job_id, attempts, strikes, run_started, config, derived in conn.execute(
                     text(SELECT_OWN_RUNNING), {"pool_id": pool_id, "pid": pid, "host": host}):
                 if started is None or run_started is None or same_start(started, run_started):
                     return Claim(run_id=run_id, job_id=job_id, attempts=attempts, strikes=strikes,
-                                 config=complete(json.loads(config)))
+                                 config=complete(json.loads(config)), derived=json.loads(derived or "{}"))
         return None
 
     def release(self, run_id: int, *, pid: int, reason: str) -> None:

@@ -15,8 +15,8 @@ TINY = ["n_layers=1", "d_model=32", "n_heads=2", "seq_len=32", "batch_size=4", "
         "vocab_size=512", "dataset=builtin"]
 
 
-def once(*settings) -> dict:
-    return json.loads(bench("once", *TINY, *settings, "--json", check=True).stdout)
+def once(*settings, env: dict | None = None) -> dict:
+    return json.loads(bench("once", *TINY, *settings, "--json", env=env, check=True).stdout)
 
 
 def test_every_route_trains_to_the_same_losses_and_reads_back_the_route_that_ran():
@@ -88,6 +88,37 @@ def test_a_held_proof_replaces_the_verbose_step_and_a_route_that_did_not_run_pro
     read, made = gemm_route.read_back("onednn", lambda: steps.append(1), "other", held, run_id=8)
     assert steps == [1]  # proved now: the step ran, printing no oneDNN product here
     assert read["blas"] == "mkl" and made == {}  # a route that did not run is proved again next time
+
+
+def test_without_a_c_compiler_auto_runs_mkl_as_shipped_and_says_so_while_a_named_route_is_skipped(db, tmp_path):
+    """A slim container: no cc, gcc or clang on PATH and CC naming nothing. A job that left blas on
+    auto runs torch as shipped, read back and judged as mkl, and records why; one that names
+    mkl_intel_path is skipped with the reason, never run under another route."""
+    (tmp_path / "bin").mkdir()
+    no_cc = {"PATH": str(tmp_path / "bin"), "CC": str(tmp_path / "no-such-cc")}
+    tiny = [f"--set={s}" for s in TINY if not s.startswith("d_model")]
+    bench("enqueue", "--db", db, *tiny, "--axis", "d_model=32,48", check=True)
+    bench("enqueue", "--db", db, *tiny, "--set", "d_model=64", "--set", "blas=mkl_intel_path", check=True)
+    bench("work", "--db", db, env=no_cc, check=True, timeout=600)
+    with sqlite3.connect(db) as conn:
+        runs = conn.execute("SELECT j.d_model, j.derived, r.status, r.reason, r.applied FROM runs r "
+                            "JOIN jobs j USING (job_id) ORDER BY j.d_model").fetchall()
+    for d_model, derived, status, reason, applied in runs[:2]:
+        assert json.loads(derived)["blas"] == "auto"
+        assert status == "done", reason
+        applied = json.loads(applied)
+        assert applied["blas"] == applied["gemm_route"]["asked"] == "mkl"
+        assert "LD_PRELOAD" not in applied["env"] and applied["gemm_route_applied"] == "torch as shipped"
+        assert applied["blas_fallback"].startswith("blas=auto ran mkl (torch as shipped): auto's mkl_intel_path: "
+                                                   "no C compiler (CC=")
+    d_model, derived, status, reason, applied = runs[2]
+    assert "blas" not in json.loads(derived or "{}")
+    assert status == "skipped" and "blas=mkl_intel_path: no C compiler" in reason
+    once_run = once(env=no_cc)
+    assert once_run["status"] == "done" and once_run["applied"]["blas"] == "mkl"
+    assert "no C compiler" in once_run["applied"]["blas_fallback"]
+    knobs = json.loads(bench("machine", "--json", env=no_cc, check=True).stdout)["knobs"]
+    assert "jobs that leave blas on auto run mkl here" in knobs["blas=mkl_intel_path (torch)"]
 
 
 def test_a_route_torch_cannot_take_is_skipped_with_the_reason():

@@ -20,7 +20,7 @@ from common.errors import BenchError
 from worker import ccflags, startspec, system
 from worker.startspec import ALLOCATOR_LIBS, ISA_CAPS, NUMA_OPTIONS, ChildSpec, allocator_lib, choose_cpus  # noqa: F401
 from worker.system import DEFAULT, restore_journal  # noqa: F401
-from common.variables import TORCH_GEMM_ROUTES
+from common.variables import AUTO, BLAS_AUTO, TORCH_GEMM_ROUTES
 from worker.trainers.harness import NOT_OFFERED
 from worker.trainers.torch import gemm_route
 from worker.verify import not_in_force  # noqa: F401
@@ -56,6 +56,9 @@ def machine_knobs(facts: dict, *, sysfs_root: str = "/") -> dict[str, str | None
         out[f"blas={word}"] = startspec.blas_unavailable(word)
     for word in TORCH_GEMM_ROUTES:  # torch's GEMM routes (worker/trainers/torch/gemm_route.py)
         out[f"blas={word} (torch)"] = gemm_route.unavailable(word, facts)
+    fallback = gemm_route.auto_fallback({"framework": "torch", "blas": BLAS_AUTO["torch"]}, {"blas": AUTO}, facts)
+    if fallback:
+        out[f"blas={BLAS_AUTO['torch']} (torch)"] += "; jobs that leave blas on auto run mkl here (applied.blas_fallback)"
 
     from worker.trainers.torch.distributed import availability
 

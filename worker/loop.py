@@ -38,6 +38,7 @@ from common.errors import BadInput, BenchError, Busy, DatabaseUnavailable, Stopp
 from common.patience import Patience
 from orchestrator.store import RUN_FACTS, Claim, Store, same_start, result_problems
 from worker import gemm_peak, knobs, probe, sensors
+from worker.trainers.torch import gemm_route
 from worker.child import ForkServers, Outcome, child_env, run_exec
 from worker.trainers.harness import METRICS, TRAINERS, WORKER_METRICS, compiled_while_timed
 
@@ -322,7 +323,8 @@ class Worker:
                         except DatabaseUnavailable as error:  # the heartbeat thread writes it once the database is back
                             self.patience.failed(error)
 
-                outcome = self.measure(claim.config, run_id=claim.run_id, on_heartbeat=child_started)
+                outcome = self.measure(claim.config, run_id=claim.run_id, on_heartbeat=child_started,
+                                       derived=claim.derived)
         except (Stopped, KeyboardInterrupt):
             try:
                 self.store.release(claim.run_id, pid=self.pid, reason="worker stopped before the run finished")
@@ -400,8 +402,14 @@ class Worker:
                 self.emit(Event("note", text=f"run {kept['run_id']}'s kept result not written: {error}"))
             path.unlink(missing_ok=True)
 
-    def measure(self, config: dict, *, run_id: int | None, on_heartbeat: Callable[[int], None] = lambda pid: None) -> Outcome:
-        """Check, apply, spawn, restore: one configuration measured in a fresh child."""
+    def measure(self, config: dict, *, run_id: int | None, on_heartbeat: Callable[[int], None] = lambda pid: None,
+                derived: dict | None = None) -> Outcome:
+        """Check, apply, spawn, restore: one configuration measured in a fresh child. `derived`: the
+        variables the job left on a word (jobs.derived); a torch route left on auto that cannot run
+        here runs torch as shipped, and says so (gemm_route.auto_fallback)."""
+        fallback = gemm_route.auto_fallback(config, derived, self.facts)
+        if fallback:  # the child, the start spec and the read-back's judge all see the route that runs
+            config = {**config, "blas": "mkl"}
         module = self.opts.child_module or TRAINERS[config["framework"]]
         why = _trainer_missing(module) or knobs.unavailable(config, self.facts, self.pool,
                                                             sysfs_root=self.opts.sysfs_root)
@@ -467,6 +475,8 @@ class Worker:
         outcome.facts["load_before"] = load_before
         outcome.applied = {**spec.applied, **outcome.applied, "sensor_notes": notes, "sensor_sources": sources,
                            "peak_gflops": job["peak_gflops"]}
+        if fallback:
+            outcome.applied["blas_fallback"] = fallback
         if outcome.timed_window is not None:
             outcome.applied["timed_window"] = outcome.timed_window
         return outcome
@@ -616,7 +626,7 @@ def once_cpu_count(options: WorkerOptions) -> int:
     return len(allowed_cpus(options.cpus))
 
 
-def measure_once(config: dict, options: WorkerOptions) -> dict:
+def measure_once(config: dict, options: WorkerOptions, derived: dict | None = None) -> dict:
     """`bench.py once K=V ...`: one resolved configuration (the CLI resolves it through the catalogue,
     against once_cpu_count()) measured in a child, outside the queue. The result has every metric by
     its column name (None where not measured), status, reason, and applied (the settings read back)."""
@@ -625,7 +635,7 @@ def measure_once(config: dict, options: WorkerOptions) -> dict:
         worker.facts = probe.probe(options.state_dir, quick=options.probe_quick, sysfs_root=options.sysfs_root)
         restore_left_behind(options.state_dir, options.sysfs_root)
         try:
-            outcome = worker.measure(config, run_id=None)
+            outcome = worker.measure(config, run_id=None, derived=derived)
         finally:
             worker.close()
     result = {"status": outcome.status, "reason": outcome.reason}

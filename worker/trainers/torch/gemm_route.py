@@ -46,6 +46,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -62,7 +63,17 @@ MKL_BRANCHES = {1: "AUTO", 2: "COMPATIBLE", 3: "SSE2", 6: "SSSE3", 7: "SSE4_1", 
 # -- in the worker (no torch import) -------------------------------------------------------------
 
 def c_compiler() -> str | None:
+    """The C compiler that builds mkl_intel_path's library: $CC where set (its first word; one that is
+    not there means none), else cc, gcc or clang on PATH."""
+    if os.environ.get("CC", "").strip():
+        return shutil.which(shlex.split(os.environ["CC"])[0])
     return next((p for p in map(shutil.which, ("cc", "gcc", "clang")) if p), None)
+
+
+def _no_compiler() -> str:
+    where = f"CC={os.environ['CC']} is not an executable" if os.environ.get("CC", "").strip() else \
+        "no cc, gcc or clang on PATH"
+    return f"blas=mkl_intel_path: no C compiler ({where}) to build the one-line vendor-check library"
 
 
 def unavailable(route: str, facts: dict | None = None) -> str | None:
@@ -76,12 +87,28 @@ def unavailable(route: str, facts: dict | None = None) -> str | None:
         if arch != "x86_64":
             return f"blas=mkl_intel_path: MKL's Intel code paths are x86-64 ones (this is {arch})"
         if not c_compiler():
-            return "blas=mkl_intel_path: no C compiler (cc, gcc or clang) to build the one-line vendor-check library"
+            return _no_compiler()
     if route == "onednn" and torch_facts.get("mkldnn_available") is False:
         return "blas=onednn: this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
     if route == "cpp_template":
         return cpp_template_unavailable()
     return None
+
+
+def auto_fallback(config: dict, derived: dict | None, facts: dict | None = None) -> str | None:
+    """Where a torch job's route is auto's choice (`derived`, jobs.derived, names blas) and that route
+    cannot run here while torch as shipped (mkl) can, as on a slim container without a C compiler:
+    what the run records (applied.blas_fallback), and it runs mkl, read back and judged as mkl. None
+    otherwise: a route the job names itself is never swapped (it is skipped with why)."""
+    from common.variables import AUTO, BLAS_AUTO
+
+    route = config.get("blas")
+    if config.get("framework") != "torch" or (derived or {}).get("blas") != AUTO or route != BLAS_AUTO["torch"]:
+        return None
+    why = unavailable(route, facts)
+    if why is None or unavailable("mkl", facts) is not None:
+        return None
+    return f"blas=auto ran mkl (torch as shipped): auto's {why.removeprefix('blas=')}"
 
 
 def cpp_template_unavailable() -> str | None:
