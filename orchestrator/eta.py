@@ -59,7 +59,7 @@ FROM jobs j LEFT JOIN runs r ON r.job_id = j.job_id AND r.pool_id = :pool_id
 WHERE r.run_id IS NULL OR r.status = 'queued'
 """
 SELECT_FILLED = "SELECT filled FROM pools WHERE pool_id = :pool_id"
-SELECT_JOB = f"SELECT {_CONFIG} FROM jobs j WHERE j.job_id = :job_id"
+SELECT_JOB_CONFIGS = f"SELECT j.job_id, {_CONFIG} FROM jobs j WHERE j.job_id IN ({{ids}})"
 # Jobs wider than a pool's workers: a worker claims the first job in run order that fits its CPUs
 # (store.POP_QUEUE) and leaves the wider ones queued for a wider worker. Where a queued job wider than
 # every job the pool has run lies before the pool's latest claim in run order, a worker passed it over:
@@ -143,14 +143,7 @@ def predicted_job_s(store: Store, machine_id: int, job_id: int, *, pool_id: int 
     """Seconds one job of the pool (the machine's own unless given) should take from claim to
     finish, as the ETA counts it; None while no run of the pool is done. The store's take-back asks
     it how far past its time a dead worker's child had run (store.blame)."""
-    if pool_id is None:
-        pool_id = store.pool_id(machine_id)
-    with store.transaction() as conn:
-        finished = conn.execute(text(SELECT_FINISHED.format(limit=DONE_SAMPLE)), {"pool_id": pool_id}).all()
-        if not any(r[1] == "done" for r in finished):
-            return None
-        job = conn.execute(text(SELECT_JOB), {"job_id": job_id}).one()
-    return remaining_s(_learned(store, machine_id, pool_id, finished), [tuple(job)])
+    return job_costs(store, machine_id, [job_id], pool_id=pool_id).get(job_id)
 
 
 def _learned(store: Store, machine_id: int, pool_id: int, finished: list) -> tuple:
@@ -164,21 +157,19 @@ def _learned(store: Store, machine_id: int, pool_id: int, finished: list) -> tup
     return cached[1]
 
 
-SELECT_JOB_CONFIGS = f"SELECT j.job_id, {_CONFIG} FROM jobs j WHERE j.job_id IN ({{ids}})"
-
-
-def job_costs(store: Store, machine_id: int, job_ids: list[int]) -> dict[int, float]:
-    """Seconds each job (by id) should take on the machine, as the ETA counts a queued job (a
-    configuration already finished costs what it cost; another, the fitted model's guess); empty
-    while the machine has finished no run."""
-    pool_id = store.pool_id(machine_id)
+def job_costs(store: Store, machine_id: int, job_ids: list[int], *, pool_id: int | None = None) -> dict[int, float]:
+    """Seconds each job (by id) should take on the machine's pool (its own unless given), as the ETA
+    counts a queued job (a configuration already finished costs what it cost; another, the fitted
+    model's guess); empty while the pool has finished no run. What --budget weighs its choices by."""
+    if pool_id is None:
+        pool_id = store.pool_id(machine_id)
     with store.transaction() as conn:
         finished = conn.execute(text(SELECT_FINISHED.format(limit=DONE_SAMPLE)), {"pool_id": pool_id}).all()
         if not any(r[1] == "done" for r in finished) or not job_ids:
             return {}
         rows = [r for chunk in range(0, len(job_ids), 500) for r in conn.execute(text(SELECT_JOB_CONFIGS.format(
             ids=", ".join(str(int(j)) for j in job_ids[chunk:chunk + 500])))).all()]
-    learned = learn(finished, machine_model(store, machine_id, sum(r[1] == "done" for r in finished)))
+    learned = _learned(store, machine_id, pool_id, finished)
     return {int(r[0]): remaining_s(learned, [tuple(r[1:])]) for r in rows}
 
 

@@ -18,20 +18,12 @@ from common.errors import BadInput
 from orchestrator import budget
 from orchestrator.store import Store
 from tests.conftest import ROOT, bench
+from tests.test_adaptive import query
 
 LAW = {"BENCH_CHILD_MODULE": "tests.law_child"}
 STUB = {"BENCH_CHILD_MODULE": "tests.stub_child"}
 PLAN = ("--axis", "d_model=32,64,128", "--axis", "optimizer=adamw,sgd", "--repeats", "1",
         "--set", "steps=1", "--set", "dataset=builtin", "--set", "cores=1")
-
-
-def query(db: str, sql: str) -> list[dict]:
-    store = Store(db)
-    try:
-        with store.transaction() as conn:
-            return [dict(r._mapping) for r in conn.execute(text(sql))]
-    finally:
-        store.engine.dispose()
 
 
 def test_durations_read_as_people_type_them():
