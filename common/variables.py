@@ -201,7 +201,8 @@ CATALOGUE: tuple[Variable, ...] = (
        choices=("gcc", "clang"), since=4),
     _v("blas", str, AUTO, FRAMEWORK, "GEMM route: numpy: openblas (NumPy's own), mkl (PyPI's) or blis (Debian's "
        "threaded BLIS where installed, else PyPI's at one thread); torch (fp32 GEMMs, read back from MKL's "
-       "branch in every run and one step's MKL/oneDNN verbose output once per fork server): mkl (as shipped: MKL's generic path on non-Intel CPUs), "
+       "branch in every run and one step's MKL/oneDNN verbose output once per fork server): mkl (as "
+       "shipped: MKL's generic path on non-Intel CPUs), "
        "mkl_intel_path (MKL's vendor check answered yes by a preloaded one-line library: kernels by the "
        "CPU's ISA), onednn (every F.linear/mm through torch's oneDNN op, forward and backward; compile=eager), "
        "cpp_template (inductor's C++ GEMM template: skipped, torch takes it for constant weights only); "

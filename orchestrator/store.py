@@ -207,7 +207,8 @@ SERVER_START = {
 # A run this worker holds: after a connection lost during the claim's commit, the claim may have
 # been written without the worker hearing it.
 SELECT_OWN_RUNNING = """
-SELECT r.run_id, r.job_id, r.attempts, r.strikes, r.worker_started, j.config, j.derived FROM runs r JOIN jobs j ON j.job_id = r.job_id
+SELECT r.run_id, r.job_id, r.attempts, r.strikes, r.worker_started, j.config, j.derived
+FROM runs r JOIN jobs j ON j.job_id = r.job_id
 WHERE r.pool_id = :pool_id AND r.status = 'running' AND r.worker_pid = :pid AND r.worker_host = :host
 ORDER BY r.run_id
 """

@@ -58,7 +58,8 @@ def machine_knobs(facts: dict, *, sysfs_root: str = "/") -> dict[str, str | None
         out[f"blas={word} (torch)"] = gemm_route.unavailable(word, facts)
     fallback = gemm_route.auto_fallback({"framework": "torch", "blas": BLAS_AUTO["torch"]}, {"blas": AUTO}, facts)
     if fallback:
-        out[f"blas={BLAS_AUTO['torch']} (torch)"] += "; jobs that leave blas on auto run mkl here (applied.blas_fallback)"
+        out[f"blas={BLAS_AUTO['torch']} (torch)"] += ("; jobs that leave blas on auto run mkl here "
+                                                      "(applied.blas_fallback)")
 
     from worker.trainers.torch.distributed import availability
 

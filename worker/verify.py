@@ -33,7 +33,7 @@ def _expected_torch(config: dict, spec: ChildSpec) -> dict:
         "torch_threads": config["intra_threads"],
         "interop_threads": config["inter_threads"],
         "mkldnn": bool(config["onednn"]),
-        "blas": config.get("blas", "mkl"),  # the GEMM route read back (gemm_route.py: MKL's branch, the libraries' calls)
+        "blas": config.get("blas", "mkl"),  # the GEMM route read back (gemm_route.py: MKL's branch, calls)
         "omp_num_threads": spec.env.get("OMP_NUM_THREADS"),
         "omp_proc_bind": spec.env.get("OMP_PROC_BIND"),
         "omp_places": spec.env.get("OMP_PLACES"),
