@@ -217,3 +217,53 @@ def test_a_lost_node_fails_the_run_naming_it_leaves_no_rank_and_the_retry_finish
     assert status == "done", (reason, out)
     assert sorted(r["host"] for r in applied_of(applied)["ranks"]) == [n.name for n in cluster.nodes]
     assert not cluster.rank_processes()
+
+
+STUB = {"BENCH_CHILD_MODULE": "tests.stub_child"}
+
+
+def test_a_postgres_restart_under_two_nodes_workers_loses_no_job_and_runs_none_twice(cluster, cluster_db, tmp_path):
+    """`submit --slurm --nodes 2 --pool`: a worker on each node (a job array task per node), a queue of stub
+    jobs (no torch), the cluster's PostgreSQL stopped for 3 s mid-queue and started again. Every job is done
+    exactly once, by one of the two nodes, and neither worker took back a run from the other."""
+    jobs = 12
+    env = {**STUB, "BENCH_HEARTBEAT_S": "1"}
+    bench("enqueue", "--db", cluster_db, "--axis", "d_model=" + ",".join(str(32 + 8 * i) for i in range(jobs)),
+          "--set", "steps=16", "--set", "dataset=builtin", "--set", "cores=1", env=env, check=True)
+    started = time.monotonic()
+    proc = bench("submit", "--slurm", "--nodes", "2", "--pool", "pgnodes", "--timeout", "60", "--logs",
+                 str(tmp_path / "logs"), "--db", cluster_db, env={**cluster.env, **env}, check=True)
+    job_id = proc.stdout.strip()
+    assert job_id.isdigit(), proc.stdout + proc.stderr
+
+    def done() -> int:
+        try:
+            return rows(cluster_db, "SELECT COUNT(*) FROM runs WHERE status = 'done'")[0][0]
+        except Exception:  # noqa: BLE001 - the server is down
+            return -1
+
+    deadline = time.monotonic() + 60
+    while done() < 3:
+        assert time.monotonic() < deadline, "no job done within 60 s"
+        time.sleep(0.1)
+    running = rows(cluster_db, "SELECT COUNT(*) FROM runs WHERE status = 'running'")[0][0]
+    cluster.pg.stop()
+    time.sleep(3)
+    cluster.pg.start()
+    wait_gone(cluster, job_id, 120)
+    took_s = time.monotonic() - started
+    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob(f"cpubench-{job_id}_*.out")))
+    runs = rows(cluster_db, "SELECT job_id, status, attempts, worker_host FROM runs ORDER BY job_id")
+    markers = [p.name for p in (Path(os.environ["BENCH_OUTPUT_DIR"]) / "markers").iterdir()]
+    trained = sorted(m.split("-")[1] for m in markers)  # run-<run_id>-<pid>: one per child that trained
+    hosts = sorted({r.worker_host for r in runs})
+    print(f"\npg restart under two nodes: {len(runs)} runs of {jobs} jobs, {running} running at the stop, "
+          f"{len(markers)} trainings, {len(trained) - len(set(trained))} twice, hosts {hosts}, "
+          f"attempts {sorted({r.attempts for r in runs})}, {took_s:.1f} s")
+    assert "Traceback" not in logs, logs
+    assert "database back after" in logs, logs
+    assert len(runs) == jobs and {r.status for r in runs} == {"done"}, (runs, logs)
+    assert len({r.job_id for r in runs}) == jobs
+    assert {r.attempts for r in runs} == {1}, runs  # no run taken back from a live worker
+    assert len(markers) == jobs and len(set(trained)) == jobs  # every job trained exactly once
+    assert hosts == sorted(n.name for n in cluster.nodes), runs  # both nodes' workers ran jobs
