@@ -102,6 +102,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     cores         INTEGER NOT NULL,
     ranks         INTEGER NOT NULL DEFAULT 1, -- data-parallel processes per machine (torch.distributed)
     nodes         INTEGER NOT NULL DEFAULT 1, -- machines of the SLURM allocation the job trains on
+    interconnect  TEXT    NOT NULL DEFAULT 'default', -- tbf rate of the links between the nodes
     freq_mhz      INTEGER,
     governor      TEXT    NOT NULL,
     turbo         TEXT    NOT NULL,
@@ -268,7 +269,7 @@ SELECT
     s.name AS sweep,
     r.pool_id, COALESCE(p.name, 'machine ' || r.machine_id) AS pool, r.worker_host,
     j.job_id, j.config_hash, j.derived,
-    j.cores, j.ranks, j.nodes, j.freq_mhz, j.governor, j.turbo, j.pin_threads, j.numa, j.allocator,
+    j.cores, j.ranks, j.nodes, j.interconnect, j.freq_mhz, j.governor, j.turbo, j.pin_threads, j.numa, j.allocator,
     j.omp_threads, j.intra_threads, j.inter_threads, j.isa, j.onednn, j.framework, j.compile,
     j.fusion, j.compile_cache, j.cc_flags, j.compiler, j.blas, j.attn_backend, j.n_layers, j.d_model, j.n_heads, j.head_dim,
     j.kv_heads, j.mlp_ratio, j.dropout, j.activation, j.attention, j."window", j.vocab_size,

@@ -169,6 +169,10 @@ CATALOGUE: tuple[Variable, ...] = (
        "is each rank's micro-batch", min=1, max=4096, since=6),
     _v("nodes", int, 1, KNOB, "machines of a SLURM allocation one job trains on (one launcher per node through "
        "srun, c10d rendezvous on the first node); ranks per node each", min=1, max=1024, since=6),
+    _v("interconnect", str, DEFAULT, KNOB, "rate of the links between a job's nodes, shaped with the kernel's tbf "
+       "queueing discipline for the run and put back after (only with nodes>1, on links handed to the worker: "
+       "BENCH_INTERCONNECT_LINKS); default = the links as they are. No delay: that needs netem",
+       choices=(DEFAULT, "100mbit", "1gbit", "10gbit"), since=9),
     _v("freq_mhz", int, DEFAULT, KNOB, "scaling_min = scaling_max frequency of the job's CPUs",
        min=100, max=10000, words=(DEFAULT,)),
     _v("governor", str, DEFAULT, KNOB, "cpufreq governor of the job's CPUs",
@@ -486,6 +490,8 @@ def parallel_violations(config: dict) -> list[str]:
     if (ranks > 1 or nodes > 1) and config["framework"] in NO_DATA_PARALLEL:
         what = "ranks>1" if ranks > 1 else "nodes>1"
         why.append(f"{what} needs framework=torch ({NO_DATA_PARALLEL[config['framework']]})")
+    if config.get("interconnect", DEFAULT) != DEFAULT and nodes < 2:
+        why.append("interconnect needs nodes>1 (one node has no link between nodes)")
     return why
 
 

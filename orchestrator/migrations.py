@@ -462,6 +462,12 @@ def _to_8(conn: Connection, dialect: str) -> str:
     return "from version 7: " + ("; ".join(done) or "views remade")
 
 
+def _to_9(conn: Connection, dialect: str) -> str:
+    """Version 8 -> 9: the variable interconnect (old jobs ran over the links as they were: default)."""
+    done = reconcile(conn, dialect, fills={})
+    return "from version 8: " + ("; ".join(done) or "views remade")
+
+
 MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3, 4: _to_4, 5: _to_5, 6: _to_6,
-                                                            7: _to_7, 8: _to_8}
+                                                            7: _to_7, 8: _to_8, 9: _to_9}
 LATEST = max(MIGRATIONS)

@@ -51,6 +51,7 @@ def isolated_state(tmp_path, monkeypatch, probe_cache):
     monkeypatch.setenv("BENCH_OUTPUT_DIR", str(tmp_path / "output"))
     monkeypatch.delenv("BENCH_DB", raising=False)
     monkeypatch.delenv("BENCH_CHILD_MODULE", raising=False)
+    monkeypatch.delenv("BENCH_INTERCONNECT_LINKS", raising=False)  # only links a test hands over are shaped
     return state
 
 

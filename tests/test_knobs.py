@@ -408,3 +408,20 @@ def test_an_isa_cap_the_probe_knows_cannot_be_confirmed_is_skipped_before_setup_
                              "onednn_isa": "Intel AVX2"}
     assert knobs.machine_knobs(facts)["isa=avx2"] is None
     assert knobs.unavailable(config, facts, [0]) is None
+
+
+def test_interconnect_is_skipped_with_the_reason_where_no_link_is_handed_over_or_the_job_has_one_node(monkeypatch):
+    """The worker shapes only links it was handed (BENCH_INTERCONNECT_LINKS), and only between nodes;
+    default touches nothing. The shaping itself: tests/test_slurm_nodes.py, on a namespace cluster."""
+    from worker import interconnect
+
+    monkeypatch.delenv("BENCH_INTERCONNECT_LINKS", raising=False)
+    assert interconnect.unavailable({"nodes": 2, "interconnect": "1gbit"}) == (
+        "interconnect=1gbit: no link between nodes handed to this worker (BENCH_INTERCONNECT_LINKS names each "
+        "node's NETNS:DEVICE; docs/clusters.md)")
+    assert interconnect.unavailable({"nodes": 1, "interconnect": "1gbit"}).startswith(
+        "interconnect=1gbit: a job on one node has no link between nodes to shape")
+    monkeypatch.setenv("BENCH_INTERCONNECT_LINKS", "cbnnotthere0:eth0")
+    assert interconnect.unavailable({"nodes": 2, "interconnect": "default"}) is None
+    assert "cannot read cbnnotthere0:eth0" in interconnect.unavailable({"nodes": 2, "interconnect": "1gbit"})
+    assert [interconnect.rate_bits(r) for r in ("1gbit", "1Gbit", "100Mbit", "125Mbps")] == [1e9, 1e9, 1e8, 1e9]

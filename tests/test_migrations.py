@@ -362,6 +362,7 @@ def test_a_version_3_database_gets_compiler_blas_and_gemm_format_keeping_its_job
     assert sqlite_rows(db, "SELECT DISTINCT gemm_format FROM v_results") == [(None,)]  # not recorded then
     # version 6: every old job ran one process on one machine; the data-parallel metrics were not recorded
     assert sqlite_rows(db, "SELECT DISTINCT ranks, nodes FROM jobs") == [(1, 1)]
+    assert sqlite_rows(db, "SELECT DISTINCT interconnect FROM jobs") == [("default",)]  # version 9: links as they were
     assert sqlite_rows(db, "SELECT DISTINCT world_size, allreduce_ms FROM v_results") == [(None, None)]
     fresh = tmp_path / "fresh.db"
     Store(str(fresh))

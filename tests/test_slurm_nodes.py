@@ -267,3 +267,35 @@ def test_a_postgres_restart_under_two_nodes_workers_loses_no_job_and_runs_none_t
     assert {r.attempts for r in runs} == {1}, runs  # no run taken back from a live worker
     assert len(markers) == jobs and len(set(trained)) == jobs  # every job trained exactly once
     assert hosts == sorted(n.name for n in cluster.nodes), runs  # both nodes' workers ran jobs
+
+
+def root_qdiscs(cluster) -> dict[str, str]:
+    return {node.name: subprocess.run(["nsenter", f"--net=/run/netns/{node.name}", "tc", "qdisc", "show", "dev", "eth0"],
+                                      capture_output=True, text=True).stdout.strip() for node in cluster.nodes}
+
+
+def test_interconnect_shapes_the_links_between_the_nodes_for_the_run_reads_the_rate_back_and_restores_them(
+        cluster, cluster_db, tmp_path):
+    """interconnect = [default, 1gbit] at nodes = 2 in one allocation, the nodes' eth0 handed to the worker
+    (BENCH_INTERCONNECT_LINKS): the 1gbit run ran over a tbf of 1 Gbit/s on both links, as tc read it back;
+    the default run over the links as they were; after the allocation, the links are as they were."""
+    before = root_qdiscs(cluster)
+    env = {"BENCH_COLLECTIVE_TIMEOUT_S": "30", "BENCH_INTERCONNECT_LINKS": cluster.links()}
+    enqueue(cluster_db, env, "interconnect=default,1gbit", nodes=2, steps=8)
+    job_id, out = submit_together(cluster, cluster_db, tmp_path / "logs", env)
+    found = {r.interconnect: r for r in rows(
+        cluster_db, "SELECT j.interconnect, r.status, r.reason, r.applied, r.step_ms_median, r.allreduce_ms, "
+                    "r.allreduce_share FROM runs r JOIN jobs j USING (job_id)")}
+    assert sorted(found) == ["1gbit", "default"] and {r.status for r in found.values()} == {"done"}, (found, out)
+    shaped, plain = (applied_of(found[k].applied)["interconnect"] for k in ("1gbit", "default"))
+    for k in ("default", "1gbit"):
+        r = found[k]
+        print(f"\ninterconnect={k}: rate read back {applied_of(r.applied)['interconnect']['rate']}, step "
+              f"{r.step_ms_median:.2f} ms, all-reduce {r.allreduce_ms:.3f} ms, share {r.allreduce_share:.3f}")
+    print("links during the 1gbit run:", shaped["links"])
+    assert shaped["rate"] == "1Gbit" and shaped["qdisc"] == "tbf"
+    assert sorted(shaped["links"]) == sorted(cluster.links().split())
+    assert all(line.startswith("qdisc tbf") and " rate 1Gbit " in line for line in shaped["links"].values())
+    assert plain["rate"] is None and sorted(plain["links"].values()) == sorted(before.values())
+    assert root_qdiscs(cluster) == before  # restored (noqueue on a veth: the kernel's own)
+

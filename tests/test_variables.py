@@ -7,7 +7,7 @@ from common.errors import BadInput
 
 
 def test_every_variable_of_the_design_is_in_the_catalogue():
-    design = """cores ranks nodes freq_mhz governor turbo pin_threads numa allocator omp_threads intra_threads
+    design = """cores ranks nodes interconnect freq_mhz governor turbo pin_threads numa allocator omp_threads intra_threads
     inter_threads isa onednn framework compile fusion compile_cache cc_flags compiler blas attn_backend n_layers d_model
     n_heads head_dim kv_heads mlp_ratio dropout activation attention window vocab_size seq_len
     batch_size grad_accum precision optimizer lr lr_schedule task lora_rank steps warmup_steps max_tokens target_loss
@@ -175,6 +175,7 @@ def test_q8_enqueues_as_int8_while_an_old_databases_q8_job_keeps_its_own_identit
     ({"cores": 2, "ranks": 2, "framework": "numpy"}, "ranks>1 needs framework=torch (the NumPy trainer has no collective"),
     ({"cores": 2, "ranks": 2, "framework": "jax"}, "ranks>1 needs framework=torch (JAX's CPU data parallelism"),
     ({"cores": 2, "nodes": 2, "framework": "numpy"}, "nodes>1 needs framework=torch"),
+    ({"cores": 2, "interconnect": "1gbit"}, "interconnect needs nodes>1"),
 ])
 def test_ranks_that_cannot_run_are_refused_with_the_reason(partial, reason):
     _, why = V.resolve(partial, cpu_count=4)
@@ -188,3 +189,12 @@ def test_threads_follow_a_ranks_slice_of_the_cores_and_ranks_one_keeps_old_hashe
     one, _ = V.resolve({"cores": 4}, cpu_count=4)
     assert one["omp_threads"] == 4 and one["ranks"] == one["nodes"] == 1
     assert '"ranks"' not in V.canonical_json(one) and '"ranks":2' in V.canonical_json(config)
+
+
+def test_interconnect_at_its_default_keeps_old_hashes_and_a_rate_is_a_job_of_its_own():
+    two, why = V.resolve({"cores": 1, "nodes": 2}, cpu_count=2)
+    shaped, why_shaped = V.resolve({"cores": 1, "nodes": 2, "interconnect": "1gbit"}, cpu_count=2)
+    assert not why and not why_shaped
+    assert '"interconnect"' not in V.canonical_json(two) and V.config_hash(two) != V.config_hash(shaped)
+    with pytest.raises(BadInput, match="interconnect='1ms'"):
+        V.BY_NAME["interconnect"].parse("1ms")

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Iterator
 
 from common.errors import BenchError
-from worker import ccflags, startspec, system
+from worker import ccflags, interconnect, startspec, system
 from worker.startspec import ALLOCATOR_LIBS, ISA_CAPS, NUMA_OPTIONS, ChildSpec, allocator_lib, choose_cpus  # noqa: F401
-from worker.system import DEFAULT, restore_journal  # noqa: F401
+from worker.system import DEFAULT
 from common.variables import AUTO, BLAS_AUTO, TORCH_GEMM_ROUTES
 from worker.trainers.harness import NOT_OFFERED
 from worker.trainers.torch import gemm_route
@@ -29,8 +29,20 @@ from worker.verify import not_in_force  # noqa: F401
 def _reasons(config: dict, facts: dict, cpu_pool: list[int], sysfs_root: str) -> list[str]:
     cpus = startspec.job_cpus(config, facts, cpu_pool)
     cores = startspec.cores_unavailable(int(config["cores"]), cpu_pool)
+    links = interconnect.unavailable(config)
     return ([cores] if cores else []) + system.unavailable(config, cpus, sysfs_root=sysfs_root) + \
-        startspec.unavailable(config, facts, cpu_pool)
+        ([links] if links else []) + startspec.unavailable(config, facts, cpu_pool)
+
+
+def links_journal(journal_path: Path) -> Path:
+    """The interconnect's journal beside the sysfs one (journal-PID.json -> links-PID.json)."""
+    return journal_path.with_name("links-" + journal_path.name.removeprefix("journal-"))
+
+
+def restore_journal(journal_path: Path, *, sysfs_root: str = "/") -> list[str]:
+    """Restore what a killed worker left: its sysfs settings and its shaped links."""
+    return system.restore_journal(journal_path, sysfs_root=sysfs_root) + \
+        interconnect.restore_journal(links_journal(Path(journal_path)))
 
 
 def unavailable(config: dict, facts: dict, cpu_pool: list[int], *, sysfs_root: str = "/") -> str | None:
@@ -63,6 +75,7 @@ def machine_knobs(facts: dict, *, sysfs_root: str = "/") -> dict[str, str | None
 
     from worker.trainers.torch.distributed import availability
 
+    out["interconnect"] = interconnect.machine_availability()
     out.update(availability())  # ranks, nodes and torch.distributed's backends
     out.update(NOT_OFFERED)  # never available: what it is and why not
     return out
@@ -81,7 +94,8 @@ def applied(config: dict, facts: dict, cpu_pool: list[int], *, journal_path: Pat
         raise BenchError("cannot apply this job's settings here: " + "; ".join(reasons))
     cpus = startspec.job_cpus(config, facts, cpu_pool)
     spec = startspec.spec_for(config, facts, cpus)
-    with system.applied(config, cpus, journal_path=journal_path, sysfs_root=sysfs_root, record=spec.applied):
+    with system.applied(config, cpus, journal_path=journal_path, sysfs_root=sysfs_root, record=spec.applied), \
+            interconnect.applied(config, journal_path=links_journal(Path(journal_path)), record=spec.applied):
         spec.applied.update(env=dict(spec.env), argv_prefix=list(spec.argv_prefix), cpus=list(spec.cpus),
                             numa=config["numa"], isa=config["isa"], allocator=config["allocator"])
         yield spec

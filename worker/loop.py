@@ -131,7 +131,9 @@ def cpu_locks(state_dir: Path, cpus: list[int], *, wait: bool):
 def restore_left_behind(state_dir: Path, sysfs_root: str) -> list[str]:
     """Restore the knob journals of workers that are gone (killed with -9)."""
     restored = []
-    for journal in sorted(state_dir.glob("journal-*.json")):
+    journals = set(state_dir.glob("journal-*.json")) | {  # a worker that only shaped links has no sysfs journal
+        j.with_name(j.name.replace("links-", "journal-", 1)) for j in state_dir.glob("links-*.json")}
+    for journal in sorted(journals):
         pid = int(journal.stem.split("-", 1)[1])
         if pid != os.getpid() and psutil.pid_exists(pid):
             continue
