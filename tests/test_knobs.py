@@ -18,6 +18,7 @@ import pytest
 from common.errors import BenchError
 from common.variables import resolve
 from worker import knobs, probe, startspec, sysfs
+from tests.conftest import ROOT
 from tests.fake_sysfs import put
 
 REPO = Path(__file__).resolve().parents[1]
@@ -425,3 +426,47 @@ def test_interconnect_is_skipped_with_the_reason_where_no_link_is_handed_over_or
     assert interconnect.unavailable({"nodes": 2, "interconnect": "default"}) is None
     assert "cannot read cbnnotthere0:eth0" in interconnect.unavailable({"nodes": 2, "interconnect": "1gbit"})
     assert [interconnect.rate_bits(r) for r in ("1gbit", "1Gbit", "100Mbit", "125Mbps")] == [1e9, 1e9, 1e8, 1e9]
+
+
+def test_a_link_shaped_by_a_worker_killed_with_9_is_put_back_by_the_next_start(tmp_path, monkeypatch):
+    """A real network namespace and veth (root only), a real process shaping it through
+    interconnect.applied, a real SIGKILL: restore_left_behind (every worker's start, `bench.py restore`)
+    deletes the tbf from the journal the dead worker left."""
+    import random
+
+    from worker.loop import restore_left_behind
+
+    if os.geteuid() != 0 or subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode:
+        pytest.skip("needs root and network namespaces")
+    name = f"cbk{random.randrange(16**4):04x}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        for cmd in (["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"], ["ip", "link", "set", "eth0", "up"],
+                    ["ip", "link", "set", "eth1", "up"]):
+            subprocess.run(["nsenter", f"--net=/run/netns/{name}", *cmd], check=True)
+
+        def root_qdisc() -> str:
+            return subprocess.run(["nsenter", f"--net=/run/netns/{name}", "tc", "qdisc", "show", "dev", "eth0"],
+                                  capture_output=True, text=True).stdout.strip()
+
+        before = root_qdisc()
+        state = tmp_path / "state"
+        state.mkdir(exist_ok=True)
+        shaper = subprocess.Popen([sys.executable, "-c", f"""
+import os, pathlib, time
+from worker import interconnect
+with interconnect.applied({{"nodes": 2, "interconnect": "100mbit"}},
+                          journal_path=pathlib.Path({str(state)!r}) / f"links-{{os.getpid()}}.json", record={{}}):
+    print("shaped", flush=True)
+    time.sleep(60)
+"""], cwd=ROOT, env={**os.environ, "BENCH_INTERCONNECT_LINKS": f"{name}:eth0"}, stdout=subprocess.PIPE, text=True)
+        assert shaper.stdout.readline().strip() == "shaped"
+        assert " rate 100Mbit " in root_qdisc()
+        os.kill(shaper.pid, signal.SIGKILL)
+        shaper.wait()
+        assert " rate 100Mbit " in root_qdisc() and list(state.glob("links-*.json"))  # left shaped, journaled
+        lines = restore_left_behind(state, "/")
+        assert root_qdisc() == before and not list(state.glob("links-*.json")), lines
+        assert len(lines) == 1 and lines[0].startswith(f"{name}:eth0: qdisc tbf") and lines[0].endswith(f"-> {before}")
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
