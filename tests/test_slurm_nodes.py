@@ -169,13 +169,28 @@ def launcher_pid(cluster, node) -> int:
 GRACE_S = 15
 
 
+@pytest.fixture
+def nodes_back(cluster):
+    """Every node back after a fault test, also one that failed half-way: its link up, its slurmd running, no
+    allocation left, every node idle; otherwise one failure leaves a node down and fails every test after it."""
+    yield
+    env = {**os.environ, **cluster.env}
+    subprocess.run(["scancel", "--full", "-u", "root"], env=env, capture_output=True)
+    for node in cluster.nodes:
+        cluster.mend(node)
+        if node.slurmd is None or node.slurmd.poll() is not None:
+            cluster.start_slurmd(node)
+    cluster.wait_idle(90)
+
+
 @pytest.mark.parametrize("fault", ["link cut", "slurmd killed", "launcher kill -9"])
 def test_a_lost_node_fails_the_run_naming_it_leaves_no_rank_and_the_retry_finishes_once_it_is_back(
-        cluster, cluster_db, tmp_path, fault):
+        cluster, cluster_db, tmp_path, fault, nodes_back):
     env = {"BENCH_COLLECTIVE_TIMEOUT_S": str(COLLECTIVE_TIMEOUT_S)}
     # a dead slurmd stops nothing by itself (its steps' slurmstepd go on): the run must still be training when
-    # slurmctld declares the node down, SlurmdTimeout later
-    enqueue(cluster_db, env, nodes=2, steps=1500 if fault == "slurmd killed" else 300)
+    # slurmctld declares the node down, up to SlurmdTimeout x 2 + GRACE_S later: 6000 steps last 30 s or more
+    # at the ~5 ms a step of an unloaded run (1500 steps ended before the node was declared down)
+    enqueue(cluster_db, env, nodes=2, steps=6000 if fault == "slurmd killed" else 300)
     output = Path(os.environ["BENCH_OUTPUT_DIR"])
     job_id = submit(cluster, cluster_db, tmp_path / "logs", env, "--pool", "nodes")
     second = cluster.nodes[1]
