@@ -241,7 +241,10 @@ def borrowed_words(f: sm.Fit) -> str:
     own = sum(s.own_dof for s in quiet)
     out = []
     p = f.prior
-    if p is not None:
+    if p is not None and p.refused and p.refused >= len(quiet):
+        out.append(f"{own:.0f} degrees of freedom of its own; the machine probe's {p.cv:.1%} was not borrowed: this "
+                   f"sweep's own noise differs from it beyond chance (F test, {sm.PRIOR_ALPHA:g})")
+    elif p is not None:
         said = (f"estimated {p.tau2_estimated:.2f} from the probe's and this sweep's figures"
                 if p.tau2_estimated is not None else "not estimable here: nothing was repeated")
         out.append(f"{own:.0f} degrees of freedom of its own and {p.dof:.1f} borrowed from the machine probe's "
