@@ -27,7 +27,7 @@ _last: list = [None, 0, None]  # (done, its length, breakdown(done)): summary.md
 
 
 def breakdown(done: list[dict]) -> list[dict]:
-    """One row per (machine, shape, ranks, nodes) among the shapes that ran with several ranks somewhere.
+    """One row per (machine, shape, ranks, nodes, interconnect) among the shapes that ran with several ranks somewhere.
     Computed once for a list of rows (both writers call it); a sweep with no parallel run costs one
     C-speed look at world_size per run, and a shape is read once per run."""
     if _last[0] is done and _last[1] == len(done):
@@ -45,13 +45,15 @@ def _breakdown(done: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for s, r in zip(shapes, done):
         if s in parallel_shapes and r.get("step_ms_median") is not None:
-            groups[(s, r.get("ranks") or 1, r.get("nodes") or 1)].append(r)
+            groups[(s, r.get("ranks") or 1, r.get("nodes") or 1, r.get("interconnect") or "default")].append(r)
     rows = []
-    for (shape, ranks, nodes), runs in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):
+    for (shape, ranks, nodes, link), runs in sorted(groups.items(),
+                                                    key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2], kv[0][3])):
         step = statistics.median(r["step_ms_median"] for r in runs)
         reduce = [r["allreduce_ms"] for r in runs if r.get("allreduce_ms") is not None]
         allreduce = statistics.median(reduce) if reduce else 0.0
         rows.append({"machine_id": shape[0], **dict(zip(SHAPE, shape[1:])), "ranks": ranks, "nodes": nodes,
+                     "interconnect": link,
                      "runs": len(runs), "step_ms": step, "allreduce_ms": allreduce, "compute_ms": step - allreduce,
                      "allreduce_share": allreduce / step if step else None,
                      "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
@@ -63,13 +65,13 @@ def _shape(r: dict) -> tuple:
     return (r["machine_id"], *map(r.get, SHAPE))
 
 
-HEADER = ["machine", "model (d_model x layers)", "cores", "ranks x nodes", "runs", "step ms", "compute ms",
+HEADER = ["machine", "model (d_model x layers)", "cores", "ranks x nodes", "link between nodes", "runs", "step ms", "compute ms",
           "all-reduce ms", "all-reduce share", "tokens/s", "global batch"]
 
 
 def _cells(row: dict, names: dict) -> list[str]:
     return [names.get(row["machine_id"], str(row["machine_id"])), f"{row['d_model']} x {row['n_layers']}",
-            str(row["cores"]), f"{row['ranks']} x {row['nodes']}", str(row["runs"]), f"{row['step_ms']:.1f}",
+            str(row["cores"]), f"{row['ranks']} x {row['nodes']}", row["interconnect"], str(row["runs"]), f"{row['step_ms']:.1f}",
             f"{row['compute_ms']:.1f}", f"{row['allreduce_ms']:.2f}",
             f"{row['allreduce_share']:.1%}" if row["allreduce_share"] is not None else "-",
             f"{row['tokens_per_s']:,.0f}", str(row["global_batch"] or "-")]
