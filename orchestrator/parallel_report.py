@@ -71,7 +71,8 @@ HEADER = ["machine", "model (d_model x layers)", "cores", "ranks x nodes", "link
 
 def _cells(row: dict, names: dict) -> list[str]:
     return [names.get(row["machine_id"], str(row["machine_id"])), f"{row['d_model']} x {row['n_layers']}",
-            str(row["cores"]), f"{row['ranks']} x {row['nodes']}", row["interconnect"], str(row["runs"]), f"{row['step_ms']:.1f}",
+            str(row["cores"]), f"{row['ranks']} x {row['nodes']}", row["interconnect"], str(row["runs"]),
+            f"{row['step_ms']:.1f}",
             f"{row['compute_ms']:.1f}", f"{row['allreduce_ms']:.2f}",
             f"{row['allreduce_share']:.1%}" if row["allreduce_share"] is not None else "-",
             f"{row['tokens_per_s']:,.0f}", str(row["global_batch"] or "-")]
