@@ -96,7 +96,8 @@ def test_the_allocation_reads_widths_and_costs_never_the_direction_of_an_estimat
 def test_work_budget_gives_every_comparison_a_second_run_then_the_widest_more_and_the_report_says_so(db, tmp_path):
     bench("enqueue", "--db", db, *PLAN, check=True)
     work = bench("work", "--db", db, "--budget", "20s", env=LAW, check=True)
-    made = query(db, "SELECT decision, spent_s, budget_s, repeat, jobs, chosen FROM budget_decisions ORDER BY decision_id")
+    made = query(db, "SELECT decision, spent_s, budget_s, repeat, jobs, chosen FROM budget_decisions "
+                     "ORDER BY decision_id")
     assert made[0]["decision"] == "added runs" and made[0]["repeat"] == 1
     # every job of the first pass again: with one run a side no interval is usable (the probe's prior alone)
     assert made[0]["jobs"] == 6 and all(c["runs"] == 1 for c in json.loads(made[0]["chosen"]))
