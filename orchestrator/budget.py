@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from sqlalchemy import text
@@ -35,6 +36,7 @@ from orchestrator.adaptive import SELECT_MAX_REPEAT, SELECT_NOISE, SELECT_ROWS, 
 from orchestrator.eta import _COST, job_costs
 from orchestrator.noise import quiet_probe_cv
 from orchestrator.store import Store
+from orchestrator.sweep import stretch_of
 
 SWEEP_NAME = "budget"  # the sweep rows of the runs a budget adds
 NARROW = 0.05  # a comparison whose shown interval is within +-5% needs no more runs
@@ -178,7 +180,7 @@ def choose(effects: list[fx.Effect], keys: dict[int, tuple], cost: dict[tuple, f
     that gives them, predicted to cost at most room_s; stops once batch_s is reached, except that
     the comparisons without an interval all go together (none can be judged before)."""
     def key_set(e):
-        return {keys[j] for j in _ids(e) if j in keys}
+        return own_keys([keys[j] for j in _ids(e) if j in keys])
 
     def seconds(ks):
         return sum(cost.get(k, 0.0) for k in ks)
@@ -200,6 +202,20 @@ def choose(effects: list[fx.Effect], keys: dict[int, tuple], cost: dict[tuple, f
         taken |= new
         spent += extra
     return chosen, taken
+
+
+def own_keys(ks: list[tuple]) -> set[tuple]:
+    """Of the (configuration, block) keys a comparison rests on, those one more run a side needs: the
+    blocks where it compares two configurations or more (its values beside their own baseline). A
+    baseline is fitted from its runs in every block of the pass, but another variable's block holds
+    nothing of this comparison to narrow but that baseline, and repeating it there would cost a whole
+    pass. Without blocks (grid sweeps: block None) every key."""
+    ks = set(ks)
+    configs: dict = defaultdict(set)
+    for config, block in ks:
+        configs[stretch_of(block)].add(config)
+    mine = {stretch for stretch, cs in configs.items() if len(cs) >= 2}
+    return {k for k in ks if stretch_of(k[1]) in mine} if mine else ks
 
 
 def _ids(e: fx.Effect) -> list[int]:

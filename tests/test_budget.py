@@ -85,12 +85,20 @@ def test_the_allocation_reads_widths_and_costs_never_the_direction_of_an_estimat
     assert effects
     mirrored = [dataclasses.replace(e, estimate=1 / e.estimate if e.kind == "ratio" else -e.estimate) for e in effects]
     assert [budget.needs_runs(e) for e in mirrored] == [budget.needs_runs(e) for e in effects]
-    keys = {j: (j,) for e in effects for j in budget._ids(e)}
+    keys = {j: (j, None) for e in effects for j in budget._ids(e)}
     cost = {k: 1.0 + (k[0] % 7) for k in keys.values()}
     picked = budget.choose(effects, keys, cost, 60.0, 30.0)[1]
     assert picked and picked == budget.choose(mirrored, keys, cost, 60.0, 30.0)[1]
     assert all(math.isclose(budget.gain(a), budget.gain(b)) for a, b in zip(effects, mirrored))
     store.engine.dispose()
+
+
+def test_one_more_run_a_side_repeats_a_comparisons_own_block_not_the_baseline_of_every_other():
+    keys = [("base", "n_layers"), ("n_layers=1", "n_layers"), ("base", "d_model"), ("base", "seq_len#2"),
+            ("n_layers=1", "n_layers#2"), ("base", "n_layers#2")]
+    assert budget.own_keys(keys) == {("base", "n_layers"), ("n_layers=1", "n_layers"), ("n_layers=1", "n_layers#2"),
+                                     ("base", "n_layers#2")}
+    assert budget.own_keys([("a", None), ("b", None)]) == {("a", None), ("b", None)}  # no blocks: all of it
 
 
 def test_work_budget_gives_every_comparison_a_second_run_then_the_widest_more_and_the_report_says_so(db, tmp_path):
