@@ -288,3 +288,45 @@ def decisions(conn) -> dict[int, list[dict]]:
         m["chosen"], m["open"] = json.loads(m["chosen"]), json.loads(m["open"])
         out.setdefault(int(m["machine_id"]), []).append(m)
     return out
+
+
+GIVEN_HEADER = ["comparison", "extra passes", "why at the first", "now", "runs a side"]
+
+
+def spending(effects: list[fx.Effect], made: list[dict]) -> dict:
+    """How a machine's budget was spent, for the report's two writers: `words` (the budget, what was
+    spent, how it ended), `given` (rows under GIVEN_HEADER: the comparisons given extra passes) and
+    `still` (the comparisons still unresolved, in words; "" where none)."""
+    last = made[-1]
+    added = [d for d in made if d["decision"] == "added runs"]
+    ending = {"spent": "the budget was spent", "resolved": "every comparison was resolved or narrow enough",
+              "added runs": "runs were still being added"}[last["decision"]]
+    words = (f"Budget {_minutes(last['budget_s'])}, spent {_minutes(last['spent_s'])} (each run claim to finish, "
+             f"and the decisions): one pass of every comparison first, then {sum(d['jobs'] for d in added)} runs "
+             f"in {len(added)} more pass(es) where one more run a side narrowed an interval most per second; "
+             f"it ended because {ending}.")
+    whys: dict[str, list[str]] = {}
+    for d in added:
+        for c in d["chosen"]:
+            whys.setdefault(c["what"], []).append(c["why"])
+    by_what = {what(e): e for e in effects}
+    given = []
+    for name, why in sorted(whys.items(), key=lambda kv: -len(kv[1])):
+        e = by_what.get(name)
+        now = "-" if e is None or e.se is None else f"+-{e.half_width * 100:.1f}%"
+        given.append([name, str(len(why)), why[0], now, "-" if e is None else str(e.min_runs)])
+    open_ = [(e, why) for e in effects if (why := needs_runs(e)) is not None]
+    still = ""
+    if open_:
+        still = (f"Still unresolved and wider than +-{NARROW * 100:g}%: "
+                 + "; ".join(f"{what(e)} ({why}" + (f", about {e.repeats_needed} runs a side would resolve it"
+                                                    if e.repeats_needed and e.repeats_needed <= fx.MAX_REPEATS_SAID
+                                                    else "") + ")" for e, why in open_[:12])
+                 + (f"; and {len(open_) - 12} more" if len(open_) > 12 else "")
+                 + ". A longer `--budget` continues where this one stopped.")
+    return {"words": words, "given": given, "still": still}
+
+
+def _minutes(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60} min {seconds % 60:02d} s"

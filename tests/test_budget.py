@@ -117,6 +117,8 @@ def test_work_budget_gives_every_comparison_a_second_run_then_the_widest_more_an
     summary = (out / "summary.md").read_text()
     assert "## How the time budget was spent" in summary and "Budget 0 min 20 s" in summary
     assert "| optimizer=sgd vs adamw |" in summary
+    page = (out / "index.html").read_text()
+    assert "<h2>How the time budget was spent</h2>" in page and "<td>optimizer=sgd vs adamw</td>" in page
     status = bench("status", "--db", db, check=True)
     assert "Time budget (--budget): budget" in status.stdout and "of 20 s spent" in status.stdout
 

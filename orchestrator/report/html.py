@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator import effects as fx
-from orchestrator import learning_report, parallel_report, prediction_report, seeds
+from orchestrator import budget, learning_report, parallel_report, prediction_report, seeds
 from orchestrator.config_index import CONFIG_NAMES, config_index
 from orchestrator.rows import column
 from orchestrator.view_sql import tuple_getter
@@ -441,6 +441,21 @@ def _table(header: list[str], body: list[list[str]], cls: str = "") -> str:
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
 
 
+def _budget_section(ctx) -> str:
+    """`run --budget`: how the time went (budget.spending, as summary.md says it)."""
+    out = []
+    for m, made in ctx.budgets.items():
+        ma = ctx.analysis.machines.get(m)
+        if ma is None or not made:
+            continue
+        sp = budget.spending(ma.effects, made)
+        who = f" on {ctx.names[m]}" if ctx.several else ""
+        out.append(f'<section id="budget-{m}"><h2>How the time budget was spent{_e(who)}</h2><p>{_e(sp["words"])}</p>'
+                   + (_table(budget.GIVEN_HEADER, [[_e(c) for c in row] for row in sp["given"]]) if sp["given"] else "")
+                   + (f'<p>{_e(sp["still"])}</p>' if sp["still"] else "") + "</section>")
+    return "".join(out)
+
+
 def _verdict_class(e: dict) -> str:
     return "clear" if e["significant"] else "none" if e["significant"] is False else "untested"
 
@@ -761,6 +776,7 @@ def write_page(ctx, path: Path) -> Path:
         f'<p class="index">{index}</p>{var_html}</section>',
         _machine_section(ctx, st, several),
         parallel_report.html_section(ctx),  # ranks/nodes: compute vs all-reduce
+        _budget_section(ctx),
         _runs_section(ctx, runs, varied),
         _seeds_section(ctx),
         prediction_report.html(ctx),

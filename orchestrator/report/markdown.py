@@ -204,50 +204,21 @@ def _cores_words(members) -> str:
 
 
 def budget_section(ctx: Context) -> list[str]:
-    """`run --budget`: how the time went (orchestrator/budget.py's decisions) and what is left unresolved."""
+    """`run --budget`: how the time went and what is left unresolved (budget.spending, the page's too)."""
     lines = []
     for m, made in ctx.budgets.items():
         ma = ctx.analysis.machines.get(m)
         if ma is None or not made:
             continue
+        sp = budget.spending(ma.effects, made)
         who = f" on {ctx.names[m]}" if ctx.several else ""
-        last = made[-1]
-        added = [d for d in made if d["decision"] == "added runs"]
-        ending = {"spent": "the budget was spent", "resolved": "every comparison was resolved or narrow enough",
-                  "added runs": "runs were still being added"}[last["decision"]]
-        lines += [f"## How the time budget was spent{who}", "",
-                  f"Budget {_clock(last['budget_s'])}, spent {_clock(last['spent_s'])} (each run claim to finish, "
-                  f"and the decisions): one pass of every comparison first, then {sum(d['jobs'] for d in added)} runs "
-                  f"in {len(added)} more pass(es) where one more run a side narrowed an interval most per second; "
-                  f"it ended because {ending}.", ""]
-        given: dict[str, list[str]] = {}
-        for d in added:
-            for c in d["chosen"]:
-                given.setdefault(c["what"], []).append(c["why"])
-        if given:
-            effects = {budget.what(e): e for e in ma.effects}
-            body = []
-            for what, whys in sorted(given.items(), key=lambda kv: -len(kv[1])):
-                e = effects.get(what)
-                now = "-" if e is None or e.se is None else f"+-{_pct(e.half_width)}"
-                body.append([what, len(whys), whys[0], now, "-" if e is None else e.min_runs])
+        lines += [f"## How the time budget was spent{who}", "", sp["words"], ""]
+        if sp["given"]:
             lines += ["Comparisons given extra runs (a pass each time; why at the first):", ""]
-            lines += _table(["comparison", "extra passes", "why at the first", "now", "runs a side"], body)
-        still = [(e, why) for e in ma.effects if (why := budget.needs_runs(e)) is not None]
-        if still:
-            lines += [f"Still unresolved and wider than +-{_pct(budget.NARROW)}: "
-                      + "; ".join(f"{budget.what(e)} ({why}"
-                                  + (f", about {e.repeats_needed} runs a side would resolve it" if e.repeats_needed
-                                     and e.repeats_needed <= fx.MAX_REPEATS_SAID else "") + ")"
-                                  for e, why in still[:12])
-                      + (f"; and {len(still) - 12} more" if len(still) > 12 else "")
-                      + ". A longer `--budget` continues where this one stopped.", ""]
+            lines += _table(budget.GIVEN_HEADER, sp["given"])
+        if sp["still"]:
+            lines += [sp["still"], ""]
     return lines
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60} min {seconds % 60:02d} s"
 
 
 def runs_section(ctx: Context) -> list[str]:
