@@ -426,10 +426,12 @@ def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
     phases["save"], mark = time.perf_counter() - mark, time.perf_counter()
     applied |= read_back()
     # after save: where this route was not proved yet, one more step, outside dp's timing (a rank's
-    # all-reduce times are its timed loop's alone)
+    # all-reduce times are its timed loop's alone). Ranks of several processes always prove it: the step
+    # all-reduces, so every rank must take it or none, and another node's launcher holds no proof.
+    held = request.get("proven") if config["ranks"] * config["nodes"] == 1 else None
     route_read, proven = gemm_route.read_back(config["blas"], lambda: step([batches()]),
                                               gemm_route.proof_key(config["blas"], config, applied),
-                                              request.get("proven"), request.get("run_id"))
+                                              held, request.get("run_id"))
     applied |= route_read
     if config["compile"] == "inductor":
         from worker.trainers.torch import ccflags
