@@ -75,6 +75,19 @@ class Context:
         return sorted({n for m in self.analysis.machines.values() for n in m.together}, key=NAMES.index)
 
     @cached_property
+    def budget_spending(self) -> list[tuple[int, str, dict]]:
+        """Per machine with a --budget: (its id, " on NAME" where several machines, else "", budget.spending):
+        the section both writers show, computed once."""
+        from orchestrator import budget
+
+        out = []
+        for m, made in self.budgets.items():
+            ma = self.analysis.machines.get(m)
+            if ma is not None and made:
+                out.append((m, f" on {self.names[m]}" if self.several else "", budget.spending(ma.effects, made)))
+        return out
+
+    @cached_property
     def sweeps(self) -> list[str]:
         """The sweeps the runs came from, by name: both writers' first lines say them (one scan of the rows)."""
         return sorted({r["sweep"] for r in self.rows if r.get("sweep")})

@@ -444,12 +444,7 @@ def _table(header: list[str], body: list[list[str]], cls: str = "") -> str:
 def _budget_section(ctx) -> str:
     """`run --budget`: how the time went (budget.spending, as summary.md says it)."""
     out = []
-    for m, made in ctx.budgets.items():
-        ma = ctx.analysis.machines.get(m)
-        if ma is None or not made:
-            continue
-        sp = budget.spending(ma.effects, made)
-        who = f" on {ctx.names[m]}" if ctx.several else ""
+    for m, who, sp in ctx.budget_spending:
         out.append(f'<section id="budget-{m}"><h2>How the time budget was spent{_e(who)}</h2><p>{_e(sp["words"])}</p>'
                    + (_table(budget.GIVEN_HEADER, [[_e(c) for c in row] for row in sp["given"]]) if sp["given"] else "")
                    + (f'<p>{_e(sp["still"])}</p>' if sp["still"] else "") + "</section>")

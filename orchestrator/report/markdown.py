@@ -206,12 +206,7 @@ def _cores_words(members) -> str:
 def budget_section(ctx: Context) -> list[str]:
     """`run --budget`: how the time went and what is left unresolved (budget.spending, the page's too)."""
     lines = []
-    for m, made in ctx.budgets.items():
-        ma = ctx.analysis.machines.get(m)
-        if ma is None or not made:
-            continue
-        sp = budget.spending(ma.effects, made)
-        who = f" on {ctx.names[m]}" if ctx.several else ""
+    for _, who, sp in ctx.budget_spending:
         lines += [f"## How the time budget was spent{who}", "", sp["words"], ""]
         if sp["given"]:
             lines += ["Comparisons given extra runs (a pass each time; why at the first):", ""]
