@@ -25,7 +25,7 @@ from typer._click import exceptions as click_errors  # typer 0.29 carries its ow
 from typer.core import TyperGroup
 
 from common.errors import BenchError
-from orchestrator.sweep import DEFAULT_MAX_JOBS, PRESETS_DIR
+from orchestrator.queue.sweep import DEFAULT_MAX_JOBS, PRESETS_DIR
 
 _IS_PROGRAM = False  # bench.py runs as the program (end_at_once); set in its __main__ block
 
@@ -35,7 +35,7 @@ def settings_given(settings: list[str]) -> dict:
     sweeps set, every value checked (BadInput names the one that is wrong)."""
     from common import variables
     from common.errors import BadInput
-    from orchestrator.sweep import parse_assignment
+    from orchestrator.queue.sweep import parse_assignment
 
     partial = {}
     for item in settings:
@@ -98,7 +98,7 @@ MemLimitOption = Annotated[Optional[float], typer.Option(
 
 
 def fail(error: BenchError) -> None:
-    from orchestrator.secrets import scrub
+    from common.secrets import scrub
 
     message = " ".join(scrub(str(error)).split("\n"))  # one line, whatever the message held
     err.print(styled(("error: ", "bold red"), message), highlight=False)
@@ -126,7 +126,7 @@ def guarded(fn):
 def open_store(db: str, *, read_only: bool = False, create: bool = True):
     """The results database; read_only for the commands that only read (nothing is created there);
     create=False for those that work on what it holds (an empty database is refused, not made one)."""
-    from orchestrator.store import Store
+    from orchestrator.queue.store import Store
 
     store = Store(db, read_only=read_only, create=create)
     _stores.append(store)
@@ -140,7 +140,7 @@ def note(text: str, console=None) -> None:
 
 def this_machine():
     """Expansion's view of the machine: CPUs this process may use, frequency limits if any."""
-    from orchestrator.sweep import Machine
+    from orchestrator.queue.sweep import Machine
 
     return Machine(cpu_count=len(os.sched_getaffinity(0)), freq_limits=_freq_limits)
 
@@ -148,7 +148,7 @@ def this_machine():
 def probe_here(remeasure: bool = False) -> dict:
     """This machine's facts from the probe (cached per boot in the worker state dir)."""
     from worker.loop import default_state_dir
-    from worker.probe import probe
+    from worker.machine.probe import probe
 
     return probe(default_state_dir(), remeasure=remeasure, quick=os.environ.get("BENCH_PROBE_QUICK") == "1")
 
@@ -175,7 +175,7 @@ def print_plan_result(plan, result, *, dry_run: bool, memory_gib: tuple[float, f
 @app.command()
 def enqueue(
     sweep_file: Annotated[Optional[Path], typer.Argument(help="a sweep TOML file")] = None,
-    preset: Annotated[Optional[str], typer.Option(help="a preset from orchestrator/presets/: " + ", ".join(
+    preset: Annotated[Optional[str], typer.Option(help="a preset from orchestrator/queue/presets/: " + ", ".join(
         sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))))] = None,
     set_: Annotated[list[str], typer.Option("--set", metavar="K=V", help="a base value (repeatable, once per "
                                                                           "variable)")] = [],
@@ -195,9 +195,9 @@ def enqueue(
     counted before it is expanded: one above --max-jobs is refused at once with its count; one with a
     job whose estimated memory exceeds the machine's (or --mem-limit-gb) is refused with the estimate."""
     from worker import memory
-    from orchestrator.sweep import load
+    from orchestrator.queue.sweep import load
 
-    from orchestrator import cli_support
+    from orchestrator.queue import cli_support
 
     def body():
         plan = load(sweep_file, preset=preset, sets=set_, axes=axis, repeats=repeats, machine=this_machine(),
@@ -218,7 +218,7 @@ def enqueue(
 
 def work_with_progress(db: str, options) -> dict:
     """Run a worker with a rich progress bar (on stderr) and an ETA learned from finished runs."""
-    from orchestrator.eta import estimate_remaining_s
+    from orchestrator.queue.eta import estimate_remaining_s
     from worker.loop import Worker
 
     store = open_store(db, create=False)  # an empty database has nothing to run: refused, not made one
@@ -324,7 +324,7 @@ def work(
     """Claim and run queued jobs, one at a time, until none is left: this machine's own (every job,
     to compare machines), or with --pool those of a pool of identical nodes (each job once)."""
     def body():
-        from orchestrator.cli_support import require_database
+        from orchestrator.queue.cli_support import require_database
 
         from common.durations import parse_duration
 
@@ -354,7 +354,7 @@ def status(
     """Queued / running / done / failed / skipped per sweep, for this machine (or a --pool, or all)."""
     def body():
         from common.errors import BadInput
-        from orchestrator.store import NO_POOL
+        from orchestrator.queue.store import NO_POOL
 
         if pool is not None and all_machines:
             raise BadInput("--pool and --all-machines: give one (a pool's counts, or every machine's and pool's)")
@@ -395,9 +395,9 @@ def status(
             out.print(pools)
             print_fleet(fleet_progress(store))
         if pool_id is not None:
-            from orchestrator.eta import estimate_remaining_s
+            from orchestrator.queue.eta import estimate_remaining_s
 
-            from orchestrator.live import eta_words
+            from orchestrator.report.live import eta_words
 
             mine = next((p for p in fleet_progress(store).pools if p.pool_id == pool_id), None)
             if mine is not None and mine.budget_s is not None:  # the budget, not the queue, says when it ends
@@ -411,14 +411,14 @@ def status(
 
 
 def fleet_progress(store):
-    from orchestrator.live import progress
+    from orchestrator.report.live import progress
 
     return progress(store)
 
 
 def print_fleet(pr) -> None:
-    """Per pool and machine: done, running since when, failed, skipped, queued, ETA (orchestrator/live.py)."""
-    from orchestrator.live import clock, eta_words, queued_words
+    """Per pool and machine: done, running since when, failed, skipped, queued, ETA (orchestrator/report/live.py)."""
+    from orchestrator.report.live import clock, eta_words, queued_words
 
     table = Table(title="by pool and machine, now")
     for column in ("pool", "machine", "done", "running", "failed", "skipped", "queued", "ETA"):
@@ -437,7 +437,7 @@ def print_fleet(pr) -> None:
 
 
 def report_and_print(db: str, out_dir: Path) -> None:
-    from orchestrator.cli_support import check_out_dir
+    from orchestrator.queue.cli_support import check_out_dir
     from orchestrator.report import write_report
 
     check_out_dir(out_dir)
@@ -474,7 +474,7 @@ def report(
 ) -> None:
     """Write result/: index.html (the page to open), results.csv, summary.md, plots/*.png, fitted effects (also to
     the effects table). --watch keeps index.html current while workers run: progress per machine and pool, the
-    effects as they stand, the last failures (orchestrator/live.py); each update redoes the comparisons and
+    effects as they stand, the last failures (orchestrator/report/live.py); each update redoes the comparisons and
     predictions of only the machines whose runs changed."""
     if watch:
         guarded(lambda: watch_and_print(db, out_dir, every, db_retry))
@@ -504,7 +504,7 @@ def end_at_once() -> None:
 
 def watch_and_print(db: str, out_dir: Path, every: float, db_retry: float | None = None) -> None:
     from common.patience import retry_seconds
-    from orchestrator.live import watch as keep_current
+    from orchestrator.report.live import watch as keep_current
 
     retry_s = retry_seconds(db_retry)  # a database outage ridden out, as a worker does
     store = open_store(db, read_only=True)  # the statistics run in a child at nice 19 (live.WATCH_NICE)
@@ -542,10 +542,10 @@ def run(
 ) -> None:
     """The main job: enqueue a preset, work until it is done (or its time budget is spent), write the report."""
     from worker import memory
-    from orchestrator.sweep import load
+    from orchestrator.queue.sweep import load
 
     def body():
-        from orchestrator.cli_support import check_out_dir, first_job
+        from orchestrator.queue.cli_support import check_out_dir, first_job
 
         from common.durations import parse_duration
 
@@ -618,11 +618,11 @@ def predict(
     db: DbOption = "results.db",
 ) -> None:
     """The predicted median step time of a configuration on a machine of the database, with a 95%
-    prediction interval, what it rests on and what it extrapolates (orchestrator/cost_model.py,
+    prediction interval, what it rests on and what it extrapolates (orchestrator/stats/cost_model.py,
     docs/prediction.md); with --to-loss, the time to reach that validation loss. Only reads the database."""
     import socket
 
-    from orchestrator.cost_model import predict as predict_config
+    from orchestrator.stats.cost_model import predict as predict_config
 
     def body():
         partial = settings_given(settings)
@@ -701,7 +701,7 @@ def retry(
     """Put this machine's (or a --pool's) failed and/or skipped runs back in the queue (both when
     neither is given)."""
     def body():
-        from orchestrator.cli_support import require_database
+        from orchestrator.queue.cli_support import require_database
 
         require_database(db, "retry")
         store = open_store(db, create=False)
@@ -724,8 +724,8 @@ def merge(
 ) -> None:
     """Import the machines, sweeps, jobs and finished runs of other results databases (machines that
     ran offline). Idempotent; a run already here for the same job and machine or pool is kept."""
-    from orchestrator.merge import check_source, merge as merge_one, read_source
-    from orchestrator.store import database_url
+    from orchestrator.queue.merge import check_source, merge as merge_one, read_source
+    from orchestrator.queue.store import database_url
 
     def body():
         from common.errors import BadInput
@@ -767,8 +767,8 @@ def submit(
     """Start `work` on N nodes as a SLURM job array, all against one database (PostgreSQL for more
     than one node); with --together, one worker in an allocation of N nodes that multi-node jobs span.
     Prints the job id and how to watch it."""
-    from orchestrator.slurm import submit as submit_job
-    from orchestrator.store import safe_url
+    from orchestrator.queue.slurm import submit as submit_job
+    from orchestrator.queue.store import safe_url
 
     def body():
         if not slurm:
@@ -808,7 +808,7 @@ def docs(
 ) -> None:
     """Regenerate the reference pages made from the code: docs/variables.md from the catalogue,
     docs/v_results.md from schema.sql's comments, docs/commands.md from this command line."""
-    from orchestrator.docs import stale_pages, write_pages
+    from orchestrator.docs.pages import stale_pages, write_pages
 
     cli = typer.main.get_command(app)
 

@@ -44,8 +44,8 @@ def main() -> None:
 
     from sqlalchemy import text
 
-    from orchestrator import effects as fx
-    from orchestrator.store import Store
+    from orchestrator.stats import effects as fx
+    from orchestrator.queue.store import Store
 
     bench("enqueue", "--db", db, "--axis", "cores=1,2", "--axis", "d_model=64,128", "--set", "dataset=builtin",
           "--set", f"steps={args.steps}", "--repeats", "3")

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.sweep import run_order  # noqa: E402
+from orchestrator.queue.sweep import run_order  # noqa: E402
 
 SWEEP = """
 [sweep]

@@ -23,8 +23,9 @@ from pathlib import Path
 from sqlalchemy import text
 
 from common import variables as V
-from orchestrator import budget, effects as fx
-from orchestrator.store import Store
+from orchestrator.queue import budget
+from orchestrator.stats import effects as fx
+from orchestrator.queue.store import Store
 from tests import synthetic as S
 
 SELECT_CONFIGS = "SELECT job_id, config FROM jobs WHERE job_id IN ({ids})"

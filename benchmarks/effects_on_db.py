@@ -3,7 +3,7 @@
     venv/bin/python benchmarks/effects_on_db.py --db results.db [--baseline /work/baseline]
 
 --baseline is a checkout of the release before (e.g. `git worktree add /work/baseline c6a4c6a`);
-each checkout's orchestrator.effects.analyse() runs on the rows of v_results in its own process.
+each checkout's orchestrator.stats.effects.analyse() runs on the rows of v_results in its own process.
 Prints, per checkout, each variable's headline effect (clearest first) with its shown interval and
 verdict, the family size, and the median half-width of the shown ratio intervals at each run count.
 """
@@ -27,7 +27,7 @@ def rows_of(db: str) -> list[dict]:
     sys.path.insert(0, str(ROOT))
     from sqlalchemy import text
 
-    from orchestrator.store import Store
+    from orchestrator.queue.store import Store
 
     store = Store(db)
     with store.transaction() as conn:
@@ -36,7 +36,7 @@ def rows_of(db: str) -> list[dict]:
 
 def evaluate(rows_path: Path, code: Path) -> None:
     sys.path.insert(0, str(code))
-    from orchestrator import effects as fx
+    from orchestrator.stats import effects as fx
 
     rows = json.loads(rows_path.read_text())
     a = fx.analyse(rows)

@@ -35,7 +35,7 @@ def generate(seeds: int, out: Path, drift: tuple[float, ...], sigma: float, repe
     sys.path.insert(0, str(ROOT))
     from sqlalchemy import text
 
-    from orchestrator.store import Store
+    from orchestrator.queue.store import Store
     from tests import synthetic as S
 
     S.SIGMA = sigma
@@ -57,7 +57,7 @@ def evaluate(rows_path: Path, code: Path) -> None:
     """Run inside a checkout (`code` first on sys.path): print one JSON list per seed of
     (kind, variable, value, estimate, ci_low, ci_high, called_an_effect)."""
     sys.path.insert(0, str(code))
-    from orchestrator import effects as fx
+    from orchestrator.stats import effects as fx
 
     data = json.loads(rows_path.read_text())
     out = []

@@ -2,7 +2,7 @@
 
     python benchmarks/eta_replay.py RESULTS.db [--pool ID]
 
-After each finished run k, the ETA is what orchestrator/eta.py would have said then (learn() on runs
+After each finished run k, the ETA is what orchestrator/queue/eta.py would have said then (learn() on runs
 1..k, remaining_s() of the jobs of runs k+1..n); the truth is the cost of runs k+1..n (each run's
 larger of wall_s and claim-to-finish, the estimator's own measure; waits between runs left out).
 Prints the error |ETA - truth| / truth at a quarter, half and three quarters of the sweep's time,
@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import text  # noqa: E402
 
-from orchestrator.eta import FINISHED_ROWS, learn, queued_of, remaining_s  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
+from orchestrator.queue.eta import FINISHED_ROWS, learn, queued_of, remaining_s  # noqa: E402
+from orchestrator.queue.store import Store  # noqa: E402
 
 # the estimator's own rows, every one of them, in the order they were claimed
 SELECT_RUNS = FINISHED_ROWS + "ORDER BY r.claimed, r.run_id\n"

@@ -63,7 +63,7 @@ def torch_step(config: dict):
     import torch
 
     from worker.trainers.torch.model import GPT, ModelConfig
-    from worker.trainers.torch.child import make_optimizer, make_step
+    from worker.trainers.torch.train import make_optimizer, make_step
     from worker.trainers.params import init_params, torch_state_dict
 
     model = GPT(ModelConfig.from_config(config))

@@ -9,7 +9,7 @@ Chromium takes to open it and to filter its runs table. Prints, never asserts.
 The database: --machines machines (each its own pool, so each runs every job) over a grid of
 d_model x n_layers x seq_len x batch_size, repeated until --runs runs are claimed; a step time from
 a power law with 5% noise; 2% of runs failed and 1% skipped with reasons, as a real sweep has.
-Jobs are enqueued, claimed and finished through orchestrator.store.Store as a worker would.
+Jobs are enqueued, claimed and finished through orchestrator.queue.store.Store as a worker would.
 Load time: navigation to `window.cpubench.ready` (the runs inflated, the table and the forest plot
 drawn), the median of --loads page loads in a fresh tab; the machine it runs on is named.
 """
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.report import write_report  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
+from orchestrator.queue.store import Store  # noqa: E402
 from tests.reportdb import CPUS, configs, enqueue, machine_facts, metrics  # noqa: E402
 from tests.conftest import done_fields  # noqa: E402
 

@@ -36,8 +36,8 @@ def once(settings: dict) -> dict:
 def report_interval(db: str, var: str, a: str, b: str):
     from sqlalchemy import text
 
-    from orchestrator import effects as fx
-    from orchestrator.store import Store
+    from orchestrator.stats import effects as fx
+    from orchestrator.queue.store import Store
 
     store = Store(db)
     with store.transaction() as conn:

@@ -29,7 +29,7 @@ CHILD = r"""
 import json, sys, time, torch
 sys.path.insert(0, sys.argv[1])
 from worker.trainers.torch.model import GPT, ModelConfig
-from worker import isa_check
+from worker.knobs import isa_check
 D, LAYERS, HEADS, T, B, VOCAB = 256, 2, 4, 256, 8, 4096
 g = torch.Generator().manual_seed(0)
 x = torch.randint(0, VOCAB, (B, T), generator=g); y = torch.randint(0, VOCAB, (B, T), generator=g)

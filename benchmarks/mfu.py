@@ -58,7 +58,7 @@ if sys.argv[1] == "nanogpt":
         opt.zero_grad(set_to_none=True)
 else:
     try:
-        from worker.trainers.torch import child as train
+        from worker.trainers.torch import train
         from worker.trainers.torch.model import GPT, ModelConfig
     except ModuleNotFoundError:  # a tree from before the trainer layout
         from worker import train

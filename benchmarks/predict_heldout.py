@@ -1,4 +1,4 @@
-"""Validation that cannot flatter: the cost model (orchestrator/cost_model.py), fitted on one database,
+"""Validation that cannot flatter: the cost model (orchestrator/stats/cost_model.py), fitted on one database,
 predicts configurations that database never ran; this script measures them and prints predicted vs
 measured, the errors, the 95% intervals' coverage, and the same for two naive predictors:
 
@@ -44,8 +44,8 @@ sys.path.insert(0, str(ROOT))
 from common import variables as V  # noqa: E402
 from common.compute import flops_per_step  # noqa: E402
 from common.errors import BenchError  # noqa: E402
-from orchestrator import cost_model as cm  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
+from orchestrator.stats import cost_model as cm  # noqa: E402
+from orchestrator.queue.store import Store  # noqa: E402
 
 BIG = {"steps": 2, "warmup_steps": 1}  # seconds-long steps: a step time is a step time
 QUICK = {"steps": 10, "warmup_steps": 2}  # as the quick preset times its runs

@@ -2,7 +2,7 @@
 
     python benchmarks/preset_durations.py [--gflops-2c G] [--speedup-16c S] [--overhead-s O] [PRESET ...]
 
-A preset is planned as enqueue would (orchestrator.sweep.load on a 2- and a 16-CPU machine, no
+A preset is planned as enqueue would (orchestrator.queue.sweep.load on a 2- and a 16-CPU machine, no
 cpufreq) and each job's wall time estimated as
 
     overhead_s + flops_per_step * (steps + warmup_steps) * slowdown(precision, framework) / gflops(cores)
@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from worker import memory  # noqa: E402
-from orchestrator.sweep import PRESETS_DIR, Machine, load  # noqa: E402
+from orchestrator.queue.sweep import PRESETS_DIR, Machine, load  # noqa: E402
 from worker.trainers.harness import flops_per_step  # noqa: E402
 
 SLOWDOWN = {"bf16": 2.6, "mixed": 2.6, "q8": 1.5, "q4": 1.5, "bitnet": 1.5}

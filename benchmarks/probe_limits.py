@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.variables import resolve  # noqa: E402
-from worker import knobs, probe  # noqa: E402
+from worker.knobs import settings as knobs
+from worker.machine import probe  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

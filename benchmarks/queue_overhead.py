@@ -78,8 +78,10 @@ def _worker_side(db: str, out: str) -> None:
     per job the worker-side phases and the child's reply times (JSON lines in `out`)."""
     from contextlib import contextmanager
 
-    from orchestrator.store import Store
-    from worker import child, knobs, loop, sensors
+    from orchestrator.queue.store import Store
+    from worker import spawn as child, loop
+    from worker.knobs import settings as knobs
+    from worker.machine import sensors
 
     totals: dict = {}
     for name in ("take_back_stale", "claim"):

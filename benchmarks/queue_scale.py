@@ -45,8 +45,8 @@ def sweep_args(n: int) -> tuple[list[str], int]:
 def load_code(root: Path):
     """The store and planner of the checkout under test (this one, or --root)."""
     sys.path.insert(0, str(root))
-    from orchestrator.store import Store
-    from orchestrator.sweep import Machine, load
+    from orchestrator.queue.store import Store
+    from orchestrator.queue.sweep import Machine, load
 
     return Store, Machine, load
 
@@ -140,7 +140,7 @@ FACTS = {"fingerprint": "scale-bench", "hostname": "bench", "logical_cores": 2, 
 
 def bench_claims(code, dbs: Databases, sizes, dialects, rounds: int, claims: int) -> None:
     Store, Machine, load = code
-    from orchestrator.store import METRICS  # a done run names every metric (this checkout's or --root's list)
+    from orchestrator.queue.store import METRICS  # a done run names every metric (this checkout's or --root's list)
     print(f"\n## claim latency ({claims} claims per round, each followed by its finish; {rounds} rounds interleaved)\n")
     print("| jobs | done before | database | claim p50 | claim p99 | finish p50 |")
     print("|---:|---:|---|---|---|---|")

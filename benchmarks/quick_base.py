@@ -37,7 +37,7 @@ sys.path.insert(0, sys.argv[1])
 import torch
 from common.variables import parse_value, resolve
 from worker.trainers import harness
-from worker.trainers.torch import child as train
+from worker.trainers.torch import train
 from worker.trainers.torch.model import GPT, ModelConfig
 threads, steps, text = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 torch.set_num_threads(threads)

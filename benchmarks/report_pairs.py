@@ -21,7 +21,6 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ import json, resource, sys, time
 sys.path.insert(0, {code!r})
 from pathlib import Path
 from orchestrator.report import write_report
-from orchestrator.store import Store
+from orchestrator.queue.store import Store
 t = time.perf_counter()
 write_report(Store({db!r}, read_only=True), Path({out!r}), plots=True)
 print(json.dumps({{"s": time.perf_counter() - t, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))

@@ -41,9 +41,9 @@ import json, resource, sys, time
 sys.path.insert(0, {root!r})
 from pathlib import Path
 from orchestrator.report import write_report
-from orchestrator.store import Store
+from orchestrator.queue.store import Store
 if {no_predictions!r}:  # the cost model's section left out (--no-predictions): the rest of the report measured
-    from orchestrator import prediction_report
+    from orchestrator.report.sections import prediction as prediction_report
     prediction_report.data = lambda ctx: {{"machines": {{}}}}
 t0 = time.perf_counter()
 rep = write_report(Store({db!r}, read_only=True), Path({out!r}), plots={plots!r})
@@ -61,7 +61,7 @@ def run_report(db: str, out: Path, *, plots: bool, cap_gb: float, timeout_s: flo
     peak, peak_pss, why = 0, 0, None
     p = psutil.Process(proc.pid)
     while proc.poll() is None:
-        # The report forks children (orchestrator/forked.py) that share its pages until they write to
+        # The report forks children (orchestrator/report/forked.py) that share its pages until they write to
         # them: the tree's summed RSS counts shared pages once per process (an upper bound), its summed
         # PSS counts each page once (the memory the report holds). The cap applies to the PSS.
         try:

@@ -14,9 +14,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.eta import estimate_remaining_s  # noqa: E402
+from orchestrator.queue.eta import estimate_remaining_s  # noqa: E402
 from orchestrator.report import write_report  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
+from orchestrator.queue.store import Store  # noqa: E402
 from tests.reportdb import configs, enqueue, machine_facts, metrics, run_all  # noqa: E402
 
 AXES = {"d_model": [64, 128, 256, 512], "n_layers": [1, 2, 4, 8], "seq_len": [64, 128, 256], "batch_size": [4, 8, 16],

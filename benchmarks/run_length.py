@@ -5,7 +5,7 @@
 One blocked ofat sweep on the quick base (five axes, three repeats) is run once per step count and
 round, the step counts alternating (round 1 at 10 steps, round 1 at 30, round 2 at 10, ...) so both
 see the machine alike; each into its own database, each round with its own seed. Prints, per
-database, the wall time, the model's residual (orchestrator/step_model.py: configuration + block +
+database, the wall time, the model's residual (orchestrator/stats/step_model.py: configuration + block +
 residual, the figure every interval of the report is built from) with its degrees of freedom, and
 the median shown ratio half-width. If the noise were a run's own sampling, three times the steps
 would cut the residual by about sqrt(3). Asserts nothing.
@@ -59,8 +59,8 @@ def residual(db: Path) -> tuple[float, float, float]:
     """(the model's residual CV, its degrees of freedom, the median shown ratio half-width)."""
     from sqlalchemy import text
 
-    from orchestrator import effects as fx
-    from orchestrator.store import Store
+    from orchestrator.stats import effects as fx
+    from orchestrator.queue.store import Store
 
     with Store(str(db)).transaction() as conn:
         rows = [dict(r._mapping) for r in conn.execute(text("SELECT * FROM v_results ORDER BY run_id"))]

@@ -5,10 +5,10 @@ the n_layers ratio's median shown half-width and degrees of freedom. No timing.
 
     venv/bin/python benchmarks/small_grid_prior.py [SEEDS]
 """
-import math, random, statistics, sys
+import random, statistics, sys
 sys.path.insert(0, ".")
 from tests import scenarios as SC
-from orchestrator import effects as fx
+from orchestrator.stats import effects as fx
 
 def run(sigma, probe, seeds=200, drop=1):
     s = SC.small_grid(sigma)

@@ -3,7 +3,7 @@
     venv/bin/python benchmarks/stats_scenarios.py [--seeds 40] [--baseline /work/baseline]
 
 --baseline is a checkout of the release before (e.g. `git worktree add /work/baseline c6a4c6a`);
-each checkout's orchestrator.effects.analyse() runs on the same rows, in its own process.
+each checkout's orchestrator.stats.effects.analyse() runs on the same rows, in its own process.
 
 Per scenario and checkout: the mean absolute error of the estimates (log ratio, or exponent x ln 2:
 the error of a doubling's factor), the share of intervals (shown, family-wise) that hold their truth,
@@ -51,7 +51,7 @@ def evaluate(rows_path: Path, code: Path) -> None:
     [kind, variable, value, group, estimate, low, high, significant], and the variables compared
     and those named as not compared or lost."""
     sys.path.insert(0, str(code))
-    from orchestrator import effects as fx
+    from orchestrator.stats import effects as fx
 
     data = json.loads(rows_path.read_text())
     out = {}

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from worker import data  # noqa: E402
 from worker.trainers import harness  # noqa: E402
-from worker.trainers.torch import child as train  # noqa: E402
+from worker.trainers.torch import train  # noqa: E402
 from worker.trainers.torch.model import GPT, ModelConfig  # noqa: E402
 
 D, LAYERS, HEADS, T, B, VOCAB = 256, 4, 4, 256, 8, 8192

@@ -19,7 +19,6 @@ import argparse
 import atexit
 import json
 import math
-import os
 import signal
 import statistics
 import subprocess
@@ -34,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import text  # noqa: E402
 
-from orchestrator.store import Store  # noqa: E402
+from orchestrator.queue.store import Store  # noqa: E402
 from tests.pgserver import throwaway_postgres  # noqa: E402
 from tests.scaledb import build  # noqa: E402
 

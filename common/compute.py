@@ -2,7 +2,7 @@
 the memory estimate and the cost model need to know: its Linear layers' shapes, the int4 kernel's
 limits, which precisions are still simulated, what no variable offers, and the exact counts: parameters
 (param_counts), training FLOPs per step (flops_per_step) and the operations of one step with their
-shapes, FLOPs and memory-bound elements (operations: what the cost model, orchestrator/cost_model.py,
+shapes, FLOPs and memory-bound elements (operations: what the cost model, orchestrator/stats/cost_model.py,
 prices one by one). Imports nothing from the project: one formula for every part.
 """
 

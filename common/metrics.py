@@ -51,7 +51,7 @@ def disturbance(other_cpu_s: float | None, steal_s: float | None, cpus: int, win
 
 def peak_text(peak: dict) -> str:
     """'fp32 480 (jax; numpy 255, torch 218), bf16 936 (torch; jax 454)': a GEMM peak as a run records
-    it (applied.peak_gflops: worker/gemm_peak.py), each precision's figure, the library that gave it
+    it (applied.peak_gflops: worker/machine/gemm_peak.py), each precision's figure, the library that gave it
     and the others' figures. The worker's basis and the report's machines table both say it so."""
     parts = []
     for p in ("fp32", "bf16"):

@@ -1,5 +1,5 @@
-"""A process that must not outlive its parent: the worker's training children (worker/child.py, the
-fork server, the distributed ranks) and the watcher's report process (orchestrator/live.py) ask Linux
+"""A process that must not outlive its parent: the worker's training children (worker/spawn.py, the
+fork server, the distributed ranks) and the watcher's report process (orchestrator/report/live.py) ask Linux
 for a signal when their parent dies (PR_SET_PDEATHSIG), so a kill -9 of the parent leaves none behind.
 """
 

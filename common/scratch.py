@@ -1,5 +1,5 @@
-"""Scratch folders a kill -9 cannot leak for long: the worker's per-run folder (worker/child.py), a merge's
-copy of the other database (orchestrator/merge.py) and a data-parallel launcher's ranks folder
+"""Scratch folders a kill -9 cannot leak for long: the worker's per-run folder (worker/spawn.py), a merge's
+copy of the other database (orchestrator/queue/merge.py) and a data-parallel launcher's ranks folder
 (worker/trainers/torch/distributed.py). Each is named PREFIX-HOST-PID-random after the process that made
 it; a process killed with -9 cannot remove its own, so the next folder made with that prefix on that host
 removes those whose process is gone. A live process's folder is never touched (a reused PID only delays

@@ -31,7 +31,7 @@ def pytest_configure(config):
 def probe_cache(tmp_path_factory) -> Path:
     """One quick probe for the session: its cache files seed every test's state dir, so each test
     does not pay the probe's measurement child (a torch import) again."""
-    from worker.probe import probe
+    from worker.machine.probe import probe
 
     state = tmp_path_factory.mktemp("probe")
     probe(state, quick=True)

@@ -3,7 +3,7 @@ machine has no cpufreq, RAPL or thermal zones to change)."""
 
 from pathlib import Path
 
-from worker import sysfs
+from worker.knobs import sysfs
 
 
 def put(root: Path, real_path: str, text: str) -> None:

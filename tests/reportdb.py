@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from orchestrator.store import Store
+from orchestrator.queue.store import Store
 from common.variables import config_hash, resolve
 from tests.conftest import done_fields
 

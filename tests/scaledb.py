@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.store import Store  # noqa: E402
+from orchestrator.queue.store import Store  # noqa: E402
 from common.variables import config_hash, derived_words, resolve  # noqa: E402
 
 CPUS = 8

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from orchestrator.store import Store
+from orchestrator.queue.store import Store
 from tests.reportdb import machine_facts, metrics, run_all
 
 RHO = 0.7  # lag-1 autocorrelation of the slow stretches, run to run (measured 0.6-0.75 on the VM)
@@ -140,7 +140,7 @@ def _quick_law(c: dict) -> float:
 
 
 def _quick_truth() -> tuple[dict, set]:
-    from orchestrator.effects import label, value_of
+    from orchestrator.stats.effects import label, value_of
 
     truth, nulls = {}, set()
     for n, values in QUICK_AXES.items():
@@ -254,7 +254,7 @@ def _same(a, b) -> bool:
 
 
 def _lab(n, v):
-    from orchestrator.effects import label, value_of
+    from orchestrator.stats.effects import label, value_of
 
     return label(n, value_of(n, v))
 

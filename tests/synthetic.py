@@ -1,6 +1,6 @@
 """A made-up machine with a known law of step time, for testing the statistics end to end.
 
-The real `quick` preset is planned (orchestrator.sweep.load with a fixed 2-CPU Machine) and enqueued
+The real `quick` preset is planned (orchestrator.queue.sweep.load with a fixed 2-CPU Machine) and enqueued
 through the real Store; every job then gets a step time from LAW with multiplicative noise and is
 finished through the Store, as a worker would. The awkward cases are built in:
 - followers: threads follow cores, head_dim and kv_heads follow d_model / n_heads, and the preset
@@ -21,8 +21,8 @@ import math
 import os
 import random
 
-from orchestrator.store import Store
-from orchestrator.sweep import JOINT, Machine, load
+from orchestrator.queue.store import Store
+from orchestrator.queue.sweep import JOINT, Machine, load
 from tests.conftest import done_fields
 
 CPUS = 2
@@ -99,7 +99,7 @@ def plan():
 def base_config() -> dict:
     """The quick preset's [base], resolved on the 2-CPU machine (repeat left out)."""
     from common import variables as V
-    from orchestrator.sweep import preset_path, read_sweep_file
+    from orchestrator.queue.sweep import preset_path, read_sweep_file
 
     doc, _ = read_sweep_file(preset_path("quick"))
     partial = {k: V.parse_value(k, v) for k, v in doc["base"].items()}
@@ -111,7 +111,7 @@ def base_config() -> dict:
 
 def truth_by_label() -> dict[tuple, float]:
     """truth() keyed as the effects table writes it: (kind, variable, value as text or None)."""
-    from orchestrator import effects as fx
+    from orchestrator.stats import effects as fx
 
     return {(kind, name, None if v is None else fx.label(name, fx.value_of(name, v))): t
             for (kind, name, v), t in truth(base_config()).items()}

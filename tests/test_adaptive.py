@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from orchestrator.store import Store
+from orchestrator.queue.store import Store
 from tests.conftest import bench
 
 LAW = {"BENCH_CHILD_MODULE": "tests.law_child"}

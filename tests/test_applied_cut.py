@@ -1,4 +1,4 @@
-"""orchestrator/applied_cut.py: what the report keeps of each run's `applied` reads as the whole text
+"""orchestrator/report/applied_cut.py: what the report keeps of each run's `applied` reads as the whole text
 does, for every key the report reads, and the report written from the cut is the report written from
 the whole texts."""
 
@@ -9,11 +9,12 @@ import math
 import random
 
 from common.metrics import DISTURBED_FLOOR_S
-from orchestrator import applied_cut, ran
+from orchestrator.report import applied_cut
+from orchestrator.stats import ran
 from orchestrator.report import write_report
-from orchestrator.rows import read_results
-from orchestrator.store import Store
-from orchestrator.view_sql import REPORT_LEAVES
+from orchestrator.report.rows import read_results
+from orchestrator.queue.store import Store
+from orchestrator.report.view_sql import REPORT_LEAVES
 from tests.reportdb import configs, enqueue, machine_facts, run_all
 
 REAL = {"affinity": [0, 1], "allocator_lib": None, "blas": "mkl", "compile": "eager", "cpus": [0, 1],
@@ -119,8 +120,8 @@ def test_the_report_from_the_cut_is_the_report_from_the_whole_texts(tmp_path, mo
 
 def test_a_later_schemas_read_from_the_view_cuts_alike(tmp_path, monkeypatch):
     """Where read_results reads the view itself (a column it does not know), its rows hold the same cut."""
-    from orchestrator import rows as rows_module
-    from orchestrator.view_sql import sources
+    from orchestrator.report import rows as rows_module
+    from orchestrator.report.view_sql import sources
 
     store = _database(tmp_path / "r.db")
     with store.transaction() as conn:

@@ -1,4 +1,4 @@
-"""`run --budget` / `work --budget` (orchestrator/budget.py): the allocation against the synthetic
+"""`run --budget` / `work --budget` (orchestrator/queue/budget.py): the allocation against the synthetic
 machine's known truth, and end to end with real workers and children (tests/law_child.py: step time
 proportional to d_model; tests/stub_child.py: sleeps steps * 50 ms), stopped and killed mid-budget."""
 
@@ -15,8 +15,8 @@ from sqlalchemy import text
 from benchmarks import budget_truth
 from common.durations import parse_duration
 from common.errors import BadInput
-from orchestrator import budget
-from orchestrator.store import Store
+from orchestrator.queue import budget
+from orchestrator.queue.store import Store
 from tests.conftest import ROOT, bench
 from tests.test_adaptive import query
 

@@ -1,4 +1,4 @@
-"""The spawning mechanics of worker/child.py on real processes."""
+"""The spawning mechanics of worker/spawn.py on real processes."""
 
 import os
 import subprocess
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.child import ForkServers, _preexec, child_env, drop_to_invoking_user
+from worker.spawn import ForkServers, _preexec, child_env, drop_to_invoking_user
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
@@ -55,7 +55,7 @@ def test_one_fork_server_per_trainer_kept_across_alternating_frameworks(tmp_path
 
 def test_a_torch_fork_server_reads_the_library_isas_once_for_its_children(tmp_path):
     from common.variables import parse_value, resolve
-    from worker import isa_check
+    from worker.knobs import isa_check
 
     tiny = dict(d_model=32, n_layers=1, n_heads=2, seq_len=32, batch_size=4, vocab_size=512, steps=2,
                 warmup_steps=1, dataset="builtin", cores=1)

@@ -1,4 +1,4 @@
-"""The cost model (orchestrator/cost_model.py) against a made-up machine with a known law: the real quick
+"""The cost model (orchestrator/stats/cost_model.py) against a made-up machine with a known law: the real quick
 preset (its one-factor axes and its joint block) planned and finished through the real Store, every
 run's step time from TRUE_COSTS over the exact operations of its configuration, times known setting
 factors, times log-normal noise. Then: configurations the database never ran (larger, jointly varied)
@@ -21,9 +21,9 @@ import pytest
 
 from common import variables as V
 from common.errors import BenchError
-from orchestrator import cost_model as cm
-from orchestrator.store import Store
-from orchestrator.sweep import JOINT, Machine, load
+from orchestrator.stats import cost_model as cm
+from orchestrator.queue.store import Store
+from orchestrator.queue.sweep import JOINT, Machine, load
 from tests.conftest import done_fields
 from tests.reportdb import machine_facts
 
@@ -246,7 +246,7 @@ def test_predict_with_several_machines_and_none_named_names_them(tmp_path):
 
 def test_a_sweep_file_may_list_configurations_to_predict_and_bad_ones_are_refused(tmp_path):
     from common.errors import BadInput
-    from orchestrator.sweep import load, predict_configs
+    from orchestrator.queue.sweep import load, predict_configs
     sweep = tmp_path / "s.toml"
     sweep.write_text('[sweep]\nname = "p"\n[axes]\nd_model = [32, 64]\n[predict.big]\nd_model = 1024\nn_heads = 16\n')
     plan = load(sweep, machine=Machine(cpu_count=CPUS, freq_limits=None))

@@ -294,7 +294,7 @@ def test_a_sqlite_lock_held_past_the_busy_timeout_is_waited_out(tmp_path):
     """Another connection (a user's long transaction in sqlite3) holds the write lock for 3 s; the
     busy timeout is 0.2 s; a long reader keeps a read transaction open throughout. The worker waits
     the writer out and runs every job once."""
-    from orchestrator.store import Store
+    from orchestrator.queue.store import Store
     from worker.loop import Worker, WorkerOptions
 
     db = results_db(tmp_path / "results.db", jobs=3, work=False)

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from common import variables as V
-from orchestrator.docs import ROOT, stale_pages, variables_page
+from orchestrator.docs.pages import ROOT, stale_pages, variables_page
 
 
 def test_docs_variables_md_is_what_the_catalogue_generates():
@@ -31,7 +31,7 @@ def test_bench_docs_check_fails_on_a_stale_page_and_docs_rewrites_it(tmp_path):
     check = subprocess.run([sys.executable, str(ROOT / "bench.py"), "docs", "--check"], cwd=ROOT,
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stderr  # the checkout's own page is current
-    from orchestrator.docs import write_pages
+    from orchestrator.docs.pages import write_pages
 
     assert write_pages(tmp_path) == [stale]
     assert stale.read_text() == variables_page() and stale_pages(tmp_path) == []
@@ -58,7 +58,7 @@ def test_docs_commands_md_is_what_the_command_line_generates_and_names_every_opt
 
 
 def test_a_new_option_makes_commands_md_stale(tmp_path):
-    from orchestrator.cli_docs import commands_page
+    from orchestrator.docs.commands import commands_page
 
     cli = _cli()
     (tmp_path / "docs").mkdir()
@@ -71,7 +71,7 @@ def test_a_new_option_makes_commands_md_stale(tmp_path):
 
 
 def test_every_v_results_column_is_documented_from_schema_sql_and_the_page_is_current():
-    from orchestrator.schema_docs import undocumented, v_results_page, view_columns
+    from orchestrator.docs.schema import undocumented, v_results_page, view_columns
 
     assert undocumented() == []
     schema = (ROOT / "schema.sql").read_text()
@@ -87,7 +87,7 @@ def test_every_v_results_column_is_documented_from_schema_sql_and_the_page_is_cu
 
 
 def test_every_v_curves_column_is_documented_and_the_page_is_current():
-    from orchestrator.schema_docs import undocumented, v_curves_page, view_columns
+    from orchestrator.docs.schema import undocumented, v_curves_page, view_columns
 
     assert undocumented(view="v_curves") == []
     columns = [c.name for c in view_columns(view="v_curves")]

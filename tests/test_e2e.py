@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from worker import isa_check
+from worker.knobs import isa_check
 from worker.trainers.harness import METRICS
 from tests.conftest import bench
 
@@ -54,7 +54,7 @@ def test_a_tiny_sweep_runs_records_and_reports(db, tmp_path, spawn):
             continue
         assert status == "done", (run_id, isa)
         assert applied["spawn"] == ("fork server" if spawn == "fork" else "exec")
-        # a fork server reads the library ISAs once for its children (worker/isa_check.py), exec every child
+        # a fork server reads the library ISAs once for its children (worker/knobs/isa_check.py), exec every child
         assert applied["library_isas_read"] == (isa_check.READ_IN_SERVER if spawn == "fork" else isa_check.READ_HERE)
         assert set(applied["setup_phases_s"]) == {"imports", "data", "model", "optimizer", "save", "read_back"}
         assert step_ms > 0 and loss > 0 and dataset_used

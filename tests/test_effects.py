@@ -7,14 +7,12 @@ import json
 import math
 import random
 
-import numpy as np
 import pytest
-from scipy import stats
 from sqlalchemy import text
 
-from orchestrator import effects as fx
-from orchestrator.store import Store
-from orchestrator.sweep import Machine, load
+from orchestrator.stats import effects as fx
+from orchestrator.queue.store import Store
+from orchestrator.queue.sweep import Machine, load
 from common.variables import DERIVED_BY_NAME
 from tests.reportdb import configs, enqueue, machine_facts, metrics, run_all
 

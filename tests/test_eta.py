@@ -2,8 +2,8 @@
 
 import pytest
 
-from orchestrator.eta import estimate_remaining_s, work
-from orchestrator.store import Store
+from orchestrator.queue.eta import estimate_remaining_s, work
+from orchestrator.queue.store import Store
 import os
 
 from tests.conftest import done_fields
@@ -88,7 +88,7 @@ def test_a_blocked_sweep_of_very_unequal_jobs_is_estimated_within_20_percent_fro
     remaining time to 20%: every configuration has been measured once by then."""
     import random
 
-    from orchestrator.sweep import Machine, load
+    from orchestrator.queue.sweep import Machine, load
 
     path = tmp_path / "s.toml"
     path.write_text("""
@@ -166,7 +166,7 @@ def test_where_the_machine_has_a_cost_model_the_eta_knows_what_flops_alone_do_no
     the queued bf16 jobs it gives the average of the two precisions), the machine's cost model (fitted
     on its done runs' step times) does, and the ETA then uses it."""
     from common.compute import flops_per_step
-    from orchestrator import eta
+    from orchestrator.queue import eta
 
     def step_ms(c: dict) -> float:
         return 1e3 * (1e-9 * flops_per_step(c) * (0.3 if c["precision"] == "bf16" else 1.0) + 1e-3)

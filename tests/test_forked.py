@@ -1,4 +1,4 @@
-"""orchestrator/forked.py: work sent to a forked child comes back whole, a failure comes back as one,
+"""orchestrator/report/forked.py: work sent to a forked child comes back whole, a failure comes back as one,
 and a child the parent leaves behind is stopped."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 import psutil
 import pytest
 
-from orchestrator.forked import ChildFailed, Family, Worker
-from orchestrator.rows import joined_row_class, row_class
+from orchestrator.report.forked import ChildFailed, Family, Worker
+from orchestrator.stats.columns import joined_row_class, row_class
 
 
 def _pid_and_rows(rows):

@@ -15,7 +15,7 @@ import torch
 
 from worker.trainers.torch.model import GPT, ModelConfig
 from common.variables import LR_OF as LR
-from worker.trainers.torch.child import make_optimizer, make_step
+from worker.trainers.torch.train import make_optimizer, make_step
 from worker.trainers.jax import model as jax_model
 from worker.trainers.masks import block_layout, dense_mask
 from worker.trainers.numpy.model import GPT as NumpyGPT

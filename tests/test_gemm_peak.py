@@ -1,4 +1,4 @@
-"""MFU's peak measured on the job's own CPU set (worker/gemm_peak.py): one pinned thread per physical
+"""MFU's peak measured on the job's own CPU set (worker/machine/gemm_peak.py): one pinned thread per physical
 core, cached per (set, clock, precision), and never cached when measured under load (a real busy
 process)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from worker import gemm_peak
+from worker.machine import gemm_peak
 
 CPUS = sorted(os.sched_getaffinity(0))
 FACTS = {"fingerprint": "fp-test", "torch_version": "t", "core_cpus": [[c] for c in CPUS]}

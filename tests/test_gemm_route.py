@@ -128,7 +128,7 @@ def test_a_route_torch_cannot_take_is_skipped_with_the_reason():
 
 def test_a_preload_that_did_not_take_reads_back_as_plain_mkl():
     generic = {"mkl_branch": "COMPATIBLE", "mkl_vendor_check": "not Intel (MKL's generic path unless answered yes)"}
-    assert gemm_route.route_ran("mkl_intel_path", {}, generic) == "mkl"  # worker/verify.py then fails the run
+    assert gemm_route.route_ran("mkl_intel_path", {}, generic) == "mkl"  # worker/knobs/verify.py then fails the run
     assert gemm_route.route_ran("mkl_intel_path", {}, {**generic, "mkl_branch": "AVX512_E1"}) == "mkl_intel_path"
     assert gemm_route.route_ran("onednn", {"mkl SGEMM": {"calls": 9, "gflop": 1.0}}, generic) == "mkl"
 

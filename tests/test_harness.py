@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import migrations
+from orchestrator.queue import migrations
 from common.variables import parse_value, resolve
 from worker.trainers import harness
 from worker.trainers.torch.model import (GPT, ModelConfig, add_lora, attention_mask, count_params, flops_per_step,

@@ -9,7 +9,6 @@ import sys
 
 import psutil
 
-from orchestrator.store import Store
 from tests.test_store import FACTS, enqueue, plan, store  # noqa: F401  (the store fixture)
 from tests.test_worker import rows, start_worker, wait_until
 

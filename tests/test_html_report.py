@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.report.html import SECTIONS, var_anchor
 from orchestrator.report import write_report
-from orchestrator.store import Store
+from orchestrator.queue.store import Store
 from tests.reportdb import configs, enqueue, machine_facts, metrics, run_all
 
 CHROMIUM = "/usr/bin/chromium"

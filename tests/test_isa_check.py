@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from worker import isa_check
+from worker.knobs import isa_check
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,7 +76,7 @@ def test_real_child_reads_back_the_capped_isa():
 
 HELD_CODE = """
 import json, os, torch
-from worker import isa_check
+from worker.knobs import isa_check
 threads = len(os.listdir("/proc/self/task"))
 isa_check.hold_library_isas()
 out = {"threads_added": len(os.listdir("/proc/self/task")) - threads}
@@ -87,7 +87,7 @@ print(json.dumps(out))
 """
 DIRECT_CODE = """
 import json, sys, torch
-from worker import isa_check
+from worker.knobs import isa_check
 torch.backends.mkldnn.enabled = sys.argv[1] == "True"
 print(json.dumps(isa_check.library_isas()))
 """

@@ -4,8 +4,8 @@ hook, the read-back, and weights saved by one framework that the other can start
 import numpy as np
 import pytest
 
-from worker.trainers.jax import child as jax_child
-from worker.trainers.numpy import child as numpy_child
+from worker.trainers.jax import session as jax_child
+from worker.trainers.numpy import session as numpy_child
 from worker.trainers.params import load_params
 
 CONFIG = dict(vocab_size=64, seq_len=32, n_layers=1, d_model=32, n_heads=4, head_dim=8, kv_heads=2, mlp_ratio=4.0,

@@ -17,7 +17,8 @@ import pytest
 
 from common.errors import BenchError
 from common.variables import resolve
-from worker import knobs, probe, startspec, sysfs
+from worker.knobs import settings as knobs, startspec, sysfs
+from worker.machine import probe
 from tests.conftest import ROOT
 from tests.fake_sysfs import put
 
@@ -146,7 +147,7 @@ def test_a_killed_worker_leaves_a_journal_that_restore_journal_undoes(tree, tmp_
         import json, sys, time
         from pathlib import Path
         from common.variables import resolve
-        from worker import knobs
+        from worker.knobs import settings as knobs
         config, _ = resolve({{"cores": 2, "freq_mhz": 1600, "governor": "performance", "turbo": "off"}}, 4)
         facts = json.loads(sys.argv[1])
         with knobs.applied(config, facts, [0, 1, 2, 3], journal_path=Path({str(journal)!r}),
@@ -242,7 +243,8 @@ def test_without_root_sysfs_knobs_say_they_need_root():
         script = textwrap.dedent(f"""
             import os
             from common.variables import resolve
-            from worker import knobs, probe
+            from worker.knobs import settings as knobs
+            from worker.machine import probe
             os.setgid({nobody}); os.setuid({nobody})  # after the imports: the stdlib may be root-only
             facts = probe.static_facts({str(tree)!r})
             config, _ = resolve({{"cores": 1, "governor": "performance"}}, 4)
@@ -414,7 +416,7 @@ def test_an_isa_cap_the_probe_knows_cannot_be_confirmed_is_skipped_before_setup_
 def test_interconnect_is_skipped_with_the_reason_where_no_link_is_handed_over_or_the_job_has_one_node(monkeypatch):
     """The worker shapes only links it was handed (BENCH_INTERCONNECT_LINKS), and only between nodes;
     default touches nothing. The shaping itself: tests/test_slurm_nodes.py, on a namespace cluster."""
-    from worker import interconnect
+    from worker.knobs import interconnect
 
     monkeypatch.delenv("BENCH_INTERCONNECT_LINKS", raising=False)
     assert interconnect.unavailable({"nodes": 2, "interconnect": "1gbit"}) == (
@@ -454,7 +456,7 @@ def test_a_link_shaped_by_a_worker_killed_with_9_is_put_back_by_the_next_start(t
         state.mkdir(exist_ok=True)
         shaper = subprocess.Popen([sys.executable, "-c", f"""
 import os, pathlib, time
-from worker import interconnect
+from worker.knobs import interconnect
 with interconnect.applied({{"nodes": 2, "interconnect": "100mbit"}},
                           journal_path=pathlib.Path({str(state)!r}) / f"links-{{os.getpid()}}.json", record={{}}):
     print("shaped", flush=True)

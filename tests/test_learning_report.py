@@ -1,4 +1,4 @@
-"""Time to a trained model (orchestrator/learning.py, learning_report.py): the factors on step time,
+"""Time to a trained model (orchestrator/stats/learning.py, learning_report.py): the factors on step time,
 tokens to target and time to target tested against runs drawn from a known truth, censored runs
 said as bounds, rank changes called out; and the section as a real learning sweep writes it."""
 
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from common.variables import resolve
-from orchestrator import learning
+from orchestrator.stats import learning
 from tests.conftest import bench
 
 BASE = {"d_model": 64, "batch_size": 8, "seq_len": 64, "max_tokens": 200_000, "target_loss": 5.0,
@@ -153,7 +153,7 @@ def test_with_several_machines_each_gets_the_time_to_target_measured_or_predicte
     preset and none of the learning runs: it gets their time to target predicted from its own step
     times and the tokens this host measured, said as such."""
     from orchestrator.report import write_report
-    from orchestrator.store import Store
+    from orchestrator.queue.store import Store
     from tests import synthetic as S
 
     tiny = ["--set", "d_model=64", "--set", "n_layers=2", "--set", "n_heads=4", "--set", "seq_len=64",

@@ -1,4 +1,4 @@
-"""The live view of a running sweep (orchestrator/live.py): progress per pool and machine from the
+"""The live view of a running sweep (orchestrator/report/live.py): progress per pool and machine from the
 real store (SQLite and PostgreSQL), `report --watch` rewriting the page atomically and redoing the
 statistics only when runs finished, `status` showing the same, and the page drawing every plot
 before it is printed."""
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from orchestrator.live import eta_words, progress, queued_words, watch
-from orchestrator.store import Store
+from orchestrator.report.live import eta_words, progress, queued_words, watch
+from orchestrator.queue.store import Store
 from tests.conftest import ROOT, bench, done_fields
 from tests.reportdb import CPUS, configs, enqueue, machine_facts, metrics
 
@@ -75,7 +75,7 @@ def test_progress_counts_each_pool_and_machine_with_running_runs_and_the_last_fa
     assert (alpha.hostname, alpha.done, alpha.running, alpha.failed, alpha.skipped) == ("alpha", 2, 1, 1, 0)
     assert (beta.hostname, beta.done, beta.running, beta.failed, beta.skipped) == ("beta", 1, 0, 0, 1)
     assert alpha.running_since is not None and abs(pr.now - alpha.running_since) < 60 and beta.running_since is None
-    assert fleet.eta_s is not None and fleet.eta_s > 0  # learned from its done runs (orchestrator/eta.py)
+    assert fleet.eta_s is not None and fleet.eta_s > 0  # learned from its done runs (orchestrator/queue/eta.py)
     assert (own.done, own.queued, own.running) == (1, JOBS - 1, 0) and own.label.startswith(f"machine {ids['a']} (alpha")
     # a time to finish by where a worker runs; where none does, the work left and that no worker runs
     assert eta_words(fleet, pr.now).endswith(" UTC)") and eta_words(own, pr.now).endswith(" of work; no worker running")
@@ -310,8 +310,8 @@ def test_a_watcher_killed_with_kill_9_leaves_no_report_process_and_no_child_of_o
 import subprocess, sys, time
 sys.path.insert(0, {str(ROOT)!r})
 import orchestrator.report as report_package
-from orchestrator.live import watch
-from orchestrator.store import Store
+from orchestrator.report.live import watch
+from orchestrator.queue.store import Store
 
 def endless(*args, **kwargs):  # a report that forks a child, as write_report does, and never ends
     import os
@@ -350,7 +350,7 @@ def test_a_pools_jobs_wider_than_its_workers_wait_apart_and_out_of_its_eta(any_s
     order that fits). Once it has, the progress says those wait for a wider worker instead of counting
     them queued for the pool's workers, the ETA leaves them out, and when nothing else is left the pool
     says its workers can run no queued job. A worker with two CPUs takes them: queued for it again."""
-    from orchestrator import eta
+    from orchestrator.queue import eta
 
     jobs = sorted(configs(BASE, {"cores": [1, 2], "d_model": [32, 64]}, repeats=2, grid=True),
                   key=lambda c: (c["repeat"], c["d_model"], c["cores"]))  # one core, two cores, one core, ...

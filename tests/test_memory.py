@@ -8,7 +8,7 @@ import pytest
 from worker import memory
 from common import variables as V
 from common.errors import BadInput
-from orchestrator.sweep import PRESETS_DIR, Machine, load
+from orchestrator.queue.sweep import PRESETS_DIR, Machine, load
 from tests.conftest import bench
 
 HUGE = ["--set", "n_layers=32", "--set", "d_model=2048", "--set", "n_heads=32", "--set", "seq_len=2048",

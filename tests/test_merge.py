@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.merge import merge
-from orchestrator.store import Store
+from orchestrator.queue.merge import merge
+from orchestrator.queue.store import Store
 from tests.conftest import bench
 from tests.reportdb import configs, enqueue, machine_facts
 from tests.conftest import done_fields

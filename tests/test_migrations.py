@@ -16,11 +16,11 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from common import variables
-from orchestrator import migrations, store as store_module
+from orchestrator.queue import migrations, store as store_module
 from common.errors import BenchError
-from orchestrator.migrations import LATEST
-from orchestrator.store import Store
-from orchestrator.sweep import Machine, load
+from orchestrator.queue.migrations import LATEST
+from orchestrator.queue.store import Store
+from orchestrator.queue.sweep import Machine, load
 from tests.conftest import bench
 from tests.reportdb import machine_facts
 from tests.conftest import done_fields

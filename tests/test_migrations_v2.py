@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from common import variables
-from orchestrator.migrations import LATEST
-from orchestrator.store import Store
+from orchestrator.queue.migrations import LATEST
+from orchestrator.queue.store import Store
 from tests.conftest import bench
 from tests.reportdb import machine_facts
 from tests.test_migrations import open_at_once, pg_schema, sqlite_rows, sqlite_schema

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.migrations import LATEST
-from orchestrator.store import Store
+from orchestrator.queue.migrations import LATEST
+from orchestrator.queue.store import Store
 from tests.conftest import bench
 from tests.test_migrations import sqlite_rows
 

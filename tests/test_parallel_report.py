@@ -1,8 +1,8 @@
-"""The report's "where does a rank's step go" (orchestrator/parallel_report.py) from rows with a known split."""
+"""The report's "where does a rank's step go" (orchestrator/report/sections/parallel.py) from rows with a known split."""
 
 from types import SimpleNamespace
 
-from orchestrator import parallel_report
+from orchestrator.report.sections import parallel as parallel_report
 
 
 def row(ranks, step, allreduce, repeat=0, d_model=64):

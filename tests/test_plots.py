@@ -1,13 +1,13 @@
 """The report's pictures are drawn once each, laid out as fig.tight_layout() lays them out, by children
-that import matplotlib before their pictures come (orchestrator/plots.py, report._import_plots)."""
+that import matplotlib before their pictures come (orchestrator/report/plots.py, report._import_plots)."""
 
 import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator import plots
+from orchestrator.report import plots
 from orchestrator.report import write_report
-from orchestrator.store import Store
+from orchestrator.queue.store import Store
 from tests.reportdb import configs, enqueue, machine_facts, metrics, run_all
 from tests.test_report import sweep_db
 

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import text
 
 from common.errors import BadInput
-from orchestrator.store import POP_QUEUE, Store
-from orchestrator.sweep import Machine, load
+from orchestrator.queue.store import POP_QUEUE, Store
+from orchestrator.queue.sweep import Machine, load
 from tests.conftest import bench
 from tests.reportdb import machine_facts
 from tests.test_worker import start_worker

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from common import variables as V
-from orchestrator.sweep import PRESETS_DIR, Machine, load
+from orchestrator.queue.sweep import PRESETS_DIR, Machine, load
 
 PRESETS = sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
 # The ranges (from the seed documents): every preset together must reach both ends.

@@ -4,7 +4,7 @@ with the probe's prior right and wrong. Counts over seeds of data with a known t
 
 import random
 
-from orchestrator import effects as fx
+from orchestrator.stats import effects as fx
 from tests import scenarios as SC
 
 SEEDS = 40

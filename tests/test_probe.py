@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from worker import probe, sysfs
+from worker.machine import probe
+
+from worker.knobs import sysfs
 from tests.fake_sysfs import put
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,14 +96,14 @@ def test_static_facts_read_topology_caches_and_cpufreq_from_the_tree(tmp_path):
 
 
 def test_the_cli_prints_one_json_document(state_dir, facts):
-    done = subprocess.run([sys.executable, "-m", "worker.probe", "--json", "--quick", "--state-dir", str(state_dir)],
+    done = subprocess.run([sys.executable, "-m", "worker.machine.probe", "--json", "--quick", "--state-dir", str(state_dir)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["fingerprint"] == facts["fingerprint"]
 
 
 def test_the_noise_figure_is_the_coefficient_of_variation_of_identical_runs():
-    from worker.noise import coefficient_of_variation
+    from worker.machine.noise import coefficient_of_variation
 
     assert coefficient_of_variation([10.0, 10.0, 10.0]) == 0.0
     assert coefficient_of_variation([9.0, 10.0, 11.0]) == pytest.approx(0.1)  # stdev 1 (n-1), mean 10
@@ -109,7 +111,7 @@ def test_the_noise_figure_is_the_coefficient_of_variation_of_identical_runs():
 
 
 def test_the_probe_measures_the_machine_noise_and_the_store_keeps_it(facts, tmp_path):
-    from orchestrator.store import Store
+    from orchestrator.queue.store import Store
 
     assert facts["noise_cv"] is not None and 0 <= facts["noise_cv"] < 5
     assert facts["noise"]["runs"] == len(facts["noise"]["medians_ms"]) >= 3

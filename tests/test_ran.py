@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 
-from orchestrator import ran
+from orchestrator.stats import ran
 from common.metrics import DISTURBED_FLOOR_S
 from common.variables import NAMES
 
@@ -70,7 +70,7 @@ def test_share_false_gives_every_run_a_cell_of_its_own_with_the_same_values():
 
 
 def test_a_comparisons_job_ids_are_its_cells_distinct_job_ids_sorted_whatever_their_type():
-    from orchestrator.effects import Cells
+    from orchestrator.stats.effects import Cells
     for big in (None, 2 ** 70):  # int64 arrays; an int beyond int64: frozensets
         rows = fleet()
         rows[1]["job_id"] = rows[0]["job_id"]  # two runs of one job

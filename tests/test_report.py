@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import text
 
 from orchestrator.report import Report, write_report
-from orchestrator.store import Store
+from orchestrator.queue.store import Store
 from tests.reportdb import configs, enqueue, machine_facts, metrics, run_all
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -197,7 +197,7 @@ def test_an_empty_database_gives_a_report_that_says_nothing_finished(store, tmp_
 
 
 def test_report_effects_and_eta_work_on_postgresql(request, tmp_path):
-    from orchestrator.eta import estimate_remaining_s
+    from orchestrator.queue.eta import estimate_remaining_s
 
     try:
         url = request.getfixturevalue("pg_db")  # the shared fixture: a fresh database on a throwaway server
@@ -248,7 +248,7 @@ def test_asked_values_that_ran_identically_are_said_so_in_the_summary(store, tmp
 
 
 def test_disturbed_is_other_cpu_time_or_steal_above_a_share_of_the_window():
-    from orchestrator.effects import DISTURBED_SHARE, disturbed
+    from orchestrator.stats.effects import DISTURBED_SHARE, disturbed
 
     applied = '{"timed_window": {"start_unix_s": 100.0, "end_unix_s": 110.0}, "affinity": [0, 1]}'
     limit = DISTURBED_SHARE * 10.0 * 2  # 10 s on 2 CPUs
@@ -305,7 +305,7 @@ def test_a_simulated_precision_is_labelled_so_and_the_report_says_what_each_mode
 
 
 def test_the_machines_table_says_whether_the_probe_measured_on_a_quiet_machine(tmp_path):
-    """A probe taken under load is provisional (worker/probe.py): the table says so with the reason
+    """A probe taken under load is provisional (worker/machine/probe.py): the table says so with the reason
     and its noise figure is not quoted; a quiet one says quiet, one from before the check claims neither."""
     why = "other processes used 1.20 s of 2 CPU(s) x 3.00 s while the probe measured (more than 5%: 0.30 CPU-s)"
     for facts, expected in (({"limits_disturbed": why}, f"provisional: {why}"),
@@ -325,7 +325,7 @@ def test_the_machines_table_says_whether_the_probe_measured_on_a_quiet_machine(t
 
 
 def test_the_machines_table_says_which_library_gave_the_peak_mfu_is_against(store, tmp_path):
-    """MFU is against the fastest GEMM library of the run's CPU set (worker/gemm_peak.py); the table
+    """MFU is against the fastest GEMM library of the run's CPU set (worker/machine/gemm_peak.py); the table
     names it and the others, on the machine's largest set, beside the probe's torch-only figures."""
     m = store.register_machine(machine_facts("alpha"))
     enqueue(store, configs({"cores": 2}, {"cores": [1, 2]}, repeats=2))

@@ -10,7 +10,8 @@ import math
 import random
 
 from common.variables import NAMES
-from orchestrator import config_index, cost_model as cm, prediction_report, seeds
+from orchestrator.stats import config_index, cost_model as cm
+from orchestrator.report.sections import prediction as prediction_report, seeds
 from orchestrator.report import html
 
 

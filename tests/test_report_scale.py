@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy import text
 from threadpoolctl import threadpool_limits
 
-from orchestrator import effects as fx
-from orchestrator import seeds
-from orchestrator.forked import Worker
+from orchestrator.stats import effects as fx
+from orchestrator.report.sections import seeds
+from orchestrator.report.forked import Worker
 from orchestrator.report import html as html_report
 from orchestrator.report import effect_row, write_report
-from orchestrator.store import Store
+from orchestrator.queue.store import Store
 from tests import scenarios
 from tests.conftest import ROOT
 from tests.scaledb import build
@@ -116,16 +116,16 @@ def test_the_pages_baselines_and_the_seeds_lookup_match_their_plain_definitions(
 
 
 def test_the_compact_rows_read_like_the_full_rows_and_the_report_says_the_same_from_them(tmp_path, monkeypatch):
-    """write_report reads its rows in chunks as compact rows (orchestrator/rows.py): every column reads
+    """write_report reads its rows in chunks as compact rows (orchestrator/report/rows.py): every column reads
     as in the full row, results.csv is every row as fetched, and the effects (against the old per-run
     path on full rows), the cost model and the page's run table come out the same."""
     import csv
     import io
     import os
 
-    from orchestrator import cost_model as cm
+    from orchestrator.stats import cost_model as cm
     from orchestrator.report import SELECT_RESULTS
-    from orchestrator.rows import read_rows
+    from orchestrator.report.rows import read_rows
 
     store = build(str(tmp_path / "r.db"), 2400, machines=2, shape="small", disturbed=23, read_back=17, quiet=True)
     plain = _rows(store)
@@ -171,7 +171,7 @@ def test_results_csv_is_written_by_the_report_where_its_child_fails_and_a_failed
 
     import psutil
 
-    from orchestrator import results_csv
+    from orchestrator.report import results_csv
 
     store = build(str(tmp_path / "r.db"), 600, machines=2, shape="small", quiet=True)
     expected = write_report(store, tmp_path / "ok", plots=False).csv_path.read_bytes()
@@ -212,8 +212,8 @@ def test_results_csvs_child_dies_with_a_report_killed_with_kill_9(tmp_path):
 import sys, time
 sys.path.insert(0, {str(ROOT)!r})
 from pathlib import Path
-from orchestrator import rows
-from orchestrator.store import Store
+from orchestrator.report import rows
+from orchestrator.queue.store import Store
 rows._write_csv = lambda *args: time.sleep(120)  # a child still writing when its report dies
 with Store({store.url!r}, read_only=True).transaction() as conn:
     child = rows.start_results_csv(conn, None, Path({str(tmp_path / "results.csv")!r}))
@@ -247,7 +247,7 @@ def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_ro
     import os
 
     from orchestrator.report import SELECT_RESULTS
-    from orchestrator.rows import column, conf_values, present, read_results, read_rows
+    from orchestrator.report.rows import column, conf_values, present, read_results, read_rows
 
     url = str(tmp_path / "r.db") if backend == "sqlite" else request.getfixturevalue("pg_db")
     store = build(url, 1200, machines=2, shape="small", disturbed=23, read_back=17, quiet=True)
@@ -306,7 +306,7 @@ def test_jobs_share_a_configurations_row_only_where_its_values_print_alike():
     """rows._conf_rows: jobs whose configuration columns hold the same values share one row (in a later
     chunk too); values that are equal but print apart (0.0 and -0.0; 1, 1.0 and True) keep rows of
     their own, whether they meet in one chunk or in two; NULLs are left out of the row."""
-    from orchestrator.rows import _conf_rows, row_class
+    from orchestrator.report.rows import _conf_rows, row_class
 
     names = ["dropout", "cores", "framework", "freq_mhz"]
     Conf = row_class(names)
@@ -351,7 +351,7 @@ def test_the_cost_model_fitted_on_cells_says_what_the_per_run_fit_says(tmp_path)
     estimates, covariance, s^2, degrees of freedom, predictions and leave-one-out."""
     import numpy as np
 
-    from orchestrator import cost_model as cm
+    from orchestrator.stats import cost_model as cm
     from tests.test_cost_model import HELDOUT, build as build_quick, resolved
 
     store = build_quick(tmp_path / "q.db")
@@ -412,10 +412,10 @@ def test_the_reports_rows_leave_out_what_only_results_csv_and_the_facts_show_and
     import random
 
     from common.metrics import METRICS
-    from orchestrator import rows as rows_module
+    from orchestrator.report import rows as rows_module
     from orchestrator.report import write_report
-    from orchestrator.store import Store
-    from orchestrator.view_sql import REPORT_LEAVES
+    from orchestrator.queue.store import Store
+    from orchestrator.report.view_sql import REPORT_LEAVES
     from tests.reportdb import configs, enqueue, machine_facts, run_all
 
     store = Store(str(tmp_path / "r.db"))
@@ -474,8 +474,8 @@ def test_the_reports_rows_leave_out_what_only_results_csv_and_the_facts_show_and
 def test_a_later_schema_read_from_the_view_leaves_out_the_same_columns(tmp_path, monkeypatch):
     """read_results reads the view itself where it holds a column the read does not know (a later
     schema): the same rows, less the same columns (or none), and results.csv with every one."""
-    from orchestrator import rows as rows_module
-    from orchestrator.view_sql import REPORT_LEAVES, sources
+    from orchestrator.report import rows as rows_module
+    from orchestrator.report.view_sql import REPORT_LEAVES, sources
 
     store = build(str(tmp_path / "r.db"), 300, machines=2, shape="small", quiet=True)
     with store.transaction() as conn:
@@ -501,7 +501,7 @@ def test_the_reports_read_sees_one_state_of_a_database_that_a_worker_writes_betw
     report's transaction (snapshot=True) a job a worker claims between them is not half seen: the runs
     are those of the moment the read began. Before, on PostgreSQL (each statement its own snapshot), the
     new run came without its job and the read died of a KeyError (report --watch, during a live sweep)."""
-    from orchestrator import rows as rows_module
+    from orchestrator.report import rows as rows_module
     from tests.scaledb import SHAPES, _plan
 
     url = str(tmp_path / "r.db") if backend == "sqlite" else request.getfixturevalue("pg_db")

@@ -1,4 +1,4 @@
-"""results.csv written from the tables (orchestrator/results_csv.py: a run's own fields, its job's and its
+"""results.csv written from the tables (orchestrator/report/results_csv.py: a run's own fields, its job's and its
 machine's text written once and put in their places) is byte for byte what csv.writer writes for v_results'
 rows, on values that make csv.writer quote, double quotes, print floats by repr, and on a value that holds
 the marker (then it says so and the view is written as it is)."""
@@ -10,9 +10,9 @@ import io
 
 from sqlalchemy import text
 
-from orchestrator import results_csv
-from orchestrator.rows import _write_csv
-from orchestrator.view_sql import SELECT_RESULTS
+from orchestrator.report import results_csv
+from orchestrator.report.rows import _write_csv
+from orchestrator.report.view_sql import SELECT_RESULTS
 from tests.scaledb import build
 
 # text that csv.writer quotes or passes through as it is
@@ -108,7 +108,7 @@ def test_on_postgresql_the_view_is_written_with_its_applied_quoted_by_the_databa
     """On PostgreSQL results.csv is the view's rows (no tables path), each run's applied quoted by the
     database (results_csv.view_query, own_lines): the bytes csv.writer writes, for every machine and
     one; a value holding the marker makes it write the view as it is."""
-    from orchestrator.rows import _results_query
+    from orchestrator.report.rows import _results_query
 
     store = build(pg_db, 300, machines=2, shape="small", quiet=True)
     values = [*TEXTS, '{"a": [1, 2], "b": "x\\"y", "c": "\\u00e9"}', "ünïcødé, \"q\"\r\n"]

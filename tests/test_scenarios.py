@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from orchestrator import effects as fx
+from orchestrator.stats import effects as fx
 from tests import scenarios as SC
 
 

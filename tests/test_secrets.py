@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from orchestrator.secrets import scrub
+from common.secrets import scrub
 from tests.conftest import bench
 
 SECRET = "pw-S3cr3t-q9"

@@ -1,14 +1,14 @@
 """The seeds preset runs the source documents' reference configurations, and the report puts this
-machine's figures beside the published ones (orchestrator/seeds.py)."""
+machine's figures beside the published ones (orchestrator/report/sections/seeds.py)."""
 
 import pytest
 
 from orchestrator.report import markdown as report_module
-from orchestrator import seeds
+from orchestrator.report.sections import seeds
 from common.errors import BadInput
 from orchestrator.report import write_report
-from orchestrator.store import Store
-from orchestrator.sweep import Machine, load
+from orchestrator.queue.store import Store
+from orchestrator.queue.sweep import Machine, load
 from common.variables import resolve
 from tests.reportdb import enqueue, machine_facts, metrics, run_all
 

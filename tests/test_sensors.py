@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from worker import sensors, sysfs
+from worker.machine import sensors
+
+from worker.knobs import sysfs
 from tests.fake_sysfs import put
 
 

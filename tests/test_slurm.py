@@ -95,7 +95,7 @@ def test_two_array_tasks_drain_a_pool_once(local_slurm, pg_db, tmp_path, isolate
 
 
 def test_together_asks_one_allocation_of_n_nodes_whose_first_node_runs_the_worker(tmp_path):
-    from orchestrator.slurm import batch_script
+    from orchestrator.queue.slurm import batch_script
 
     script = batch_script(nodes=2, pool=None, partition=None, time_limit=None, cpus_per_task=None, timeout=60,
                           log_dir=tmp_path, together=True)

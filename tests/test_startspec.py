@@ -3,7 +3,7 @@
 import pytest
 
 from common.variables import resolve
-from worker import knobs, startspec, verify
+from worker.knobs import settings as knobs, startspec, verify
 
 FACTS = {"arch": "x86_64", "isa_flags": "sse4_1 avx2 fma avx512f avx512bw avx512vl avx512dq", "numa_nodes": 1,
          "core_cpus": [[0], [1]], "torch": {"mkldnn_available": True}}
@@ -86,7 +86,7 @@ def test_the_kernel_flags_the_compiler_got_are_judged_when_cc_flags_is_set():
     ("g++ --version", None),
 ])
 def test_a_compile_command_reduces_to_its_effective_flags(line, flags):
-    from worker import ccflags
+    from worker.knobs import ccflags
 
     assert ccflags.effective(line) == flags
 
@@ -107,7 +107,7 @@ def test_the_kernel_compiler_is_judged_from_the_compile_commands():
 
 
 def test_a_compiler_without_its_openmp_headers_is_unavailable_saying_why(tmp_path, monkeypatch):
-    from worker import ccflags
+    from worker.knobs import ccflags
 
     fake = tmp_path / "clang++"  # a driver that cannot preprocess omp.h
     fake.write_text("#!/bin/sh\necho 'fatal error: omp.h file not found' >&2\nexit 1\n")

@@ -10,7 +10,7 @@ import pickle
 import numpy as np
 import pytest
 
-from orchestrator import step_model as sm
+from orchestrator.stats import step_model as sm
 
 
 def sweep(seed: int, *, n_configs=30, passes=10, slow=0.3, noisy=(), two_strata=True):

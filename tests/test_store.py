@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from orchestrator.store import Store
-from orchestrator.sweep import Machine, load
+from orchestrator.queue.store import Store
+from orchestrator.queue.sweep import Machine, load
 from common.variables import NAMES
 from tests.conftest import done_fields
 
@@ -80,7 +80,7 @@ def _reason(store) -> str:
 def test_a_worker_dead_before_its_child_started_costs_no_strike_until_the_backstop(store, tmp_path):
     """A user stopping and restarting a worker kills it while it starts, over and over: the job is not
     to blame, but a job that kills its worker every time must still end (UNCOUNTED_PER_STRIKE)."""
-    from orchestrator.store import UNCOUNTED_PER_STRIKE
+    from orchestrator.queue.store import UNCOUNTED_PER_STRIKE
 
     enqueue(store, plan(tmp_path, n=1))
     machine = store.register_machine(FACTS)

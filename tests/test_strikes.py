@@ -93,8 +93,8 @@ def test_a_child_killed_by_a_signal_three_times_fails_its_run_saying_so(db, tmp_
 def test_a_worker_that_dies_three_times_while_its_child_runs_far_past_its_prediction_fails_the_run(db):
     """The child hangs (stub seed 3) far past what the pool's done runs predict for it, and its worker
     dies each time: three strikes, the reason names how long it ran against its prediction."""
-    from orchestrator import eta
-    from orchestrator.store import Store
+    from orchestrator.queue import eta
+    from orchestrator.queue.store import Store
 
     fast = {"BENCH_HEARTBEAT_S": "0.2"}  # the last beat dates the worker's death closely
     bench("enqueue", "--db", db, "--axis", "d_model=32,40,48", "--set", "steps=6", "--set", "dataset=builtin",

@@ -3,7 +3,7 @@ from collections import Counter
 import pytest
 
 from common.errors import BadInput
-from orchestrator.sweep import PRESETS_DIR, Machine, load, preset_path, stretch_of
+from orchestrator.queue.sweep import PRESETS_DIR, Machine, load, preset_path, stretch_of
 
 MACHINE = Machine(cpu_count=2, freq_limits=(800, 2000))
 

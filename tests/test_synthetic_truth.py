@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from orchestrator.report import write_report
-from orchestrator.store import Store
+from orchestrator.queue.store import Store
 from tests import synthetic as S
 
 SEEDS = 20

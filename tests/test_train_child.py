@@ -15,7 +15,7 @@ import torch
 from common.variables import FINETUNE_LR_FACTOR, LR_OF, parse_value, resolve
 from worker import data
 from worker.trainers import harness
-from worker.trainers.torch import child as train
+from worker.trainers.torch import train
 from worker.trainers.torch.model import GPT, ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -300,7 +300,7 @@ def test_child_process_fails_loudly_without_a_result_on_bad_input(data_dir, tmp_
 def test_cc_flags_o2_reaches_inductors_compiler_and_is_read_back_slow(data_dir, tmp_path):
     """A real cold inductor compile (~1-2 min on 2 busy cores) in its own process: inductor's
     compiler patch must not leak into this one."""
-    from worker import knobs, startspec
+    from worker.knobs import settings as knobs, startspec
 
     req = request(data_dir, tmp_path, compile="inductor", compile_cache="cold", cc_flags="O2", steps=2)
     done = child(req)
@@ -316,7 +316,7 @@ def test_cc_flags_o2_reaches_inductors_compiler_and_is_read_back_slow(data_dir, 
 
 def test_compiler_clang_builds_every_kernel_with_clang_and_is_read_back_slow(data_dir, tmp_path):
     """A real cold inductor compile by clang++ (with cc_flags=O3: the two combine), in its own process."""
-    from worker import ccflags, knobs, startspec
+    from worker.knobs import ccflags, settings as knobs, startspec
 
     if ccflags.compiler_unavailable("clang"):
         pytest.skip(ccflags.compiler_unavailable("clang"))
@@ -363,7 +363,7 @@ def test_a_warm_run_compiles_first_untimed_where_the_cache_lacks_its_config_or_t
     """compile_cache=warm times a compile from a warm cache. A new venv has no precompiled header of
     its own in the cache (headers_inside names the folder after the install): building it inside the
     timed first step made it 15.5 s where warm runs took 3.1 s, so the untimed prewarm runs then too."""
-    from worker.trainers.torch.child import prewarm_reason
+    from worker.trainers.torch.train import prewarm_reason
 
     marker, header_dir = tmp_path / "cpubench-warmed" / "abc.json", tmp_path / "precompiled_headers" / "torch-x-1"
     assert "not compiled into the cache" in prewarm_reason(marker, str(header_dir))

@@ -38,7 +38,7 @@ print(json.dumps(runtime.read_back() | {{"build": runtime.build_info()}}))
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs to tell 1 thread from all")
 def test_numpy_child_runs_openblas_with_the_jobs_threads_and_names_its_blas():
     config = {"framework": "numpy", "intra_threads": 1, "omp_threads": 1}
-    from worker.startspec import numpy_spec
+    from worker.knobs.startspec import numpy_spec
 
     spec = numpy_spec(config | {"allocator": "default", "numa": "default"}, {}, CPUS[:2])
     by_env = child_read_back(NUMPY_READ_BACK.format(apply=False, threads=1), env=spec.env)
@@ -133,8 +133,8 @@ def test_xla_sizes_its_pool_from_the_affinity_and_the_read_back_counts_it():
     ({"framework": "torch"}, {}, []),
 ])
 def test_a_read_back_that_contradicts_the_job_is_named(config, child, wrong):
-    from worker.startspec import ChildSpec
-    from worker.verify import not_in_force
+    from worker.knobs.startspec import ChildSpec
+    from worker.knobs.verify import not_in_force
 
     full = {"allocator": "default", "cores": 2, "compile": "eager", "intra_threads": 2, "inter_threads": 1,
             "onednn": True, "isa": "default"} | config

@@ -112,7 +112,7 @@ def test_torch_only_variables_say_what_really_runs_on_other_frameworks(framework
 
 
 def test_the_quick_presets_framework_axis_gives_one_job_per_framework():
-    from orchestrator import sweep
+    from orchestrator.queue import sweep
 
     plan = sweep.load(preset="quick", machine=sweep.Machine(cpu_count=2))
     by_framework: dict[str, int] = {}

@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest

@@ -9,8 +9,8 @@ settings a freshly executed one would. The server never trains itself: each chil
 same just-imported state, sets its affinity and privileges, and runs the child module as __main__.
 What the server holds for them besides imports: the job's token ids (loaded before forking, shared
 copy-on-write) and what the trainer's `prepare_server()` reads once (the torch trainer: the library
-ISA read-back, worker/isa_check.py). What a child proved once for the later ones (the torch trainer's
-GEMM route: worker/trainers/torch/gemm_route.py) is kept by the worker's side (worker/child.py
+ISA read-back, worker/knobs/isa_check.py). What a child proved once for the later ones (the torch trainer's
+GEMM route: worker/trainers/torch/gemm_route.py) is kept by the worker's side (worker/spawn.py
 ForkServer.proven) and travels in each job's request; it dies with the server.
 
 Protocol on the server's stdin/stdout, one JSON object a line:
@@ -29,7 +29,7 @@ import sys
 import traceback
 
 from common.processes import set_parent_death_signal
-from worker.child import become_job_process
+from worker.spawn import become_job_process
 
 def _child(module: str, request: dict, server_pid: int) -> None:
     """In the forked child: become a fresh process for one job, then run the module as __main__."""

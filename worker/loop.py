@@ -36,10 +36,11 @@ import psutil
 
 from common.errors import BadInput, BenchError, Busy, DatabaseUnavailable, Stopped
 from common.patience import Patience
-from orchestrator.store import RUN_FACTS, Claim, Store, same_start, result_problems
-from worker import gemm_peak, knobs, probe, sensors
+from orchestrator.queue.store import RUN_FACTS, Claim, Store, same_start, result_problems
+from worker.machine import gemm_peak, probe, sensors
+from worker.knobs import settings as knobs
 from worker.trainers.torch import gemm_route
-from worker.child import ForkServers, Outcome, child_env, run_exec
+from worker.spawn import ForkServers, Outcome, child_env, run_exec
 from worker.trainers.harness import METRICS, TRAINERS, WORKER_METRICS, compiled_while_timed
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +64,7 @@ class WorkerOptions:
     max_attempts: int = 3  # strikes against a job before its run is failed (store.take_back_stale, _run_claim)
     target_ci: float | None = None  # `work --target-ci`: add repeat passes until intervals are this narrow (0.05 = +-5%)
     max_repeats: int = 10
-    budget_s: float | None = None  # `work --budget`: seconds of runs to spend on a sweep (orchestrator/budget.py)
+    budget_s: float | None = None  # `work --budget`: seconds of runs to spend on a sweep (orchestrator/queue/budget.py)
     budget_sweep_id: int | None = None  # the sweep the budget is for; None = the newest a user enqueued
     db_retry_s: float = 600.0  # how long a database outage is ridden out before the worker gives up
     state_dir: Path = field(default_factory=default_state_dir)
@@ -79,7 +80,7 @@ class WorkerOptions:
     probe_quick: bool = field(default_factory=lambda: os.environ.get("BENCH_PROBE_QUICK") == "1")
     # ranks > 1: gloo's timeout of a collective, how long a hung rank holds its run before it fails
     collective_timeout_s: float = field(default_factory=lambda: float(os.environ.get("BENCH_COLLECTIVE_TIMEOUT_S", "60")))
-    # MFU's peak measured on each job's own CPU set (worker/gemm_peak.py: a torch child per new set);
+    # MFU's peak measured on each job's own CPU set (worker/machine/gemm_peak.py: a torch child per new set);
     # BENCH_PEAK_PER_SET=0 scales the probe's 1-core / all-core peaks instead, and the basis says so.
     peak_per_set: bool = field(default_factory=lambda: os.environ.get("BENCH_PEAK_PER_SET", "1") != "0")
 
@@ -159,7 +160,7 @@ class Worker:
         self.machine_id: int | None = None
         self.pool_id: int | None = None  # the queue claimed from (store pools; not the CPU pool above)
         self._counted_at = float("-inf")
-        self.budget = None  # orchestrator.budget.Budget under --budget, once started
+        self.budget = None  # orchestrator.queue.budget.Budget under --budget, once started
         self.budget_spent_s = 0.0  # what the budget's runs took so far: the database's figure plus this worker's runs
         self._datasets: dict[str, str] = {}
         self._provisional_peaks: dict = {}  # loaded GEMM peak measurements, never cached (gemm_peak.peak_for)
@@ -245,8 +246,8 @@ class Worker:
 
     def _adapt(self) -> bool:
         """The queue is empty: add a repeat pass where intervals are wider than --target-ci
-        (orchestrator/adaptive.py); True when jobs were added."""
-        from orchestrator.adaptive import next_pass
+        (orchestrator/queue/adaptive.py); True when jobs were added."""
+        from orchestrator.queue.adaptive import next_pass
 
         decision = self._db(next_pass, self.store, self.machine_id, target_ci=self.opts.target_ci,
                             max_repeats=self.opts.max_repeats)
@@ -255,14 +256,14 @@ class Worker:
 
     def _begin_budget(self) -> None:
         """--budget: the sweep's budget on this machine (made, or resumed with what its runs spent)."""
-        from orchestrator import budget
+        from orchestrator.queue import budget
 
         self.budget = self._db(budget.begin, self.store, self.machine_id, self.opts.budget_s, self.opts.budget_sweep_id)
         self.budget_spent_s = self._db(budget.spent_s, self.store, self.budget)
 
     def _spend(self, add: bool = True):
-        """The queue is empty, or the budget spent: decide where the rest goes (orchestrator/budget.py)."""
-        from orchestrator import budget
+        """The queue is empty, or the budget spent: decide where the rest goes (orchestrator/queue/budget.py)."""
+        from orchestrator.queue import budget
 
         decision = self._db(budget.next_runs, self.store, self.budget, add=add)
         self.budget_spent_s = decision.spent_s
@@ -307,7 +308,7 @@ class Worker:
     def _predicted_s(self, job_id: int) -> float | None:
         """The ETA's seconds for a job of the pool: how long a dead worker's child may have run before
         its job is to blame (store.blame)."""
-        from orchestrator import eta  # numpy and the cost model: only when a dead worker's run is taken back
+        from orchestrator.queue import eta  # numpy and the cost model: only when a dead worker's run is taken back
 
         return eta.predicted_job_s(self.store, self.machine_id, job_id, pool_id=self.pool_id)
 

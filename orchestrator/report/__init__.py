@@ -4,7 +4,7 @@ and the fitted effects written to the `effects` table.
 
 `write_report()` reads v_results once, leaves the statistics to effects.py and the pictures to
 plots.py, and returns a Report that bench.py prints; it prints nothing itself. With pictures it uses
-both CPUs of a small machine: children forked before the runs are read (orchestrator/forked.py) fit
+both CPUs of a small machine: children forked before the runs are read (orchestrator/report/forked.py) fit
 the cost model's section on the share of the runs it uses while this process analyses, fit the step
 model of every machine but the first while this process analyses that one, and draw the PNGs while it
 writes the pages; results.csv is written by a child forked before the read (rows.start_results_csv),
@@ -30,17 +30,20 @@ from types import SimpleNamespace
 from sqlalchemy import text
 from threadpoolctl import threadpool_limits
 
-from orchestrator import effects as fx
-from orchestrator.effects import Analysis, VariableEffect
-from orchestrator.forked import Family, Worker
-from orchestrator.rows import read_results, start_results_csv
-from orchestrator import applied_cut, budget, config_index, learning_report, prediction_report
-from orchestrator.migrations import table_names
-from orchestrator.noise import quiet_probe_cv
-from orchestrator.store import ReadOnlyDatabase, Store
-from orchestrator.view_sql import MACHINE_ONLY, REPORT_LEAVES
+from orchestrator.stats import effects as fx
+from orchestrator.stats.effects import Analysis, VariableEffect
+from orchestrator.report.forked import Family, Worker
+from orchestrator.report.rows import read_results, start_results_csv
+from orchestrator.report import applied_cut
+from orchestrator.queue import budget
+from orchestrator.stats import config_index
+from orchestrator.report.sections import learning as learning_report, prediction as prediction_report
+from orchestrator.queue.migrations import table_names
+from orchestrator.stats.noise import quiet_probe_cv
+from orchestrator.queue.store import ReadOnlyDatabase, Store
+from orchestrator.report.view_sql import MACHINE_ONLY, REPORT_LEAVES, SELECT_RESULTS
 from orchestrator.report import html as html_report
-from orchestrator.report.data import (SELECT_MACHINES, SELECT_RESULTS, SELECT_SWEEP_NOTES, SELECT_TARGETS,
+from orchestrator.report.data import (SELECT_MACHINES, SELECT_SWEEP_NOTES, SELECT_TARGETS,
                                       Context, Report, _probe_facts, _write_effects, effect_row)
 from orchestrator.report.markdown import SECTIONS
 from orchestrator.report.words import FACTS, _failures, _machine_name, mfu_peak, probe_load, short_reason
@@ -223,7 +226,7 @@ def _plot_jobs(analysis: Analysis, grids, names, plots_dir: Path) -> list[tuple[
 
 
 def _import_plots() -> None:
-    from orchestrator import plots
+    from orchestrator.report import plots
 
     plots.warm()  # matplotlib, imported before the child's task comes (plots.py imports it lazily)
 
@@ -234,7 +237,7 @@ def _import_fitting() -> None:
 
 
 def _draw(jobs: list[tuple[str, tuple, Path]]) -> None:
-    from orchestrator import plots  # matplotlib only when there is something to draw
+    from orchestrator.report import plots  # matplotlib only when there is something to draw
 
     draw = {"variable": plots.plot_variable, "grid": plots.plot_grid}
     for kind, args, path in jobs:

@@ -13,9 +13,8 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from orchestrator.effects import Analysis, Effect, Grid
-from orchestrator.view_sql import SELECT_RESULTS  # the view's rows, as the report reads them
-from orchestrator.store import Store
+from orchestrator.stats.effects import Analysis, Effect, Grid
+from orchestrator.queue.store import Store
 from common.variables import NAMES
 
 SELECT_MACHINES = "SELECT * FROM machines"
@@ -78,7 +77,7 @@ class Context:
     def budget_spending(self) -> list[tuple[int, str, dict]]:
         """Per machine with a --budget: (its id, " on NAME" where several machines, else "", budget.spending):
         the section both writers show, computed once."""
-        from orchestrator import budget
+        from orchestrator.queue import budget
 
         out = []
         for m, made in self.budgets.items():

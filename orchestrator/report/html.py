@@ -41,11 +41,12 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator import effects as fx
-from orchestrator import budget, learning_report, parallel_report, prediction_report, seeds
-from orchestrator.config_index import CONFIG_NAMES, config_index
-from orchestrator.rows import column
-from orchestrator.view_sql import tuple_getter
+from orchestrator.stats import effects as fx
+from orchestrator.queue import budget
+from orchestrator.report.sections import learning as learning_report, parallel as parallel_report, prediction as prediction_report, seeds
+from orchestrator.stats.config_index import CONFIG_NAMES, config_index
+from orchestrator.stats.columns import column
+from orchestrator.report.view_sql import tuple_getter
 from orchestrator.report.words import FACTS, _fact, _fmt, _p, _pct, short_reason
 from common.variables import BY_NAME, NAMES
 
@@ -68,7 +69,7 @@ JS = "\n" + (STATIC / "page.js").read_text(encoding="utf-8")
 def analysis_dicts(analysis, grids: dict[int, list], names: dict[int, str]) -> dict:
     """The statistics as the page draws them: {"effects": [...] in rank order, "variables": [...],
     "grids": [...], "noise": {machine: {...}}, "family": int}. The only function that touches the
-    classes of orchestrator/effects.py."""
+    classes of orchestrator/stats/effects.py."""
     family = analysis.family
     effects, variables = [], []
     for rank, ve in enumerate(analysis.ranked(), 1):

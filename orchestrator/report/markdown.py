@@ -13,17 +13,17 @@ from collections.abc import Callable
 
 import numpy as np
 
-from orchestrator import budget
-from orchestrator import effects as fx
-from orchestrator import learning_report, parallel_report
-from orchestrator.effects import Analysis, VariableEffect
-from orchestrator.pool_report import pool_lines
-from orchestrator.seeds import seeds_section
-from orchestrator import prediction_report
+from orchestrator.queue import budget
+from orchestrator.stats import effects as fx
+from orchestrator.report.sections import learning as learning_report, parallel as parallel_report
+from orchestrator.stats.effects import Analysis, VariableEffect
+from orchestrator.report.sections.pools import pool_lines
+from orchestrator.report.sections.seeds import seeds_section
+from orchestrator.report.sections import prediction as prediction_report
 from orchestrator.report.data import Context
 from orchestrator.report.words import FACTS, _fact, _ms, _p, _pct, _rate, _ratio, _target_words, effect_words
 from common.variables import BY_NAME
-from orchestrator.rows import column
+from orchestrator.stats.columns import column
 
 
 # The variables that say how big one training step is: shown in the baseline line of the summary.
@@ -485,7 +485,7 @@ def method_section(ctx: Context) -> list[str]:
 
 
 def pools_section(ctx: Context) -> list[str]:
-    """Named pools and their hosts (orchestrator/pool_report.py)."""
+    """Named pools and their hosts (orchestrator/report/sections/pools.py)."""
     return pool_lines(ctx.rows)
 
 
@@ -495,13 +495,13 @@ SECTIONS: list[Callable[[Context], list[str]]] = [
     title_section,
     baseline_section,
     glance_section,
-    learning_report.markdown_section,  # time to a trained model (orchestrator/learning_report.py)
+    learning_report.markdown_section,  # time to a trained model (orchestrator/report/sections/learning.py)
     notes_section,
     noise_section,
     budget_section,
     runs_section,
     variables_section,
-    parallel_report.markdown_section,  # ranks/nodes: compute vs all-reduce (orchestrator/parallel_report.py)
+    parallel_report.markdown_section,  # ranks/nodes: compute vs all-reduce (orchestrator/report/sections/parallel.py)
     grids_section,
     shared_section,
     pools_section,

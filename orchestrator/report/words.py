@@ -10,8 +10,8 @@ import math
 import re
 from collections import Counter
 
-from orchestrator import effects as fx
-from orchestrator.effects import Effect, VariableEffect
+from orchestrator.stats import effects as fx
+from orchestrator.stats.effects import Effect, VariableEffect
 from common.metrics import peak_text
 
 
@@ -51,7 +51,7 @@ def _machine_name(machine_id: int, facts: dict) -> str:
 
 def probe_load(facts: dict) -> str:
     """Whether the probe's measured figures (GEMM peaks, memory bandwidth, noise) were taken on a
-    quiet machine, in words, from machines.facts (worker/probe.py: limits_disturbed). A provisional
+    quiet machine, in words, from machines.facts (worker/machine/probe.py: limits_disturbed). A provisional
     noise figure is not used for the report's noise (write_report)."""
     if "limits_disturbed" not in facts:
         return "load not checked (probed before the check existed)"
@@ -62,7 +62,7 @@ def probe_load(facts: dict) -> str:
 
 def mfu_peak(rows: list[dict]) -> str | None:
     """The GEMM peak MFU is taken against on the machine's largest CPU set, in words: the fastest of
-    the trainers' libraries there (worker/gemm_peak.py) and the others' figures, from the runs'
+    the trainers' libraries there (worker/machine/gemm_peak.py) and the others' figures, from the runs'
     applied.peak_gflops; the probe's torch figure where the runs' peaks were scaled from it (older
     runs, BENCH_PEAK_PER_SET=0); None where no run recorded a peak."""
     best, any_peak = None, False

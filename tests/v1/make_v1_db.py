@@ -92,7 +92,7 @@ def _running(db: str) -> bool:
 # back to 'queued' from a dead worker, through the old Store itself.
 OLD_STORE_PART = r"""
 import sys
-from orchestrator.store import Store
+from orchestrator.queue.store import Store
 from common.variables import config_hash, resolve
 from tests.reportdb import machine_facts, metrics
 

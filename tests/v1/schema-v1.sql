@@ -1,5 +1,5 @@
 -- cpubench schema: the single source of truth for the results database.
--- Written in SQLite's dialect; orchestrator/store.py adapts the few differences for PostgreSQL
+-- Written in SQLite's dialect; orchestrator/queue/store.py adapts the few differences for PostgreSQL
 -- (AUTOINCREMENT keys, REAL -> DOUBLE PRECISION). Users query v_results.
 --
 -- Decisions:
@@ -195,7 +195,7 @@ JOIN machines m ON m.machine_id = r.machine_id
 WHERE r.status <> 'queued';
 
 -- Fitted effects of each variable on step time (step_ms_median), written by `bench.py report`
--- (orchestrator/effects.py). Decisions:
+-- (orchestrator/stats/effects.py). Decisions:
 -- * Each report replaces the rows of the machines it covers: the table holds the latest fit only,
 --   and a report run twice never duplicates rows.
 -- * kind 'elasticity' (numeric, size-like variables): the slope of log(step time) on log(variable),

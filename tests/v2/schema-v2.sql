@@ -1,5 +1,5 @@
 -- cpubench schema: the single source of truth for the results database.
--- Written in SQLite's dialect; orchestrator/store.py adapts the few differences for PostgreSQL
+-- Written in SQLite's dialect; orchestrator/queue/store.py adapts the few differences for PostgreSQL
 -- (AUTOINCREMENT keys, REAL -> DOUBLE PRECISION). Users query v_results.
 --
 -- Decisions:
@@ -14,7 +14,7 @@
 --   is stored as NULL in freq_mhz; every other variable column is concrete.
 -- * "window" is a keyword in PostgreSQL: quote it there ("window").
 -- * This file is the latest schema. A database records its version in schema_version; an older one
---   is brought up to this file on open by orchestrator/migrations.py (numbered steps, applied once,
+--   is brought up to this file on open by orchestrator/queue/migrations.py (numbered steps, applied once,
 --   in one transaction). New columns must be nullable or have a DEFAULT, so old rows stay valid; a
 --   new NOT NULL column without one needs a fill in migrations.py (tests/test_migrations.py says so).
 -- * Queues are per pool, not per machine: every machine has its own pool (it runs every job, so
@@ -245,7 +245,7 @@ JOIN pools p ON p.pool_id = r.pool_id
 WHERE r.status <> 'queued';
 
 -- Fitted effects of each variable on step time (step_ms_median), written by `bench.py report`
--- (orchestrator/effects.py, whose docstring has the method). Decisions:
+-- (orchestrator/stats/effects.py, whose docstring has the method). Decisions:
 -- * Each report replaces the rows of the machines it covers: the table holds the latest fit only,
 --   and a report run twice never duplicates rows.
 -- * Runs are grouped on what ran (dataset_used, read-back settings). A comparison holds the runs that

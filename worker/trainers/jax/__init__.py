@@ -1,4 +1,4 @@
-"""The JAX trainer: `python -m worker.trainers.jax` (worker/trainers/session_child.py around child.py's
+"""The JAX trainer: `python -m worker.trainers.jax` (worker/trainers/session.py around child.py's
 Session) trains the model of model.py: a pure loss function and a training step jax.jit compiles whole.
 
 PRELOAD is what this trainer's fork server imports once before forking children. Importing jax starts
@@ -7,4 +7,4 @@ no XLA client: that happens at the first computation, in the forked child, after
 """
 
 PRELOAD = ("numpy", "jax", "jax.numpy", "optax", "tokenizers", "worker.data", "worker.trainers.harness",
-           "worker.trainers.session_child", "worker.trainers.jax.model", "worker.trainers.jax.runtime")
+           "worker.trainers.session", "worker.trainers.jax.model", "worker.trainers.jax.runtime")

@@ -2,6 +2,6 @@ import time
 
 _T0 = time.perf_counter()  # setup_s starts here: before the trainer's imports
 
-from worker.trainers.session_child import main  # noqa: E402
+from worker.trainers.session import main  # noqa: E402
 
 main("numpy", _T0)

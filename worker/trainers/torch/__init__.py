@@ -15,7 +15,7 @@ PRELOAD = ("numpy", "torch", "torch.nn.attention", "torch.optim", "torch._dynamo
 
 def prepare_server() -> None:
     """Read the ISA MKL and oneDNN dispatch to once for every child of this server (MKL's verbose
-    banner costs up to a second a job): worker/isa_check.py hold_library_isas()."""
-    from worker import isa_check
+    banner costs up to a second a job): worker/knobs/isa_check.py hold_library_isas()."""
+    from worker.knobs import isa_check
 
     isa_check.hold_library_isas()

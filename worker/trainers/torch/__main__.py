@@ -1,3 +1,3 @@
-from worker.trainers.torch.child import main
+from worker.trainers.torch.train import main
 
 main()

@@ -1,5 +1,5 @@
 """Inside the torch child: apply `cc_flags` and `compiler` to inductor's C++ kernels and read back the
-flags and the compiler each kernel command really ran (the values' meaning: worker/ccflags.py).
+flags and the compiler each kernel command really ran (the values' meaning: worker/knobs/ccflags.py).
 
 `compiler` sets torch._inductor.config.cpp.cxx (gcc: g++, inductor's own; clang: clang++). Inductor
 adapts its flags to the compiler it finds (cpp_builder checks for clang: OpenMP through LLVM's
@@ -15,14 +15,14 @@ command line, so a kernel built under other flags is never reused.
 
 Read-back: every C++ command line inductor builds in this process (CppBuilder.get_command_line; the
 parent builds it even when a compile worker runs it or the .so is already on disk), reduced to its
-effective flags (worker.ccflags.effective). A warm cache shows the same lines: an FX graph cache hit
+effective flags (worker.knobs.ccflags.effective). A warm cache shows the same lines: an FX graph cache hit
 reloads its kernels through the same keyed path, so a graph first compiled at -O3 gets its kernel
 rebuilt at -O2 in an O2 run (seen: one new .so, and none on the next O2 run).
 """
 
 from __future__ import annotations
 
-from worker.ccflags import COMPILERS, DEFAULT, LADDER, compiler_of, effective
+from worker.knobs.ccflags import COMPILERS, DEFAULT, LADDER, compiler_of, effective
 
 _seen: set[str] = set()  # effective flags of the kernel command lines built in this process
 _compilers: set[str] = set()  # the compiler drivers of those kernel command lines

@@ -536,7 +536,7 @@ def rank_main(run_dir: Path) -> None:
     import torch.distributed as dist
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from worker.trainers.torch import child
+    from worker.trainers.torch import train as child
 
     @record
     def train() -> None:

@@ -23,7 +23,7 @@ run, applied in the child and read back from what ran.
 MKL's own dispatch switches are not routes: on the AMD EPYC, MKL_ENABLE_INSTRUCTIONS=AVX512,
 MKL_CBWR=AVX512 and MKL_DEBUG_CPU_TYPE=5 each left MKL's branch at COMPATIBLE (read back as above).
 
-The read-back (`read_back`) says which route ran (`blas`), which worker/verify.py compares with the
+The read-back (`read_back`) says which route ran (`blas`), which worker/knobs/verify.py compares with the
 job's, from two kinds of evidence:
 - MKL's branch and whether its vendor check was answered (`mkl_branch`, one call): read in every run.
   It alone decides mkl_intel_path (MKL left its generic branch) against mkl.
@@ -329,7 +329,7 @@ def read_back(route: str, one_step, key: str, held: dict | None = None, run_id: 
     one_step() (one training step) under MKL's and oneDNN's verbose modes and counting the calls."""
     import torch
 
-    from worker.isa_check import _capture_stdout
+    from worker.knobs.isa_check import _capture_stdout
 
     def verbose_step():
         with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON), \

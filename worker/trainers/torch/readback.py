@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from worker import isa_check
+from worker.knobs import isa_check
 from worker.trainers.harness import common_read_back
 
 

@@ -1,0 +1,1 @@
+"""The generated pages of docs/: variables, commands, schema."""

@@ -1,0 +1,63 @@
+"""What the report reads of a run's `applied`, cut from it as the runs are read (rows.read_results).
+
+A real run's `applied` is ~3 KB of JSON, and no two runs' are alike: each holds its own timed window,
+setup phases and read-back time. A million runs held whole are 3 GB of text before anything is parsed,
+and parsing them takes ~45 us each. The report reads only a few of its keys:
+    READ_KEYS  ran.RAN_FROM's read-backs, the affinity and the GEMM peak (ran.py): the same for the runs
+               of a configuration on a machine
+    WINDOW     the timed window, which only ran.disturbed() reads, and only for a run whose own figures
+               could pass a limit: a run that ran.surely_quiet() passes is not disturbed whatever its
+               window says
+cut() keeps those keys' JSON text as the run wrote it (msgspec finds them without building the rest),
+the window only where it can matter, as one small JSON object per run; the runs of a configuration then
+hold one shared text, parsed once, and read the same values from it as from the whole text.
+
+A text this cannot read as a JSON object (NaN, which json reads and msgspec does not; anything not an
+object) is left whole: ran.py reads it as it always did.
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+
+import msgspec
+from msgspec import UNSET, Raw, UnsetType
+
+from orchestrator.stats.ran import RAN_FROM, surely_quiet
+
+READ_KEYS = tuple(dict.fromkeys([key for where, key in RAN_FROM.values() if where == "applied"]
+                                + ["affinity", "peak_gflops"]))
+WINDOW = "timed_window"
+
+_Read = msgspec.defstruct("_Read", [(k, Raw | UnsetType, UNSET) for k in (*READ_KEYS, WINDOW)])
+_decode = msgspec.json.Decoder(_Read).decode
+
+
+def cut(texts, others=None, steals=None, cores=None) -> list:
+    """Each run's `applied` (texts: a column of a chunk of runs, None where NULL) cut to READ_KEYS, and
+    WINDOW where the run's other_cpu_s, steal_s and cores do not pass ran.surely_quiet. Equal cuts are
+    one str object."""
+    made: dict[tuple, str] = {}
+    out = []
+    append = out.append
+    for text, other, steal, cpus in zip(texts, others or repeat(None), steals or repeat(None), cores or repeat(None)):
+        if not isinstance(text, str):
+            append(text)
+            continue
+        try:
+            read = _decode(text)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            append(text)  # not a JSON object msgspec reads: whole, for ran.py to read as before
+            continue
+        key = tuple(getattr(read, k) for k in READ_KEYS)
+        window = read.timed_window
+        if window is not UNSET and not surely_quiet(other, steal, cpus):
+            key += (window,)
+        key = tuple(None if raw is UNSET else bytes(raw) for raw in key)
+        got = made.get(key)
+        if got is None:
+            names = [*READ_KEYS, WINDOW][:len(key)]
+            got = made[key] = "{" + ", ".join(f'"{name}": {raw.decode()}' for name, raw in zip(names, key)
+                                              if raw is not None) + "}"
+        append(got)
+    return out

@@ -1,0 +1,220 @@
+"""results.csv from the runs, jobs and machines tables: the bytes csv.writer writes for v_results' rows,
+with each job's and machine's part of a row written once rather than once per run (issue 31: at 100k runs
+the view's 122 values a row were ~1.5 CPU-seconds to fetch and ~1.7 to write, in the child that shares the
+second CPU with the cost model's fit and the PNG drawers).
+
+A run's row is its own columns and, between them, runs of its job's columns (its sweep's name; job_id to
+block) and its machine's. Each run is fetched as its own values with a marker (MARK) in the place of each
+such run of columns, and written by csv.writer, so that every field is quoted and printed by csv.writer
+itself; the markers are then filled with the text csv.writer wrote for the job's and the machine's fields.
+A job's text is kept for the runs that follow it (at most JOBS_KEPT jobs: a fleet's machines run the same
+job at about the same time), and fetched again where it was let go.
+
+A run's long texts (QUOTED_IN_SQL: applied, ~3 KB of JSON a real run) take csv.writer ~30 us each (1M
+runs: 30 s); SQLite quotes them as csv.writer would (QUOTED: quoted where they hold a comma, a quote or a
+line break, quotes doubled; NULL empty) and they fill a marker of their own. On PostgreSQL, where the
+view itself is written (rows._write_csv), the database quotes them the same way (view_query, own_lines).
+
+Where that cannot give the view's bytes (another database than SQLite, a view column this does not know,
+a value that holds the marker), write() says so and the caller writes the view itself (rows._write_csv).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from itertools import chain
+from operator import add, itemgetter
+from pathlib import Path
+
+from sqlalchemy import text
+
+from orchestrator.report.view_sql import JOB_EXPR, JOINS, MINE, RUN_EXPR, VIEW_COLUMNS, quoted, sources, tuple_getter
+
+MARK = "\x02"  # stands for a job's or machine's text in a run's line: no value of a real sweep holds it
+QUOTED_IN_SQL = ("applied",)  # a run's columns SQLite writes as csv.writer would
+NOT_TEXT = "\x03"  # what QUOTED gives for a value neither text nor NULL: csv.writer writes those itself
+QUOTED = ("CASE typeof({c}) WHEN 'null' THEN '' WHEN 'text' THEN CASE WHEN instr({c}, '\"') OR instr({c}, ',') "
+          "OR instr({c}, char(13)) OR instr({c}, char(10)) THEN '\"' || replace({c}, '\"', '\"\"') || '\"' "
+          "ELSE {c} END ELSE char(3) END")
+QUOTED_PG = ("CASE WHEN {c} IS NULL THEN '' WHEN strpos({c}, '\"') > 0 OR strpos({c}, ',') > 0 "
+             "OR strpos({c}, chr(13)) > 0 OR strpos({c}, chr(10)) > 0 THEN '\"' || replace({c}, '\"', '\"\"') || '\"' "
+             "ELSE {c} END")  # (PostgreSQL's applied is TEXT: no other type to fall back from)
+JOBS_KEPT = 1 << 16  # job texts kept for later runs (~0.5 kB each)
+CHUNK = 5_000  # runs fetched at a time
+
+
+def _NOTHING(_) -> tuple:
+    return ()
+
+
+class NotHere(Exception):
+    """The view's bytes cannot be written this way: the caller writes them from the view."""
+
+
+def write(conn, machine_id: int | None, csv_path: Path) -> bool:
+    """Write results.csv (every run of v_results, or one machine's) as csv.writer writes the view's rows;
+    False where this way does not apply (nothing useful written: the caller writes it from the view)."""
+    if conn.dialect.name != "sqlite":
+        return False
+    columns = list(conn.execute(text(VIEW_COLUMNS)).keys())
+    known = sources(conn)
+    if set(columns) - set(known) or len(set(columns)) != len(columns) or len(columns) < 2:
+        return False
+    segments = _segments(columns, known)  # [(source, columns)] in the view's order
+    q = lambda c: quoted(conn, c)  # noqa: E731
+    params = {"machine_id": machine_id}
+    mine = MINE if machine_id is not None else ""
+    run_select, quoted_texts = [], []
+    job_segments = [cols for source, cols in segments if source == "j"]
+    machine_segments = [cols for source, cols in segments if source == "m"]
+    # a run's markers, in order, filled from its job's texts (one per job segment) + its machine's + its own
+    # columns quoted by SQLite (fetched after its fields)
+    order = []
+    j = m = 0
+    for source, cols in segments:
+        if source == "r":
+            for c in cols:
+                if c in QUOTED_IN_SQL and c not in RUN_EXPR:
+                    run_select.append(f"char({ord(MARK)})")
+                    quoted_texts.append(QUOTED.format(c="r." + q(c)))
+                    order.append(len(job_segments) + len(machine_segments) + len(quoted_texts) - 1)
+                else:
+                    run_select.append(RUN_EXPR.get(c) or "r." + q(c))
+            continue
+        run_select.append(f"char({ord(MARK)})")
+        if source == "j":
+            order.append(j)
+            j += 1
+        else:
+            order.append(len(job_segments) + m)
+            m += 1
+    fill = tuple_getter(order)
+    mark = f", char({ord(MARK)})"
+    job_fields = ", ".join(_fields(JOB_EXPR, "j.", q, cols) + mark for cols in job_segments)
+    job_query = (f"SELECT j.job_id, {job_fields} FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id "
+                 f"WHERE j.job_id {{where}}")
+    machine_fields = ", ".join(_fields({}, "m.", q, cols) + mark for cols in machine_segments)
+    machine_query = f"SELECT m.machine_id, {machine_fields} FROM machines m"
+    run_query = (f"SELECT r.job_id, r.machine_id, {', '.join(run_select + quoted_texts)} {JOINS.format(mine=mine)} "
+                 f"ORDER BY r.run_id")
+    own = len(quoted_texts)
+    raw = conn.connection.dbapi_connection  # SQLite's own cursor: no row objects made on the way
+    try:
+        machines = _texts(raw.execute(machine_query).fetchall(), len(machine_segments)) if machine_segments else {}
+        jobs: dict = {}
+        cursor = raw.execute(run_query, params)
+        try:
+            with csv_path.open("w", newline="") as f:
+                csv.writer(f).writerow(columns)
+                while chunk := cursor.fetchmany(CHUNK):
+                    f.write(_lines(raw, chunk, jobs, job_query, job_segments, machines, fill, len(order), own))
+                    del chunk
+        finally:
+            cursor.close()
+    except NotHere:
+        return False
+    return True
+
+
+def view_query(conn, machine_id: int | None) -> tuple[list[str], str, int] | None:
+    """On PostgreSQL: (the view's columns, a query of its rows (SELECT_RESULTS's) that gives each
+    QUOTED_IN_SQL column as a marker and, after the row, as PostgreSQL quoted it, how many such columns),
+    for own_lines; None where that does not apply (another database, no such column)."""
+    if conn.dialect.name != "postgresql":
+        return None
+    columns = list(conn.execute(text(VIEW_COLUMNS)).keys())
+    own = [c for c in columns if c in QUOTED_IN_SQL]
+    if not own or len(set(columns)) != len(columns):
+        return None
+    select = [f"chr({ord(MARK)})" if c in own else quoted(conn, c) for c in columns]
+    select += [QUOTED_PG.format(c=quoted(conn, c)) for c in own]
+    where = "WHERE machine_id = :machine_id" if machine_id is not None else ""
+    return columns, f"SELECT {', '.join(select)} FROM v_results {where} ORDER BY run_id", len(own)
+
+
+def own_lines(chunk: list[tuple], own: int) -> str:
+    """A chunk of view_query's rows as the file's lines: each row as csv.writer writes it, its markers
+    filled with its last `own` values (quoted already). NotHere where a value holds the marker."""
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerows(map(itemgetter(slice(0, -own)), chunk))
+    return _filled(buf.getvalue(), own * len(chunk), map(itemgetter(slice(-own, None)), chunk))
+
+
+def _filled(written: str, marks: int, texts) -> str:
+    """`written` (csv.writer's lines) with its `marks` markers filled in order from `texts` (an iterable
+    of tuples of texts); NotHere where a value holds the marker (more markers than that)."""
+    pieces = written.split(MARK)
+    if len(pieces) != marks + 1:
+        raise NotHere
+    if not marks:
+        return pieces[0]
+    texts = list(chain.from_iterable(texts))
+    texts.append("")
+    return "".join(chain.from_iterable(zip(pieces, texts)))
+
+
+def _segments(columns: list[str], known: dict[str, str]) -> list[tuple[str, list[str]]]:
+    out: list[tuple[str, list[str]]] = []
+    for c in columns:
+        if out and out[-1][0] == known[c]:
+            out[-1][1].append(c)
+        else:
+            out.append((known[c], [c]))
+    return out
+
+
+def _lines(raw, chunk, jobs: dict, job_query: str, job_segments, machines: dict, fill, marks: int,
+           own: int = 0) -> str:
+    """A chunk of runs (job_id, machine_id, the run's fields and markers, then its `own` texts quoted by
+    SQLite) as the file's lines."""
+    job_ids = list(map(_KEY, chunk))
+    if job_segments:
+        missing = set(job_ids).difference(jobs)
+        if missing:
+            if len(jobs) + len(missing) > JOBS_KEPT:
+                jobs.clear()
+                missing = set(job_ids)
+            low, high = min(missing), max(missing)
+            if high - low < 2 * len(missing):  # most of a range (a machine's runs in job order): read it all
+                where = f"BETWEEN {low} AND {high}"  # integers: safe in the query's text
+            else:
+                where = f"IN ({','.join(map(str, sorted(missing)))})"
+            jobs.update(_texts(raw.execute(job_query.format(where=where)).fetchall(), len(job_segments)))
+        job_texts = map(jobs.__getitem__, job_ids)
+    else:
+        job_texts = map(_NOTHING, job_ids)
+    machine_texts = map(machines.__getitem__, map(_MACHINE, chunk)) if machines else map(_NOTHING, chunk)
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerows(map(itemgetter(slice(2, -own)), chunk) if own else map(_FIELDS, chunk))
+    outside = map(add, job_texts, machine_texts)
+    if own:
+        quoted = list(map(itemgetter(slice(-own, None)), chunk))
+        if NOT_TEXT in chain.from_iterable(quoted):  # a value neither text nor NULL (or the sentinel itself)
+            raise NotHere
+        outside = map(add, outside, quoted)
+    return _filled(buf.getvalue(), marks * len(chunk), map(fill, outside))
+
+
+def _fields(expr: dict, prefix: str, q, cols: list[str]) -> str:
+    return ", ".join(expr.get(c) or prefix + q(c) for c in cols)
+
+
+_KEY, _REST, _MACHINE, _FIELDS = itemgetter(0), itemgetter(slice(1, None)), itemgetter(1), itemgetter(slice(2, None))
+_FIRST, _INNER = itemgetter(slice(2, -1)), itemgetter(slice(1, -1))
+
+
+def _texts(rows: list[tuple], n: int) -> dict:
+    """key (each row's first value) -> the text csv.writer writes for each of the row's n segments (each
+    segment's fields followed by a marker)."""
+    if not rows:
+        return {}
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerows(map(_REST, rows))
+    # row i's text: "a,M,b,M\r\n": its pieces "a," and ",b," (the first after the last row's "\r\n")
+    pieces = buf.getvalue().split(MARK)
+    if len(pieces) != n * len(rows) + 1:  # a value holds the marker
+        raise NotHere
+    del pieces[-1]
+    pieces[0] = "\r\n" + pieces[0]
+    return dict(zip(map(_KEY, rows), zip(*(map(_INNER if k else _FIRST, pieces[k::n]) for k in range(n)))))

@@ -1,0 +1,477 @@
+"""The report's rows, read once in chunks from the DBAPI cursor, each chunk made compact rows as
+fetched, so the report never holds the fetched tuples beside the rows (issue 31: a million runs);
+results.csv is written meanwhile by a forked child from the tables on its own connection (results_csv):
+read_results waits for it; write_report starts it itself (start_results_csv) and waits only at its end.
+
+A compact row is a dict that keeps only its non-NULL columns, with the text values shared between
+rows (a fleet's runs repeat the same few words: status, host, CPU, configuration hash...). It reads
+like the full row: a column it left out is None to `row[c]`, `row.get(c)`, iteration, `c in row`,
+`dict(row)` and `{**row}` (they go through keys()), and len() counts every column. At 100k runs of
+122 columns this halves the rows' memory (tests/test_report_scale.py checks it reads the same).
+
+The report reads v_results through read_results: each run's own columns fetched per run, and its
+job's and machine's columns fetched once each and joined here (the same rows, a third of the values
+fetched; the view's parts: view_sql.py); read_rows reads any query as it is. A row of read_results is
+a JoinedRow: its configuration's columns (its job's but job_id, config_hash and repeat) are one compact
+row that every run of that configuration shares, so that a million runs of a few thousand
+configurations hold a 21-key dict each, not a 66-key one (1M runs: the report's peak RSS 2.99 -> 1.91
+GB). Unbound dict methods see a JoinedRow's own columns only: readers of every run's value of a column
+use `column` and `conf_values`. The report has each run's `applied` (~3 KB, its own in every run) cut to
+the keys it reads as each chunk is read (read_results' cut_applied: applied_cut.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+from contextlib import nullcontext
+from collections.abc import Iterator
+from itertools import compress, repeat
+from operator import is_, is_not
+from pathlib import Path
+from types import NoneType
+
+from sqlalchemy import text
+
+from common.processes import set_parent_death_signal
+from orchestrator.stats.columns import (CompactRow, JoinedRow, PER_RUN_JOB, column, conf_values, gc_paused,  # noqa: F401
+                                         joined_row_class, present, row_class, runs_fingerprint)
+from orchestrator.report import results_csv
+from orchestrator.report.view_sql import (JOB_EXPR, JOINS, MINE, RUN_EXPR, SELECT_RESULTS, VIEW_COLUMNS, quoted, sources,
+                                   tuple_getter)
+
+CHUNK = 20_000  # rows fetched at a time
+# rows fetched at a time where they are only written out (results.csv from the view, as on PostgreSQL):
+# two chunks of the view's ~120 values a row are alive while the next is fetched (20k: ~300 MB at 1M runs)
+CSV_CHUNK = 2_000
+NONES = repeat(None)
+
+
+def read_rows(conn, query: str, params: dict, csv_path: Path | None = None) -> tuple[list[str], list[dict]]:
+    """Every row of `query` as compact rows (in its order), and csv_path written (a header, then each
+    row as fetched, as csv.writer writes a tuple). The CSV is written by a forked child that reads the
+    query on its own connection, so that it takes the second CPU while this process builds the rows;
+    without fork (or where the child fails) it is written here, from the same chunks."""
+    child = _csv_child(conn, query, params, csv_path) if csv_path is not None else None
+    result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
+    columns = list(result.keys())
+    Row = row_class(columns)
+    shared: dict = {}  # one copy of each text value
+    plan: dict = {}  # the columns whose values are shared (rows_of)
+    rows: list[dict] = []
+    append = rows.append
+    f = csv_path.open("w", newline="") if csv_path is not None and child is None else None
+    try:
+        writer = csv.writer(f) if f is not None else None
+        if writer is not None:
+            writer.writerow(columns)
+        for chunk in _chunks(result):
+            if writer is not None:
+                writer.writerows(chunk)
+            rows_of(chunk, columns, Row, shared, plan, append)
+            del chunk
+    finally:
+        if f is not None:
+            f.close()
+        result.close()
+        written = _done(child) if child is not None else True  # never leave the child unreaped
+    if not written:  # the child failed: write the CSV here after all
+        _write_csv(conn, query, params, csv_path)
+    return columns, rows
+
+
+def _chunks(result, size: int = CHUNK) -> Iterator[list[tuple]]:
+    """The query's rows in chunks of `size` tuples, read from the DBAPI cursor itself: an untyped text()
+    query's values come back as the driver gives them, without SQLAlchemy's Row objects. The first
+    chunk is taken through the result: on PostgreSQL's server-side cursor SQLAlchemy has already
+    read the first row into its own buffer, and a read of the DBAPI cursor alone would lose it."""
+    first = [tuple(r) for r in result.fetchmany(size)]
+    if first:
+        yield first
+    if len(first) < size:  # the result is spent (and may be closed)
+        return
+    cursor = result.cursor
+    while chunk := cursor.fetchmany(size):
+        yield chunk
+
+
+def _write_csv(conn, query: str, params: dict, csv_path: Path, results: bool = False) -> None:
+    """csv_path: the query's rows as csv.writer writes them; `results`: the query is SELECT_RESULTS, whose
+    bytes results_csv writes from the tables where it can (each job's and machine's fields once)."""
+    if results and results_csv.write(conn, params["machine_id"], csv_path):
+        return
+    quoting = results_csv.view_query(conn, params["machine_id"]) if results else None
+    if quoting is not None:  # PostgreSQL: the view, its runs' applied quoted by the database
+        columns, quoting_query, own = quoting
+        try:
+            _stream_csv(conn, quoting_query, params, csv_path, columns,
+                        lambda f, writer, chunk: f.write(results_csv.own_lines(chunk, own)))
+            return
+        except results_csv.NotHere:  # a value holds the marker: the view as it is, below
+            pass
+    _stream_csv(conn, query, params, csv_path, None, lambda f, writer, chunk: writer.writerows(chunk))
+
+
+def _stream_csv(conn, query: str, params: dict, csv_path: Path, header: list[str] | None, write_chunk) -> None:
+    """csv_path: a header (the query's columns unless given), then write_chunk(file, its csv.writer, chunk)
+    for each CSV_CHUNK rows of the query."""
+    result = conn.execution_options(stream_results=True, yield_per=CSV_CHUNK).execute(text(query), params)
+    try:
+        with csv_path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(header if header is not None else list(result.keys()))
+            for chunk in _chunks(result, CSV_CHUNK):
+                write_chunk(f, writer, chunk)
+    finally:
+        result.close()
+
+
+def _csv_child(conn, query: str, params: dict, csv_path: Path, results: bool = False, nice: int = 0) -> int | None:
+    """Fork a child that writes csv_path from the query on a connection of its own (opened after the
+    fork; the parent's pooled connections are left to the parent), at `nice` below this process's
+    priority, and that dies with this process (a kill -9 of the report: it would write the file for
+    nobody, and hold the pipes of the report's other children open, keeping them alive too). Its pid,
+    or None (no fork)."""
+    if not hasattr(os, "fork"):
+        return None
+    engine, parent = conn.engine, os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        set_parent_death_signal(parent)
+        if nice:
+            os.nice(nice)
+        engine.dispose(close=False)
+        with engine.connect() as own, own.begin():
+            _write_csv(own, query, params, csv_path, results)
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _done(pid: int) -> bool:
+    """Wait for the CSV child: did it write the file?"""
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+class ResultsCsv:
+    """results.csv being written by a forked child while the report reads and analyses the runs
+    (start_results_csv), waited for only where the file is wanted (wait), or stopped (stop)."""
+
+    def __init__(self, pid: int | None, machine_id: int | None, csv_path: Path):
+        self.pid, self.machine_id, self.csv_path = pid, machine_id, csv_path
+
+    def wait(self, transaction) -> None:
+        """The file written: by the child, or here (in `transaction()`) where there was no fork (as the
+        child would: from the tables where that applies) or the child failed (from the view itself)."""
+        pid, self.pid = self.pid, None
+        if pid is not None and _done(pid):
+            return
+        with transaction() as conn:
+            _write_csv(conn, _results_query(self.machine_id), {"machine_id": self.machine_id}, self.csv_path,
+                       pid is None)
+
+    def stop(self) -> None:
+        """Kill and reap a child not waited for (the report failed)."""
+        pid, self.pid = self.pid, None
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+
+
+def start_results_csv(conn, machine_id: int | None, csv_path: Path, nice: int = 0) -> ResultsCsv:
+    """results.csv (v_results' rows, every machine's or one's) started in a forked child on its own
+    connection, at `nice` (the report wants it only when it returns): fork before read_results, so the
+    child holds none of the rows."""
+    child = _csv_child(conn, _results_query(machine_id), {"machine_id": machine_id}, csv_path, True, nice)
+    return ResultsCsv(child, machine_id, csv_path)
+
+
+def _results_query(machine_id: int | None, columns: list[str] | None = None) -> str:
+    """SELECT_RESULTS for every machine's runs, or (machine_id given) for one machine's; of `columns`
+    (quoted) only, where given."""
+    query = SELECT_RESULTS.format(where="WHERE machine_id = :machine_id" if machine_id is not None else "")
+    return query.replace("SELECT *", f"SELECT {', '.join(columns)}", 1) if columns is not None else query
+
+
+def rows_of(chunk: list[tuple], columns: list[str], Row, shared: dict, plan: dict, append) -> None:
+    """Append `chunk`'s tuples as compact rows, their values shared (_shared_columns)."""
+    _append_compact(zip(*_shared_columns(chunk, plan, shared)), columns, Row, append)
+
+
+def _append_compact(tuples, columns: list[str], Row, append) -> None:
+    """Append each tuple (the columns' values) as a compact row: its non-NULL columns only."""
+    for values in tuples:
+        keep = list(map(is_not, values, NONES))
+        append(Row(zip(compress(columns, keep), compress(values, keep))))
+
+
+def _share_plan(chunk: list[tuple]) -> dict[int, dict]:
+    """The columns whose values are worth sharing: text, and ints or floats that repeat (at most a
+    quarter of the first chunk's values distinct); column -> its numbers' copies by type."""
+    plan = {}
+    for i, col in enumerate(zip(*chunk)):
+        kinds = set(map(type, col)) - {NoneType}
+        if kinds == {str} or (len(kinds) == 1 and kinds <= {int, float} and len(set(col)) * 4 <= len(col)):
+            plan[i] = {}
+    return plan
+
+
+def read_results(conn, machine_id: int | None, csv_path: Path | None = None,
+                 leave_out: frozenset = frozenset(), cut_applied=None) -> tuple[list[str], list[dict]]:
+    """What read_rows(conn, SELECT_RESULTS, ...) returns, for every run (or one machine's), less the
+    columns in `leave_out` (the report's: view_sql.REPORT_LEAVES), read as its runs' own columns in run
+    order plus each job's and machine's columns once. results.csv (every column) is written meanwhile by a
+    forked child (results_csv, from the tables; the view where that does not apply). Where the view holds
+    a column this read does not know (a later schema), it reads the view (read_rows).
+    cut_applied(texts, others, steals, cores): what each run's row holds of its `applied` instead, from a
+    chunk of runs' applied, other_cpu_s, steal_s and cores (the report's: applied_cut.cut), applied to
+    each chunk before its values are shared, so the whole texts are never all held."""
+    params = {"machine_id": machine_id}
+    view = list(conn.execute(text(VIEW_COLUMNS)).keys())
+    columns = [c for c in view if c not in leave_out]
+    known = sources(conn)
+    later = bool(set(view) - set(known)) or len(set(view)) != len(view)  # a schema this read does not know
+    mine = MINE if machine_id is not None else ""
+    # results.csv: the child writes the view's bytes from the tables, each job's and machine's fields written
+    # once (results_csv; the view itself where that does not apply). (66aedba had it read the tuples as
+    # _view_parts does: no gain at 100k, and it held every job's values: 1M tree PSS 3,604 MB against 3,411.)
+    csv_child = start_results_csv(conn, machine_id, csv_path) if csv_path is not None else None
+    try:
+        if later:  # the view itself, of the columns kept (results.csv has them all: the view's, in the child)
+            rows = read_rows(conn, _results_query(machine_id, [quoted(conn, c) for c in columns]), params)[1]
+            if cut_applied is not None and "applied" in columns:
+                _cut_rows(rows, cut_applied)
+        else:
+            with gc_paused():
+                rows = _joined(conn, columns, known, mine, params, cut_applied)
+    except BaseException:
+        if csv_child is not None:  # never leave the child unreaped
+            csv_child.stop()
+        raise
+    if csv_child is not None:  # written here, in this read's transaction, where the child was not
+        csv_child.wait(lambda: nullcontext(conn))
+    return columns, rows
+
+
+def _cut_rows(rows: list[dict], cut_applied) -> None:
+    """read_results' cut_applied on rows already read (a later schema's, from the view)."""
+    cut = cut_applied(column(rows, "applied"), column(rows, "other_cpu_s"), column(rows, "steal_s"),
+                      column(rows, "cores"))
+    for row, value in zip(rows, cut):
+        if value is not None:
+            row["applied"] = value
+
+
+def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: dict,
+            cut_applied=None) -> list[dict]:
+    """The view's rows as JoinedRows (read_results): each row's non-NULL columns, the same as _append_compact
+    makes of the view's tuples, its configuration's in one row shared by its configuration's runs. Rows
+    whose own, job's and machine's NULLs fall alike share a template: a dict of those columns in the view's
+    order, which each of them copies (a copy of a fresh dict's table, with no insertion and no resize) and
+    then fills with its values (a key already there keeps its place)."""
+    runs, jobs, machines = ([c for c in columns if known[c] == s] for s in "rjm")
+    conf = [c for c in jobs if c not in PER_RUN_JOB]  # every configuration column, NULL everywhere or not
+    Row, Conf = joined_row_class(columns, conf), row_class(conf)
+    runs, jobs = _holding_values(conn, runs, jobs, mine, params)
+    parts = [runs, [c for c in jobs if c in PER_RUN_JOB], machines]
+    rows: list[dict] = []
+    append = rows.append
+    update = dict.update
+    templates: dict = {}
+    for own, job_parts, machine_parts, keys in _view_parts(conn, parts, [c for c in jobs if c not in PER_RUN_JOB],
+                                                           Conf, mine, params, cut_applied):
+        for values, (job, of), machine, key in zip(own, job_parts, machine_parts, keys):
+            try:
+                template, own_of, job_of = templates[key]
+            except KeyError:
+                template, own_of, job_of = templates[key] = _template(columns, parts, (values, job, machine))
+            row = Row(template)
+            update(row, own_of(values))
+            update(row, job_of(job))
+            row.conf = of
+            append(row)
+    return rows
+
+
+def _holding_values(conn, run_cols: list[str], job_cols: list[str], mine: str, params: dict) -> list[list[str]]:
+    """The runs' and the jobs' columns less those NULL in every row of their table (of the report's runs;
+    of every job): a compact row leaves a NULL column out, so one never fetched leaves the rows as they
+    were, and a sweep's many unmeasured or unvaried columns cost one scan instead of a value per run."""
+    out = []
+    for cols, source, table in ((run_cols, "r", f"FROM runs r WHERE r.status <> 'queued'{mine}"),
+                                (job_cols, "j", "FROM jobs j")):
+        plain = [c for c in cols if c not in RUN_EXPR and c not in JOB_EXPR]
+        if not plain:
+            out.append(cols)
+            continue
+        counts = conn.execute(text(f"SELECT {', '.join(f'COUNT({source}.{quoted(conn, c)})' for c in plain)} {table}"),
+                              params).one()
+        empty = {c for c, n in zip(plain, counts) if not n}
+        out.append([c for c in cols if c not in empty])
+    return out
+
+
+def _template(columns: list[str], parts: list[list[str]], values: tuple) -> tuple:
+    """For the rows of one machine whose NULLs fall as in `values` (a row's own, job's and machine's
+    values): the dict its row copies (its non-NULL columns in the view's order, the machine's values
+    already in: sized as a dict built key by key), and the functions that give its own and its job's
+    (column, value) pairs to fill in."""
+    row = {}
+    fill = []
+    for names, vals in zip(parts, values):
+        keep = [i for i, v in enumerate(vals) if v is not None]
+        row.update((names[i], vals[i]) for i in keep)
+        fill.append(_pairs([names[i] for i in keep], keep))
+    template = dict(zip((c for c in columns if c in row), map(row.get, (c for c in columns if c in row))))
+    return template, fill[0], fill[1]
+
+
+def _pairs(names: list[str], keep: list[int]):
+    """A function of one part's values: zip of `names` and the values at `keep`."""
+    get = tuple_getter(keep)
+    return lambda vals: zip(names, get(vals))
+
+
+def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, mine: str, params: dict,
+                cut_applied=None) -> Iterator:
+    """The view's rows a chunk at a time (run order), in parts: each run's own values, its job's (its
+    PER_RUN_JOB values, and its configuration's Conf row: one per distinct configuration), its machine's
+    (fetched once each; the tuples shared between their runs), and a key per run that is the same for
+    two runs exactly where the same of their columns are NULL. The values shared as read_rows shares them."""
+    run_cols, job_cols, machine_cols = parts
+    shared: dict = {}  # one copy of each text value, across every column and table
+    kinds: dict = {}  # a NULL pattern -> its number
+    confs: dict = {}  # a configuration's values (as they print) -> its row
+
+    def table(query: str, row_of) -> dict:
+        """key (the first value) -> row_of(the rest, column by column; the number of rows)."""
+        out, plan = {}, {}
+        result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
+        try:
+            for chunk in _chunks(result):
+                by_column = _shared_columns(chunk, plan, shared)
+                out.update(zip(by_column[0], row_of(by_column[1:], len(by_column[0]))))
+        finally:
+            result.close()
+        return out
+
+    def job_of(by_column: list, length: int) -> Iterator[tuple]:  # (its NULL pattern's number, its values, its configuration)
+        k = len(job_cols)
+        return zip(_nulls(by_column[:k], kinds), zip(*by_column[:k]) if k else repeat(()),
+                   _conf_rows(by_column[k:], length, conf_cols, Conf, confs))
+
+    def machine_of(by_column: list, length: int) -> Iterator[tuple]:
+        return zip(repeat(None, length), zip(*by_column) if by_column else repeat(()))
+
+    q = quoted
+    jobs = table(f"SELECT j.job_id, {', '.join(JOB_EXPR.get(c) or 'j.' + q(conn, c) for c in job_cols + conf_cols)} "
+                 f"FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id WHERE EXISTS (SELECT 1 FROM runs r "
+                 f"WHERE r.job_id = j.job_id AND r.status <> 'queued'{mine})", job_of)
+    machines = table(f"SELECT m.machine_id, {', '.join('m.' + q(conn, c) for c in machine_cols)} FROM machines m",
+                     machine_of)
+    plan: dict = {}
+    query = (f"SELECT {', '.join(RUN_EXPR.get(c) or 'r.' + q(conn, c) for c in run_cols)}, r.job_id, r.machine_id "
+             f"{JOINS.format(mine=mine)} ORDER BY r.run_id")
+    result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
+    n = len(run_cols)
+    cut = None
+    if cut_applied is not None and "applied" in run_cols:
+        at = run_cols.index("applied")
+        figures = [run_cols.index(c) if c in run_cols else None for c in ("other_cpu_s", "steal_s")]
+
+        def cut(by_column: list) -> None:  # (before the chunk's values are shared)
+            cores = [conf.get("cores") for _, _, conf in map(jobs.__getitem__, by_column[n])]
+            by_column[at] = cut_applied(by_column[at], *(by_column[i] if i is not None else None for i in figures),
+                                        cores)
+    try:
+        for chunk in _chunks(result):
+            by_column = _shared_columns(chunk, plan, shared, cut)
+            del chunk
+            job_nulls, job_values, job_confs = zip(*map(jobs.__getitem__, by_column[n]))
+            machine_values = [m for _, m in map(machines.__getitem__, by_column[n + 1])]
+            keys = zip(_nulls(by_column[:n], kinds), job_nulls, by_column[n + 1])  # a machine's values are in its templates
+            yield zip(*by_column[:n]), zip(job_values, job_confs), machine_values, keys
+    finally:
+        result.close()
+
+
+def _conf_rows(by_column: list, length: int, names: list[str], Conf, confs: dict) -> list:
+    """The configuration row of each of a chunk's `length` jobs (`by_column`: their configuration
+    columns' values): one Conf row (its non-NULL columns) per distinct configuration, kept in `confs`
+    across chunks. Two jobs share one only where their values print alike: a column of one type (per
+    chunk, and the type is part of the key) is compared by value, except floats where it holds a zero
+    (0.0 and -0.0 are equal); any other column by type and repr (1, 1.0 and True are equal too)."""
+    if not by_column:  # no configuration column holds a value: one empty row for every job
+        return [confs.get(()) or confs.setdefault((), Conf())] * length
+    key_columns, kinds_of = [], []
+    for col in by_column:
+        kinds = set(map(type, col))
+        kinds.discard(NoneType)
+        kind = next(iter(kinds)) if len(kinds) == 1 else None
+        if not kinds or kind in (str, int, bool) or (kind is float and 0.0 not in col):
+            key_columns.append(col)
+            kinds_of.append(kind)
+        else:
+            key_columns.append(list(zip(map(type, col), map(repr, col))))
+            kinds_of.append("repr")
+    out = []
+    append = out.append
+    for key, values in zip(zip(repeat(tuple(kinds_of)), zip(*key_columns)), zip(*by_column)):
+        row = confs.get(key)
+        if row is None:
+            keep = list(map(is_not, values, NONES))
+            row = confs[key] = Conf(zip(compress(names, keep), compress(values, keep)))
+        append(row)
+    return out
+
+
+def _nulls(by_column: list, kinds: dict) -> list:
+    """Each row's NULL pattern (which of `by_column`'s columns are NULL in it) as a number from `kinds`,
+    found column by column: a column NULL in every row of the chunk, or in none, is the same for all."""
+    flags = [list(map(is_, col, NONES)) for col in by_column]
+    mixed = [i for i, f in enumerate(flags) if any(f) and not all(f)]
+    whole = tuple((i, f[0]) for i, f in enumerate(flags) if i not in mixed and f)
+    number = kinds.setdefault
+    head = number((whole, tuple(mixed)), len(kinds))  # the chunk's columns NULL throughout, and those that vary
+    if not mixed:
+        return [number((head, ()), len(kinds))] * (len(by_column[0]) if by_column else 0)
+    return [number((head, r), len(kinds)) for r in zip(*(flags[i] for i in mixed))]
+
+
+def _shared_columns(chunk: list[tuple], plan: dict, shared: dict, cut=None) -> list:
+    """`chunk` transposed, its values shared (rows_of, _view_parts): the first chunk decides which columns
+    share their values (text, and numbers that repeat: `plan`); each chunk checks their types again (C
+    loops, column by column): a value is only ever replaced by an equal one of its own type. cut(by_column)
+    changes columns in place before they are shared (_view_parts: cut_applied)."""
+    if not plan:
+        plan.update(_share_plan(chunk))
+        plan.setdefault(None, None)  # decided, even where no column is shared
+    by_column = list(zip(*chunk))
+    if cut is not None:
+        cut(by_column)
+    for i, seen in plan.items():
+        if i is None:
+            continue
+        col = by_column[i]
+        kinds = set(map(type, col))
+        kinds.discard(NoneType)
+        if len(kinds) != 1:
+            continue
+        kind, = kinds
+        if kind is str:
+            seen = shared  # one copy of each text value across every column
+        elif kind is float and 0.0 in col:  # 0.0 and -0.0 are equal but print apart
+            continue
+        else:
+            seen = seen.setdefault(kind, {})  # 1 and 1.0 (and True) are equal but stay apart
+        by_column[i] = list(map(seen.setdefault, col, col))
+    return by_column

@@ -1,0 +1,79 @@
+"""The report's section on pools: queues side by side, and the hosts inside each named pool.
+
+A named pool (`work --pool NAME`) runs each job once on whichever node claims it, so its runs are
+one set of measurements taken on several hosts that should be identical; a machine's own pool runs
+every job. This section shows, per queue, who ran what and how fast on the configurations the
+queues share, and, inside a named pool, whether its hosts agree (a host that is slower on the same
+configurations is not identical, and its runs mix into the pool's numbers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from common.variables import NAMES
+from orchestrator.stats.columns import column
+
+METRIC = "step_ms_median"
+KEY = tuple(n for n in NAMES if n != "repeat")  # a configuration; repeats of it are its samples
+
+
+def pool_lines(rows: list[dict]) -> list[str]:
+    """Markdown lines (none when no named pool has runs): queues compared on shared configurations,
+    then each named pool's hosts compared with each other."""
+    pools = set(column(rows, "pool"))  # (each run's pool read at C speed)
+    if not any(p and not str(p).startswith("machine ") for p in pools):
+        return []
+    done = [r for r in rows if r["status"] == "done" and r.get(METRIC)]
+    queues = sorted({(r["pool_id"], r["pool"]) for r in rows})
+    lines = ["## Pools and machines compared", "",
+             "Each machine has its own queue (it runs every job); a named pool shares one queue among "
+             "identical nodes (each job once). Step times are medians over repeats, compared on the "
+             "configurations both sides finished; the ratio is their geometric mean.", ""]
+    ref = queues[0]
+    body = []
+    for pool_id, label in queues:
+        mine = [r for r in rows if r["pool_id"] == pool_id]
+        hosts = sorted({r.get("worker_host") or r.get("hostname") or "?" for r in mine})
+        statuses = {s: sum(r["status"] == s for r in mine) for s in ("done", "failed", "skipped")}
+        ratio, shared = _ratio(done, lambda r: r["pool_id"] == pool_id, lambda r: r["pool_id"] == ref[0])
+        body.append([label, ", ".join(hosts), statuses["done"], statuses["failed"], statuses["skipped"],
+                     "reference" if pool_id == ref[0] else (f"{ratio:.2f}x ({shared} shared)" if ratio else "-")])
+    lines += _table(["queue", "hosts", "done", "failed", "skipped", f"step time vs {ref[1]}"], body)
+    for pool_id, label in queues:
+        hosts = sorted({r.get("worker_host") for r in done if r["pool_id"] == pool_id and r.get("worker_host")})
+        if label.startswith("machine ") or len(hosts) < 2:
+            continue
+        lines += [f"Hosts of pool **{label}** against {hosts[0]} (identical nodes should be near 1.00x): "
+                  + "; ".join(_host_words(done, pool_id, host, hosts[0]) for host in hosts[1:]) + ".", ""]
+    return lines
+
+
+def _ratio(done: list[dict], mine, theirs) -> tuple[float | None, int]:
+    """Geometric mean over shared configurations of (median step time here / median there)."""
+    cells: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
+    for r in done:
+        key = tuple(r[n] for n in KEY)
+        if mine(r):
+            cells[key][0].append(float(r[METRIC]))
+        if theirs(r):
+            cells[key][1].append(float(r[METRIC]))
+    logs = [math.log(np.median(a) / np.median(b)) for a, b in cells.values() if a and b]
+    return (math.exp(float(np.mean(logs))) if logs else None), len(logs)
+
+
+def _host_words(done: list[dict], pool_id: int, host: str, ref: str) -> str:
+    ratio, shared = _ratio(done, lambda r: r["pool_id"] == pool_id and r.get("worker_host") == host,
+                           lambda r: r["pool_id"] == pool_id and r.get("worker_host") == ref)
+    if ratio is None:
+        return f"{host}: no configuration in common yet"
+    return f"{host} {ratio:.2f}x ({shared} configurations in common)"
+
+
+def _table(header: list, body: list[list]) -> list[str]:
+    out = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(map(str, row)) + " |" for row in body]
+    return out + [""]

@@ -1,0 +1,1 @@
+"""The statistics: pure computation over runs (no SQLAlchemy, no plotting, no printing)."""

@@ -1,0 +1,159 @@
+"""The runs as rows: compact rows (a dict of a run's non-NULL columns; the others read as None) and
+joined rows (a run's own columns, and its configuration's shared by every run of it), with readers of
+every row's value of a column at C speed. The report's reader (orchestrator/report/rows.py) makes them;
+the statistics read them.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import repeat
+from operator import attrgetter, is_, methodcaller
+
+class CompactRow(dict):
+    """One row: its non-NULL columns; the others read as None. COLUMNS: set per query (row_class)."""
+
+    __slots__ = ()
+    COLUMNS: tuple[str, ...] = ()
+    _HAS: frozenset = frozenset()
+
+    def __missing__(self, key):
+        if key in self._HAS:
+            return None
+        raise KeyError(key)
+
+    def __contains__(self, key) -> bool:
+        return key in self._HAS
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.COLUMNS)
+
+    def __len__(self) -> int:
+        return len(self.COLUMNS)
+
+    def keys(self):
+        return list(self.COLUMNS)
+
+    def items(self):
+        get = dict.get
+        return [(c, get(self, c)) for c in self.COLUMNS]
+
+    def values(self):
+        get = dict.get
+        return [get(self, c) for c in self.COLUMNS]
+
+    def __eq__(self, other) -> bool:
+        return dict(self.items()) == (dict(other.items()) if isinstance(other, dict) else other)
+
+    __hash__ = None
+
+
+@contextmanager
+def gc_paused():
+    """No cyclic collection inside, as it was outside on leaving: for building a million objects with no
+    cycles among them (the rows here, ran.as_ran's Runs), whose new tracked objects would otherwise set
+    off a full collection over all of them again and again (at 100k runs a third of the read)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def row_class(columns) -> type[CompactRow]:
+    return type("Row", (CompactRow,), {"__slots__": (), "COLUMNS": tuple(columns), "_HAS": frozenset(columns)})
+
+
+# -- a run's row and its configuration's ---------------------------------------------------------------
+# A million runs of a fleet have a few thousand configurations. A run's row holds its own columns, its
+# job's identity and pass (PER_RUN_JOB) and its machine's; the rest of its job's columns (the variables,
+# the sweep, the block, the derivations) are one compact row shared by every run of that configuration
+# (JoinedRow.conf). A synthetic run's row is then 21 keys, a 464-byte table, instead of 66 in 1,584 bytes.
+PER_RUN_JOB = ("job_id", "config_hash", "repeat")
+
+
+class JoinedRow(CompactRow):
+    """A run's row (read_results): a compact row of its own columns, and `conf`, the compact row of its
+    configuration's (_CONF) that its configuration's runs share. It reads as a compact row of all of
+    them, but through `dict.get`, `dict.items` and the like unbound, which see its own columns only:
+    `column` and `conf_values` read a list of rows at C speed."""
+
+    __slots__ = ("conf",)
+    _CONF: frozenset = frozenset()
+
+    def __missing__(self, key):
+        if key in self._CONF:
+            return self.conf[key]
+        if key in self._HAS:
+            return None
+        raise KeyError(key)
+
+    def get(self, key, default=None):
+        if key in self._CONF:
+            return self.conf.get(key, default)
+        return dict.get(self, key, default)
+
+    def items(self):
+        return [(c, self[c]) for c in self.COLUMNS]
+
+    def values(self):
+        return [self[c] for c in self.COLUMNS]
+
+    def copy(self) -> dict:
+        """What dict.copy gives of a compact row: its non-NULL columns, in the view's order."""
+        return {c: v for c, v in self.items() if v is not None}
+
+
+def joined_row_class(columns, conf_columns) -> type[JoinedRow]:
+    return type("Row", (JoinedRow,), {"__slots__": (), "COLUMNS": tuple(columns), "_HAS": frozenset(columns),
+                                      "_CONF": frozenset(conf_columns)})
+
+
+def present(row: dict) -> list[tuple]:
+    """A compact row's non-NULL (column, value) pairs: a JoinedRow's own, then its configuration's."""
+    if isinstance(row, JoinedRow):
+        return [*dict.items(row), *dict.items(row.conf)]
+    return list(dict.items(row))
+
+
+def _joined_class(rows: list) -> type[JoinedRow] | None:
+    """The JoinedRow class of these rows where they are all of one (None otherwise)."""
+    cls = type(rows[0]) if rows else None
+    if cls is None or not issubclass(cls, JoinedRow) or not all(map(is_, map(type, rows), repeat(cls))):
+        return None
+    return cls
+
+
+def column(rows: list[dict], name: str) -> list:
+    """Each row's value of `name` (None where NULL), as row.get(name) gives it, read at C speed: from
+    each row, or (a configuration's column of JoinedRows) from its configuration's row."""
+    if not rows or not isinstance(rows[0], JoinedRow):
+        return list(map(dict.get, rows, repeat(name)))
+    cls = _joined_class(rows)
+    if cls is None:
+        return list(map(methodcaller("get", name), rows))
+    return list(map(dict.get, map(attrgetter("conf"), rows) if name in cls._CONF else rows, repeat(name)))
+
+
+def conf_values(rows: list[dict], names) -> list[tuple]:
+    """Each row's values of `names` as a tuple (None where NULL), as tuple(map(row.get, names)) gives it;
+    where the rows are JoinedRows whose configuration holds all of `names`, worked out once per
+    configuration row (the tuples shared between its runs)."""
+    names = tuple(names)
+    cls = _joined_class(rows)
+    if cls is None or not cls._CONF.issuperset(names):
+        return list(map(tuple, map(map, map(attrgetter("get"), rows), repeat(names))))
+    confs = list(map(attrgetter("conf"), rows))
+    of = {id(c): tuple(map(c.get, names)) for c in {id(c): c for c in confs}.values()}
+    return list(map(of.__getitem__, map(id, confs)))
+
+
+def runs_fingerprint(rows: list[dict]) -> int:
+    """What a machine's analysis depends on, in one number (report --watch keeps a machine's work while
+    it is unchanged): a run's row changes only as its status, attempts and end time do, and a new or
+    deleted run changes the list of ids."""
+    return hash(tuple((r.get("run_id"), r["status"], r.get("attempts"), r.get("finished")) for r in rows))

@@ -1,0 +1,1 @@
+"""What the worker measures of the machine: the probe, noise, sensors over a run, GEMM peaks."""
