@@ -37,6 +37,7 @@ import math
 
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -100,6 +101,11 @@ class Variable:
     max: float | None = None
     words: tuple = ()  # words a numeric variable also accepts ("auto", "default", "all")
     since: int = 1  # the schema version that added it; later ones join a job's identity only off their default
+    # What other parts know of it, declared here once and derived there (tests/test_settings_declared.py):
+    ran_from: tuple[str, str] | None = None  # where a run records what really ran: ("applied", read-back key) or
+    #                                          ("column", runs column); the report groups it so (stats/ran.py RAN_FROM)
+    per_rank: tuple[str, ...] = ()  # read-back keys each data-parallel rank records of its own (PER_RANK_READBACK)
+    compiled: bool = True  # False: torch.compile's code does not depend on it (not in the warm compile cache's key)
 
     @property
     def sql_type(self) -> str:
@@ -163,7 +169,8 @@ def _v(name, type_, default, applied, doc, **kw) -> Variable:
 CATALOGUE: tuple[Variable, ...] = (
     # -- system, applied by the worker before the child starts
     _v("cores", int, ALL, KNOB, "CPUs in the child's affinity set (physical cores first); 'all' = every CPU "
-       "the worker may use, resolved at enqueue", min=1, max=4096, words=(ALL,)),
+       "the worker may use, resolved at enqueue", min=1, max=4096, words=(ALL,),
+       per_rank=("affinity", "main_thread_affinity"), compiled=False),
     _v("ranks", int, 1, KNOB, "data-parallel processes on the job's machine (torch.distributed's launcher, "
        "DistributedDataParallel over gloo), each pinned to its own equal slice of the job's cores; batch_size "
        "is each rank's micro-batch", min=1, max=4096, since=6),
@@ -174,21 +181,31 @@ CATALOGUE: tuple[Variable, ...] = (
        "BENCH_INTERCONNECT_LINKS); default = the links as they are. No delay: that needs netem",
        choices=(DEFAULT, "100mbit", "1gbit", "10gbit"), since=9),
     _v("freq_mhz", int, DEFAULT, KNOB, "scaling_min = scaling_max frequency of the job's CPUs",
-       min=100, max=10000, words=(DEFAULT,)),
+       min=100, max=10000, words=(DEFAULT,), compiled=False),
     _v("governor", str, DEFAULT, KNOB, "cpufreq governor of the job's CPUs",
-       choices=(DEFAULT, "performance", "powersave", "schedutil", "ondemand", "conservative", "userspace")),
-    _v("turbo", str, DEFAULT, KNOB, "turbo/boost", choices=(DEFAULT, "on", "off")),
-    _v("pin_threads", bool, False, ENV, "OpenMP threads bound to the affinity set (places=cores, close)"),
-    _v("numa", str, DEFAULT, KNOB, "NUMA memory policy through numactl", choices=(DEFAULT, "local", "interleave")),
+       choices=(DEFAULT, "performance", "powersave", "schedutil", "ondemand", "conservative", "userspace"),
+       compiled=False),
+    _v("turbo", str, DEFAULT, KNOB, "turbo/boost", choices=(DEFAULT, "on", "off"), compiled=False),
+    _v("pin_threads", bool, False, ENV, "OpenMP threads bound to the affinity set (places=cores, close)",
+       per_rank=("omp_places",), compiled=False),
+    _v("numa", str, DEFAULT, KNOB, "NUMA memory policy through numactl", choices=(DEFAULT, "local", "interleave"),
+       compiled=False),
     _v("allocator", str, DEFAULT, ENV, "malloc replacement by LD_PRELOAD of a known system library",
-       choices=(DEFAULT, "jemalloc", "tcmalloc")),
+       choices=(DEFAULT, "jemalloc", "tcmalloc"), ran_from=("applied", "allocator_lib"), compiled=False),
     # -- process environment and framework
-    _v("omp_threads", int, AUTO, ENV, "OMP_NUM_THREADS / MKL_NUM_THREADS; auto = cores / ranks (a rank's slice)", min=1, max=4096, words=(AUTO,)),
-    _v("intra_threads", int, AUTO, ENV, "torch.set_num_threads; auto = omp_threads", min=1, max=4096, words=(AUTO,)),
-    _v("inter_threads", int, AUTO, ENV, "torch.set_num_interop_threads; auto = cores / ranks", min=1, max=4096, words=(AUTO,)),
+    _v("omp_threads", int, AUTO, ENV, "OMP_NUM_THREADS / MKL_NUM_THREADS; auto = cores / ranks (a rank's slice)",
+       min=1, max=4096, words=(AUTO,),
+       ran_from=("applied", "omp_num_threads"), per_rank=("omp_num_threads",), compiled=False),
+    _v("intra_threads", int, AUTO, ENV, "torch.set_num_threads; auto = omp_threads", min=1, max=4096, words=(AUTO,),
+       ran_from=("applied", "torch_threads"), per_rank=("torch_threads",), compiled=False),
+    _v("inter_threads", int, AUTO, ENV, "torch.set_num_interop_threads; auto = cores / ranks", min=1, max=4096,
+       words=(AUTO,),
+       ran_from=("applied", "interop_threads"), per_rank=("interop_threads",), compiled=False),
     _v("isa", str, DEFAULT, ENV, "cap on the instruction set ATen, oneDNN and MKL dispatch to, each read back (a library above the cap fails the run); default = no cap",
        choices=(DEFAULT, "baseline", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")),
-    _v("onednn", bool, True, FRAMEWORK, "torch.backends.mkldnn enabled; off moves convolutions and bf16/int8 matmuls off oneDNN, fp32 GEMMs stay MKL"),
+    _v("onednn", bool, True, FRAMEWORK, "torch.backends.mkldnn enabled; off moves convolutions and bf16/int8 "
+       "matmuls off oneDNN, fp32 GEMMs stay MKL",
+       ran_from=("applied", "mkldnn")),
     _v("framework", str, "torch", FRAMEWORK, "training framework", choices=("torch", "jax", "numpy")),
     _v("compile", str, AUTO, FRAMEWORK, "eager: op by op; inductor: torch.compile (torch); xla: jax.jit of the "
        "whole train step (jax); auto = how the framework's users train (torch eager, jax xla, numpy eager)",
@@ -214,7 +231,7 @@ CATALOGUE: tuple[Variable, ...] = (
        "a torch job left on auto runs mkl where mkl_intel_path cannot, as without a C compiler, and records "
        "why in applied.blas_fallback)",
        choices=BLAS_CHOICES,
-       words=(AUTO,), since=4),
+       words=(AUTO,), since=4, ran_from=("applied", "blas")),
     _v("attn_backend", str, "sdpa", FRAMEWORK, "attention kernel", choices=("manual", "sdpa", "sdpa_math")),
     # -- model
     _v("n_layers", int, 2, MODEL, "transformer blocks", min=1, max=256),
@@ -232,23 +249,27 @@ CATALOGUE: tuple[Variable, ...] = (
     # -- training
     _v("seq_len", int, 128, TRAINING, "tokens per sample", min=8, max=1 << 16),
     _v("batch_size", int, 8, TRAINING, "samples per micro-batch", min=1, max=65536),
-    _v("grad_accum", int, 1, TRAINING, "micro-batches per optimizer step", min=1, max=1024),
+    _v("grad_accum", int, 1, TRAINING, "micro-batches per optimizer step", min=1, max=1024, compiled=False),
     _v("precision", str, "fp32", TRAINING, "number format of weights and activations (docs/precision.md); q8 is an "
        "alias of int8 (it was simulated in fp32 before release 6: old rows keep q8)",
        choices=("fp32", "bf16", "mixed", "q8", "q4", "bitnet", "int8")),
-    _v("optimizer", str, "adamw", TRAINING, "optimizer", choices=("adamw", "sgd")),
+    _v("optimizer", str, "adamw", TRAINING, "optimizer", choices=("adamw", "sgd"), compiled=False),
     _v("lr", float, AUTO, TRAINING, "peak learning rate; auto = the optimizer's default (LR_OF: adamw 1e-3, "
-       "sgd 0.05); a finetune trains at a tenth of it", min=1e-6, max=10.0, words=(AUTO,), since=7),
+       "sgd 0.05); a finetune trains at a tenth of it", min=1e-6, max=10.0, words=(AUTO,), since=7,
+       compiled=False),
     _v("lr_schedule", str, "constant", TRAINING, "constant: lr at every step; cosine: linear warm-up over the "
        "first tenth of the run's optimizer steps, then cosine decay to a tenth of lr at its last step",
-       choices=LR_SCHEDULES, since=7),
+       choices=LR_SCHEDULES, since=7, compiled=False),
     _v("task", str, "pretrain", TRAINING, "pretrain from scratch; finetune all weights of a saved model; "
-       "finetune_lora: rank-lora_rank adapters on a frozen saved model", choices=("pretrain", "finetune", "finetune_lora")),
+       "finetune_lora: rank-lora_rank adapters on a frozen saved model",
+       choices=("pretrain", "finetune", "finetune_lora"),
+       compiled=False),
     _v("lora_rank", int, 8, TRAINING, "rank of the LoRA adapters (only with task=finetune_lora)", min=1, max=4096,
        since=3),
     _v("steps", int, 20, TRAINING, "timed optimizer steps (a learning run, with max_tokens, trains to its "
-       "token budget instead)", min=1, max=1_000_000),
-    _v("warmup_steps", int, 3, TRAINING, "untimed steps before timing (lets the loop settle)", min=0, max=100_000),
+       "token budget instead)", min=1, max=1_000_000, compiled=False),
+    _v("warmup_steps", int, 3, TRAINING, "untimed steps before timing (lets the loop settle)", min=0, max=100_000,
+       compiled=False),
     _v("max_tokens", int, NONE, TRAINING, "a learning run: train this many tokens (a whole number of optimizer "
        "steps), evaluating every eval_every tokens; none = a step-time run of warmup_steps + steps",
        min=1, max=10**15, words=(NONE,), since=7),
@@ -259,13 +280,29 @@ CATALOGUE: tuple[Variable, ...] = (
        f"(rounded to whole steps); auto = max_tokens / {EVALUATIONS}, 0 without max_tokens", min=1, max=10**15,
        words=(AUTO,), since=7),
     _v("seed", int, 0, TRAINING, "seed of torch, data order and init; repeat r of a learning run (max_tokens) "
-       "trains with seed + r, its own init and data order (read back as applied.seed)", min=0, max=2**31 - 1),
-    _v("dataset", str, DATASET_HUB, TRAINING, "training text", choices=(DATASET_HUB, DATASET_SHAKESPEARE, DATASET_BUILTIN)),
-    _v("repeat", int, 0, TRAINING, "repeat index; set by the sweep's `repeats`", min=0, max=10_000),
+       "trains with seed + r, its own init and data order (read back as applied.seed)", min=0, max=2**31 - 1,
+       compiled=False),
+    _v("dataset", str, DATASET_HUB, TRAINING, "training text",
+       choices=(DATASET_HUB, DATASET_SHAKESPEARE, DATASET_BUILTIN), ran_from=("column", "dataset_used")),
+    _v("repeat", int, 0, TRAINING, "repeat index; set by the sweep's `repeats`", min=0, max=10_000, compiled=False),
 )
 
 BY_NAME: dict[str, Variable] = {v.name: v for v in CATALOGUE}
 NAMES: tuple[str, ...] = tuple(BY_NAME)
+
+# Derived from the entries' declarations; nothing else lists them.
+NOT_COMPILED = frozenset(v.name for v in CATALOGUE if not v.compiled)
+PER_RANK_READBACK = tuple(key for v in CATALOGUE for key in v.per_rank)
+# The allocators a run may preload: the catalogue's words but default. Each is a library lib<word>.
+ALLOCATORS = tuple(word for word in BY_NAME["allocator"].choices if word != DEFAULT)
+
+
+def allocator_of(library: str | None) -> str | None:
+    """The allocator a library file is (/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 -> jemalloc), or None:
+    how the child's read-back (its mapped files), its check and the report name it."""
+    name = os.path.basename(library or "")
+    return next((word for word in ALLOCATORS if name.startswith(f"lib{word}")), None)
+
 
 # What a sweep or --set may not choose itself.
 SET_BY_SWEEP = ("repeat",)

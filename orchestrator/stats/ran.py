@@ -7,14 +7,13 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 from collections import Counter
 from dataclasses import dataclass
 from itertools import count, repeat
 from operator import itemgetter, ne
 from types import NoneType
 
-from common.variables import BY_NAME, DERIVATIONS, DERIVED_BY_NAME, NAMES
+from common.variables import BY_NAME, CATALOGUE, DERIVATIONS, DERIVED_BY_NAME, NAMES, allocator_of
 from common.compute import SIMULATED
 from common.metrics import DISTURBED_FLOOR_S, disturbance
 from orchestrator.stats.columns import column, conf_values, gc_paused
@@ -26,18 +25,13 @@ FACTORS = tuple(n for n in NAMES if n not in NOT_FACTORS)
 # Numeric, but not sizes: a log-log slope means nothing for them.
 NOT_SIZES = ("seed", "dropout", "repeat", "lr")
 
-# What really ran, where a run records it: variable -> (where, read-back key). The worker records a
-# run whose read-back differs from its job as failed; done runs of older databases may still differ,
-# and they count under what they ran with.
-RAN_FROM = {
-    "dataset": ("column", "dataset_used"),
-    "omp_threads": ("applied", "omp_num_threads"),
-    "intra_threads": ("applied", "torch_threads"),
-    "inter_threads": ("applied", "interop_threads"),
-    "onednn": ("applied", "mkldnn"),
-    "allocator": ("applied", "allocator_lib"),
-    "blas": ("applied", "blas"),  # the library the GEMMs ran on (torch's build: mkl; jax: eigen)
-}
+# What really ran, where a run records it: variable -> (where, read-back key), from each catalogue
+# entry's ran_from. The worker records a run whose read-back differs from its job as failed; done runs
+# of older databases may still differ, and they count under what they ran with. In the order the report
+# has always named them in (a variable missing from _NAMED_IN comes last).
+_NAMED_IN = ("dataset", "omp_threads", "intra_threads", "inter_threads", "onednn", "allocator", "blas")
+RAN_FROM = {v.name: v.ran_from for v in sorted((v for v in CATALOGUE if v.ran_from), key=lambda v: (
+    _NAMED_IN.index(v.name) if v.name in _NAMED_IN else len(_NAMED_IN)))}
 
 
 # -- values -------------------------------------------------------------------------------------
@@ -102,8 +96,7 @@ def _ran_value(name: str, row: dict, applied: dict):
     if raw is None:
         return None if name != "allocator" or key not in applied else "default"
     if name == "allocator":
-        base = os.path.basename(str(raw))
-        return next((a for a in ("jemalloc", "tcmalloc") if base.startswith(f"lib{a}")), None)
+        return allocator_of(str(raw))
     try:
         return BY_NAME[name].parse(raw)
     except Exception:  # an unreadable record says nothing

@@ -21,9 +21,8 @@ judged: it is their build's, not the job's choice (a torch wheel for ARM runs Op
 from __future__ import annotations
 
 import math
-import os
 
-from common.variables import peak_lr, run_seed
+from common.variables import allocator_of, peak_lr, run_seed
 from worker.knobs import ccflags, isa_check
 from worker.knobs.startspec import DEFAULT, ISA_CAPS, ChildSpec
 
@@ -95,7 +94,6 @@ def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
         if rank.get("torch_threads") is not None and rank["torch_threads"] != config["intra_threads"]:
             wrong.append(f"rank {rank['rank']} torch_threads={rank['torch_threads']!r} (asked {config['intra_threads']!r})")
     lib = child.get("allocator_lib")
-    if config["allocator"] != DEFAULT and "allocator_lib" in child and (
-            lib is None or not os.path.basename(lib).startswith(f"lib{config['allocator']}")):
+    if config["allocator"] != DEFAULT and "allocator_lib" in child and allocator_of(lib) != config["allocator"]:
         wrong.append(f"allocator_lib={lib!r} (asked {config['allocator']})")
     return wrong

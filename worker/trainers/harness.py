@@ -48,7 +48,7 @@ from common.compute import (INT4_GROUP, INT4_N_MULTIPLE, NOT_OFFERED, SIMULATED,
 from common.compute import (MERGED_LORA_PRECISIONS, attended_positions, block_matmul_params,  # noqa: F401
                             flops_per_step, lora_params, matmul_params, param_counts)
 from common.metrics import METRICS, TRAINER_METRICS, WORKER_METRICS  # noqa: F401 (the contract's names)
-from common.variables import NONE, is_learning, run_seed, steps_trained, tokens_per_step
+from common.variables import NONE, allocator_of, is_learning, run_seed, steps_trained, tokens_per_step
 
 # Read back by every trainer (common_read_back()); each adds its framework's own (threads, BLAS...).
 READBACK = ("affinity", "main_thread_affinity", "allocator_lib", "uid")
@@ -377,8 +377,7 @@ def loaded_allocator() -> str | None:
         with open("/proc/self/maps") as maps:
             for line in maps:
                 path = line.rsplit(" ", 1)[-1].strip()
-                name = os.path.basename(path)
-                if name.startswith(("libjemalloc", "libtcmalloc")):
+                if allocator_of(path):
                     return path
     except OSError:
         return None

@@ -52,6 +52,7 @@ import traceback
 from pathlib import Path
 
 from common import scratch
+from common.variables import PER_RANK_READBACK
 
 COLLECTIVE_TIMEOUT_S = 60.0  # gloo's timeout of every collective: how long a hung rank holds the run
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM -> SIGKILL of the other ranks once one failed
@@ -66,8 +67,6 @@ RESULT = "result.json"
 PROGRESS = "progress-rank{rank}"
 ENV_RUN_DIR = "CPUBENCH_DP_DIR"
 ENV_LAUNCHER_PID = "CPUBENCH_DP_LAUNCHER_PID"
-PER_RANK_READBACK = ("affinity", "main_thread_affinity", "torch_threads", "interop_threads", "omp_num_threads",
-                     "omp_places")
 
 
 class RankFailed(RuntimeError):

@@ -31,7 +31,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from common.variables import is_learning, peak_lr  # noqa: E402
+from common.variables import NOT_COMPILED, is_learning, peak_lr  # noqa: E402
 from worker.trainers import harness  # noqa: E402
 from worker.trainers.harness import Skip  # noqa: E402
 
@@ -253,13 +253,10 @@ def _check_inductor_possible() -> None:
 
 def warm_marker(config: dict, cache_dir: str) -> Path:
     """compile_cache=warm: the file that records a run compiled this config into the shared cache, one
-    per (config minus system knobs, torch version)."""
+    per (config minus what its compiled code does not depend on: variables.NOT_COMPILED; torch version)."""
     import torch
 
-    skip_keys = {"cores", "freq_mhz", "governor", "turbo", "pin_threads", "numa", "allocator", "omp_threads",
-                 "intra_threads", "inter_threads", "steps", "warmup_steps", "seed", "repeat", "task",
-                 "optimizer", "grad_accum", "lr", "lr_schedule"}
-    key = {k: v for k, v in config.items() if k not in skip_keys} | {"torch": torch.__version__}
+    key = {k: v for k, v in config.items() if k not in NOT_COMPILED} | {"torch": torch.__version__}
     return Path(cache_dir) / "cpubench-warmed" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode())
                                                   .hexdigest()[:16] + ".json")
 
