@@ -1,7 +1,8 @@
 """How a trainer's child is started: its CPU set, the environment it gets, the allocator it preloads,
-the numactl prefix. One plain function per trainer builds the spec (spec_for); plain checks return
-why a job's value cannot be honoured here, or None. Nothing here changes the machine or the
-parent's os.environ: the worker spawns the child with the spec (worker/spawn.py).
+the numactl prefix. START names each catalogue variable that shapes the start, with the check of why
+a job's value cannot be honoured here (or None); one plain function per trainer builds the spec
+(spec_for). Nothing here changes the machine or the parent's os.environ: the worker spawns the child
+with the spec (worker/spawn.py).
 
     torch   OMP_NUM_THREADS/MKL_NUM_THREADS, OpenMP binding (OMP_PROC_BIND/OMP_PLACES: torch's
             GNU libgomp and Intel's libiomp5 both read them), ATen/oneDNN ISA caps; the child sets
@@ -54,37 +55,46 @@ def job_cpus(config: dict, facts: dict, cpu_pool: list[int]) -> list[int]:
 
 # -- allocator ------------------------------------------------------------------------------------
 
-# Known system libraries only, per arch: a sweep file names a word, never a path.
-# Debian/Ubuntu multiarch (libjemalloc2, libtcmalloc-minimal4, libgoogle-perftools4), then
-# Fedora/RHEL (lib64) and Arch (lib).
-ALLOCATOR_LIBS = {
-    "jemalloc": ("/usr/lib/{triple}/libjemalloc.so.2", "/usr/lib64/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2"),
-    "tcmalloc": ("/usr/lib/{triple}/libtcmalloc_minimal.so.4", "/usr/lib/{triple}/libtcmalloc.so.4",
-                 "/usr/lib64/libtcmalloc_minimal.so.4", "/usr/lib64/libtcmalloc.so.4",
-                 "/usr/lib/libtcmalloc_minimal.so.4", "/usr/lib/libtcmalloc.so.4"),
-}
-DEBIAN_PACKAGE = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}
+@dataclass(frozen=True)
+class Library:
+    """An allocator's system library: preloaded (LD_PRELOAD), read back from the child's mapped files."""
+
+    files: tuple[str, ...]  # its file names, the first found in LIB_DIRS wins
+    package: str  # Debian's package that installs it
+    env: dict = field(default_factory=dict)  # what it reads at start
+
+
+# Known system libraries only, per arch: a sweep file names a word (variables.ALLOCATORS), never a path.
+# Debian/Ubuntu multiarch, then Fedora/RHEL (lib64) and Arch (lib).
+LIB_DIRS = ("/usr/lib/{triple}", "/usr/lib64", "/usr/lib")
 TRIPLES = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu", "ppc64le": "powerpc64le-linux-gnu",
            "s390x": "s390x-linux-gnu"}
 # Intel's tuned settings for training (IPEX launcher and Intel's model-zoo scripts): huge decay times
 # keep freed pages mapped, so each step does not pay page faults again. torch's own launcher
 # (torch/backends/xeon/run_cpu.py in 2.13) uses the first three fields only.
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto,dirty_decay_ms:9000000000,muzzy_decay_ms:9000000000"
+# One per allocator of the catalogue. tcmalloc: gperftools' minimal build, else the full one
+# (libgoogle-perftools4).
+ALLOCATOR_LIBS = {
+    "jemalloc": Library(("libjemalloc.so.2",), "libjemalloc2", {"MALLOC_CONF": JEMALLOC_CONF}),
+    "tcmalloc": Library(("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"), "libtcmalloc-minimal4"),
+}
+
+
+def allocator_paths(kind: str) -> list[str]:
+    """Where the allocator's library is looked for on this arch, in order."""
+    triple = TRIPLES.get(platform.machine(), f"{platform.machine()}-linux-gnu")
+    return [f"{folder.format(triple=triple)}/{name}" for folder in LIB_DIRS for name in ALLOCATOR_LIBS[kind].files]
 
 
 def allocator_lib(kind: str) -> str | None:
-    triple = TRIPLES.get(platform.machine(), f"{platform.machine()}-linux-gnu")
-    for candidate in ALLOCATOR_LIBS[kind]:
-        candidate = candidate.format(triple=triple)
-        if os.path.exists(candidate):
-            return candidate
-    return None
+    return next((path for path in allocator_paths(kind) if os.path.exists(path)), None)
 
 
 def allocator_unavailable(kind: str) -> str | None:
     if kind == DEFAULT or allocator_lib(kind):
         return None
-    return f"allocator={kind}: no {kind} library on the known paths (apt-get install {DEBIAN_PACKAGE[kind]})"
+    return f"allocator={kind}: no {kind} library on the known paths (apt-get install {ALLOCATOR_LIBS[kind].package})"
 
 
 # -- ISA cap --------------------------------------------------------------------------------------
@@ -203,12 +213,28 @@ def nodes_unavailable(nodes: int) -> str | None:
             f"(bench.py submit --slurm --nodes {nodes} --together)")
 
 
+# The catalogue variables that shape the child's start, each declared here once (the machine's state is
+# system.py's Knobs' and interconnect.py's): name -> why the job's value cannot be honoured here (None: it
+# can), or None where every value can. The spec functions below apply them; a skip's reasons come in this order.
+START = {
+    "cores": lambda c, facts, pool: cores_unavailable(int(c["cores"]), pool),
+    "numa": lambda c, facts, pool: numa_unavailable(c["numa"]),
+    "allocator": lambda c, facts, pool: allocator_unavailable(c["allocator"]),
+    "isa": lambda c, facts, pool: isa_unavailable(c["isa"], facts, c.get("framework", "torch"),
+                                                  bool(c.get("onednn", True))),
+    "pin_threads": lambda c, facts, pool: pinning_unavailable(bool(c["pin_threads"]), c.get("framework", "torch")),
+    "nodes": lambda c, facts, pool: nodes_unavailable(int(c.get("nodes", 1))),
+    "ranks": None,  # the torch trainer's launcher starts them, each rank on its slice (torch/distributed.py)
+    "omp_threads": None,
+    "intra_threads": None,
+    "inter_threads": None,
+}
+
+
 def unavailable(config: dict, facts: dict, cpu_pool: list[int]) -> list[str]:
     """Why each of the job's start settings cannot be honoured here (empty: all can)."""
     framework = config.get("framework", "torch")
-    checks = [cores_unavailable(int(config["cores"]), cpu_pool), numa_unavailable(config["numa"]),
-              allocator_unavailable(config["allocator"]), isa_unavailable(config["isa"], facts, framework, bool(config.get("onednn", True))),
-              pinning_unavailable(bool(config["pin_threads"]), framework), nodes_unavailable(int(config.get("nodes", 1)))]
+    checks = [check(config, facts, cpu_pool) for check in START.values() if check]
     if framework == "numpy" and config.get("blas", "openblas") != "openblas":
         checks.append(blas_unavailable(config["blas"]))
     if framework == "torch":
@@ -228,8 +254,7 @@ def _shared(config: dict, facts: dict, cpus: list[int]) -> ChildSpec:
     lib = allocator_lib(config["allocator"]) if config["allocator"] != DEFAULT else None
     if lib:
         spec.env["LD_PRELOAD"] = lib
-        if config["allocator"] == "jemalloc":
-            spec.env["MALLOC_CONF"] = JEMALLOC_CONF
+        spec.env.update(ALLOCATOR_LIBS[config["allocator"]].env)
     spec.applied["allocator_lib"] = lib
     if config["numa"] != DEFAULT:
         spec.argv_prefix = [shutil.which("numactl"), NUMA_OPTIONS[config["numa"]]]

@@ -2,6 +2,7 @@
 restored after. pyperf's _system.py shape, plus what it lacks:
 
     name                      the catalogue variable it serves (the job's target is config[name])
+    machine_target(facts)     the value `bench.py machine` asks it about
     available(target)         None, or why not here ("no cpufreq in sysfs", "needs root")
     read() -> State           the current values of what it governs ({sysfs path: text})
     apply(target) -> State    make it so; returns what it replaced
@@ -35,6 +36,8 @@ State = dict  # {real sysfs path: text}
 class Knob(Protocol):
     name: str
 
+    @staticmethod
+    def machine_target(facts: dict): ...
     def available(self, target) -> str | None: ...
     def read(self) -> State: ...
     def apply(self, target) -> State: ...
@@ -114,6 +117,9 @@ class Turbo(SysfsKnob):
     INTEL = f"{sysfs.CPU}/intel_pstate/no_turbo"
     GLOBAL = f"{sysfs.CPU}/cpufreq/boost"
 
+    @staticmethod
+    def machine_target(facts: dict):
+        return "off"
 
     def _mode(self) -> str | None:
         if sysfs.exists(self.root, self.INTEL):
@@ -168,6 +174,9 @@ class Turbo(SysfsKnob):
 class Governor(SysfsKnob):
     name = "governor"
 
+    @staticmethod
+    def machine_target(facts: dict):
+        return (facts.get("governors") or ["performance"])[0]
 
     def files(self):
         return [sysfs.cpu_file(c, "scaling_governor") for c in self.job.cpus
@@ -210,6 +219,9 @@ class Frequency(SysfsKnob):
     name = "freq_mhz"
     exact = False  # checked below with a tolerance: some drivers round to their P-state steps
 
+    @staticmethod
+    def machine_target(facts: dict):
+        return facts.get("freq_max_mhz") or 1000
 
     def files(self):
         return [sysfs.cpu_file(c, n) for c in self.job.cpus for n in ("scaling_min_freq", "scaling_max_freq")
@@ -302,9 +314,8 @@ def unavailable(config: dict, cpus: list[int], *, sysfs_root: str = "/") -> list
 def machine_availability(facts: dict, cpus: list[int], *, sysfs_root: str = "/") -> dict[str, str | None]:
     """For `bench.py machine`: each system knob -> None if it can be applied here, else why not."""
     job = Job(cpus, sysfs_root)
-    governors = facts.get("governors") or ["performance"]
-    return {"freq_mhz": Frequency(job).available(facts.get("freq_max_mhz") or 1000),
-            "governor": Governor(job).available(governors[0]), "turbo": Turbo(job).available("off")}
+    return {cls.name: cls(job).available(cls.machine_target(facts))
+            for cls in sorted(SYSTEM_KNOBS, key=lambda cls: cls.name)}
 
 
 @contextmanager

@@ -36,11 +36,13 @@ from pathlib import Path
 from common.paths import REPO
 from common.metrics import peak_text
 from worker import jsonfile
+from worker.knobs.system import SYSTEM_KNOBS
 from worker.machine import sensors
 from worker.trainers.torch import gemm_route
 
 PRECISIONS = ("fp32", "bf16")
-CLOCK_KNOBS = ("freq_mhz", "governor", "turbo")
+# Every system knob sets the CPUs' clock (worker/knobs/system.py), so each is part of a peak's key.
+CLOCK_KNOBS = tuple(sorted(knob.name for knob in SYSTEM_KNOBS))
 MIN_WINDOW_S = 0.5  # the timed GEMMs last at least this long (quick ones are repeated)
 RETRY_S = 300.0  # a worker re-measures a provisional peak at most this often
 CACHE_FILE = "probe-peaks.json"
