@@ -45,7 +45,8 @@ def main():
         f.write(json.dumps(config))
     metrics = dict.fromkeys(harness.TRAINER_METRICS) | {"step_ms_median": 1.0 + config["d_model"] / 100}
     now = time.time()
-    result = harness.result(metrics, applied={"affinity": sorted(os.sched_getaffinity(0))},
+    result = harness.result(metrics, applied={"affinity": sorted(os.sched_getaffinity(0)),
+                                              "allocator_lib": harness.loaded_allocator()},
                             timed_window={"start_unix_s": now, "end_unix_s": now,
                                           "compilations": config["steps"] if mode == 7 else 0,
                                           "slowest_step_x_median": 9.0 if mode == 7 else 1.0}, dataset_used="stub",

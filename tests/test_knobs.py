@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -16,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from common.errors import BenchError
-from common.variables import resolve
+from common.variables import allocator_of, resolve
+from orchestrator.stats.ran import _ran_value
 from worker.knobs import settings as knobs, startspec, sysfs
 from worker.machine import probe
-from tests.conftest import ROOT
+from tests.conftest import ROOT, bench
 from tests.fake_sysfs import put
 
 REPO = Path(__file__).resolve().parents[1]
@@ -305,13 +307,31 @@ def test_one_core_gives_the_child_an_affinity_of_one_cpu(tmp_path):
     assert (back["omp_proc_bind"], back["omp_places"]) == ("close", f"{{{spec.cpus[0]}}}")
 
 
-@pytest.mark.parametrize("allocator, library", [("jemalloc", "libjemalloc"), ("tcmalloc", "libtcmalloc")])
-def test_the_allocator_is_mapped_into_the_child(tmp_path, allocator, library):
+@pytest.mark.parametrize("allocator", list(startspec.ALLOCATOR_LIBS))
+def test_the_allocator_is_mapped_into_the_child(tmp_path, allocator):
     if knobs.allocator_lib(allocator) is None:
         pytest.skip(f"{allocator} is not installed (.ci/apt-packages.txt lists it)")
     spec, back = child_readback(tmp_path, allocator=allocator)
-    assert os.path.basename(back["allocator_lib"]).startswith(library)
+    assert os.path.basename(back["allocator_lib"]).startswith(f"lib{allocator}")
     assert back["allocator_lib"] == os.path.realpath(spec.applied["allocator_lib"])  # maps shows the file
+
+
+def test_a_worker_run_records_the_allocator_its_child_mapped(db):
+    installed = [a for a in startspec.ALLOCATOR_LIBS if knobs.allocator_lib(a)]
+    if not installed:
+        pytest.skip("no allocator is installed (.ci/apt-packages.txt lists them)")
+    bench("enqueue", "--db", db, "--set", "dataset=builtin", "--set", "steps=1",
+          "--axis", f"allocator={','.join(installed)}", check=True)
+    bench("work", "--db", db, env={"BENCH_CHILD_MODULE": "tests.stub_child"}, check=True)
+    with sqlite3.connect(db) as conn:
+        got = conn.execute("SELECT j.allocator, r.status, r.reason, r.applied FROM runs r "
+                           "JOIN jobs j USING (job_id)").fetchall()
+    assert sorted((a, status, reason) for a, status, reason, _ in got) == [(a, "done", None) for a in sorted(installed)]
+    for asked, _, _, applied in got:
+        applied = json.loads(applied)  # the child's own read-back of its mapped files, and what the report groups by
+        assert applied["allocator_lib"] == os.path.realpath(knobs.allocator_lib(asked))  # maps shows the file
+        assert allocator_of(applied["allocator_lib"]) == asked
+        assert _ran_value("allocator", {}, applied) == asked
 
 
 def test_isa_avx2_caps_the_child_at_avx2(tmp_path):
