@@ -111,3 +111,12 @@ def test_the_read_back_check_judges_every_declared_read_back(name):
     assert not_in_force(config, spec, {}) == []
     wrong = not_in_force(config, spec, {key: WRONG[key]})
     assert [w.split("=")[0] for w in wrong] == [key]
+
+
+@pytest.mark.parametrize("kind", list(startspec.ALLOCATOR_LIBS))
+def test_an_allocator_whose_library_is_missing_is_skipped_naming_its_package(monkeypatch, tmp_path, kind):
+    monkeypatch.setattr(startspec, "LIB_DIRS", (str(tmp_path),))
+    config, _ = resolve({"cores": 1, "allocator": kind}, 2)
+    package = startspec.ALLOCATOR_LIBS[kind].package
+    assert startspec.unavailable(config, {}, [0, 1]) == [
+        f"allocator={kind}: no {kind} library on the known paths (apt-get install {package})"]
