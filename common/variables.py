@@ -191,7 +191,8 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("numa", str, DEFAULT, KNOB, "NUMA memory policy through numactl", choices=(DEFAULT, "local", "interleave"),
        compiled=False),
     _v("allocator", str, DEFAULT, ENV, "malloc replacement by LD_PRELOAD of a known system library",
-       choices=(DEFAULT, "jemalloc", "tcmalloc"), ran_from=("applied", "allocator_lib"), compiled=False),
+       choices=(DEFAULT, "jemalloc", "tcmalloc", "mimalloc"), ran_from=("applied", "allocator_lib"),
+       compiled=False),
     # -- process environment and framework
     _v("omp_threads", int, AUTO, ENV, "OMP_NUM_THREADS / MKL_NUM_THREADS; auto = cores / ranks (a rank's slice)",
        min=1, max=4096, words=(AUTO,),

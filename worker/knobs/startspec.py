@@ -78,6 +78,7 @@ JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto,d
 ALLOCATOR_LIBS = {
     "jemalloc": Library(("libjemalloc.so.2",), "libjemalloc2", {"MALLOC_CONF": JEMALLOC_CONF}),
     "tcmalloc": Library(("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"), "libtcmalloc-minimal4"),
+    "mimalloc": Library(("libmimalloc.so.2",), "libmimalloc2.0"),
 }
 
 
