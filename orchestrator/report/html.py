@@ -46,6 +46,7 @@ from orchestrator.queue import budget
 from orchestrator.report.sections import learning as learning_report, parallel as parallel_report, prediction as prediction_report, seeds
 from orchestrator.stats.config_index import CONFIG_NAMES, config_index
 from orchestrator.stats.columns import column
+from orchestrator.report.tables import html_table
 from orchestrator.report.view_sql import tuple_getter
 from orchestrator.report.words import FACTS, _fact, _fmt, _p, _pct, short_reason
 from common.variables import BY_NAME, NAMES
@@ -435,19 +436,12 @@ def _e(x) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _table(header: list[str], body: list[list[str]], cls: str = "") -> str:
-    """Cells of `body` are HTML already (escape before)."""
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    rows = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in body)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
-
-
 def _budget_section(ctx) -> str:
     """`run --budget`: how the time went (budget.spending, as summary.md says it)."""
     out = []
     for m, who, sp in ctx.budget_spending:
         out.append(f'<section id="budget-{m}"><h2>How the time budget was spent{_e(who)}</h2><p>{_e(sp["words"])}</p>'
-                   + (_table(budget.GIVEN_HEADER, [[_e(c) for c in row] for row in sp["given"]]) if sp["given"] else "")
+                   + (html_table(budget.GIVEN_HEADER, [[_e(c) for c in row] for row in sp["given"]]) if sp["given"] else "")
                    + (f'<p>{_e(sp["still"])}</p>' if sp["still"] else "") + "</section>")
     return "".join(out)
 
@@ -499,7 +493,7 @@ def _effects_section(st: dict, ctx, several: bool) -> str:
 A ratio is a value's step time over its baseline's (0.5 = twice as fast); a power law is drawn as the
 factor of a doubling (step time ~ size<sup>e</sup>: 2<sup>e</sup>). Click a row to open its variable.</p>
 <div class="plot" id="plot-forest" data-plot="forest"></div>
-{_table(header, rows, "effects")}</section>"""
+{html_table(header, rows, "effects")}</section>"""
 
 
 def _variable_section(v: dict | None, name: str, machine_id: int, ctx, st: dict, lost: list[dict],
@@ -533,12 +527,12 @@ def _variable_section(v: dict | None, name: str, machine_id: int, ctx, st: dict,
                          _fmt(lv["median_ms"]), _fmt(lv["tokens_per_s"]), _pct(lv["cv"]),
                          (_effect_text(r) if r else "1 (baseline)"),
                          (f'<span class="v {_verdict_class(r)}">{_e(r["verdict"])}</span>' if r else "")])
-        parts.append(_table([name, "runs (passes)", "median step (ms)", "tokens/s", "own noise (CV)",
+        parts.append(html_table([name, "runs (passes)", "median step (ms)", "tokens/s", "own noise (CV)",
                              "step time vs baseline [family-wise 95% CI]", "verdict"], body))
     if lost:
         rows = [[_e(x["value"]), _e(x["status"]), _e(x["why"]), str(x["runs"])] for x in lost]
         parts.append("<p>Values that did not finish (no average uses them):</p>"
-                     + _table(["value", "status", "why", "runs"], rows, "lost"))
+                     + html_table(["value", "status", "why", "runs"], rows, "lost"))
     for gi, g in grids:
         held = ", ".join(f"{k}={x}" for k, x in g["fixed"].items()) or "nothing else varied"
         parts.append(f'<h4>Interaction: {_e(g["rows"])} x {_e(g["cols"])}</h4><p>Median step time on each '
@@ -554,7 +548,7 @@ def _machine_section(ctx, st: dict, several: bool) -> str:
     if not ids:
         return '<section id="machine"><h2>Machine and noise</h2><p>No machine has claimed a run yet.</p></section>'
     body = [[_e(label)] + [_e(_fact(ctx.facts[m].get(col)).strip()) for m in ids] for col, label in FACTS]
-    facts = _table(["fact"] + [ctx.names[m] for m in ids], body, "facts")
+    facts = html_table(["fact"] + [ctx.names[m] for m in ids], body, "facts")
     noise_rows = []
     for m in ids:
         nz = st["noise"].get(m)
@@ -589,7 +583,7 @@ def _machine_section(ctx, st: dict, several: bool) -> str:
         noise_rows.append(([_e(ctx.names[m])] if several else [])
                           + [figure, _e(source), _pct(nz["cv_with_drift"]), _e(drift), _e(meaning), noisiest,
                              f'{nz["disturbed"]} of {nz["fitted_runs"] + nz["disturbed"]}'])
-    noise = _table((["machine"] if several else []) + [
+    noise = html_table((["machine"] if several else []) + [
         "run-to-run noise (CV)", "source", "a configuration's repeats, blocks left in", "pass drift vs the first pass",
         "what it means for the intervals", "noisiest configurations", "disturbed runs"], noise_rows, "noise")
     notes = "".join(f"<p>{_e(n)}</p>" for m in ids for n in st["noise"].get(m, {}).get("identical", [])
@@ -618,8 +612,8 @@ def _runs_section(ctx, runs: dict, varied: list[str]) -> str:
         more += (f"<p><strong>The table below holds {runs['n']:,} of the {len(ctx.rows):,} runs</strong> (every run "
                  f"not done, every run drawn as a dot, and an even sample of the rest): results.csv has them all.</p>")
     return f"""<section id="runs"><h2>Runs</h2>
-<div class="cols">{_table(["status", "runs"], status_rows, "counts")}
-{_table(["status", "reason", "runs"], failures, "reasons") if failures else "<p>Every claimed run finished.</p>"}</div>{more}
+<div class="cols">{html_table(["status", "runs"], status_rows, "counts")}
+{html_table(["status", "reason", "runs"], failures, "reasons") if failures else "<p>Every claimed run finished.</p>"}</div>{more}
 <p>Every claimed run (results.csv and <code>v_results</code> have all their columns). <em>config</em> is
 where a run differs from its machine's baseline. Click a column to sort.</p>
 <div class="filters">
@@ -656,7 +650,7 @@ def _seeds_section(ctx) -> str:
     return f"""<section id="seeds"><h2>The source documents' reference runs</h2><p>{lead} <strong>The hardware
 differs</strong>: the columns sit side by side, they do not say one CPU is faster. MFU carries across machines
 better than tokens/s.</p>
-{_table(["id", "model", "machine", "runs", "s/step", "tokens/s", "MFU", "published", "published hardware", "kind"], body, "seeds")}
+{html_table(["id", "model", "machine", "runs", "s/step", "tokens/s", "MFU", "published", "published hardware", "kind"], body, "seeds")}
 <details><summary>Caveats and nearest configurations</summary><ul>{caveats}</ul></details></section>"""
 
 
@@ -682,7 +676,7 @@ def _machines_section(ctx, shared: dict, pools: list[dict]) -> str:
             for p in pools]
     parts.append("<p>Queues: each machine's own (it runs every job) and named pools (<code>work --pool</code>: "
                  "identical nodes share one queue, each job once).</p>")
-    parts.append(_table(["queue", "hosts", "done", "failed", "skipped"], body, "pools"))
+    parts.append(html_table(["queue", "hosts", "done", "failed", "skipped"], body, "pools"))
     parts.append("</section>")
     return "".join(parts)
 

@@ -1,6 +1,6 @@
 """summary.md: a list of sections (SECTIONS), each a function of the report's Context (data.py)
 that returns markdown lines (none when it has nothing to say). A new section is one function and
-one entry. The words and numbers come from words.py; the markdown (tables, escaping) is here.
+one entry. The words and numbers come from words.py; the markdown tables from tables.py.
 Imports no other writer (html.py).
 """
 
@@ -21,6 +21,7 @@ from orchestrator.report.sections.pools import pool_lines
 from orchestrator.report.sections.seeds import seeds_section
 from orchestrator.report.sections import prediction as prediction_report
 from orchestrator.report.data import Context
+from orchestrator.report.tables import markdown_table
 from orchestrator.report.words import FACTS, _fact, _ms, _p, _pct, _rate, _ratio, _target_words, effect_words
 from common.variables import BY_NAME
 from orchestrator.stats.columns import column
@@ -29,16 +30,6 @@ from orchestrator.stats.columns import column
 # The variables that say how big one training step is: shown in the baseline line of the summary.
 SHAPE = ("n_layers", "d_model", "n_heads", "seq_len", "batch_size", "vocab_size", "precision", "steps", "cores")
 SHARED_ROWS = 40  # cross-machine table length before it is cut
-
-
-def _cell(s: object) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
-
-
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return out + [""]
 
 
 # -- sections of summary.md ---------------------------------------------------------------------
@@ -108,7 +99,7 @@ def glance_section(ctx: Context) -> list[str]:
     lines += [f"*adjusted p*: Bonferroni over all {n} tests in this report; below 0.05 is a clear effect "
               "(family-wise error 5%), exactly when the interval shown excludes no change: each is a 95% interval "
               f"widened for the {n} tests, and they hold together.", ""]
-    lines += _table(header, body)
+    lines += markdown_table(header, body)
     return lines
 
 
@@ -132,7 +123,7 @@ def notes_section(ctx: Context) -> list[str]:
             lines += [f"**Not compared{who}**: `{n}`: {why}.", ""]
         if ma.lost:
             lines += [f"Values asked for with no usable run{who} (never averaged, never dropped silently):", ""]
-            lines += _table(["variable", "value", "why"], [[f"`{x.variable}`", x.value, x.why] for x in ma.lost])
+            lines += markdown_table(["variable", "value", "why"], [[f"`{x.variable}`", x.value, x.why] for x in ma.lost])
     for m, ma in ctx.analysis.machines.items():
         who = f" on {ctx.names[m]}" if ctx.several else ""
         for note in ma.identical:
@@ -195,7 +186,7 @@ def noise_section(ctx: Context) -> list[str]:
         "run-to-run noise (CV)", "block-to-block noise (CV)", "by number of CPUs", "a configuration's repeats, blocks left in (CV)",
         "pass drift (step time vs the first pass)", "within one run: p90 / p10 of step times (median over runs)",
         "shown intervals (family-wise) and the smallest change they resolve (80% power)", "where more repeats help"]
-    return lines + _table(header, body)
+    return lines + markdown_table(header, body)
 
 
 def _cores_words(members) -> str:
@@ -210,7 +201,7 @@ def budget_section(ctx: Context) -> list[str]:
         lines += [f"## How the time budget was spent{who}", "", sp["words"], ""]
         if sp["given"]:
             lines += ["Comparisons given extra runs (a pass each time; why at the first):", ""]
-            lines += _table(budget.GIVEN_HEADER, sp["given"])
+            lines += markdown_table(budget.GIVEN_HEADER, sp["given"])
         if sp["still"]:
             lines += [sp["still"], ""]
     return lines
@@ -219,15 +210,15 @@ def budget_section(ctx: Context) -> list[str]:
 def runs_section(ctx: Context) -> list[str]:
     counts, failures = ctx.counts, ctx.failures
     lines = ["## Runs", ""]
-    lines += _table(["status", "runs"], [[s, counts.get(s, 0)] for s in ("done", "failed", "skipped", "running", "queued")]
+    lines += markdown_table(["status", "runs"], [[s, counts.get(s, 0)] for s in ("done", "failed", "skipped", "running", "queued")]
                     + [["total", counts.get("total", 0)]])
     if failures:
         lines += ["Runs that did not finish, by reason (their metrics are empty and no average uses them):", ""]
-        lines += _table(["status", "reason", "runs"], [[s, why, n] for s, why, n in failures])
+        lines += markdown_table(["status", "reason", "runs"], [[s, why, n] for s, why, n in failures])
     lines += disturbed_lines(ctx.done, ctx.analysis)
     if ctx.sweep_notes:
         lines += ["Left out when the sweeps were planned on this machine (no job was made for these):", ""]
-        lines += _table(["sweep", "note"], [[name, note] for name, note in ctx.sweep_notes])
+        lines += markdown_table(["sweep", "note"], [[name, note] for name, note in ctx.sweep_notes])
     return lines
 
 
@@ -267,7 +258,7 @@ def disturbed_lines(done: list[dict], analysis: Analysis) -> list[str]:
                   f"load, or not measured on the run's CPU set: `applied.peak_gflops.basis` says which).", ""]
     if flagged:
         shown = flagged[:SHARED_ROWS]
-        lines += _table(["run", "why flagged"], [[run_id, why] for run_id, why in shown])
+        lines += markdown_table(["run", "why flagged"], [[run_id, why] for run_id, why in shown])
         if len(flagged) > len(shown):
             lines += [f"... and {len(flagged) - len(shown)} more (results.csv has other_cpu_s and steal_s).", ""]
     return lines
@@ -312,7 +303,7 @@ def variables_section(ctx: Context) -> list[str]:
                      f"{lv.within_run_spread:.2f}" if lv.within_run_spread else "-",
                      _ratio(ratios.get(lv.label)), _p(ratios[lv.label].p_adjusted) if lv.label in ratios else "-"]
                     for lv in ve.levels]
-            lines += _table([name, "runs (passes)", "median step (ms)", "tokens/s", "own noise (CV)",
+            lines += markdown_table([name, "runs (passes)", "median step (ms)", "tokens/s", "own noise (CV)",
                              "within-run p90/p10", "step time vs baseline [family-wise 95% CI]", "adjusted p"], body)
             if ve.elasticity is not None and ve.elasticity.se is not None:
                 e = ve.elasticity
@@ -337,7 +328,7 @@ def gemm_formats(done: list[dict]) -> list[str]:
     if not seen:
         return []
     return ["What each mode's GEMMs computed, as its runs recorded it (`gemm_format`; docs/precision.md has "
-            "the table):", ""] + _table(["precision", "framework", "GEMMs"],
+            "the table):", ""] + markdown_table(["precision", "framework", "GEMMs"],
                                         [[fx.label("precision", p), f, g] for p, f, g in seen])
 
 
@@ -364,7 +355,7 @@ def grids_section(ctx: Context) -> list[str]:
             held = ", ".join(f"{k}={v}" for k, v in g.fixed.items()) or "nothing else varied"
             lines += [f"### {g.rows} x {g.cols}" + (f" on {ctx.names[m]}" if ctx.several else ""), "", f"Held: {held}.", ""]
             body = [[r] + [_ms(v) for v in row] for r, row in zip(g.row_labels, g.step_ms)]
-            lines += _table([f"{g.rows} \\ {g.cols}"] + g.col_labels, body) + ["(- : no finished run)", ""]
+            lines += markdown_table([f"{g.rows} \\ {g.cols}"] + g.col_labels, body) + ["(- : no finished run)", ""]
             suffix = f"_machine{m}" if ctx.several else ""
             lines += [f"![{g.rows} x {g.cols}](plots/grid_{g.rows}_x_{g.cols}{suffix}.png)", ""]
     return lines
@@ -417,7 +408,7 @@ def shared_section(ctx: Context) -> list[str]:
         body.append([", ".join(fx.label(n, key[i]) for n, i in zip(shown, idx))]
                     + [_ms(med.get(m)) for m in machines]
                     + [f"{med[m] / med[ref]:.2f}x" if m in med and ref in med else "-" for m in machines[1:]])
-    lines += _table(header, body)
+    lines += markdown_table(header, body)
     if len(shared) > SHARED_ROWS:
         lines += [f"({len(shared) - SHARED_ROWS} more shared configurations in results.csv.)", ""]
     return lines
@@ -428,7 +419,7 @@ def machines_section(ctx: Context) -> list[str]:
         return []
     ids = list(ctx.facts)
     body = [[label] + [_fact(ctx.facts[m].get(col)) for m in ids] for col, label in FACTS]
-    return ["## Machines", ""] + _table(["fact"] + [ctx.names[m] for m in ids], body)
+    return ["## Machines", ""] + markdown_table(["fact"] + [ctx.names[m] for m in ids], body)
 
 
 def method_section(ctx: Context) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
+from orchestrator.report.tables import markdown_table
 from orchestrator.stats import learning
 
 # The final curve of every learning run with a target (its last attempt, done), in step order.
@@ -189,9 +190,8 @@ def markdown_section(ctx) -> list[str]:
     for words in _change_words(section["changes"], comps, ctx.names, ctx.several):
         lines += [f"> **Ranked differently by step time and by time to target**: {words}", ""]
     header = (["machine"] if ctx.several else []) + HEADER
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cells(c, ctx.names, ctx.several)) + " |" for c in comps]
-    lines += ["", CENSORED, ""]
+    lines += markdown_table(header, [_cells(c, ctx.names, ctx.several) for c in comps], escape=False)
+    lines += [CENSORED, ""]
     lines += _machines_lines(section, ctx.names)
     lines += [f"![validation loss, {v}](plots/{p.name})" for v, p in section["plots"].items()]
     return lines + [""]

@@ -15,6 +15,7 @@ from collections import defaultdict
 import numpy as np
 
 from common.variables import NAMES
+from orchestrator.report.tables import markdown_table
 from orchestrator.stats.columns import column
 
 METRIC = "step_ms_median"
@@ -42,7 +43,8 @@ def pool_lines(rows: list[dict]) -> list[str]:
         ratio, shared = _ratio(done, lambda r: r["pool_id"] == pool_id, lambda r: r["pool_id"] == ref[0])
         body.append([label, ", ".join(hosts), statuses["done"], statuses["failed"], statuses["skipped"],
                      "reference" if pool_id == ref[0] else (f"{ratio:.2f}x ({shared} shared)" if ratio else "-")])
-    lines += _table(["queue", "hosts", "done", "failed", "skipped", f"step time vs {ref[1]}"], body)
+    header = ["queue", "hosts", "done", "failed", "skipped", f"step time vs {ref[1]}"]
+    lines += markdown_table(header, body, escape=False)  # its cells unescaped, as they have always been
     for pool_id, label in queues:
         hosts = sorted({r.get("worker_host") for r in done if r["pool_id"] == pool_id and r.get("worker_host")})
         if label.startswith("machine ") or len(hosts) < 2:
@@ -71,9 +73,3 @@ def _host_words(done: list[dict], pool_id: int, host: str, ref: str) -> str:
     if ratio is None:
         return f"{host}: no configuration in common yet"
     return f"{host} {ratio:.2f}x ({shared} configurations in common)"
-
-
-def _table(header: list, body: list[list]) -> list[str]:
-    out = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(map(str, row)) + " |" for row in body]
-    return out + [""]

@@ -1,0 +1,40 @@
+"""The report's one table formatter, in each writer's markup: markdown lines for summary.md and the
+sections' markdown, an HTML table for index.html and the sections' HTML.
+
+Cells are escaped here or not, as the caller says: the page's writers pass HTML they built (links,
+marked-up verdicts) and escape their plain text before; markdown cells are escaped (a `|` would end
+the cell, a newline the row) unless the caller keeps its cells as they are.
+"""
+
+from __future__ import annotations
+
+import html
+
+
+def markdown_cell(x: object) -> str:
+    """A markdown table cell: `|` escaped, newlines as spaces."""
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(header: list, rows: list[list], *, escape: bool = True) -> list[str]:
+    """The lines of a markdown table and the blank line after it. The header is written as given;
+    the cells escaped by markdown_cell, or written as given where `escape` is False."""
+    cell = markdown_cell if escape else str
+    out = ["| " + " | ".join(map(str, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+    return out + [""]
+
+
+def html_table(header: list, body: list[list], cls: str | None = "", *, escape: bool = False) -> str:
+    """An HTML table: the header escaped; the cells HTML already (escaped before), or plain text
+    escaped here where `escape`. `cls`: its class attribute (None: no attribute)."""
+    e = _escape
+    head = "".join(f"<th>{e(h)}</th>" for h in header)
+    cell = e if escape else str
+    rows = "".join("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in body)
+    attr = "" if cls is None else f' class="{cls}"'
+    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def _escape(x: object) -> str:
+    return html.escape(str(x), quote=True)
