@@ -30,6 +30,7 @@ from orchestrator.stats import cost_model as cm
 from orchestrator.stats.config_index import CONFIG_NAMES, config_index
 from orchestrator.stats.columns import column, runs_fingerprint
 from orchestrator.report.sections.seeds import PUBLISHED
+from orchestrator.report.tables import html_table
 
 REFERENCES = ("R1", "R3", "R4", "R6")
 PLOT_NAME = "predicted_vs_measured.png"
@@ -370,10 +371,7 @@ def html(ctx) -> str:
 
 
 def _table(head: list[str], body: list[list[str]]) -> str:
-    e = html_lib.escape
-    return ("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>"
-            + "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in body)
-            + "</tbody></table>")
+    return html_table(head, body, None, escape=True)  # plain-text cells, a table with no class
 
 
 def adopt(ctx, d) -> None:
