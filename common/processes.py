@@ -1,6 +1,7 @@
-"""A process that must not outlive its parent: the worker's training children (worker/spawn.py, the
-fork server, the distributed ranks) and the watcher's report process (orchestrator/report/live.py) ask Linux
-for a signal when their parent dies (PR_SET_PDEATHSIG), so a kill -9 of the parent leaves none behind.
+"""Processes: one that must not outlive its parent (the worker's training children: worker/spawn.py,
+the fork server, the distributed ranks; the watcher's report process, orchestrator/report/watch.py)
+asks Linux for a signal when its parent dies (PR_SET_PDEATHSIG), so a kill -9 of the parent leaves
+none behind; and fork_child, the one way the report forks a child that runs a function and exits.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from collections.abc import Callable, Iterable
 
 PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: nothing to load in the child
@@ -18,3 +20,26 @@ def set_parent_death_signal(parent_pid: int, signum: int = signal.SIGKILL) -> No
     _LIBC.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def fork_child(run: Callable[[], int | None], *, close: Iterable[int] = (), nice: int = 0,
+               die_with_parent: bool = False) -> int:
+    """Fork a child that dies with this process where `die_with_parent`, closes the descriptors `close`
+    (this process's ends of its pipes), lowers its priority by `nice` (os.nice) and runs run(). The child
+    never returns into the caller's code: it exits with run()'s value (0 for None), or 1 where it raised.
+    Here: the child's pid."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        if die_with_parent:
+            set_parent_death_signal(parent)
+        for fd in close:
+            os.close(fd)
+        if nice:
+            os.nice(nice)
+        code = run() or 0
+    finally:
+        os._exit(code)

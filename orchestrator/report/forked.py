@@ -1,6 +1,6 @@
 """Work done beside the report in a forked child, so that the report's parts that do not depend on
-each other use both CPUs of a small machine (issue 31: the PNGs are drawn and the cost model's
-section fitted while the parent analyses and writes the page).
+each other use both CPUs of a small machine (the PNGs are drawn and the cost model's section
+fitted while the parent analyses and writes the page).
 
 `Worker()` forks at once, while the report's process is still small, and the child waits; later
 `submit(fn, *args)` sends it the work (pickled: the arguments should be small, plain data; the
@@ -23,9 +23,10 @@ import pickle
 import signal
 import struct
 import traceback
-from functools import lru_cache
+from functools import lru_cache, partial
 from operator import add, attrgetter
 
+from common.processes import fork_child
 from orchestrator.stats.columns import CompactRow, JoinedRow, present, row_class
 
 
@@ -197,16 +198,7 @@ class Worker:
             return
         task_r, task_w = os.pipe()
         result_r, result_w = _result_pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(task_w)
-                os.close(result_r)
-                if nice:
-                    os.nice(nice)
-                _serve(task_r, result_w, warm)
-            finally:
-                os._exit(0)
+        pid = fork_child(lambda: _serve(task_r, result_w, warm), close=(task_w, result_r), nice=nice)
         os.close(task_r)
         os.close(result_w)
         self._pid, self._task_w, self._result_r = pid, task_w, result_r
@@ -286,17 +278,8 @@ class Family:
         pipes = [(os.pipe(), _result_pipe()) for _ in nices]  # ((task_r, task_w), (result_r, result_w)) each
         pids_r, pids_w = os.pipe()  # the first child tells the workers' pids
         stop_r, stop_w = os.pipe()  # this process tells the first child to reap them
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(pids_r)
-                os.close(stop_w)
-                for (_, task_w), (result_r, _) in pipes:
-                    os.close(task_w)
-                    os.close(result_r)
-                self._forks(warm, nices, pipes, pids_w, stop_r)
-            finally:
-                os._exit(0)
+        theirs = [pids_r, stop_w] + [fd for (_, task_w), (result_r, _) in pipes for fd in (task_w, result_r)]
+        pid = fork_child(lambda: self._forks(warm, nices, pipes, pids_w, stop_r), close=theirs)
         os.close(pids_w)
         os.close(stop_r)
         for (task_r, _), (_, result_w) in pipes:
@@ -325,22 +308,11 @@ class Family:
             pass
         pids = []
         for k, nice in enumerate(nices):
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    os.close(pids_w)
-                    os.close(stop_r)
-                    for j, ((task_r, _), (_, result_w)) in enumerate(pipes):
-                        if j != k:
-                            os.close(task_r)
-                            os.close(result_w)
-                    if nice:
-                        os.nice(nice)
-                    (task_r, _), (_, result_w) = pipes[k]
-                    _serve(task_r, result_w, None)
-                finally:
-                    os._exit(0)
-            pids.append(pid)
+            others = [fd for j, ((task_r, _), (_, result_w)) in enumerate(pipes) if j != k
+                      for fd in (task_r, result_w)]
+            (task_r, _), (_, result_w) = pipes[k]
+            pids.append(fork_child(partial(_serve, task_r, result_w, None),
+                                   close=[pids_w, stop_r] + others, nice=nice))
         for (task_r, _), (_, result_w) in pipes:
             os.close(task_r)
             os.close(result_w)
