@@ -34,7 +34,7 @@ from types import NoneType
 
 from sqlalchemy import text
 
-from common.processes import set_parent_death_signal
+from common.processes import fork_child
 from orchestrator.stats.columns import (CompactRow, JoinedRow, PER_RUN_JOB, column, conf_values, gc_paused,  # noqa: F401
                                          joined_row_class, present, row_class, runs_fingerprint)
 from orchestrator.report import results_csv
@@ -135,21 +135,14 @@ def _csv_child(conn, query: str, params: dict, csv_path: Path, results: bool = F
     or None (no fork)."""
     if not hasattr(os, "fork"):
         return None
-    engine, parent = conn.engine, os.getpid()
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        set_parent_death_signal(parent)
-        if nice:
-            os.nice(nice)
+    engine = conn.engine
+
+    def write() -> None:
         engine.dispose(close=False)
         with engine.connect() as own, own.begin():
             _write_csv(own, query, params, csv_path, results)
-        code = 0
-    finally:
-        os._exit(code)
+
+    return fork_child(write, nice=nice, die_with_parent=True)
 
 
 def _done(pid: int) -> bool:
