@@ -397,7 +397,7 @@ def status(
         if pool_id is not None:
             from orchestrator.queue.eta import estimate_remaining_s
 
-            from orchestrator.report.live import eta_words
+            from orchestrator.queue.progress import eta_words
 
             mine = next((p for p in fleet_progress(store).pools if p.pool_id == pool_id), None)
             if mine is not None and mine.budget_s is not None:  # the budget, not the queue, says when it ends
@@ -411,14 +411,14 @@ def status(
 
 
 def fleet_progress(store):
-    from orchestrator.report.live import progress
+    from orchestrator.queue.progress import progress
 
     return progress(store)
 
 
 def print_fleet(pr) -> None:
-    """Per pool and machine: done, running since when, failed, skipped, queued, ETA (orchestrator/report/live.py)."""
-    from orchestrator.report.live import clock, eta_words, queued_words
+    """Per pool and machine: done, running since when, failed, skipped, queued, ETA (orchestrator/queue/progress.py)."""
+    from orchestrator.queue.progress import clock, eta_words, queued_words
 
     table = Table(title="by pool and machine, now")
     for column in ("pool", "machine", "done", "running", "failed", "skipped", "queued", "ETA"):
@@ -474,7 +474,7 @@ def report(
 ) -> None:
     """Write result/: index.html (the page to open), results.csv, summary.md, plots/*.png, fitted effects (also to
     the effects table). --watch keeps index.html current while workers run: progress per machine and pool, the
-    effects as they stand, the last failures (orchestrator/report/live.py); each update redoes the comparisons and
+    effects as they stand, the last failures (orchestrator/report/watch.py); each update redoes the comparisons and
     predictions of only the machines whose runs changed."""
     if watch:
         guarded(lambda: watch_and_print(db, out_dir, every, db_retry))
@@ -504,10 +504,10 @@ def end_at_once() -> None:
 
 def watch_and_print(db: str, out_dir: Path, every: float, db_retry: float | None = None) -> None:
     from common.patience import retry_seconds
-    from orchestrator.report.live import watch as keep_current
+    from orchestrator.report.watch import watch as keep_current
 
     retry_s = retry_seconds(db_retry)  # a database outage ridden out, as a worker does
-    store = open_store(db, read_only=True)  # the statistics run in a child at nice 19 (live.WATCH_NICE)
+    store = open_store(db, read_only=True)  # the statistics run in a child at nice 19 (watch.WATCH_NICE)
     err.print(f"keeping {out_dir / 'index.html'} current every {every:g} s (Ctrl+C stops)", highlight=False)
 
     def said(tick):

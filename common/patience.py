@@ -1,5 +1,5 @@
 """Riding out a database outage (a PostgreSQL restart or failover, SQLite's lock held past the busy
-timeout): the long-running commands, `work` (worker/loop.py) and `report --watch` (orchestrator/report/live.py),
+timeout): the long-running commands, `work` (worker/loop.py) and `report --watch` (orchestrator/report/watch.py),
 try a call that raised DatabaseUnavailable again, with backoff, for up to --db-retry / BENCH_DB_RETRY_S
 seconds; every other command reports it at once.
 """

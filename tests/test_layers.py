@@ -19,7 +19,7 @@ STATS_NEVER = ("sqlalchemy", "matplotlib", "plotly", "rich", "typer")
 REPORT = {"data": set(), "words": {"data"}, "markdown": {"data", "words"}, "html": {"data", "words"}}
 WRITERS = {"__init__", "markdown", "html"}
 CORE = set(REPORT) | {"__init__"}
-DRIVERS = {"live"}  # report --watch: writes the report again as runs finish
+DRIVERS = {"watch"}  # report --watch: writes the report again as runs finish
 
 
 def module_name(path: Path) -> str:

@@ -1,7 +1,7 @@
-"""The live view of a running sweep (orchestrator/report/live.py): progress per pool and machine from the
-real store (SQLite and PostgreSQL), `report --watch` rewriting the page atomically and redoing the
-statistics only when runs finished, `status` showing the same, and the page drawing every plot
-before it is printed."""
+"""The live view of a running sweep (orchestrator/queue/progress.py; the watcher,
+orchestrator/report/watch.py): progress per pool and machine from the real store (SQLite and
+PostgreSQL), `report --watch` rewriting the page atomically and redoing the statistics only when runs
+finished, `status` showing the same, and the page drawing every plot before it is printed."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from orchestrator.report.live import eta_words, progress, queued_words, watch
+from orchestrator.queue.progress import eta_words, progress, queued_words
+from orchestrator.report.watch import watch
 from orchestrator.queue.store import Store
 from tests.conftest import ROOT, bench, done_fields
 from tests.reportdb import CPUS, configs, enqueue, machine_facts, metrics
@@ -310,7 +311,7 @@ def test_a_watcher_killed_with_kill_9_leaves_no_report_process_and_no_child_of_o
 import subprocess, sys, time
 sys.path.insert(0, {str(ROOT)!r})
 import orchestrator.report as report_package
-from orchestrator.report.live import watch
+from orchestrator.report.watch import watch
 from orchestrator.queue.store import Store
 
 def endless(*args, **kwargs):  # a report that forks a child, as write_report does, and never ends

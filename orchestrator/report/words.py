@@ -10,6 +10,7 @@ import math
 import re
 from collections import Counter
 
+from orchestrator.queue.progress import short_reason  # a failure's reason in one line, as the progress says it
 from orchestrator.stats import effects as fx
 from orchestrator.stats.effects import Effect, VariableEffect
 from common.metrics import peak_text
@@ -26,15 +27,6 @@ FACTS = (
     ("freq_driver", "frequency driver"),
     ("kernel", "kernel"),
 )
-
-
-def short_reason(reason: str | None) -> str:
-    """One line that names the cause: a traceback's last line, otherwise the first line."""
-    if not reason:
-        return "(no reason recorded)"
-    lines = [ln.strip() for ln in reason.strip().splitlines() if ln.strip()]
-    line = lines[-1] if "Traceback" in reason else lines[0]
-    return line if len(line) <= 160 else line[:157] + "..."
 
 
 def _failures(rows: list[dict]) -> list[tuple[str, str, int]]:
