@@ -35,7 +35,7 @@ from orchestrator.stats.effects import Analysis, VariableEffect
 from orchestrator.report.forked import Family, Worker
 from orchestrator.report.rows import read_results, start_results_csv
 from orchestrator.report import applied_cut
-from orchestrator.queue import budget
+from orchestrator.queue import budget, effects_table
 from orchestrator.stats import config_index
 from orchestrator.report.sections import learning as learning_report, prediction as prediction_report
 from orchestrator.queue.migrations import table_names
@@ -44,12 +44,12 @@ from orchestrator.queue.store import ReadOnlyDatabase, Store
 from orchestrator.report.view_sql import MACHINE_ONLY, REPORT_LEAVES, SELECT_RESULTS
 from orchestrator.report import html as html_report
 from orchestrator.report.data import (SELECT_MACHINES, SELECT_SWEEP_NOTES, SELECT_TARGETS,
-                                      Context, Report, _probe_facts, _write_effects, effect_row)
+                                      Context, Report, _probe_facts, effect_row)
 from orchestrator.report.markdown import SECTIONS
 from orchestrator.report.words import FACTS, _failures, _machine_name, mfu_peak, probe_load, short_reason
 from common.variables import NAMES
 
-# What callers use (bench.py, live.py, tests, benchmarks): the package's face.
+# What callers use (bench.py, watch.py, tests, benchmarks): the package's face.
 __all__ = ["Context", "FACTS", "Report", "SECTIONS", "SELECT_RESULTS", "effect_row", "short_reason", "write_report"]
 
 
@@ -150,7 +150,7 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     drawing = [w.submit(_draw, jobs[k::2]) for k, w in enumerate(workers.drawers) if jobs[k::2]] if jobs else []
     all_effects = analysis.effects
     try:
-        _write_effects(store, machine_ids, all_effects)
+        effects_table.replace(store, machine_ids, [effect_row(e) for e in all_effects])
         not_written = None
     except ReadOnlyDatabase as err:  # an archived or shared copy: the files are the report
         not_written = str(err)

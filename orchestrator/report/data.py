@@ -11,21 +11,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from sqlalchemy import text
-
 from orchestrator.stats.effects import Analysis, Effect, Grid
-from orchestrator.queue.store import Store
 from common.variables import NAMES
 
 SELECT_MACHINES = "SELECT * FROM machines"
 SELECT_SWEEP_NOTES = "SELECT name, notes FROM sweeps ORDER BY sweep_id"
 SELECT_TARGETS = "SELECT machine_id, target_ci, max_repeats FROM adaptive_decisions ORDER BY decision_id"
-DELETE_EFFECTS = "DELETE FROM effects WHERE machine_id = :machine_id"
-EFFECT_COLUMNS = ("machine_id", "variable", "kind", "value", "baseline", "estimate", "ci_low", "ci_high",
-                  "ci_adj_low", "ci_adj_high", "se", "dof", "p_value", "p_adjusted", "significant", "family",
-                  "method", "n_runs", "min_runs", "n_passes", "half_width", "target_met", "repeats_needed")
-INSERT_EFFECT = (f"INSERT INTO effects ({', '.join(EFFECT_COLUMNS)}, created) "
-                 f"VALUES ({', '.join(':' + c for c in EFFECT_COLUMNS)}, {{now}})")
 
 
 @dataclass
@@ -93,7 +84,7 @@ class Context:
 
 
 def effect_row(e: Effect) -> dict:
-    """One row of the effects table."""
+    """One row of the effects table (orchestrator/queue/effects_table.py: its columns, EFFECT_COLUMNS)."""
     lo, hi = e.ci95
     alo, ahi = e.ci_adj
     return {"machine_id": e.machine_id, "variable": e.variable, "kind": e.kind, "value": e.value,
@@ -102,15 +93,6 @@ def effect_row(e: Effect) -> dict:
             "significant": e.significant, "family": e.family, "method": e.method, "n_runs": e.n_runs,
             "min_runs": e.min_runs, "n_passes": e.n_passes, "half_width": e.half_width,
             "target_met": e.target_met, "repeats_needed": e.repeats_needed}
-
-
-def _write_effects(store: Store, machine_ids: list[int], effects: list[Effect]) -> None:
-    rows = [effect_row(e) for e in effects]
-    with store.transaction(write=True) as conn:
-        for m in machine_ids:
-            conn.execute(text(DELETE_EFFECTS), {"machine_id": m})
-        if rows:
-            conn.execute(store.sql(INSERT_EFFECT), rows)
 
 
 def _probe_facts(facts_json: str | dict | None) -> dict:
