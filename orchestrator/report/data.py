@@ -51,6 +51,12 @@ class Context:
     out_dir: Path
     targets: dict[int, tuple[float, int]]  # machine -> (--target-ci, --max-repeats) of its adaptive passes
     budgets: dict[int, list[dict]] = field(default_factory=dict)  # machine -> its --budget decisions (budget.decisions)
+    # "How long here" (sections/prediction.py): the sweeps' texts by name, whether its predictions are
+    # checked against the runs (leave-one-out, with pictures), and report --watch's per-machine memo
+    sweep_texts: dict[str, str] = field(default_factory=dict)
+    check_predictions: bool = True
+    memo: dict | None = None
+    learning: dict | None = None  # "Time to a trained model" (sections/learning.py: prepare), once prepared
 
     @property
     def several(self) -> bool:

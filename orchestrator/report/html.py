@@ -744,7 +744,7 @@ def write_page(ctx, path: Path) -> Path:
              "step time</strong> (lower is faster), with the tokens/s it implies. Variables differ one at a time "
              "around a baseline where the sweep is one-factor-at-a-time."
              + (" Learning runs train to a validation-loss target instead: their time to a trained model comes "
-                "first." if getattr(ctx, "learning", None) and ctx.learning["runs"] else ""))
+                "first." if ctx.learning and ctx.learning["runs"] else ""))
     page_data = {"effects": st["effects"], "variables": st["variables"], "grids": st["grids"],
                  "shared": shared_configs(ctx.rows, ctx.done), "names": {str(k): v for k, v in ctx.names.items()},
                  "per_page": RUNS_PER_PAGE, "several": several}
