@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("common", "orchestrator", "worker")  # each may import only those before it (and itself)
 PARTS = {"stats": set(), "queue": {"stats"}, "report": {"stats", "queue"}, "docs": {"stats", "queue"}}
 STATS_NEVER = ("sqlalchemy", "matplotlib", "plotly", "rich", "typer")
-REPORT = {"data": set(), "words": {"data"}, "markdown": {"data", "words"}, "html": {"data", "words"}}
+REPORT = {"data": set(), "page_data": {"data"}, "words": {"data"}, "markdown": {"data", "words"},
+          "html": {"data", "words", "page_data"}}
 WRITERS = {"__init__", "markdown", "html"}
 CORE = set(REPORT) | {"__init__"}
 DRIVERS = {"watch"}  # report --watch: writes the report again as runs finish

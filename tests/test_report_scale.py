@@ -15,7 +15,7 @@ from threadpoolctl import threadpool_limits
 from orchestrator.stats import effects as fx
 from orchestrator.report.sections import seeds
 from orchestrator.report.forked import Worker
-from orchestrator.report import html as html_report
+from orchestrator.report import page_data
 from orchestrator.report import effect_row, write_report
 from orchestrator.queue.store import Store
 from tests import scenarios
@@ -92,20 +92,20 @@ def test_the_pages_baselines_and_the_seeds_lookup_match_their_plain_definitions(
         by_machine[r["machine_id"]].setdefault(r["config_hash"], r)
     for m, configs in by_machine.items():
         modal = {}
-        for n in html_report.NAMES:
-            if n in html_report.NOT_CONFIG:
+        for n in page_data.NAMES:
+            if n in page_data.NOT_CONFIG:
                 continue
-            counts = Counter(html_report._val(n, c.get(n)) for c in configs.values())
+            counts = Counter(page_data._val(n, c.get(n)) for c in configs.values())
             if len(counts) > 1:
                 modal[n] = max(counts.items(),
-                               key=lambda kv: (kv[1], str(kv[0]) == str(html_report.BY_NAME[n].default)))[0]
+                               key=lambda kv: (kv[1], str(kv[0]) == str(page_data.BY_NAME[n].default)))[0]
         plain[m] = modal
-    assert html_report.baselines(rows) == plain and plain[min(plain)]
+    assert page_data.baselines(rows) == plain and plain[min(plain)]
     # the runs table's configuration text: each run's own difference from its machine's baseline
-    table = html_report.runs_table(rows, plain, {}, set())
+    table = page_data.runs_table(rows, plain, {}, set())
     texts = table["dicts"]["config"]
     for r, ci in zip(rows, table["cols"]["config"]):
-        diff = html_report.config_difference(r, plain[r["machine_id"]])
+        diff = page_data.config_difference(r, plain[r["machine_id"]])
         assert texts[ci] == (", ".join(f"{k}={v}" for k, v in diff.items()) or "baseline")
     # a reference's runs: every done run that matches it (some rows made to match the first references)
     twins = [dict(r, **{k: ref.config[k] for k in seeds.MATCH_KEYS}) for ref in seeds.PUBLISHED[:3] for r in rows[:10]]
@@ -334,9 +334,9 @@ def test_the_pages_run_table_is_bounded_and_keeps_every_failure_and_every_drawn_
     store = build(str(tmp_path / "r.db"), 2400, machines=2, shape="small", quiet=True)
     rows = _rows(store)
     analysis = fx.analyse(rows)
-    st = html_report.analysis_dicts(analysis, {m: fx.grids(a) for m, a in analysis.machines.items()}, {})
-    assert html_report.page_runs(rows, st) is rows  # under RUNS_ON_PAGE: every run
-    kept = html_report.page_runs(rows, st, cap=200)
+    st = page_data.analysis_dicts(analysis, {m: fx.grids(a) for m, a in analysis.machines.items()}, {})
+    assert page_data.page_runs(rows, st) is rows  # under RUNS_ON_PAGE: every run
+    kept = page_data.page_runs(rows, st, cap=200)
     drawn = {i for v in st["variables"] for lv in v["levels"] for i in lv["run_ids"]}
     ids = {r["run_id"] for r in kept}
     not_done = {r["run_id"] for r in rows if r["status"] != "done"}

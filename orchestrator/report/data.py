@@ -84,6 +84,14 @@ class Context:
         return out
 
     @cached_property
+    def queues(self) -> list[dict]:
+        """The queues the runs came from, with their hosts and counts (sections/pools.queues): both writers
+        list them."""
+        from orchestrator.report.sections import pools
+
+        return pools.queues(self.rows)
+
+    @cached_property
     def sweeps(self) -> list[str]:
         """The sweeps the runs came from, by name: both writers' first lines say them (one scan of the rows)."""
         return sorted({r["sweep"] for r in self.rows if r.get("sweep")})

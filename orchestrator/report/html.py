@@ -8,54 +8,37 @@ why, interaction plots of the grids it is part of), the machine (facts, measured
 what it means for the intervals), the runs (a table sorted, filtered and paginated in JavaScript),
 the seed documents' reference runs beside this machine's, and the machines and pools side by side.
 
-Two layers, so that the statistics can change under the page:
-- `analysis_dicts()` is the one place that reads effects.py's objects (Analysis, MachineAnalysis,
-  VariableEffect, Effect, Level, Grid, Noise, Drift) and turns them into plain dicts; a change of
-  the statistics' classes is adapted there and nowhere else.
-- everything else works on those dicts and on the rows of v_results (stable: the schema's columns).
-
-In the report package it is the page's writer: it draws on data.py's Context and words.py's words
-and numbers, its CSS and JavaScript are files of their own (static/page.css, static/page.js), and
+In the report package it is the page's writer: it writes what page_data.py works out (the
+statistics as plain dicts, the runs column by column) with data.py's Context and words.py's words
+and numbers; its CSS and JavaScript are files of their own (static/page.css, static/page.js), and
 it imports no other writer (markdown.py).
 
 Scale: a database of 100k runs must give a page under ~10 MB that opens in seconds. The runs
-travel once, column by column, gzip-compressed and base64-encoded (the browser inflates them with
-DecompressionStream); repeated text (configurations, reasons) is interned; the dots of a value are
-at most DOTS_PER_LEVEL runs, evenly sampled; the table shows one page of rows at a time, and plots
-are drawn when they scroll into view.
+travel once, gzip-compressed and base64-encoded (the browser inflates them with
+DecompressionStream); the table shows one page of rows at a time, and plots are drawn when they
+scroll into view.
 """
 
 from __future__ import annotations
 
 import base64
-import functools
 import gzip
 import html
-import itertools
 import json
-import math
-import operator
 import time
-from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from orchestrator.stats import effects as fx
 from orchestrator.queue import budget
+from orchestrator.report import page_data
+from orchestrator.report.page_data import DOTS_PER_LEVEL, var_anchor
 from orchestrator.report.sections import learning as learning_report, parallel as parallel_report, prediction as prediction_report, seeds
-from orchestrator.stats.config_index import CONFIG_NAMES, config_index
-from orchestrator.stats.columns import column
 from orchestrator.report.tables import html_table
-from orchestrator.report.view_sql import tuple_getter
-from orchestrator.report.words import FACTS, _fact, _fmt, _p, _pct, short_reason
-from common.variables import BY_NAME, NAMES
+from orchestrator.report.words import FACTS, _fact, _fmt, _p, _pct
+from common.variables import BY_NAME
 
-RUNS_ON_PAGE = 200_000  # runs the page's table carries: beyond it, a sample (every run in results.csv)
-DOTS_PER_LEVEL = 300  # runs drawn per value of a variable (evenly sampled beyond it; the table has them all)
-RUNS_PER_PAGE = 50
-SHARED_POINTS = 2000  # shared configurations drawn in the machines-compared scatter
-NOT_CONFIG = ("repeat",)  # the pass index: not part of what differs between configurations
 SECTIONS = (("effects", "Effects"), ("variables", "Variables"), ("machine", "Machine and noise"),
             ("runs", "Runs"), ("seeds", "Reference runs"), ("predict", "How long here"), ("machines", "Machines and pools"))
 # The page's CSS and JavaScript are files of their own (static/), read once; a newline after
@@ -63,371 +46,6 @@ SECTIONS = (("effects", "Effects"), ("variables", "Variables"), ("machine", "Mac
 STATIC = Path(__file__).resolve().parent / "static"
 CSS = "\n" + (STATIC / "page.css").read_text(encoding="utf-8")
 JS = "\n" + (STATIC / "page.js").read_text(encoding="utf-8")
-
-
-# -- the adapter: effects.py's objects -> plain dicts --------------------------------------------
-
-def analysis_dicts(analysis, grids: dict[int, list], names: dict[int, str]) -> dict:
-    """The statistics as the page draws them: {"effects": [...] in rank order, "variables": [...],
-    "grids": [...], "noise": {machine: {...}}, "family": int}. The only function that touches the
-    classes of orchestrator/stats/effects.py."""
-    family = analysis.family
-    effects, variables = [], []
-    for rank, ve in enumerate(analysis.ranked(), 1):
-        anchor = var_anchor(ve.variable, ve.machine_id, several=len(analysis.machines) > 1)
-        headline = ve.headline
-        ordered = [headline] + sorted((e for e in ve.effects if e is not headline),
-                                      key=lambda e: (e.p_value if e.p_value is not None else 2.0))
-        for e in ordered:
-            effects.append(_effect_dict(e, rank, anchor, names, headline=e is headline))
-        base = ve.baseline
-        levels = []
-        for lv in ve.levels:
-            ratio = next((r for r in ve.ratios if r.value == lv.label), None)
-            levels.append({"label": lv.label, "value": _num_or_none(lv.value), "n": lv.n,
-                           "passes": len(lv.passes), "median_ms": lv.median_step_ms,
-                           "geo_ms": float(np.exp(np.mean(np.log(lv.step_ms)))),
-                           "tokens_per_s": lv.median_tokens_per_s, "cv": lv.cv, "baseline": lv is base,
-                           "ratio": _effect_dict(ratio, rank, anchor, names) if ratio else None,
-                           "run_ids": _sample([r.row["run_id"] for r in lv.runs], DOTS_PER_LEVEL)})
-        law = None
-        if ve.elasticity is not None:
-            law = _effect_dict(ve.elasticity, rank, anchor, names)
-        variables.append({
-            "variable": ve.variable, "machine_id": ve.machine_id, "anchor": anchor, "rank": rank,
-            "size_like": bool(ve.size_like and law is not None), "levels": levels, "law": law,
-            "baseline": base.label, "fixed": dict(ve.fixed), "followers": list(ve.followers),
-            "left_out": ve.left_out, "n_groups": ve.n_groups, "headline": _effect_dict(headline, rank, anchor, names),
-        })
-    out_grids = [{"machine_id": g.machine_id, "rows": g.rows, "cols": g.cols, "row_labels": list(g.row_labels),
-                  "col_labels": list(g.col_labels), "step_ms": [list(r) for r in g.step_ms], "fixed": dict(g.fixed)}
-                 for m, gs in grids.items() for g in gs]
-    noise = {}
-    for m, ma in analysis.machines.items():
-        nz = ma.noise
-        per_value = Counter(lv.n for ve in ma.variables for lv in ve.levels).most_common(1)
-        noise[m] = {"cv": nz.cv, "cv_with_drift": nz.cv_with_drift, "probe_cv": nz.probe_cv, "configs": nz.configs,
-                    "borrowed": nz.borrowed,
-                    "sigma": nz.sigma, "noisiest": [list(x) for x in nz.noisiest],
-                    "drift": {int(p): x for p, x in ma.drift.relative().items()},
-                    "drift_not_estimated": list(ma.drift.not_estimated),
-                    "runs_per_value": per_value[0][0] if per_value else None,
-                    "disturbed": len(ma.disturbed), "fitted_runs": len(ma.runs), "together": list(ma.together),
-                    "identical": list(ma.identical), "regrouped": list(ma.regrouped),
-                    "varied": list(ma.varied), "dof": nz.dof, "block_cv": nz.block_cv,
-                    "strata": [{"cpus": [c for c in st.members if c is not None], "cv": st.cv, "slow_share": st.slow_share,
-                                "slow_shift": math.expm1(st.slow_shift)} for st in nz.strata
-                               if st.dof > 0 and not st.noisy_config],
-                    "half_widths": sorted(e.half_width for e in ma.effects if e.kind == "ratio" and e.se is not None),
-                    "resolvable": sorted(fx.smallest_resolvable(e) for e in ma.effects if e.kind == "ratio" and e.se is not None),
-                    "advice": nz.where_repeats_help(), "uncompared": dict(ma.uncompared),
-                    "baseline_lost": ma.baseline_lost}
-    return {"effects": effects, "variables": variables, "grids": out_grids, "noise": noise, "family": family,
-            "alpha": fx.ALPHA}
-
-
-def _effect_dict(e, rank: int, anchor: str, names: dict[int, str], headline: bool = False) -> dict:
-    lo, hi = e.ci_adj
-    if e.kind == "elasticity":  # on the page's one axis: the step-time factor of a doubling
-        label = f"{e.variable}: power law (per doubling)"
-        factor, flo, fhi = 2 ** e.estimate, (2 ** lo if lo is not None else None), (2 ** hi if hi is not None else None)
-    else:
-        label = f"{e.variable}: {e.value} vs {e.baseline}"
-        factor, flo, fhi = e.estimate, lo, hi
-    verdict, significant = e.verdict(), e.significant
-    if e.se is not None and not e.usable:  # beyond 0.2x-5x: a point without its interval, never an effect
-        flo = fhi = None
-        verdict, significant = f"unresolved: {e.n_runs} runs, interval {lo:.2g} to {hi:.2g}", None
-    return {"machine_id": e.machine_id, "machine": names.get(e.machine_id, str(e.machine_id)), "variable": e.variable,
-            "kind": e.kind, "value": e.value, "baseline": e.baseline, "estimate": e.estimate, "lo": lo, "hi": hi,
-            "factor": factor, "factor_lo": flo, "factor_hi": fhi, "label": label, "verdict": verdict,
-            "significant": significant, "p_adjusted": e.p_adjusted, "n_runs": e.n_runs, "min_runs": e.min_runs,
-            "repeats_needed": e.repeats_needed, "describe": e.describe(), "rank": rank, "anchor": anchor,
-            "headline": headline}
-
-
-# -- page data from rows -----------------------------------------------------------------------
-
-def var_anchor(variable: str, machine_id: int | None = None, several: bool = False) -> str:
-    return f"var-{variable}" + (f"-m{machine_id}" if several and machine_id is not None else "")
-
-
-def _num_or_none(v):
-    if isinstance(v, bool):
-        return None
-    return float(v) if isinstance(v, (int, float)) else None
-
-
-def _sample(xs: list, k: int) -> list:
-    if len(xs) <= k:
-        return list(xs)
-    step = len(xs) / k
-    return [xs[int(i * step)] for i in range(k)]
-
-
-def _round(x, digits: int = 4):
-    if x is None:
-        return None
-    x = float(x)
-    if not math.isfinite(x):
-        return None
-    if x == 0:
-        return 0
-    return round(x, max(0, digits - 1 - int(math.floor(math.log10(abs(x))))))
-
-
-def _round_all(values, digits: int = 4) -> list:
-    """[_round(x, digits) for x in values], the digits of every value found at once (numpy): the same
-    Python round() of the same float per value, so the same numbers. A power of ten's logarithm is
-    asked of math.log10, as _round asks it, wherever numpy's could fall on the other side of an integer."""
-    xs = list(values)
-    try:
-        a = np.array(xs, dtype=float)  # None: NaN, which _round also gives None for
-    except (TypeError, ValueError):
-        return [_round(x, digits) for x in xs]
-    if a.ndim != 1:
-        return [_round(x, digits) for x in xs]
-    finite = np.isfinite(a)
-    nonzero = finite & (a != 0)
-    mag = np.abs(a[nonzero])
-    logs = np.log10(mag)
-    exponent = np.floor(logs)
-    for i in np.flatnonzero(np.abs(logs - np.round(logs)) < 1e-9).tolist():
-        exponent[i] = math.floor(math.log10(float(mag[i])))
-    rounded = list(map(round, a[nonzero].tolist(), np.maximum(0, digits - 1 - exponent).astype(np.int64).tolist()))
-    if len(rounded) == len(xs):
-        return rounded
-    kind = finite.astype(np.int8) + nonzero  # 0: None, 1: zero, 2: rounded
-    it = iter(rounded)
-    return [next(it) if k == 2 else (0 if k else None) for k in kind.tolist()]
-
-
-def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
-    """Per machine, the value of each variable most of its configurations share (each configuration
-    counted once), over every claimed run: failed and skipped ones say what differs too."""
-    out = {}
-    ids, raws = config_index(rows)
-    # a configuration is a config_hash (a run without one: the run itself); its first run's values count
-    machines = list(map(operator.itemgetter("machine_id"), rows))
-    hashes = column(rows, "config_hash")
-    if all(hashes):  # every run has one (the usual case): read at C speed
-        jobs = list(zip(machines, hashes))
-    else:
-        jobs = [(m, h or r["run_id"]) for m, h, r in zip(machines, hashes, rows)]
-    first = dict(zip(reversed(jobs), reversed(ids)))  # the earliest run of each wins
-    by_machine: dict[int, Counter] = {}
-    for job in dict.fromkeys(jobs):  # in the order they first ran
-        c = by_machine.get(job[0])
-        if c is None:
-            c = by_machine[job[0]] = Counter()
-        c[first[job]] += 1
-    names = list(CONFIG_NAMES)
-    for m, per_id in by_machine.items():
-        # Configurations that differ only in their repeat count as many times as they are, once each.
-        raw = {raws[i]: k for i, k in per_id.items()}
-        modal = {}
-        for i, n in enumerate(names):
-            counts = Counter()
-            for values, k in raw.items():
-                counts[_val(n, values[i])] += k
-            if len(counts) > 1:
-                modal[n] = max(counts.items(), key=lambda kv: (kv[1], str(kv[0]) == str(BY_NAME[n].default)))[0]
-        out[m] = modal
-    return out
-
-
-@functools.lru_cache(maxsize=65536)
-def _val(name: str, raw) -> str:
-    """A column value as the page writes it (cached: a 100k-run page asks millions of times)."""
-    return fx.label(name, fx.value_of(name, raw))
-
-
-def config_difference(row: dict, modal: dict[str, object]) -> dict[str, str]:
-    """The variables where this run differs from its machine's baseline configuration, as labels."""
-    out = {}
-    for n, base in modal.items():
-        v = _val(n, row.get(n))
-        if v != base:
-            out[n] = v
-    return out
-
-
-def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], disturbed: set,
-               index: tuple[list[int], list[tuple]] | None = None) -> dict:
-    """The runs, column by column, with repeated text interned: what the runs table and the hover
-    texts of the dots read. `index`: config_index(rows), where known (each run's key is then made
-    once per machine and configuration)."""
-    interned: dict[str, dict[str, int]] = {"machine": {}, "status": {}, "config": {}, "reason": {}}
-
-    def idx(kind: str, text: str) -> int:
-        table = interned[kind]
-        if text not in table:
-            table[text] = len(table)
-        return table[text]
-
-    cols: dict[str, list] = {}
-    config_vars: dict[int, list[str]] = {}
-    seen: dict[tuple, int] = {}  # (machine, the run's values of its baseline's variables) -> config text index
-    machines = list(map(operator.itemgetter("machine_id"), rows))
-    # each run's key (its machine, its values of the baseline's variables) read at C speed; a key's
-    # text made once, in the order the keys first appear (as run by run)
-    base_names = {m: tuple(modal.get(m, {})) for m in dict.fromkeys(machines)}
-    if index is not None and set().union(*base_names.values()) <= set(CONFIG_NAMES):
-        keys, first_row = _keys_by_number(rows, machines, index, base_names)
-    else:
-        keys = list(zip(machines, map(tuple, map(map, map(operator.attrgetter("get"), rows),
-                                                 map(base_names.__getitem__, machines)))))
-        first_row = dict(zip(reversed(keys), reversed(rows)))
-    for key in dict.fromkeys(keys):
-        diff = config_difference(first_row[key], modal.get(key[0], {}))
-        text = ", ".join(f"{k}={v}" for k, v in diff.items()) or "baseline"
-        ci = seen[key] = idx("config", text)
-        config_vars.setdefault(ci, list(diff))
-    config = list(map(seen.__getitem__, keys))
-    # column by column (each kind's text interned in the order the runs show it, as run by run)
-    cols["run_id"] = list(map(operator.itemgetter("run_id"), rows))
-    machine = {m: idx("machine", names.get(m, f"machine {m}")) for m in dict.fromkeys(machines)}
-    cols["machine"] = list(map(machine.__getitem__, machines))
-    statuses = list(map(operator.itemgetter("status"), rows))
-    status = {s: idx("status", s) for s in dict.fromkeys(statuses)}
-    cols["status"] = list(map(status.__getitem__, statuses))
-    cols["pass"] = _ints(column(rows, "repeat"))
-    cols["step_ms"] = _round_all(column(rows, "step_ms_median"))
-    cols["tokens_per_s"] = _round_all(column(rows, "tokens_per_s"))
-    cols["mfu"] = _round_all(column(rows, "mfu"), 3)
-    cols["config"] = config
-    # the reasons of the runs that failed or were skipped; "" for the rest (interned as first shown)
-    reasons = [""] * len(rows)
-    stopped = [status[s] for s in ("failed", "skipped") if s in status]
-    if stopped:
-        for i in np.flatnonzero(np.isin(np.array(cols["status"], dtype=np.int64), stopped)).tolist():
-            reasons[i] = short_reason(rows[i].get("reason"))
-    for text in dict.fromkeys(reasons):
-        idx("reason", text)
-    cols["reason"] = list(map(interned["reason"].__getitem__, reasons))
-    cols["disturbed"] = list(map(int, map(disturbed.__contains__, cols["run_id"])))
-    dicts = {k: list(v) for k, v in interned.items()}
-    return {"n": len(rows), "cols": cols, "dicts": dicts,
-            "config_vars": [config_vars[i] for i in range(len(dicts["config"]))]}
-
-
-def _keys_by_number(rows: list[dict], machines: list, index: tuple[list[int], list[tuple]],
-                    base_names: dict) -> tuple[list, dict]:
-    """runs_table's keys (each run's machine and its values of its baseline's variables) and each
-    key's first run, made once per machine and configuration number (config_index: runs of one
-    number have equal values of every one of those variables, so equal keys)."""
-    ids, raws = index
-    at = {n: i for i, n in enumerate(CONFIG_NAMES)}
-    pick = {m: tuple_getter([at[n] for n in ns]) for m, ns in base_names.items()}
-    pairs = list(zip(machines, ids))
-    key_of = {p: (p[0], tuple(pick[p[0]](raws[p[1]]))) for p in dict.fromkeys(pairs)}
-    first_at = dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1)))  # each pair's earliest run
-    first_row: dict = {}
-    for p, key in key_of.items():  # pairs in the order they first ran: a key's first pair has its first run
-        if key not in first_row:
-            first_row[key] = rows[first_at[p]]
-    return list(map(key_of.__getitem__, pairs)), first_row
-
-
-def _ints(values) -> list[int]:
-    """[int(x or 0) for x in values]: the values themselves where every one is an int."""
-    xs = list(values)
-    if set(map(type, xs)) <= {int}:
-        return xs
-    return [int(x or 0) for x in xs]
-
-
-def page_runs(rows: list[dict], st: dict, cap: int | None = None) -> list[dict]:
-    """The runs the page's table carries: every one up to RUNS_ON_PAGE; beyond, every run not done,
-    every run drawn as a dot, and an even sample of the rest (a page of a million runs stays bounded)."""
-    cap = RUNS_ON_PAGE if cap is None else cap
-    if len(rows) <= cap:
-        return rows
-    drawn = {i for v in st["variables"] for lv in v.get("levels", []) for i in lv.get("run_ids", [])}
-    step = -(-len(rows) // cap)
-    # every step-th run, every run not done, every drawn run: the three masks at C speed
-    keep = np.zeros(len(rows), dtype=bool)
-    keep[::step] = True
-    keep |= np.array(list(map(operator.ne, map(operator.itemgetter("status"), rows), itertools.repeat("done"))),
-                     dtype=bool)
-    keep |= np.array(list(map(drawn.__contains__, map(operator.itemgetter("run_id"), rows))), dtype=bool)
-    return list(itertools.compress(rows, keep.tolist()))
-
-
-def lost_values(rows: list[dict], modal: dict[int, dict]) -> dict[tuple[int, str], list[dict]]:
-    """(machine, variable) -> the values that failed or were skipped, with why and how many runs:
-    a run that did not finish is charged to every variable where it differs from the baseline."""
-    counted: dict[tuple[int, str], Counter] = defaultdict(Counter)
-    stopped = map(("failed", "skipped").__contains__, map(operator.itemgetter("status"), rows))
-    for r in itertools.compress(rows, stopped):  # only the runs that did not finish (picked at C speed)
-        diff = config_difference(r, modal.get(r["machine_id"], {})) or {"(baseline)": "baseline"}
-        for n, v in diff.items():
-            counted[(r["machine_id"], n)][(v, r["status"], short_reason(r.get("reason")))] += 1
-    return {k: [{"value": v, "status": s, "why": why, "runs": n} for (v, s, why), n in c.most_common()]
-            for k, c in counted.items()}
-
-
-def shared_configs(rows: list[dict], done: list[dict] | None = None) -> dict:
-    """Machines side by side: per pair (reference, other) the median step time of every configuration
-    both finished, and the geometric mean of their ratios. `done`: fx.done_runs(rows), where known."""
-    done = fx.done_runs(rows) if done is None else done
-    machine_of = list(map(operator.itemgetter("machine_id"), done))
-    machines = sorted(set(machine_of))
-    if len(machines) < 2:
-        return {"machines": machines, "pairs": []}
-    # each finished run's configuration number (done is in the rows' order: one walk along both)
-    ids, config, pending = config_index(rows)[0], [], iter(done)
-    nxt = next(pending, None)
-    for i, r in zip(ids, rows):
-        if r is nxt:
-            config.append(i)
-            nxt = next(pending, None)
-    if len(config) != len(done):  # not a subsequence of the rows: look each one up
-        number = dict(zip(map(id, rows), ids))
-        config = [number[id(r)] for r in done]
-    # the runs sorted into (configuration, machine) cells; the configurations in the order they first finished
-    n_machines, column = len(machines), {m: j for j, m in enumerate(machines)}
-    config_array = np.array(config, dtype=np.int64)
-    cell = config_array * n_machines + np.array(list(map(column.__getitem__, machine_of)), dtype=np.int64)
-    steps = np.array(list(map(float, map(operator.itemgetter("step_ms_median"), done))), dtype=float)
-    order = np.argsort(cell, kind="stable")
-    cell, steps = cell[order], steps[order]
-    starts = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]])
-    bounds = dict(zip(cell[starts].tolist(), zip(starts.tolist(), np.r_[starts[1:], len(cell)].tolist())))
-    seen, first = np.unique(config_array, return_index=True)
-    in_order = seen[np.argsort(first)].tolist()  # each configuration once, in the order it first finished
-    ref = machines[0]
-    pairs = []
-    for j, m in enumerate(machines[1:], 1):
-        xs, ys = [], []
-        for c in in_order:
-            here, there = bounds.get(c * n_machines), bounds.get(c * n_machines + j)
-            if here is not None and there is not None:
-                xs.append(float(np.median(steps[here[0]:here[1]])))
-                ys.append(float(np.median(steps[there[0]:there[1]])))
-        ratio = float(np.exp(np.mean(np.log(np.array(ys) / np.array(xs))))) if xs else None
-        keep = _sample(list(range(len(xs))), SHARED_POINTS)
-        pairs.append({"ref": ref, "other": m, "shared": len(xs), "ratio": ratio,
-                      "x": [_round(xs[i]) for i in keep], "y": [_round(ys[i]) for i in keep]})
-    return {"machines": machines, "pairs": pairs}
-
-
-def pools_table(rows: list[dict]) -> list[dict]:
-    # the distinct (pool, machine, hosts, status) of the runs, counted at C speed, then added up per queue
-    seen = Counter(zip(column(rows, "pool_id"), column(rows, "pool"),
-                       map(operator.itemgetter("machine_id"), rows), column(rows, "worker_host"),
-                       column(rows, "hostname"), map(operator.itemgetter("status"), rows)))
-    per: dict[tuple, dict] = {}
-    for (pool_id, pool, machine, worker_host, hostname, status), n in seen.items():
-        key = (pool_id, pool or f"machine {machine}")
-        p = per.setdefault(key, {"pool": key[1], "hosts": set(), "machines": set(), "done": 0, "failed": 0,
-                                 "skipped": 0, "running": 0})
-        p["hosts"].add(worker_host or hostname or "?")
-        p["machines"].add(machine)
-        if status in p:
-            p[status] += n
-    return [{**p, "hosts": sorted(p["hosts"]), "machines": sorted(p["machines"])} for _, p in sorted(per.items(),
-                                                                                                   key=lambda kv: str(kv[0]))]
 
 
 # -- HTML ----------------------------------------------------------------------------------------
@@ -694,47 +312,17 @@ def _jsonable(x):
     return str(x)
 
 
-def _clean(x):
-    """NaN and infinities to None, recursively (JSON has neither)."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
-
-
 def write_page(ctx, path: Path) -> Path:
     """Write the page for a report's Context (orchestrator/report/data.py) to `path`."""
     import plotly.offline
 
     path = Path(path)
     several = ctx.several
-    st = _clean(analysis_dicts(ctx.analysis, ctx.grids, ctx.names))
-    modal = baselines(ctx.rows)
-    disturbed = {r.row["run_id"] for ma in ctx.analysis.machines.values() for r in ma.disturbed}
-    shown = page_runs(ctx.rows, st)
-    runs = runs_table(shown, modal, ctx.names, disturbed, config_index(ctx.rows) if shown is ctx.rows else None)
-    lost = lost_values(ctx.rows, modal)
-    # Every variable varied on a machine (done or not) gets a section, clearest first, then the rest.
-    by_key = {(v["machine_id"], v["variable"]): v for v in st["variables"]}
-    asked = sorted({(m, n) for m, vs in modal.items() for n in vs}, key=lambda k: (k[0], NAMES.index(k[1])))
-    # A variable's sections sit together (one per machine), in the order of its clearest effect.
-    first = {}
-    for v in st["variables"]:
-        first.setdefault(v["variable"], len(first))
-    order = sorted(by_key, key=lambda k: (first[k[1]], k[0])) + [k for k in asked if k not in by_key]
-    grid_by_var: dict[tuple, list] = defaultdict(list)
-    for gi, g in enumerate(st["grids"]):
-        grid_by_var[(g["machine_id"], g["rows"])].append((gi, g))
-    varied = sorted({n for _, n in order}, key=NAMES.index)
-    var_html = "".join(_variable_section(by_key.get(k), k[1], k[0], ctx, st, lost.get(k, []),
-                                         grid_by_var.get(k, []), several) for k in order)
-    first_section: dict[str, int] = {}
-    for m, n in order:
-        first_section.setdefault(n, m)
-    index = "".join(f'<a href="#{var_anchor(n, m, several)}"><code>{_e(n)}</code></a> ' for n, m in first_section.items())
+    pg = page_data.page(ctx)
+    st, runs = pg.stats, pg.runs
+    var_html = "".join(_variable_section(pg.variables.get(k), k[1], k[0], ctx, st, pg.lost.get(k, []),
+                                         pg.grids.get(k, []), several) for k in pg.order)
+    index = "".join(f'<a href="#{var_anchor(n, m, several)}"><code>{_e(n)}</code></a> ' for n, m in pg.first_section.items())
     sweeps = ctx.sweeps
     done = len(ctx.done)
     where = (f"{len(ctx.names)} machines" if several else next(iter(ctx.names.values()), "no machine yet"))
@@ -745,10 +333,7 @@ def write_page(ctx, path: Path) -> Path:
              "around a baseline where the sweep is one-factor-at-a-time."
              + (" Learning runs train to a validation-loss target instead: their time to a trained model comes "
                 "first." if ctx.learning and ctx.learning["runs"] else ""))
-    page_data = {"effects": st["effects"], "variables": st["variables"], "grids": st["grids"],
-                 "shared": shared_configs(ctx.rows, ctx.done), "names": {str(k): v for k, v in ctx.names.items()},
-                 "per_page": RUNS_PER_PAGE, "several": several}
-    # the runs need no _clean(): their floats come from _round(), which gives None for NaN and infinities
+    # the runs need no cleaning: their floats come from page_data's rounding, which gives None for NaN and infinities
     packed = base64.b64encode(gzip.compress(json.dumps(runs, separators=(",", ":")).encode(), 6)).decode()
     generated = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = "".join([
@@ -767,12 +352,12 @@ def write_page(ctx, path: Path) -> Path:
         _machine_section(ctx, st, several),
         parallel_report.html_section(ctx),  # ranks/nodes: compute vs all-reduce
         _budget_section(ctx),
-        _runs_section(ctx, runs, varied),
+        _runs_section(ctx, runs, pg.varied),
         _seeds_section(ctx),
         prediction_report.html(ctx),
-        _machines_section(ctx, page_data["shared"], pools_table(ctx.rows)),
+        _machines_section(ctx, pg.data["shared"], pg.pools),
         '</main>',
-        _json_script("page-data", page_data),
+        _json_script("page-data", pg.data),
         f'<script type="application/octet-stream" id="runs-data">{packed}</script>',
         f"<script>{plotly.offline.get_plotlyjs()}</script>",
         f"<script>{JS}</script></body></html>",

@@ -477,7 +477,7 @@ def method_section(ctx: Context) -> list[str]:
 
 def pools_section(ctx: Context) -> list[str]:
     """Named pools and their hosts (orchestrator/report/sections/pools.py)."""
-    return pool_lines(ctx.rows)
+    return pool_lines(ctx.rows, ctx.queues)
 
 
 # The sections of summary.md, in order. Another part adds its own by adding a function here

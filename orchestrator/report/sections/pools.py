@@ -10,7 +10,8 @@ configurations is not identical, and its runs mix into the pool's numbers).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+import operator
+from collections import Counter, defaultdict
 
 import numpy as np
 
@@ -22,26 +23,42 @@ METRIC = "step_ms_median"
 KEY = tuple(n for n in NAMES if n != "repeat")  # a configuration; repeats of it are its samples
 
 
-def pool_lines(rows: list[dict]) -> list[str]:
-    """Markdown lines (none when no named pool has runs): queues compared on shared configurations,
-    then each named pool's hosts compared with each other."""
-    pools = set(column(rows, "pool"))  # (each run's pool read at C speed)
-    if not any(p and not str(p).startswith("machine ") for p in pools):
+def queues(rows: list[dict]) -> list[dict]:
+    """Each queue the runs came from, by (pool id, name): its name ("machine N" for a machine's own),
+    its hosts and machines, and its runs done, failed, skipped and running. Both writers list these."""
+    # the distinct (pool, machine, hosts, status) of the runs, counted at C speed, then added up per queue
+    seen = Counter(zip(column(rows, "pool_id"), column(rows, "pool"),
+                       map(operator.itemgetter("machine_id"), rows), column(rows, "worker_host"),
+                       column(rows, "hostname"), map(operator.itemgetter("status"), rows)))
+    per: dict[tuple, dict] = {}
+    for (pool_id, pool, machine, worker_host, hostname, status), n in seen.items():
+        key = (pool_id, pool or f"machine {machine}")
+        p = per.setdefault(key, {"pool_id": pool_id, "pool": key[1], "hosts": set(), "machines": set(), "done": 0,
+                                 "failed": 0, "skipped": 0, "running": 0})
+        p["hosts"].add(worker_host or hostname or "?")
+        p["machines"].add(machine)
+        if status in p:
+            p[status] += n
+    return [{**p, "hosts": sorted(p["hosts"]), "machines": sorted(p["machines"])} for _, p in sorted(per.items())]
+
+
+def pool_lines(rows: list[dict], queued: list[dict]) -> list[str]:
+    """Markdown lines (none when no named pool has runs): the queues (`queued`: queues(rows)) compared
+    on shared configurations, then each named pool's hosts compared with each other."""
+    if not any(not q["pool"].startswith("machine ") for q in queued):
         return []
     done = [r for r in rows if r["status"] == "done" and r.get(METRIC)]
-    queues = sorted({(r["pool_id"], r["pool"]) for r in rows})
+    queues = [(q["pool_id"], q["pool"]) for q in queued]
     lines = ["## Pools and machines compared", "",
              "Each machine has its own queue (it runs every job); a named pool shares one queue among "
              "identical nodes (each job once). Step times are medians over repeats, compared on the "
              "configurations both sides finished; the ratio is their geometric mean.", ""]
     ref = queues[0]
     body = []
-    for pool_id, label in queues:
-        mine = [r for r in rows if r["pool_id"] == pool_id]
-        hosts = sorted({r.get("worker_host") or r.get("hostname") or "?" for r in mine})
-        statuses = {s: sum(r["status"] == s for r in mine) for s in ("done", "failed", "skipped")}
+    for q in queued:
+        pool_id = q["pool_id"]
         ratio, shared = _ratio(done, lambda r: r["pool_id"] == pool_id, lambda r: r["pool_id"] == ref[0])
-        body.append([label, ", ".join(hosts), statuses["done"], statuses["failed"], statuses["skipped"],
+        body.append([q["pool"], ", ".join(q["hosts"]), q["done"], q["failed"], q["skipped"],
                      "reference" if pool_id == ref[0] else (f"{ratio:.2f}x ({shared} shared)" if ratio else "-")])
     header = ["queue", "hosts", "done", "failed", "skipped", f"step time vs {ref[1]}"]
     lines += markdown_table(header, body, escape=False)  # its cells unescaped, as they have always been
