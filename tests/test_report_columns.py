@@ -12,7 +12,7 @@ import random
 from common.variables import NAMES
 from orchestrator.stats import config_index, cost_model as cm
 from orchestrator.report.sections import prediction as prediction_report, seeds
-from orchestrator.report import html
+from orchestrator.report import page_data
 
 
 def test_round_all_gives_round_of_every_value():
@@ -23,11 +23,11 @@ def test_round_all_gives_round_of_every_value():
     rng = random.Random(1)
     values += [rng.lognormvariate(0, 6) * rng.choice((1, -1)) for _ in range(5000)]
     for digits in (3, 4):
-        plain = [html._round(x, digits) for x in values]
-        fast = html._round_all(values, digits)
+        plain = [page_data._round(x, digits) for x in values]
+        fast = page_data._round_all(values, digits)
         assert json.dumps(fast) == json.dumps(plain)
         assert [type(x) for x in fast] == [type(x) for x in plain]
-    assert html._round_all([]) == []
+    assert page_data._round_all([]) == []
 
 
 def _rows(n: int, seed: int) -> list[dict]:
@@ -59,7 +59,7 @@ def test_page_runs_keeps_every_step_th_run_the_unfinished_and_the_drawn():
     for cap in (7, 50, 499):
         step = -(-len(rows) // cap)
         plain = [r for i, r in enumerate(rows) if not i % step or r["status"] != "done" or r["run_id"] in (5, 77, 400)]
-        assert html.page_runs(rows, st, cap) == plain
+        assert page_data.page_runs(rows, st, cap) == plain
 
 
 def test_the_check_shares_configurations_are_distinct_config_keys():
@@ -85,10 +85,10 @@ def test_runs_table_keys_by_configuration_number_are_the_per_run_keys():
         r["n_layers"] = float(r["n_layers"]) if r["n_layers"] is not None else None
         r["repeat"] = None
     config_index._last[:] = [None, 0, None]
-    modal = html.baselines(rows)
+    modal = page_data.baselines(rows)
     assert any(modal.values())
     names = {1: "one", 2: "two"}
-    plain = html.runs_table(rows, modal, names, {3, 4})
-    fast = html.runs_table(rows, modal, names, {3, 4}, config_index.config_index(rows))
+    plain = page_data.runs_table(rows, modal, names, {3, 4})
+    fast = page_data.runs_table(rows, modal, names, {3, 4}, config_index.config_index(rows))
     assert json.dumps(fast) == json.dumps(plain) and len(plain["dicts"]["config"]) > 2
     config_index._last[:] = [None, 0, None]
