@@ -21,6 +21,7 @@ there, so a capped run is refused saying the cap cannot be confirmed. A library 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -29,6 +30,8 @@ import signal
 import sys
 import tempfile
 import time
+
+from common.processes import fork_child
 
 # Levels, lowest first: a library obeys a cap when its level is at most the cap's.
 LEVELS = {"baseline": 0, "avx2": 1, "avx512": 2, "avx512_vnni": 3, "avx512_bf16": 4, "amx": 5}
@@ -123,18 +126,8 @@ def hold_library_isas() -> None:
     probes = {}
     for enabled in (True, False):
         r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the probe: answer on the pipe, never return into the server's code
-            code = 1
-            try:
-                os.close(r)
-                import torch
-
-                torch.backends.mkldnn.enabled = enabled
-                os.write(w, json.dumps(library_isas()).encode())
-                code = 0
-            finally:
-                os._exit(code)
+        # the probe: answer on the pipe (exit 0), never return into the server's code
+        pid = fork_child(functools.partial(_probe_isas, enabled, w), close=(r,))
         os.close(w)
         probes[enabled] = (pid, r)
     deadline = time.monotonic() + PROBE_TIMEOUT_S
@@ -154,6 +147,14 @@ def hold_library_isas() -> None:
         _, status = os.waitpid(pid, 0)
         if os.waitstatus_to_exitcode(status) == 0 and raw:
             _HELD[enabled] = json.loads(raw)
+
+
+def _probe_isas(onednn: bool, fd: int) -> None:
+    """In a probe child (hold_library_isas): library_isas() with oneDNN on or off, written to `fd`."""
+    import torch
+
+    torch.backends.mkldnn.enabled = onednn
+    os.write(fd, json.dumps(library_isas()).encode())
 
 
 def library_isas() -> dict:
