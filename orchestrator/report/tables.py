@@ -3,12 +3,14 @@ sections' markdown, an HTML table for index.html and the sections' HTML.
 
 Cells are escaped here or not, as the caller says: the page's writers pass HTML they built (links,
 marked-up verdicts) and escape their plain text before; markdown cells are escaped (a `|` would end
-the cell, a newline the row) unless the caller keeps its cells as they are.
+the cell, a newline the row) unless the caller keeps its cells as they are or escapes them its own
+way (the references' table writes a `|` as `/`).
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 
 
 def markdown_cell(x: object) -> str:
@@ -16,10 +18,11 @@ def markdown_cell(x: object) -> str:
     return str(x).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown_table(header: list, rows: list[list], *, escape: bool = True) -> list[str]:
+def markdown_table(header: list, rows: list[list], *, escape: bool | Callable[[object], str] = True) -> list[str]:
     """The lines of a markdown table and the blank line after it. The header is written as given;
-    the cells escaped by markdown_cell, or written as given where `escape` is False."""
-    cell = markdown_cell if escape else str
+    the cells escaped by markdown_cell, written as given where `escape` is False, or by `escape`
+    where it is a function."""
+    cell = escape if callable(escape) else markdown_cell if escape else str
     out = ["| " + " | ".join(map(str, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
     return out + [""]

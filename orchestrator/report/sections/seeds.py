@@ -21,6 +21,7 @@ from itertools import chain
 
 import numpy as np
 
+from orchestrator.report.tables import markdown_table
 from orchestrator.stats.config_index import CONFIG_NAMES, config_index
 
 # The variables a reference fixes; the rest (steps, threads, system settings) is this machine's choice.
@@ -204,6 +205,11 @@ def _measured_all(rows: list[dict]) -> dict[str, dict[int, Measured]]:
     return found
 
 
+def _slashed(cell: object) -> str:
+    """A cell of the references' table: a `|` (in a published figure or hardware) written as `/`."""
+    return str(cell).replace("|", "/")
+
+
 def seeds_lines(rows: list[dict], names: dict[int, str]) -> list[str]:
     """Markdown lines (none when no run has a reference's configuration): this machine's s/step, tok/s
     and MFU beside each published figure, with the hardware and the caveats."""
@@ -227,9 +233,7 @@ def seeds_lines(rows: list[dict], names: dict[int, str]) -> list[str]:
                          _num(got.tokens_per_s) if got else "-", _num(got.mfu, 2) if got else "-",
                          ref.figure, _num(ref.s_per_step), _published_rate(ref), _num(ref.mfu, 2), ref.hardware,
                          ref.kind])
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in body]
-    lines.append("")
+    lines += markdown_table(header, body, escape=_slashed)
     claims = []
     for ref in PUBLISHED:
         if ref.ratio_to is None:
