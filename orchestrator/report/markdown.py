@@ -123,7 +123,8 @@ def notes_section(ctx: Context) -> list[str]:
             lines += [f"**Not compared{who}**: `{n}`: {why}.", ""]
         if ma.lost:
             lines += [f"Values asked for with no usable run{who} (never averaged, never dropped silently):", ""]
-            lines += markdown_table(["variable", "value", "why"], [[f"`{x.variable}`", x.value, x.why] for x in ma.lost])
+            lines += markdown_table(["variable", "value", "why"],
+                                    [[f"`{x.variable}`", x.value, x.why] for x in ma.lost])
     for m, ma in ctx.analysis.machines.items():
         who = f" on {ctx.names[m]}" if ctx.several else ""
         for note in ma.identical:
@@ -210,8 +211,8 @@ def budget_section(ctx: Context) -> list[str]:
 def runs_section(ctx: Context) -> list[str]:
     counts, failures = ctx.counts, ctx.failures
     lines = ["## Runs", ""]
-    lines += markdown_table(["status", "runs"], [[s, counts.get(s, 0)] for s in ("done", "failed", "skipped", "running", "queued")]
-                    + [["total", counts.get("total", 0)]])
+    statuses = [[s, counts.get(s, 0)] for s in ("done", "failed", "skipped", "running", "queued")]
+    lines += markdown_table(["status", "runs"], statuses + [["total", counts.get("total", 0)]])
     if failures:
         lines += ["Runs that did not finish, by reason (their metrics are empty and no average uses them):", ""]
         lines += markdown_table(["status", "reason", "runs"], [[s, why, n] for s, why, n in failures])
