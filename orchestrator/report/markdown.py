@@ -17,7 +17,7 @@ from orchestrator.queue import budget
 from orchestrator.stats import effects as fx
 from orchestrator.report.sections import learning as learning_report, parallel as parallel_report
 from orchestrator.stats.effects import Analysis, VariableEffect
-from orchestrator.report.sections.pools import pool_lines
+from orchestrator.report.sections import pools
 from orchestrator.report.sections.seeds import seeds_section
 from orchestrator.report.sections import prediction as prediction_report
 from orchestrator.report.data import Context
@@ -368,27 +368,8 @@ def shared_section(ctx: Context) -> list[str]:
         return []
     names = ctx.names
     varied = [n for n in ctx.varied if n not in ctx.together]
-    cells: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for ma in ctx.analysis.machines.values():
-        # the runs of a cell share one key object (as_ran): group on it (cheap), then on the key's values
-        # (a key per run hashes every value of it); the step times of a key come in another order, which
-        # no median minds
-        # (numpy: the runs sorted on their key object's id, stably, the keys taken in the order they first ran)
-        if not ma.runs:
-            continue
-        keys = list(map(operator.methodcaller("config_key"), ma.runs))
-        steps = np.array(list(map(float, map(operator.itemgetter(fx.METRIC), map(operator.attrgetter("row"), ma.runs)))))
-        objects = np.array(list(map(id, keys)), dtype=np.uint64)
-        order = np.argsort(objects, kind="stable")
-        objects, steps = objects[order], steps[order].tolist()
-        starts = np.flatnonzero(np.r_[True, objects[1:] != objects[:-1]])
-        ends = np.r_[starts[1:], len(objects)].tolist()
-        for j in np.argsort(order[starts], kind="stable").tolist():  # by each key object's first run
-            start = int(starts[j])
-            cells[keys[int(order[start])]][ma.machine_id].extend(steps[start:ends[j]])
-    machines = sorted(m for m, ma in ctx.analysis.machines.items() if ma.runs)
+    machines, shared = pools.machines_compared(ctx.analysis)
     ref = machines[0]
-    shared = {k: v for k, v in cells.items() if len(v) > 1}
     lines = ["## Machines compared", ""]
     if not shared:
         return lines + ["No configuration has finished on more than one machine yet.", ""]
@@ -478,7 +459,7 @@ def method_section(ctx: Context) -> list[str]:
 
 def pools_section(ctx: Context) -> list[str]:
     """Named pools and their hosts (orchestrator/report/sections/pools.py)."""
-    return pool_lines(ctx.rows, ctx.queues)
+    return pools.pool_lines(ctx.rows, ctx.queues)
 
 
 # The sections of summary.md, in order. Another part adds its own by adding a function here

@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from common.variables import NAMES
+from orchestrator.stats import effects as fx
 from orchestrator.report.tables import markdown_table
 from orchestrator.stats.columns import column
 
@@ -90,3 +91,33 @@ def _host_words(done: list[dict], pool_id: int, host: str, ref: str) -> str:
     if ratio is None:
         return f"{host}: no configuration in common yet"
     return f"{host} {ratio:.2f}x ({shared} configurations in common)"
+
+
+def machines_compared(analysis) -> tuple[list[int], dict[tuple, dict[int, list[float]]]]:
+    """summary.md's machines side by side: the machines with fitted runs, and per configuration as it
+    ran (config_key) that more than one of them finished, each machine's step times. Its runs are the
+    fitted ones (disturbed runs left out) grouped as they ran; the page's scatter (page_data's
+    shared_configs) takes every finished run by its asked-for configuration, so the two can differ
+    where runs were disturbed or ran otherwise than asked."""
+    cells: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for ma in analysis.machines.values():
+        # the runs of a cell share one key object (as_ran): group on it (cheap), then on the key's values
+        # (a key per run hashes every value of it); the step times of a key come in another order, which
+        # no median minds
+        # (numpy: the runs sorted on their key object's id, stably, the keys taken in the order they first ran)
+        if not ma.runs:
+            continue
+        keys = list(map(operator.methodcaller("config_key"), ma.runs))
+        rows = map(operator.attrgetter("row"), ma.runs)
+        steps = np.array(list(map(float, map(operator.itemgetter(fx.METRIC), rows))))
+        objects = np.array(list(map(id, keys)), dtype=np.uint64)
+        order = np.argsort(objects, kind="stable")
+        objects, steps = objects[order], steps[order].tolist()
+        starts = np.flatnonzero(np.r_[True, objects[1:] != objects[:-1]])
+        ends = np.r_[starts[1:], len(objects)].tolist()
+        for j in np.argsort(order[starts], kind="stable").tolist():  # by each key object's first run
+            start = int(starts[j])
+            cells[keys[int(order[start])]][ma.machine_id].extend(steps[start:ends[j]])
+    machines = sorted(m for m, ma in analysis.machines.items() if ma.runs)
+    shared = {k: v for k, v in cells.items() if len(v) > 1}
+    return machines, shared
