@@ -32,7 +32,8 @@ class Patience:
     """Rides out a database outage: a call that raises DatabaseUnavailable is tried again, after
     0.5 s, 1 s, then every 2 s, until the outage has lasted retry_s; then the error
     goes on, saying so. One per worker (shared with its heartbeat thread, so an outage is counted once
-    from when either first saw it, and the worker knows when it ended: settled()) or watcher (live.py).
+    from when either first saw it, and the worker knows when it ended: settled()) or watcher
+    (orchestrator/report/watch.py).
     `emit` is told, in a line, when an outage begins and when it ends."""
 
     MAX_DELAY_S = 2.0  # a connection attempt every 2 s is nothing to a server; a worker idle longer is waste
