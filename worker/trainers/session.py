@@ -1,5 +1,5 @@
 """The JAX and NumPy training children: `python -m worker.trainers.jax` / `.numpy` speak the harness's
-protocol (worker/trainers/harness.py) around a framework's Session (worker/trainers/<framework>/child.py).
+protocol (worker/trainers/harness.py) around a framework's Session (worker/trainers/<framework>/session.py).
 
 What is shared here: the data (worker/data.py's NumPy batches, the same order as torch's for a
 seed), the initial weights (worker/trainers/params.py: the same as every framework's for a seed),
@@ -43,7 +43,7 @@ def run(request: dict, framework: str, t0: float) -> dict:
     config = request["config"]
     if config["framework"] != framework:
         return harness.skipped(f"the {framework} trainer does not run framework={config['framework']}")
-    child = importlib.import_module(f"worker.trainers.{framework}.child")
+    child = importlib.import_module(f"worker.trainers.{framework}.session")
     why = child.unsupported(config)
     if not why and config.get("task", "pretrain") not in ("pretrain", "finetune"):
         why = f"task={config['task']}: LoRA adapters exist only in the torch trainer"
