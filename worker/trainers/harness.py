@@ -48,12 +48,17 @@ from common.compute import (INT4_GROUP, INT4_N_MULTIPLE, NOT_OFFERED, SIMULATED,
 from common.compute import (MERGED_LORA_PRECISIONS, attended_positions, block_matmul_params,  # noqa: F401
                             flops_per_step, lora_params, matmul_params, param_counts)
 from common.metrics import METRICS, TRAINER_METRICS, WORKER_METRICS  # noqa: F401 (the contract's names)
-from common.variables import NONE, allocator_of, is_learning, run_seed, steps_trained, tokens_per_step
+from common.variables import BY_NAME, NONE, allocator_of, is_learning, run_seed, steps_trained, tokens_per_step
 
 # Read back by every trainer (common_read_back()); each adds its framework's own (threads, BLAS...).
 READBACK = ("affinity", "main_thread_affinity", "allocator_lib", "uid")
-# The trainer package per `framework`; the worker starts `python -m <module>` (or forks it).
-TRAINERS = {"torch": "worker.trainers.torch", "jax": "worker.trainers.jax", "numpy": "worker.trainers.numpy"}
+# The trainer package per `framework` (the catalogue's choices); the worker starts `python -m <module>`
+# (or forks it). A framework's package is worker/trainers/<framework>/ (worker/trainers/session.py).
+TRAINERS = {name: f"worker.trainers.{name}" for name in BY_NAME["framework"].choices}
+# A skip's reason opens with one of two kinds: what this machine lacks (a compiler, a library build, a
+# corpus long enough: another machine may run the value), or what the trainer does not do anywhere.
+UNAVAILABLE = "unavailable here"
+NOT_SUPPORTED = "not supported"
 # The GEMM peak each precision's MFU is taken against; int8 and bitnet (integer forward GEMMs) and q4
 # (int4 weights x bf16) wait for peaks of their own in the probe (no such key yet: their mfu is NULL
 # rather than a ratio against the fp32 peak they are not bound by).
@@ -70,6 +75,16 @@ EVAL_BATCH = 16
 
 class Skip(Exception):
     """A value this trainer cannot honour: the run is recorded as skipped with this reason."""
+
+
+def unavailable(why: str) -> Skip:
+    """The Skip of what this machine lacks (another may run the value)."""
+    return Skip(f"{UNAVAILABLE}: {why}")
+
+
+def not_supported(why: str) -> Skip:
+    """The Skip of what the trainer does not do on any machine."""
+    return Skip(f"{NOT_SUPPORTED}: {why}")
 
 
 def trainer_module(framework: str) -> str:
@@ -254,7 +269,7 @@ def _learn(one_step: Callable, start_timing: Callable, losses: list, config: dic
     try:
         inputs, targets = learning.held_out()
     except ValueError as e:
-        raise Skip(f"not supported: a learning run evaluates on held-out text ({e})") from None
+        raise not_supported(f"a learning run evaluates on held-out text ({e})") from None
     if learning.applied is not None:
         learning.applied["val_tokens"] = int(inputs.size)
     per_step = tokens_per_step(config)

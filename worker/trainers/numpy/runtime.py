@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from worker.trainers.harness import Skip
+from worker.trainers.harness import unavailable
 from worker.trainers.numpy import blas
 
 _LIMITS = []  # the threadpoolctl limiter of NumPy's own OpenBLAS stays alive (and in force)
@@ -30,7 +30,7 @@ def apply_in_child(config: dict) -> None:
     try:
         blas.use(config.get("blas", "openblas"), threads)
     except blas.Unavailable as why:
-        raise Skip(f"unavailable here: {why}") from None
+        raise unavailable(str(why)) from None
 
 
 def read_back() -> dict:
