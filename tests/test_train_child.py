@@ -14,7 +14,7 @@ import torch
 
 from common.variables import FINETUNE_LR_FACTOR, LR_OF, parse_value, resolve
 from worker import data
-from worker.trainers import harness
+from worker.trainers import harness, session
 from worker.trainers.torch import train
 from worker.trainers.torch.model import GPT, ModelConfig
 
@@ -38,15 +38,20 @@ def request(data_dir, tmp_path, run_id=None, **overrides):
             "peak_gflops": None, "compile_cache_dir": str(tmp_path / "inductor")}
 
 
+def run(req):
+    """The torch trainer as `python -m worker.trainers.torch` runs it, in this process."""
+    return session.run(req, "torch", train._T0)
+
+
 def metrics(data_dir, tmp_path, **overrides):
-    result = train.run(request(data_dir, tmp_path, **overrides))
+    result = run(request(data_dir, tmp_path, **overrides))
     assert result["status"] == "done", result["reason"]
     return result
 
 
 @pytest.mark.parametrize("framework", ["jax", "numpy"])
 def test_the_torch_trainer_skips_other_frameworks_saying_so(data_dir, tmp_path, framework):
-    result = train.run(request(data_dir, tmp_path, framework=framework))
+    result = run(request(data_dir, tmp_path, framework=framework))
     assert result["status"] == "skipped"
     assert result["reason"] == f"the torch trainer does not run framework={framework}"
 
@@ -152,7 +157,7 @@ def test_attn_backend_and_attention_kind_are_recorded_and_change_the_run(data_di
 def test_finetune_starts_from_the_saved_model_of_the_same_architecture(data_dir, tmp_path):
     base = metrics(data_dir, tmp_path, steps=30, run_id=1)
     saved = json.loads((Path(base["output_path"]) / "config.json").read_text())
-    assert saved["run_id"] == 1 and saved["arch_hash"] == train.arch_hash(base_config(data_dir, tmp_path), "builtin")
+    assert saved["run_id"] == 1 and saved["arch_hash"] == session.arch_hash(base_config(data_dir, tmp_path), "builtin")
     tuned = metrics(data_dir, tmp_path, task="finetune")
     assert tuned["applied"]["finetune_from"] == base["output_path"]
     assert tuned["applied"]["lr"] == pytest.approx(LR_OF["adamw"] * FINETUNE_LR_FACTOR)
@@ -354,7 +359,7 @@ def test_an_inductor_compile_error_is_reported_by_the_compilers_own_error_lines(
 
 
 def test_cc_flags_lto_skips_the_run_saying_why(data_dir, tmp_path):
-    result = train.run(request(data_dir, tmp_path, compile="inductor", cc_flags="lto", steps=1))
+    result = run(request(data_dir, tmp_path, compile="inductor", cc_flags="lto", steps=1))
     assert result["status"] == "skipped"
     assert "cc_flags=lto" in result["reason"] and "built from source" in result["reason"]
 
@@ -428,7 +433,7 @@ def test_the_learning_rate_and_its_cosine_schedule_are_the_optimizers_own_read_b
 def test_a_learning_run_stops_at_the_first_evaluation_at_its_target_and_appends_each_evaluation(data_dir, tmp_path):
     budget = request(data_dir, tmp_path, max_tokens=128 * 24, eval_every=128 * 4)  # TINY: 128 tokens a step
     budget["curve_path"] = str(tmp_path / "budget" / "curve.jsonl")
-    whole = train.run(budget)
+    whole = run(budget)
     assert whole["status"] == "done", whole["reason"]
     curve = [json.loads(line) for line in Path(budget["curve_path"]).read_text().splitlines()]
     assert [row["step"] for row in curve] == [4, 8, 12, 16, 20, 24]  # the warm-up step counts and is evaluated
@@ -440,7 +445,7 @@ def test_a_learning_run_stops_at_the_first_evaluation_at_its_target_and_appends_
     to_target = request(data_dir, tmp_path, max_tokens=128 * 24, eval_every=128 * 4)
     to_target["config"]["target_loss"] = target  # builtin text: resolve() refuses a target there, the trainer need not
     to_target["curve_path"] = str(tmp_path / "target" / "curve.jsonl")
-    m = train.run(to_target)["metrics"]
+    m = run(to_target)["metrics"]
     assert m["reached"] is True and m["steps_to_target"] == first["step"] and m["tokens_to_target"] == first["tokens"]
     assert m["val_loss"] == pytest.approx(first["val_loss"], abs=1e-5)
     assert m["time_to_target_s"] > 0 and m["train_tokens"] == first["tokens"]
@@ -448,5 +453,5 @@ def test_a_learning_run_stops_at_the_first_evaluation_at_its_target_and_appends_
 
     unreachable = request(data_dir, tmp_path, max_tokens=128 * 24, eval_every=128 * 4)
     unreachable["config"]["target_loss"] = 0.01
-    m = train.run(unreachable)["metrics"]
+    m = run(unreachable)["metrics"]
     assert m["reached"] is False and m["tokens_to_target"] is None and m["train_tokens"] == 128 * 24

@@ -1,4 +1,4 @@
-"""The JAX trainer: `python -m worker.trainers.jax` (worker/trainers/session.py around child.py's
+"""The JAX trainer: `python -m worker.trainers.jax` (worker/trainers/session.py around session.py's
 Session) trains the model of model.py: a pure loss function and a training step jax.jit compiles whole.
 
 PRELOAD is what this trainer's fork server imports once before forking children. Importing jax starts

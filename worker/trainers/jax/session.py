@@ -1,5 +1,6 @@
 """The JAX training child's framework half: what it cannot run, how it trains one step, its sync,
-what it read back and saves. The request/result protocol and the timed loop are the harness's.
+what it read back and saves. The request/result protocol and the timed loop are the harness's;
+the training around the Session is worker/trainers/session.py's.
 
 No torch: a JAX child never carries torch's OpenMP runtime.
 """
@@ -12,6 +13,7 @@ import numpy as np
 
 from worker.trainers.jax import runtime
 from worker.trainers.params import Arch, init_params, save_params
+from worker.trainers.session import torch_only
 
 NAME = "jax"
 COMPILE = {"xla": True, "eager": False}  # compile value -> jax.jit of the whole step
@@ -29,7 +31,7 @@ def unsupported(config: dict) -> str | None:
     if int(config["intra_threads"]) != int(config["cores"]):
         return (f"XLA CPU sizes its thread pool from the CPU affinity (cores={config['cores']}); "
                 f"intra_threads={config['intra_threads']} cannot be set apart from it")
-    return None
+    return torch_only(config, NAME)
 
 
 class Session:

@@ -1,5 +1,5 @@
 """The NumPy trainer: `python -m worker.trainers.numpy` (worker/trainers/session.py around
-child.py's Session) trains the model by hand: forward and backward (model.py), optimizers (optim.py).
+session.py's Session) trains the model by hand: forward and backward (model.py), optimizers (optim.py).
 
 PRELOAD is what this trainer's fork server imports once before forking children: no torch, no jax.
 """

@@ -1,5 +1,6 @@
 """The NumPy training child's framework half: what it cannot run, how it trains one step, what it
-read back and saves. The request/result protocol and the timed loop are the harness's.
+read back and saves. The request/result protocol and the timed loop are the harness's;
+the training around the Session is worker/trainers/session.py's.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import numpy as np
 from worker.trainers.numpy import runtime
 from worker.trainers.numpy.step import Trainer
 from worker.trainers.params import Arch, init_params, save_params
+from worker.trainers.session import torch_only
 
 NAME = "numpy"
 
@@ -21,7 +23,7 @@ def unsupported(config: dict) -> str | None:
         return f"numpy trains in fp32 only (precision={config['precision']}: NumPy has no bf16 GEMM)"
     if config["compile"] != "eager":
         return f"numpy has no compiler (compile={config['compile']})"
-    return None
+    return torch_only(config, NAME)
 
 
 class Session:

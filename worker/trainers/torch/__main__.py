@@ -1,3 +1,7 @@
-from worker.trainers.torch.train import main
+import time
 
-main()
+_T0 = time.perf_counter()  # setup_s starts here: before the trainer's imports
+
+from worker.trainers.session import main  # noqa: E402
+
+main("torch", _T0)

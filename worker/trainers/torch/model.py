@@ -1,7 +1,7 @@
 """A nanoGPT-like decoder in torch: the architecture variables of the catalogue.
 
 Reads bottom-up: the attention mask, attention, MLP, block, and the whole model last.
-No prints, no file access: the training child (child.py) owns those. FLOPs and parameter counts
+No prints, no file access: the training (train.py) owns those. FLOPs and parameter counts
 come from the config alone (worker/trainers/harness.py), so every framework counts alike;
 count_params(), matmul_params() and flops_per_step() here count the module (tests/test_harness.py keeps
 the two equal); the trainer reports the harness's.

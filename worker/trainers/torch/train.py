@@ -1,11 +1,12 @@
-"""The torch trainer's child: `python -m worker.trainers.torch` speaks the harness's protocol
-(worker/trainers/harness.py: one JSON request on stdin, one JSON result line on stdout).
+"""The torch trainer's training in one process (a one-process job, or one rank of distributed.py's):
+what session.py's train() runs once the shared main (worker/trainers/session.py) has taken the request.
 
 This module owns what is torch's: the model and optimizer, bf16/mixed/quantized precision, inductor
-(fusion switch, cold/warm cache, cc_flags and compiler through ccflags.py), finetuning from a saved model, and the read-back. The timed loop,
-the metric names and the analytic FLOP/parameter counts are the harness's.
+(fusion switch, cold/warm cache, cc_flags and compiler through ccflags.py), finetuning from a saved
+model.pt, and the read-back. The timed loop, the metric names and the analytic FLOP/parameter counts
+are the harness's; the corpus, the saved-model rules and the skip words worker/trainers/session.py's.
 
-    setup_s       module start (before imports) to the first step: imports, data, tokenizer, model,
+    setup_s       the trainer's start (t0, before imports) to the first step: imports, data, tokenizer, model,
                   optimizer; minus the untimed extra work recorded apart in `applied`
                   (base_pretrain_s of a finetune without a saved model, prewarm_s of a warm cache:
                   the seconds an untimed process of its own took to compile the config into it)
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-_T0 = time.perf_counter()  # setup_s starts here: before every import
+_T0 = time.perf_counter()  # setup_s starts here where the caller gives no t0 of its own (a rank)
 
 import contextlib  # noqa: E402
 import functools  # noqa: E402
@@ -31,40 +32,26 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from common.variables import NOT_COMPILED, is_learning, peak_lr  # noqa: E402
+from common.variables import NOT_COMPILED, peak_lr  # noqa: E402
 from worker.trainers import harness  # noqa: E402
-from worker.trainers.harness import Skip  # noqa: E402
+from worker.trainers.harness import Skip, unavailable  # noqa: E402
+from worker.trainers.session import (BASE_PRETRAIN_STEPS, arch_hash, find_saved, load_corpus,  # noqa: E402
+                                     measured, save_config)
 
-BASE_PRETRAIN_STEPS = 30  # untimed pretraining when finetune finds no saved model to start from
-# the variables that shape the weights; with the tokenizer's text they decide whether a saved model fits
-ARCH_KEYS = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_ratio", "activation",
-             "attention", "window", "vocab_size", "seq_len")
+WEIGHTS = "model.pt"  # the state_dict a torch run saves (save_model)
 # inductor switches that turn fusion off (torch 2.13): no node joins another's kernel (max size 1),
 # no pointwise epilogue folded into a GEMM/reduction, no pattern rewrites, no horizontal fusion
 NO_FUSION = {"max_fusion_size": 1, "epilogue_fusion": False, "pattern_matcher": False,
              "aggressive_fusion": False, "cpp.max_horizontal_fusion_size": 0}
 
 
-def main() -> None:
-    harness.serve(run)
-
-
-def run(request: dict, dp=None) -> dict:
-    """Train one configuration as the request says; the result dict (printed by main()).
-    dp: inside a data-parallel rank, its distributed.Rank; ranks x nodes > 1 without one: launch them."""
+def run(request: dict, dp=None, t0: float | None = None) -> dict:
+    """Train one configuration in this process as the request says; the result dict. dp: inside a
+    data-parallel rank, its distributed.Rank. t0: where setup_s starts (None: this module's import)."""
     config = request["config"]
-    if config["framework"] != "torch":  # before importing torch: a skip must be fast
-        return harness.skipped(f"the torch trainer does not run framework={config['framework']}")
-    if config.get("ranks", 1) * config.get("nodes", 1) > 1 and is_learning(config):
-        return harness.skipped("not supported: a learning run (max_tokens) with ranks x nodes > 1: every rank would "
-                               "have to evaluate alike and stop at the same step; not implemented")
-    if dp is None and config.get("ranks", 1) * config.get("nodes", 1) > 1 and not request.get("prewarm_only"):
-        from worker.trainers.torch import distributed
-
-        return distributed.launch(request, _T0)
     cache_dir = _compile_cache_dir(config, request)  # before torch: inductor reads it from the env
     try:
-        return _train(request, cache_dir, dp)
+        return _train(request, cache_dir, dp, _T0 if t0 is None else t0)
     except Skip as why:
         import torch
 
@@ -121,25 +108,6 @@ def compile_error(e: BaseException) -> str:
 
 
 # -- training ----------------------------------------------------------------------------------
-
-
-def arch_hash(config: dict, dataset_used: str) -> str:
-    """Identity of a model's shape and vocabulary; a finetune starts only from a model with the same."""
-    key = {k: config[k] for k in ARCH_KEYS} | {"dataset_used": dataset_used}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def find_saved_model(output_root: str | None, wanted_hash: str) -> Path | None:
-    """The newest model folder under output_root whose config.json has this architecture hash."""
-    if not output_root or not Path(output_root).is_dir():
-        return None
-    found = []
-    for cfg_file in Path(output_root).glob("*/config.json"):
-        with contextlib.suppress(OSError, ValueError):
-            saved = json.loads(cfg_file.read_text())
-            if saved.get("arch_hash") == wanted_hash and (cfg_file.parent / "model.pt").exists():
-                found.append((cfg_file.stat().st_mtime, cfg_file.parent))
-    return max(found)[1] if found else None
 
 
 def make_optimizer(model, config: dict, lr: float):
@@ -227,7 +195,7 @@ def _set_cc_flags(value: str) -> dict:
 
     why = meaning.unavailable(value)
     if why:
-        raise Skip(f"unavailable here: {why}")
+        raise unavailable(why)
     return ccflags.apply(value)
 
 
@@ -238,7 +206,7 @@ def _set_compiler(value: str) -> dict:
 
     why = meaning.compiler_unavailable(value)
     if why:
-        raise Skip(f"unavailable here: {why}")
+        raise unavailable(why)
     return ccflags.apply_compiler(value)
 
 
@@ -248,7 +216,7 @@ def _check_inductor_possible() -> None:
 
         get_cpp_compiler()
     except Exception as e:
-        raise Skip(f"unavailable here: compile=inductor (no working C++ compiler: {e})") from None
+        raise unavailable(f"compile=inductor (no working C++ compiler: {e})") from None
 
 
 def warm_marker(config: dict, cache_dir: str) -> Path:
@@ -307,7 +275,7 @@ def prewarm_reason(marker: Path, header_dir: str | None) -> str | None:
     return None
 
 
-def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
+def _train(request: dict, cache_dir: str | None, dp, t0: float) -> dict:
     config = request["config"]
     import torch
 
@@ -322,14 +290,10 @@ def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
     if cache_dir:
         applied["inductor_header_dir"] = headers_inside(cache_dir)
     excluded_s = 0.0  # untimed extra work inside the setup window, reported apart
-    phases = applied["setup_phases_s"] = {"imports": time.perf_counter() - _T0}  # where setup and the end go
+    phases = applied["setup_phases_s"] = {"imports": time.perf_counter() - t0}  # where setup and the end go
     mark = time.perf_counter()
 
-    corpus, dataset_used = data.locate(request["data_dir"], config["dataset"])
-    tokens = data.load_tokens(corpus, config["vocab_size"])
-    applied["corpus_tokens"] = int(len(tokens))
-    if len(tokens) < config["seq_len"] + 2:
-        raise Skip(f"unavailable here: seq_len={config['seq_len']} (the corpus has only {len(tokens)} tokens)")
+    corpus, dataset_used, tokens = load_corpus(request, config, applied)
 
     phases["data"], mark = time.perf_counter() - mark, time.perf_counter()
     torch.manual_seed(config["seed"])
@@ -340,9 +304,9 @@ def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
     lr = peak_lr(config | {"task": "pretrain"})  # a finetune's tenth is taken below, after its base pretrain
 
     if config["task"] in ("finetune", "finetune_lora"):
-        saved = find_saved_model(request.get("output_root"), arch_hash(config, dataset_used))
+        saved = find_saved(request.get("output_root"), arch_hash(config, dataset_used), WEIGHTS)
         if saved is not None:
-            state = torch.load(saved / "model.pt", map_location="cpu", weights_only=True)
+            state = torch.load(saved / WEIGHTS, map_location="cpu", weights_only=True)
             model.load_state_dict({k: v.float() for k, v in state.items()})
             applied["finetune_from"] = str(saved)
             with contextlib.suppress(OSError, ValueError):
@@ -412,11 +376,7 @@ def _train(request: dict, cache_dir: str | None, dp=None) -> dict:
         _graphs_compiled if config["compile"] == "inductor" else None, scaled_lr(optimizer, lr), learning)
     applied["lr_schedule"] = config["lr_schedule"]
     applied["lr_last"] = optimizer.param_groups[0]["lr"]
-    metrics["setup_s"] = first_step_start - _T0 - excluded_s
-    metrics |= harness.throughput(metrics, config, request.get("peak_gflops"))
-    if learning is None:  # a learning run's val_loss is its last evaluation's
-        metrics |= harness.validation(loss_of, held_out, applied)
-    harness.check_finite(metrics)
+    measured(metrics, config, request, first_step_start - t0 - excluded_s, learning, loss_of, held_out, applied)
 
     mark = time.perf_counter()
     output_path = save_model(model, config, request, dataset_used)
@@ -489,7 +449,7 @@ def _first_compile_skips(step, config: dict):
             return step(micro)
         except torch._dynamo.exc.BackendCompilerFailed as e:
             if config["compile"] == "inductor" and calls[0] == 1:
-                raise Skip(f"unavailable here: compile=inductor (inductor failed here: {compile_error(e)})") from e
+                raise unavailable(f"compile=inductor (inductor failed here: {compile_error(e)})") from e
             raise
 
     return guarded
@@ -530,12 +490,9 @@ def save_model(model, config: dict, request: dict, dataset_used: str) -> str | N
     out.mkdir(parents=True, exist_ok=True)
     from worker.trainers.torch.model import plain_state_dict
 
-    torch.save(plain_state_dict(model), out / "model.pt.tmp")
-    os.replace(out / "model.pt.tmp", out / "model.pt")
-    meta = {"run_id": request.get("run_id"), "arch_hash": arch_hash(config, dataset_used),
-            "dataset_used": dataset_used, "config": config}
-    (out / "config.json.tmp").write_text(json.dumps(meta, indent=1))
-    os.replace(out / "config.json.tmp", out / "config.json")
+    torch.save(plain_state_dict(model), out / f"{WEIGHTS}.tmp")
+    os.replace(out / f"{WEIGHTS}.tmp", out / WEIGHTS)
+    save_config(out, config, request, dataset_used)
     return str(out)
 
 
