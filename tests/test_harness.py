@@ -116,6 +116,19 @@ def test_the_harness_and_trainers_never_import_orchestrator():
         assert not offending, f"{path.relative_to(REPO)} imports {offending}"
 
 
+def test_the_skip_words_are_written_once():
+    """A skip's first words (harness.UNAVAILABLE, NOT_SUPPORTED) are spelled in harness.py alone: a trainer
+    that wrote its own drifted from the others' (the same skip worded two ways)."""
+    spelled = []
+    for path in sorted((REPO / "worker" / "trainers").rglob("*.py")):
+        text = path.read_text()
+        for words in (harness.UNAVAILABLE, harness.NOT_SUPPORTED):
+            if path.name != "harness.py" and (f'"{words}' in text or f"'{words}" in text):
+                spelled.append(f"{path.relative_to(REPO)}: {words!r}")
+    assert spelled == []
+    assert str(harness.unavailable("x")) == "unavailable here: x" and str(harness.not_supported("y")) == "not supported: y"
+
+
 def test_the_harness_imports_only_the_standard_library():
     """And the shared vocabulary (common/metrics.py, common/compute.py, common/variables.py), which
     imports only the standard library and itself."""

@@ -1,15 +1,16 @@
 """Every trainer's main: `python -m worker.trainers.<framework>` speaks the harness's protocol
 (worker/trainers/harness.py) around the framework's session module, worker/trainers/<framework>/session.py:
 
-    unsupported(config)  why the framework cannot run the config on any machine (a skip, "not supported"), or None
+    unsupported(config)  why the framework runs the config on no machine (a skip, harness.NOT_SUPPORTED), or None
     Session              JAX and NumPy: this module trains it (below)
     train(request, t0)   torch instead: it drives its own training (data-parallel ranks, inductor and
                          its cache, the GEMM route's proof), with this module's data and saved-model helpers
 
-What is shared here: the framework check and the skip words, the data (worker/data.py's NumPy batches,
-the same order for every framework for a seed), the initial weights (worker/trainers/params.py),
-finetuning from a saved model (arch_hash, find_saved, save_config), the timed loop with the Session's
-sync hook, the analytic counts, the result. No framework is imported at module level.
+What is shared here: the framework check, the data (worker/data.py's NumPy batches, the same order
+for every framework for a seed; a corpus too short is a skip), the initial weights
+(worker/trainers/params.py), finetuning from a saved model (arch_hash, find_saved, save_config), the
+timed loop with the Session's sync hook, the analytic counts, the result. No framework is imported at
+module level.
 
     setup_s   module start (before imports, t0 of the package's __main__) to the first step,
               minus the untimed base pretrain of a finetune without a saved model (base_pretrain_s)
