@@ -622,7 +622,7 @@ def predict(
     docs/prediction.md); with --to-loss, the time to reach that validation loss. Only reads the database."""
     import socket
 
-    from orchestrator.stats.cost_model import predict as predict_config
+    from orchestrator.queue.predict import predict as predict_config
 
     def body():
         partial = settings_given(settings)

@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from common import variables as V  # noqa: E402
 from common.compute import flops_per_step  # noqa: E402
 from common.errors import BenchError  # noqa: E402
+from orchestrator.queue.predict import machine_rows, machines  # noqa: E402
 from orchestrator.stats import cost_model as cm  # noqa: E402
 from orchestrator.queue.store import Store  # noqa: E402
 
@@ -130,10 +131,10 @@ CONFIGS = {**HELDOUT, **HELDOUT_NEW, **HELDOUT_S3}
 
 def rows_of(db: str) -> tuple[list[dict], int]:
     store = Store(db, read_only=True)
-    known = cm.machines(store)
+    known = machines(store)
     if len(known) != 1:
         raise SystemExit(f"{db}: expected one machine, found {len(known)}")
-    return cm.usable(cm.machine_rows(store, known[0].machine_id)), known[0].logical_cores
+    return cm.usable(machine_rows(store, known[0].machine_id)), known[0].logical_cores
 
 
 def resolved(settings: dict, cpus: int) -> dict:

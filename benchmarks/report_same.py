@@ -15,7 +15,7 @@ report shows must stay what it was. The runs' table inside index.html is compare
 Each report runs in a child process with its checkout first on sys.path, on a copy of the database
 (the report rewrites the effects table). Exit status 1 when any file differs. The checkouts must
 hold the same data/builtin/train.txt (or none): the cost model's days per epoch count the tokens
-of that corpus (cost_model.tokens_per_word), and a test run writes it; the script says when they
+of that corpus (common/tokens.tokens_per_word), and a test run writes it; the script says when they
 differ.
 """
 

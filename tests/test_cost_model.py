@@ -21,6 +21,7 @@ import pytest
 
 from common import variables as V
 from common.errors import BenchError
+from orchestrator.queue.predict import machine_rows, machines
 from orchestrator.stats import cost_model as cm
 from orchestrator.queue.store import Store
 from orchestrator.queue.sweep import JOINT, Machine, load
@@ -83,7 +84,7 @@ def build(path: Path, seed: int = 0, facts: dict | None = None, costs: np.ndarra
 def synthetic(tmp_path_factory):
     path = tmp_path_factory.mktemp("cost") / "results.db"
     store = build(path)
-    rows = cm.usable(cm.machine_rows(store, cm.machines(store)[0].machine_id))
+    rows = cm.usable(machine_rows(store, machines(store)[0].machine_id))
     return path, store, rows, cm.fit(rows)
 
 
@@ -194,7 +195,7 @@ def test_leave_one_configuration_out_predicts_each_from_the_others(tmp_path):
     m = store.register_machine(two_cpus("beta"))
     rng = random.Random(2)
     run_all(store, m, lambda c: ("done", None, {"step_ms_median": true_ms(c) * math.exp(rng.gauss(0, SIGMA))}))
-    out = cm.leave_one_config_out(cm.machine_rows(store, m))
+    out = cm.leave_one_config_out(machine_rows(store, m))
     assert len(out) == 10 and all("predicted_ms" in e for e in out)
     assert np.median([abs(e["error"]) for e in out]) < 0.1
 
@@ -288,7 +289,7 @@ def test_a_law_without_dram_traffic_is_recovered_as_such(tmp_path):
     costs = TRUE_COSTS.copy()
     costs[6] = 0.0
     store = build(tmp_path / "no-dram.db", seed=4, costs=costs)
-    model = cm.fit(cm.usable(cm.machine_rows(store, cm.machines(store)[0].machine_id)))
+    model = cm.fit(cm.usable(machine_rows(store, machines(store)[0].machine_id)))
     assert cm.costs(model)["dram_elements"] < 0.1 * TRUE_COSTS[6]
     for settings in HELDOUT[2:4]:  # R3, R6
         config = resolved(**settings)
@@ -345,7 +346,7 @@ def test_the_model_error_is_calibrated_from_leave_one_out_and_widens_far_interva
     right = cm.calibrate(cm.fit(rows), rows)
     assert all(math.sqrt(tau) < 0.03 for tau in right.model_error)
     store = build(tmp_path / "wrong.db", law=_slower_with_size)
-    wrong_rows = cm.usable(cm.machine_rows(store, cm.machines(store)[0].machine_id))
+    wrong_rows = cm.usable(machine_rows(store, machines(store)[0].machine_id))
     plain = cm.fit(wrong_rows)
     loo = cm.leave_one_config_out(wrong_rows)
     calibrated = cm.calibrate(cm.fit(wrong_rows), wrong_rows, loo)

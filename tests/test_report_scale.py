@@ -351,11 +351,12 @@ def test_the_cost_model_fitted_on_cells_says_what_the_per_run_fit_says(tmp_path)
     estimates, covariance, s^2, degrees of freedom, predictions and leave-one-out."""
     import numpy as np
 
+    from orchestrator.queue.predict import machine_rows, machines
     from orchestrator.stats import cost_model as cm
     from tests.test_cost_model import HELDOUT, build as build_quick, resolved
 
     store = build_quick(tmp_path / "q.db")
-    rows = cm.usable(cm.machine_rows(store, cm.machines(store)[0].machine_id))
+    rows = cm.usable(machine_rows(store, machines(store)[0].machine_id))
     rows = [dict(r, repeat=(r.get("repeat") or 0) // 2) for r in rows]  # two passes in one block
     cells = cm.Cells(rows)
     assert cells.n.max() >= 2 and len(cells.rows) < len(rows) and cells.ss.sum() > 0

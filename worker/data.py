@@ -59,6 +59,7 @@ import numpy as np
 from common.corpus import (BUILTIN_ROWS, TRAIN_FILE, VAL_FILE, builtin_rows, split_rows,  # noqa: F401 (BUILTIN_ROWS: served here too)
                            tokenizer_path)
 from common.datasets import DATASET_BUILTIN, DATASET_HUB, DATASET_SHAKESPEARE, FALLBACK  # the names this module serves
+from common.tokens import new_bpe
 from common.variables import is_learning
 
 HUB_TIMEOUT_S = 5  # an unreachable hub must cost seconds, not the minutes of default retries
@@ -342,17 +343,14 @@ def locate(data_dir: str | os.PathLike, dataset: str) -> tuple[Path, str]:
 
 
 def train_tokenizer(train: Path, vocab_size: int):
-    """A byte-level BPE trained on the training text, cached per (dataset, vocab_size) beside it."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """The run's byte-level BPE (common/tokens.new_bpe) trained on the training text, cached per
+    (dataset, vocab_size) beside it."""
+    from tokenizers import Tokenizer
 
     path = tokenizer_path(train, vocab_size)
     if path.exists():
         return Tokenizer.from_file(str(path))
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok, trainer = new_bpe(vocab_size)
     tok.train([str(train)], trainer)
     _write_atomic(path, tok.to_str().encode())
     return tok

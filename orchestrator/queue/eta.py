@@ -10,7 +10,7 @@ Two estimates, the better one for each queued job:
   a job (common/compute.py's exact flops_per_step, the worker's own count, times the steps run,
   warm-up included), so a queued job needs no measurement. Both coefficients are fitted by least
   squares on the pool's latest done runs (a sample of DONE_SAMPLE) and kept non-negative.
-  Where the machine has a fitted cost model (orchestrator/stats/cost_model.py, model_of: its done runs'
+  Where the machine has a fitted cost model (orchestrator/queue/predict.py, model_of: its done runs'
   step times), work may instead be the model's predicted step seconds times the steps run: it knows
   what FLOPs alone do not (bf16 or another framework at the same FLOPs, small GEMMs' low rate). The
   ETA takes whichever of the two explains the done runs' costs better (smaller squared log error),
@@ -179,16 +179,16 @@ _models: dict[tuple[str, int], tuple[int, object]] = {}
 
 
 def machine_model(store: Store, machine_id: int, done: int):
-    """The cost model of the machine's done runs (cost_model.model_of, its one entry point for a
+    """The cost model of the machine's done runs (queue/predict.model_of, its one entry point for a
     fitted machine), or None where it cannot be fitted (too few runs): the ETA then uses FLOPs."""
     from common.errors import BenchError
-    from orchestrator.stats import cost_model
+    from orchestrator.queue.predict import model_of
     key = (store.url, machine_id)
     cached = _models.get(key)
     if cached is not None and done < 1.25 * cached[0] + 4:
         return cached[1]
     try:
-        model = cost_model.model_of(store, machine_id)
+        model = model_of(store, machine_id)
     except (BenchError, ValueError, np.linalg.LinAlgError):
         model = None
     _models[key] = (done, model)

@@ -69,7 +69,7 @@ def everywhere(rows: list[dict], names: dict, store) -> list[dict]:
     evaluations' share of the time as measured; its 95% interval joins both on the log scale."""
     from common import variables as V
     from common.errors import BenchError
-    from orchestrator.stats import cost_model
+    from orchestrator.queue.predict import model_of
 
     per_machine = learning.values(rows)
     by_key: dict[tuple, list[learning.Value]] = defaultdict(list)
@@ -89,7 +89,7 @@ def everywhere(rows: list[dict], names: dict, store) -> list[dict]:
                 continue
             try:
                 if machine_id not in models:
-                    models[machine_id] = cost_model.model_of(store, machine_id, calibrated=True)
+                    models[machine_id] = model_of(store, machine_id, calibrated=True)
                 config = _config_of(pooled.runs[0])
                 p = models[machine_id].predict(config)
             except BenchError as why:

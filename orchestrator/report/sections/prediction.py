@@ -26,6 +26,8 @@ from sqlalchemy import text
 
 from common import variables as V
 from common.errors import BenchError
+from common.tokens import tokens_per_word
+from orchestrator.queue.predict import DATASET_WORDS
 from orchestrator.stats import cost_model as cm
 from orchestrator.stats.config_index import CONFIG_NAMES, config_index
 from orchestrator.stats.columns import column, runs_fingerprint
@@ -86,11 +88,11 @@ def _predict(model, partial: dict, cpus: int) -> dict:
     out = {"step_ms": p.step_ms, "low_ms": p.step_ms_low, "high_ms": p.step_ms_high, "extrapolated": p.extrapolated,
            "flops": p.flops_per_step, "tokens_per_step": tokens_per_step}
     try:
-        ratio, _ = cm.tokens_per_word(config["vocab_size"])
+        ratio, _ = tokens_per_word(config["vocab_size"])
     except Exception:  # noqa: BLE001 - no tokenizer library or corpus: the epochs stay unsaid
         ratio = None
     out["tokens_per_word"] = ratio
-    for dataset, words in cm.DATASET_WORDS.items():
+    for dataset, words in DATASET_WORDS.items():
         if ratio is not None:
             out[dataset] = p.train(tokens_per_step, words * ratio)
     return out
