@@ -379,3 +379,33 @@ def test_extrapolation_distances_are_log_flops_from_the_nearest_run_and_from_tho
     assert d_size == pytest.approx(abs(math.log(f(fp32_big) / f(big)))) and d_size < d_set
     assert cm.extrapolation_distances(resolved(), support) == pytest.approx((0.0, 0.0))
     assert cm.extrapolation_distances(big, support, np.array([False, True, True]))[0] == pytest.approx(d_size)
+
+
+def test_the_fits_steps_one_by_one_give_the_factors_their_columns_and_the_fits_numbers(synthetic):
+    """fit_cells()'s steps called alone on the synthetic machine: the factors are the settings it ran
+    at two values or more, each against its most common value; columns equal in the data are one
+    factor; the least squares' derivatives are its values' (central differences); and the steps in
+    fit_cells()'s order give its numbers."""
+    _, _, rows, model = synthetic
+    cells = cm.Cells(rows)
+    counted, fixed = cm.factor_settings(cells)
+    assert {name for name, _ in FACTORS} <= set(counted) and not set(counted) & set(fixed)
+    reference, measured, columns = cm.factor_columns(counted)
+    assert (reference["precision"], reference["framework"]) == ("fp32", "torch") and "bf16" in measured["precision"]
+    assert all(word != reference[name] and word in measured[name] for (name, word), _ in columns)
+    groups = cm.merged_columns(columns)
+    assert [g for g, _ in groups] == model.factor_names
+    a, b = np.array([1.0, 0.0, 1.0]), np.array([0.0, 1.0, 0.0])
+    merged = cm.merged_columns([(("framework", "jax"), a), (("precision", "bf16"), b), (("compile", "xla"), a.copy())])
+    assert [g for g, _ in merged] == [(("framework", "jax"), ("compile", "xla")), (("precision", "bf16"),)]
+    X, flops = cells.terms(model.llc_kb)
+    rate_groups = cm.rate_columns(groups, flops, cells.n)
+    problem = cm.LogLeastSquares(cells, X, [c for _, c in rate_groups], [c for _, c in groups],
+                                 cm.block_columns(cells))
+    lower, upper = problem.bounds()
+    theta = cm.best_costs(problem, cm.starting_points(problem, cells, None, lower, upper), lower, upper)
+    assert np.array_equal(np.concatenate([theta, problem.linear_part(theta)]), model.params)
+    h = 1e-6
+    numeric = np.column_stack([(problem.projected(theta + h * e) - problem.projected(theta - h * e)) / (2 * h)
+                               for e in np.eye(len(theta))])
+    assert np.allclose(problem.projected_jac(theta), numeric, rtol=1e-4, atol=1e-6)

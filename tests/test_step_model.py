@@ -254,3 +254,62 @@ def test_a_contrast_sums_its_weights_in_their_order_and_refuses_one_that_does_no
         got = fit.contrast(weights)
         assert got is not None and got.estimate == float(sum(v * fit.mu[c] for c, v in weights.items()))
     assert fit.contrast({0: 1.0, 1: -0.5}) is None
+
+
+
+def test_the_design_keeps_one_reference_block_per_connected_part():
+    """design(): configurations 0-1 ran in blocks 0-1 and 2-3 in blocks 2-3 (five runs each time), two
+    parts that share nothing: each part's first block is its reference (no column), the others a
+    column each. strata_of(): a stratum of too few runs of its own joins the largest."""
+    cells = [(0, 0), (1, 0), (0, 1), (1, 1), (2, 2), (3, 2), (2, 3), (3, 3)]
+    ci, bi = (np.array([c[i] for c in cells for _ in range(5)]) for i in (0, 1))
+    d = sm.design(ci, bi, 4, 4)
+    assert not d.blocks_dropped and d.p == 6
+    assert d.component.tolist() == [0, 0, 1, 1] and d.col_of_block == {1: 4, 3: 5}
+    assert d.X.toarray()[::5].tolist() == [[1, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0, 0, 0, 1, 0],
+                                           [0, 1, 0, 0, 1, 0], [0, 0, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0],
+                                           [0, 0, 1, 0, 0, 1], [0, 0, 0, 1, 0, 1]]
+    distinct, home, big, s_of_run = sm.strata_of([2] * 40 + [1] * 3, 6, 43)
+    assert distinct == [2, 1] and big == [2] and home == {2: 2, 1: 2} and set(s_of_run.tolist()) == {0}
+
+
+def test_the_fits_first_step_splits_off_the_configurations_far_noisier_than_the_rest():
+    """noisy_at_start() alone, on one stratum of 0.02 noise where configurations 4 and 7 have 0.12:
+    those two, and split_noisy() gives each a stratum of its own."""
+    y, ci, bi, keys, pi, nc, nb = sweep(2, noisy=(4, 7), slow=0.0, two_strata=False, passes=12)
+    fine = sm.design(ci, bi, nc, nb)
+    state = sm.FitState(y, ci, fine.X, *sm.strata_of(keys, fine.p, len(y)))
+    noisy = sm.noisy_at_start(state, nc)
+    assert sorted(noisy) == [4, 7]
+    sm.split_noisy(state, noisy)
+    assert state.big == [2] + [("noisy configuration", c) for c in noisy] and state.n_strata == 3
+    assert set(state.s_of_run[ci == 7].tolist()) == {state.big.index(("noisy configuration", 7))}
+    sm.fit_variances(state, 3)
+    assert 0.7 < state.sigma2[0] / 0.02 ** 2 < 1.4
+    # 0.12^2 = 36 x 0.02^2, each from 12 runs: a chi-square of 11 degrees of freedom puts 99% within 9-80
+    assert all(9 < v / 0.02 ** 2 < 80 for v in state.sigma2[1:])
+
+
+def test_the_fits_steps_one_by_one_find_the_slow_mode_and_give_the_fits_numbers():
+    """fit()'s steps called alone in its order on a sweep of known truth (0.02 noise; 30% of the 2-CPU
+    runs 0.15 slower): the 2-CPU stratum's variance holds its slow mode until slow_modes() finds it
+    (share and shift near the truth, the fast mode's variance near 0.02^2), the 1-CPU stratum has
+    none, and the steps give fit()'s own numbers."""
+    y, ci, bi, keys, pi, nc, nb = sweep(2, passes=12)
+    fine = sm.design(ci, bi, nc, nb)
+    state = sm.FitState(y, ci, fine.X, *sm.strata_of(keys, fine.p, len(y)))
+    assert state.big == [2, 1]
+    sm.split_noisy(state, sm.noisy_at_start(state, nc))
+    sm.fit_variances(state, 3)
+    assert state.sigma2[0] > 5 * 0.02 ** 2 and 0.7 < state.sigma2[1] / 0.02 ** 2 < 1.4
+    coarse = sm.coarse_design(fine.X, ci, pi, nc)
+    assert coarse is fine.X  # every block a whole pass: the coarse model is the fine one
+    sm.slow_modes(state, coarse, True)
+    assert 0.25 < state.pi[0] < 0.35 and 0.13 < state.delta[0] < 0.17 and state.pi[1] == 0
+    assert 0.7 < state.sigma2[0] / 0.02 ** 2 < 1.4
+    assert sm.noisy_beyond_slow_modes(state, nc) == []
+    eff_w, target, s_dof = sm.final_fit(state)
+    whole = sm.fit(y, ci, bi, keys, n_configs=nc, n_blocks=nb, pass_idx=pi)
+    assert np.array_equal(whole.mu, state.theta[:nc]) and np.array_equal(whole.slow_prob, state.post)
+    assert whole.strata[2].sigma2 == float(state.sigma2[0]) and whole.strata[2].dof == s_dof[0]
+    assert np.array_equal(whole._design[1], eff_w)

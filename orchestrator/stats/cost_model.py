@@ -619,27 +619,67 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
               llc_kb: float | None = None) -> Model:
     """fit() on cells: least squares weighted by each cell's runs, on their mean log time; s^2 adds the
     within-cell sum of squares and counts the runs."""
-    rows, w = cells.rows, cells.n
     n = cells.n_runs
     if n < len(TERMS) + 1:
         raise BenchError(f"{n} done runs on this machine: the cost model needs at least {len(TERMS) + 1}")
-    from scipy import optimize  # here, not with the module: SCIPY_WHERE_USED
+    counted, fixed = factor_settings(cells)
+    reference, measured, columns = factor_columns(counted)
+    groups = merged_columns(columns)
+    if llc_kb is None:
+        llc_kb = next((float(r["l3_kb"]) for r in cells.rows if r.get("l3_kb")), None)
+    X, flops = cells.terms(llc_kb)
+    rate_groups = rate_columns(groups, flops, cells.n)
+    problem = LogLeastSquares(cells, X, [c for _, c in rate_groups], [c for _, c in groups], block_columns(cells))
+    lower, upper = problem.bounds()
+    theta = best_costs(problem, starting_points(problem, cells, start, lower, upper), lower, upper)
+    p = np.concatenate([theta, problem.linear_part(theta)])
+    cov, s2, dof, rss = covariance(problem, p, lower, n)
+    k, K, n_factors = problem.k, problem.K, len(groups)
+    model = Model(log_costs=p[:k], factors=[(g, float(b)) for (g, _), b in zip(groups, p[K:K + n_factors])],
+                  reference=reference, measured=measured, ranges=cells.ranges(), cov=cov, s2=s2, dof=dof, n_runs=n,
+                  n_configs=cells.n_configs(), rms_log=float(np.sqrt(rss / n)), fixed=fixed)
+    model.rates = [(g, float(r)) for (g, _), r in zip(rate_groups, p[k:K])]
+    model.n_runs_all = n if n_all is None else n_all
+    model.llc_kb = llc_kb
+    model.block_params = p[K + n_factors:]
+    # Directions of the factors and blocks the data cannot tell apart (settings that only ever changed
+    # together in some combination: jax and numpy runs record compile_cache=cold, say): a query whose
+    # settings lean on one of them is refused (not estimable), one that takes the whole combination is not.
+    if problem.D.shape[1]:
+        model.null = problem.vt[problem.rank:]
+    model.factor_names = [g for g, _ in groups]
+    model.block_var = block_spread(p[K + n_factors:], np.diag(cov)[K + n_factors:])
+    model.ranges_flops = (float(flops.min()), float(flops.max()))
+    return model
 
+
+# -- fit_cells()'s steps, in the order it takes them ----------------------------------------------
+
+
+def factor_settings(cells: Cells) -> tuple[dict, dict]:
+    """The settings that are factors: {variable: (its words, each cell's word number, each word's
+    runs)} for the variables (neither sizes, structure nor ignored) with runs at two words or more,
+    and {variable: its one word} for the others (factor_variables(), on the configurations: a cell's
+    words are its configuration key's, numbered once per configuration by Cells.words; each word's
+    runs counted at C speed)."""
     from common.variables import NAMES
-    # a cell's words are its configuration key's (config_key: every catalogue variable but IGNORED),
-    # numbered once per configuration (Cells.words); each word's runs counted at C speed
+    rows, w = cells.rows, cells.n
     pos = {name: i for i, name in enumerate(_key_names())}
     counted = {}
-    for name in rows[0]:  # factor_variables(rows), on the configurations
+    for name in rows[0]:
         if name not in SIZES + STRUCTURE + IGNORED and name in pos:
             vocab, number = cells.words(pos[name])
             runs = np.bincount(number, weights=w, minlength=len(vocab))  # every cell holds a run or more
             if np.count_nonzero(runs) > 1:
                 counted[name] = (vocab, number, runs)
-    varied = list(counted)
     fixed = {n_: _word(rows[0][n_]) for n_ in NAMES if n_ in rows[0] and n_ not in SIZES + STRUCTURE + IGNORED
-             and n_ not in varied}
-    # The reference of each factor: its most common value over the runs (the sweep's base).
+             and n_ not in counted}
+    return counted, fixed
+
+
+def factor_columns(counted: dict) -> tuple[dict, dict, list]:
+    """Each factor's reference (its most common word over the runs: the sweep's base), its measured
+    words, and a column per other word ((variable, word), 1.0 for the cells that have it)."""
     reference, measured, columns = {}, {}, []
     for name, (vocab, number, runs) in counted.items():
         present = np.flatnonzero(runs).tolist()  # the words' numbers: in sorted order (Cells.words)
@@ -649,7 +689,12 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
         for i in present:
             if vocab[i] != reference[name]:
                 columns.append(((name, vocab[i]), (number == i).astype(float)))
-    # Columns that are equal in the data (settings only ever changed together) are one factor.
+    return reference, measured, columns
+
+
+def merged_columns(columns: list) -> list[tuple[tuple[tuple[str, str], ...], np.ndarray]]:
+    """Columns that are equal in the data (settings only ever changed together) as one factor:
+    [((variable, word), ...), column]."""
     groups: list[tuple[tuple[tuple[str, str], ...], np.ndarray]] = []
     for key, col in columns:
         for i, (g, c) in enumerate(groups):
@@ -658,94 +703,116 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
                 break
         else:
             groups.append(((key,), col))
-    # Blocks: the machine's slow and fast stretches (a comparison's runs share one). A nuisance effect
-    # per block but the first; a prediction is for an average block, and the blocks' spread is noise
-    # a new run will meet, so it joins the interval.
+    return groups
+
+
+def block_columns(cells: Cells) -> np.ndarray:
+    """A column per block but the first (blocks in the order of their str): the machine's slow and
+    fast stretches (a comparison's runs share one). A nuisance effect each; a prediction is for an
+    average block, and the blocks' spread is noise a new run will meet, so it joins the interval."""
     blocks = sorted(set(cells.blocks), key=str)
     index = {b: i for i, b in enumerate(blocks)}
-    B = np.zeros((len(rows), max(len(blocks) - 1, 0)))
-    j = np.fromiter(map(index.__getitem__, cells.blocks), dtype=np.int64, count=len(rows))
+    B = np.zeros((len(cells.rows), max(len(blocks) - 1, 0)))
+    j = np.fromiter(map(index.__getitem__, cells.blocks), dtype=np.int64, count=len(cells.rows))
     B[np.flatnonzero(j), j[j > 0] - 1] = 1.0
-    if llc_kb is None:
-        llc_kb = next((float(r["l3_kb"]) for r in rows if r.get("l3_kb")), None)
-    X, flops = cells.terms(llc_kb)
-    # Settings run at sizes RATE_SPAN apart in FLOPs also get a factor on the compute terms alone
-    # (their rows' columns of R): bf16 or another framework changes the GEMMs' rate, not the per-call
-    # overhead, and two sizes tell the two apart.
-    rate_groups = rate_columns(groups, flops, w)
-    R = np.column_stack([c for _, c in rate_groups]) if rate_groups else np.zeros((len(rows), 0))
-    D = np.column_stack([c for _, c in groups] + ([B] if B.shape[1] else [])) if groups or B.shape[1] \
-        else np.zeros((len(rows), 0))
-    y = cells.ybar
-    sw = np.sqrt(w)
-    Dw = D * sw[:, None]
-    # the within-cell sum of squares: a constant residual of the weighted problem (zero derivative), so
-    # the optimizer sees the per-run cost itself, and stops where the per-run fit stops
-    within = math.sqrt(max(float(cells.ss.sum()), 0.0))
-    k, q, n_factors = len(TERMS), R.shape[1], len(groups)
-    K = k + q  # the non-linear parameters: the costs (log) and the compute factors (log)
+    return B
 
-    X_compute, X_other = X[:, COMPUTE], X[:, ~COMPUTE]
-    last: list = [None, None]  # the least squares asks for the value, then the derivatives, at one theta
 
-    def priced(theta):
+class LogLeastSquares:
+    """The weighted least squares on the cells' mean log time, by variable projection: the
+    non-linear parameters theta (the costs' and the compute factors' logs) are searched; for given
+    theta the factors and blocks (D) are a linear least-squares fit of what the costs leave
+    unexplained (one SVD of the weighted D gives its pseudo-inverse and its null space). Settings run
+    at sizes RATE_SPAN apart in FLOPs also get a factor on the compute terms alone (R's columns):
+    bf16 or another framework changes the GEMMs' rate, not the per-call overhead, and two sizes tell
+    the two apart."""
+
+    def __init__(self, cells: Cells, X: np.ndarray, rate_cols: list, factor_cols: list, B: np.ndarray):
+        n_cells = len(cells.rows)
+        self.X = X
+        self.R = np.column_stack(rate_cols) if rate_cols else np.zeros((n_cells, 0))
+        self.D = np.column_stack(factor_cols + ([B] if B.shape[1] else [])) if factor_cols or B.shape[1] \
+            else np.zeros((n_cells, 0))
+        self.y = cells.ybar
+        self.sw = np.sqrt(cells.n)
+        self.Dw = self.D * self.sw[:, None]
+        # the within-cell sum of squares: a constant residual of the weighted problem (zero derivative), so
+        # the optimizer sees the per-run cost itself, and stops where the per-run fit stops
+        self.ss = float(cells.ss.sum())
+        self.within = math.sqrt(max(self.ss, 0.0))
+        self.k, self.q = len(TERMS), self.R.shape[1]
+        self.K = self.k + self.q  # the non-linear parameters: the costs (log) and the compute factors (log)
+        self.X_compute, self.X_other = X[:, COMPUTE], X[:, ~COMPUTE]
+        self._last: list = [None, None]  # the least squares asks for the value, then the derivatives, at one theta
+        if self.D.shape[1]:
+            u, sv, self.vt = np.linalg.svd(self.Dw, full_matrices=False)
+            self.rank = int(np.sum(sv > sv[0] * 1e-10))
+            self.D_pinv = (self.vt[:self.rank].T / sv[:self.rank]) @ u[:, :self.rank].T
+        else:
+            self.D_pinv, self.rank, self.vt = np.zeros((0, n_cells)), 0, np.zeros((0, 0))
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """theta's bounds: they keep a cost the data cannot see from wandering to -inf (it is then
+        counted as no parameter)."""
+        k, q = self.k, self.q
+        return np.r_[np.full(k, -40.0), np.full(q, -5.0)], np.r_[np.full(k, 10.0), np.full(q, 5.0)]
+
+    def priced(self, theta):
         """The priced seconds per cell: (compute terms, the others, the rate factor, the total), the
         last theta's kept."""
         at = theta.tobytes()
+        last, k = self._last, self.k
         if last[0] != at:
             costs_ = np.exp(theta[:k])
-            compute_s, other_s = costs_[COMPUTE] * X_compute, costs_[~COMPUTE] * X_other
-            scale = np.exp(R @ theta[k:])
+            compute_s, other_s = costs_[COMPUTE] * self.X_compute, costs_[~COMPUTE] * self.X_other
+            scale = np.exp(self.R @ theta[k:])
             compute = compute_s.sum(axis=1) * scale
             last[0], last[1] = at, (compute_s, other_s, scale, compute, compute + other_s.sum(axis=1))
         return last[1]
 
-    def log_priced(theta):
+    def log_priced(self, theta):
         """log of the priced seconds per cell."""
-        return np.log(priced(theta)[4])
+        return np.log(self.priced(theta)[4])
 
-    def nonlinear(theta):
+    def nonlinear(self, theta):
         """log of the priced seconds per cell and its derivatives by theta."""
-        compute_s, other_s, scale, compute, total = priced(theta)
-        d_costs = np.empty((len(total), k))
+        compute_s, other_s, scale, compute, total = self.priced(theta)
+        d_costs = np.empty((len(total), self.k))
         d_costs[:, COMPUTE] = compute_s * scale[:, None]
         d_costs[:, ~COMPUTE] = other_s
         d_costs /= total[:, None]
-        d_rates = R * (compute / total)[:, None]
+        d_rates = self.R * (compute / total)[:, None]
         return np.log(total), np.hstack([d_costs, d_rates])
 
-    def residuals(p):  # weighted, per cell
-        return sw * (log_priced(p[:K]) + D @ p[K:] - y)
+    def residuals(self, p):
+        """The weighted residual of each cell at all the parameters p (theta, then D's)."""
+        return self.sw * (self.log_priced(p[:self.K]) + self.D @ p[self.K:] - self.y)
 
-    def jacobian(p):
-        return np.hstack([nonlinear(p[:K])[1], D]) * sw[:, None]
+    def jacobian(self, p):
+        """The residuals' derivatives by p."""
+        return np.hstack([self.nonlinear(p[:self.K])[1], self.D]) * self.sw[:, None]
 
-    # Variable projection: for given costs the factors and blocks are a linear least-squares fit of
-    # what the costs leave unexplained, so the search runs over the costs (and compute factors) alone.
-    # one SVD of D (weighted) gives its pseudo-inverse and its null space (below)
-    if D.shape[1]:
-        u, sv, vt = np.linalg.svd(Dw, full_matrices=False)
-        rank = int(np.sum(sv > sv[0] * 1e-10))
-        D_pinv = (vt[:rank].T / sv[:rank]) @ u[:, :rank].T
-    else:
-        D_pinv, rank, vt = np.zeros((0, len(rows))), 0, np.zeros((0, 0))
+    def linear_part(self, theta):
+        """The factors' and blocks' best values for theta."""
+        return self.D_pinv @ (self.sw * (self.y - self.log_priced(theta)))
 
-    def linear_part(theta):
-        return D_pinv @ (sw * (y - log_priced(theta)))
+    def projected(self, theta):
+        """The residuals at theta with the linear part at its best, and the within-cell constant."""
+        left = self.sw * (self.y - self.log_priced(theta))
+        return np.append(self.Dw @ (self.D_pinv @ left) - left, self.within)
 
-    def projected(theta):
-        left = sw * (y - log_priced(theta))
-        return np.append(Dw @ (D_pinv @ left) - left, within)
+    def projected_jac(self, theta):
+        """projected()'s derivatives by theta."""
+        d_log = self.nonlinear(theta)[1] * self.sw[:, None]
+        return np.vstack([d_log - self.Dw @ (self.D_pinv @ d_log), np.zeros((1, d_log.shape[1]))])
 
-    def projected_jac(theta):
-        d_log = nonlinear(theta)[1] * sw[:, None]
-        return np.vstack([d_log - Dw @ (D_pinv @ d_log), np.zeros((1, d_log.shape[1]))])
 
-    # Start: all time in the GEMM FLOPs at the median rate over the runs; other costs small. exp() of a
-    # free parameter keeps each cost positive; bounds keep a cost the data cannot see from wandering to
-    # -inf (it is then counted as no parameter).
-    rate = float(np.median(np.exp(cells.y_run) / X[cells.cell_of, 0]))
-    lower, upper = np.r_[np.full(k, -40.0), np.full(q, -5.0)], np.r_[np.full(k, 10.0), np.full(q, 5.0)]
+def starting_points(problem: LogLeastSquares, cells: Cells, start: Model | None, lower, upper) -> list:
+    """Where the search starts: `start`'s costs and rates (a model of nearly the same rows), else all
+    time in the GEMM FLOPs at the median rate over the runs and the other costs small, from three
+    shifts of them. exp() of a free parameter keeps each cost positive."""
+    k, q = problem.k, problem.q
+    rate = float(np.median(np.exp(cells.y_run) / problem.X[cells.cell_of, 0]))
     starts = []
     if start is not None and len(start.log_costs) == k:
         rates0 = [r for _, r in start.rates] if len(start.rates) == q else [0.0] * q
@@ -753,46 +820,47 @@ def fit_cells(cells: Cells, start: Model | None = None, *, n_all: int | None = N
     else:
         for shift in (0.0, -2.0, -4.0):
             starts.append(np.r_[np.log([rate] + [rate * 0.05] * (k - 1)) + np.r_[0, [shift] * (k - 1)], np.zeros(q)])
+    return starts
+
+
+def best_costs(problem: LogLeastSquares, starts: list, lower, upper) -> np.ndarray:
+    """theta of the least cost over the searches from `starts` (trust-region reflective, bounded)."""
+    from scipy import optimize  # here, not with the module: SCIPY_WHERE_USED
+
     best = None
     for s0 in starts:
-        sol = optimize.least_squares(projected, s0, jac=projected_jac, bounds=(lower, upper), method="trf",
-                                     x_scale="jac", max_nfev=2000)
+        sol = optimize.least_squares(problem.projected, s0, jac=problem.projected_jac, bounds=(lower, upper),
+                                     method="trf", x_scale="jac", max_nfev=2000)
         if best is None or sol.cost < best.cost:
             best = sol
-    theta = best.x
-    p = np.concatenate([theta, linear_part(theta)])
-    J = jacobian(p)
-    lower = np.concatenate([lower, np.full(D.shape[1], -np.inf)])
+    return best.x
+
+
+def covariance(problem: LogLeastSquares, p: np.ndarray, lower: np.ndarray,
+               n_runs: int) -> tuple[np.ndarray, float, int, float]:
+    """(the parameters' covariance s^2 (J'J)^-1 at p, s^2, the residual degrees of freedom, the residual
+    sum of squares over the runs). A cost pushed to its lower bound is not identified: it counts as no
+    parameter, and has no covariance."""
+    J = problem.jacobian(p)
+    lower = np.concatenate([lower, np.full(problem.D.shape[1], -np.inf)])
     n_params = len(p)
-    # a cost pushed to its lower bound is not identified: it counts as no parameter
-    active = np.array([not (i < k and p[i] <= lower[i] + 1e-6) for i in range(n_params)])
-    dof = max(n - int(active.sum()), 1)
-    res = residuals(p)
-    rss = float(res @ res) + float(cells.ss.sum())
+    active = np.array([not (i < problem.k and p[i] <= lower[i] + 1e-6) for i in range(n_params)])
+    dof = max(n_runs - int(active.sum()), 1)
+    res = problem.residuals(p)
+    rss = float(res @ res) + problem.ss
     s2 = rss / dof
     Ja = J[:, active]
     cov = np.zeros((n_params, n_params))
     cov[np.ix_(active, active)] = s2 * np.linalg.pinv(Ja.T @ Ja)
-    gamma = np.concatenate([[0.0], p[K + n_factors:]])
-    ranges = cells.ranges()  # each size's over the configurations' first rows
-    model = Model(log_costs=p[:k], factors=[(g, float(b)) for (g, _), b in zip(groups, p[K:K + n_factors])],
-                  reference=reference, measured=measured, ranges=ranges, cov=cov, s2=s2, dof=dof, n_runs=n,
-                  n_configs=cells.n_configs(), rms_log=float(np.sqrt(rss / n)), fixed=fixed)
-    model.rates = [(g, float(r)) for (g, _), r in zip(rate_groups, p[k:K])]
-    model.n_runs_all = n if n_all is None else n_all
-    model.llc_kb = llc_kb
-    model.block_params = p[K + n_factors:]
-    # Directions of the factors and blocks the data cannot tell apart (settings that only ever changed
-    # together in some combination: jax and numpy runs record compile_cache=cold, say): a query whose
-    # settings lean on one of them is refused (not estimable), one that takes the whole combination is not.
-    if D.shape[1]:
-        model.null = vt[rank:]
-    model.factor_names = [g for g, _ in groups]
-    # the spread of the block effects beyond their own estimation noise (Kalibera & Jones' second level)
-    block_noise = float(np.mean(np.diag(cov)[K + n_factors:])) if len(gamma) > 1 else 0.0
-    model.block_var = max(float(np.var(gamma)) - block_noise, 0.0) if len(gamma) > 1 else 0.0
-    model.ranges_flops = (float(flops.min()), float(flops.max()))
-    return model
+    return cov, s2, dof, rss
+
+
+def block_spread(block_params: np.ndarray, block_cov_diag: np.ndarray) -> float:
+    """The spread of the block effects (the first block's 0 among them) beyond their own estimation
+    noise (Kalibera & Jones' second level)."""
+    gamma = np.concatenate([[0.0], block_params])
+    block_noise = float(np.mean(block_cov_diag)) if len(gamma) > 1 else 0.0
+    return max(float(np.var(gamma)) - block_noise, 0.0) if len(gamma) > 1 else 0.0
 
 
 def rate_columns(groups: list, flops: np.ndarray, weights: np.ndarray | None = None) -> list:

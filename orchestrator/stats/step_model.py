@@ -273,12 +273,57 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     to do (the probe's noise): each stratum's variance is moderated toward it (moderate_strata)."""
     y = np.asarray(y, dtype=float)
     ci = np.asarray(config_idx, dtype=int)
-    bi = np.asarray(block_idx, dtype=int)
-    n = len(y)
+    fine = design(ci, np.asarray(block_idx, dtype=int), n_configs, n_blocks)
+    state = FitState(y, ci, fine.X, *strata_of(stratum_keys, fine.p, len(y)))
+    split_noisy(state, noisy_at_start(state, n_configs))
+    fit_variances(state, 3)
+    coarse = coarse_design(fine.X, ci, pass_idx, n_configs) if mixture and pass_idx is not None else None
+    slow_modes(state, coarse, mixture)
+    noisy = noisy_beyond_slow_modes(state, n_configs)
+    if noisy:
+        split_noisy(state, noisy)
+        fit_variances(state, 2)
+        slow_modes(state, coarse, mixture)
+    eff_w, target, s_dof = final_fit(state)
+    own_sigma2, own_dof = state.sigma2.copy(), dict(s_dof)
+    prior_used = moderate(state, eff_w, target, s_dof, prior) if prior is not None else None
+    has_noise = all(np.isfinite(state.sigma2)) and sum(s_dof.values()) >= 1
+    source, excess, config_priors = state.s_of_run.copy(), np.ones(len(y)), {}
+    if has_noise:
+        source, excess, config_priors = config_variances(state, target, own_sigma2, s_dof, n_configs)
+    strata = stratum_objects(state, own_sigma2, own_dof, s_dof, config_priors)
+    gamma = np.zeros(n_blocks)
+    for b, col in fine.col_of_block.items():
+        gamma[b] = state.theta[col]
+    return Fit(state.theta[:n_configs].copy(), gamma, strata, fine.component, state.post, len(y),
+               state.lu.solve_few if has_noise else None,
+               (fine.X, eff_w, source, s_dof if has_noise else {}, excess), prior=prior_used,
+               blocks_dropped=fine.blocks_dropped)
+
+
+# -- fit()'s steps, in the order it takes them ----------------------------------------------------
+
+
+@dataclass
+class Design:
+    """The fine model's design: a row per run, a column per configuration and per block but each
+    connected part's reference block."""
+
+    X: sparse.csr_matrix
+    p: int  # its columns
+    component: np.ndarray  # the connected part of each configuration
+    col_of_block: dict  # block -> its column (a reference block has none)
+    blocks_dropped: bool  # the blocks cost too many degrees of freedom: every run is in block 0
+
+
+def design(ci, bi, n_configs: int, n_blocks: int) -> Design:
+    """The design of configuration + block, one reference block per connected part of the bipartite
+    configuration-block graph (only differences inside a part are estimable); the blocks left out
+    where they cost too much (_blocks_cost_too_much)."""
+    n = len(ci)
     blocks_dropped = _blocks_cost_too_much(ci, bi, n_configs, n_blocks)
     if blocks_dropped:  # one block per part: the configurations' effects on their own
         bi = np.zeros(n, dtype=int)
-    # Connected parts of the bipartite configuration-block graph: one reference block per part.
     graph = sparse.coo_matrix((np.ones(n), (ci, n_configs + bi)), shape=(n_configs + n_blocks,) * 2)
     n_parts, labels = connected_components(graph, directed=False)
     component = labels[:n_configs]
@@ -296,8 +341,12 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     rows.append(np.arange(n)[has_block])
     cols.append(col_arr[bi[has_block]])
     X = sparse.csr_matrix((np.ones(sum(len(r) for r in rows)), (np.concatenate(rows), np.concatenate(cols))), shape=(n, p))
+    return Design(X, p, component, col_of_block, blocks_dropped)
 
-    # Strata: merge those with too few residual degrees of freedom into the largest.
+
+def strata_of(stratum_keys, p: int, n: int) -> tuple[list, dict, list, np.ndarray]:
+    """The noise strata: those with too few residual degrees of freedom merged into the largest.
+    (every key, most runs first; key -> the stratum it is in; the strata kept; each run's stratum)."""
     keys = list(stratum_keys)
     distinct = sorted(set(keys), key=lambda k: -keys.count(k))
     approx_dof = {k: keys.count(k) * (1 - p / max(n, 1)) for k in distinct}
@@ -305,181 +354,224 @@ def fit(y, config_idx, block_idx, stratum_keys, *, n_configs: int, n_blocks: int
     home = {k: (k if k in big else big[0]) for k in distinct}
     index_of = {k: big.index(home[k]) for k in distinct}
     s_of_run = np.array([index_of[k] for k in keys]) if n else np.zeros(0, dtype=int)
-    n_strata = len(big)
+    return distinct, home, big, s_of_run
 
-    sigma2 = np.full(n_strata, 1.0)
-    pi = np.zeros(n_strata)
-    delta = np.zeros(n_strata)
-    post = np.zeros(n)
-    theta = np.zeros(p)
-    lev = np.full(n, p / max(n, 1))
 
-    last = {}  # the factor of the last weights solved with: a refit under the same weights reuses it
+class FitState:
+    """fit() in progress: the runs, the design, each run's stratum, and the estimates its steps refine
+    (each stratum's variance and slow mode, the runs' slow-mode posteriors, the effects, the
+    leverages, the weights and their factor)."""
 
-    def solve_weighted(weights, target):
+    def __init__(self, y, ci, X, distinct: list, home: dict, big: list, s_of_run: np.ndarray):
+        n, p = len(y), X.shape[1]
+        self.y, self.ci, self.X, self.p = y, ci, X, p
+        self.distinct, self.home = distinct, home
+        self.big = big  # the strata's keys; a noisy configuration's own appended (split_noisy)
+        self.s_of_run = s_of_run
+        self.sigma2 = np.full(len(big), 1.0)
+        self.pi = np.zeros(len(big))
+        self.delta = np.zeros(len(big))
+        self.post = np.zeros(n)
+        self.theta = np.zeros(p)
+        self.lev = np.full(n, p / max(n, 1))
+        self.weights = None
+        self.lu = None
+        self._last = {}  # the factor of the last weights solved with: a refit under the same weights reuses it
+
+    @property
+    def n_strata(self) -> int:
+        return len(self.big)
+
+    def solve(self, weights, target):
+        """(the factor, theta) of the weighted least squares of target on X."""
+        last = self._last
         if "w" not in last or not np.array_equal(last["w"], weights):
-            last["w"], last["f"] = np.array(weights, copy=True), _factor(X, weights)
+            last["w"], last["f"] = np.array(weights, copy=True), _factor(self.X, weights)
         f = last["f"]
-        return f, f.solve(X.T @ (weights * target))
+        return f, f.solve(self.X.T @ (weights * target))
 
-    def variances(rounds: int):
-        nonlocal lu, theta, weights
-        for _ in range(rounds):
-            lu, theta = solve_weighted(weights, y)
-            _leverages(X, weights, lu, p, lev)
-            r = y - X @ theta
-            for s in range(n_strata):
-                m = s_of_run == s
-                dof_s = m.sum() - lev[m].sum()
-                sigma2[s] = float(r[m] @ r[m] / dof_s) if dof_s > 0.5 else float("nan")
-            weights = np.where(np.isfinite(sigma2[s_of_run]) & (sigma2[s_of_run] > 0),
-                               1.0 / np.maximum(sigma2[s_of_run], 1e-12), 1.0)
+    def solver_of(self, matrix):
+        """theta for a target under the current weights: the fine model's shared factor where matrix is X."""
+        if matrix is self.X:
+            return lambda target: self.solve(self.weights, target)
+        return _solve(matrix, self.weights)
 
-    def split_noisy(noisy):
-        nonlocal s_of_run, n_strata, sigma2, pi, delta
-        for c in noisy:
-            big.append(("noisy configuration", c))
-        s_of_run = s_of_run.copy()
-        for c in noisy:
-            s_of_run[ci == c] = big.index(("noisy configuration", c))
-        n_strata = len(big)
-        sigma2 = np.concatenate([sigma2, np.ones(len(noisy))])
-        pi, delta = np.zeros(n_strata), np.zeros(n_strata)
-        post[:] = 0.0
 
-    # 0. configurations far noisier than the rest, judged on a fit that weighs each configuration by
-    # its own spread (so a noisy one cannot push the block effects and make its neighbours look noisy)
-    weights = _robust_weights(y, ci, n_configs)
-    lu, theta = solve_weighted(weights, y)
-    _leverages(X, weights, lu, p, lev)
-    first = _noisy_configs(y - X @ theta, ci, s_of_run, lev, n_configs, trim=0.5, trim_rest=True,
-                           centre=True, min_ratio=NOISY_MIN_RATIO)
-    if first:
-        split_noisy(first)
-    # 1. one variance per stratum (rounds of weighted fits, starting from the robust weights)
-    variances(3)
-    coarse = None
-    if mixture and pass_idx is not None:
-        pi_ = np.asarray(pass_idx, dtype=int)
-        passes = sorted(set(pi_.tolist()))
-        col = {q: n_configs + k for k, q in enumerate(passes[1:])}
-        rank = np.searchsorted(np.asarray(passes, dtype=int), pi_)  # each run's pass among passes
-        keep = rank >= 1  # the first pass is the reference
-        Xc = sparse.csr_matrix((np.ones(n + int(keep.sum())),
-                                (np.concatenate([np.arange(n), np.arange(n)[keep]]),
-                                 np.concatenate([ci, n_configs + rank[keep] - 1]))),
-                               shape=(n, n_configs + len(col)))
-        if Xc.shape[1] < n - MIN_STRATUM_DF:
-            # where every block is a whole pass (and the blocks are numbered in pass order), the coarse
-            # model is the fine one, entry for entry: its fits then share the fine model's factor
-            coarse = X if _same_matrix(Xc, X) else Xc
+def noisy_at_start(state: FitState, n_configs: int) -> list[int]:
+    """Step 0: configurations far noisier than the rest, judged on a fit that weighs each configuration
+    by its own spread (so a noisy one cannot push the block effects and make its neighbours look
+    noisy). Sets the state's robust weights, effects and leverages."""
+    y, X = state.y, state.X
+    state.weights = _robust_weights(y, state.ci, n_configs)
+    state.lu, state.theta = state.solve(state.weights, y)
+    _leverages(X, state.weights, state.lu, state.p, state.lev)
+    return _noisy_configs(y - X @ state.theta, state.ci, state.s_of_run, state.lev, n_configs, trim=0.5,
+                          trim_rest=True, centre=True, min_ratio=NOISY_MIN_RATIO)
 
-    def solver_of(design):
-        """theta for a target under the current weights: the fine model's shared factor where design is X."""
-        if design is X:
-            return lambda target: solve_weighted(weights, target)
-        return _solve(design, weights)
 
-    def coarse_fit():
-        """The configuration + pass model under the current weights: (theta, leverages)."""
-        luc, thc = solver_of(coarse)(y)
-        levc = np.empty(n)
-        _leverages(coarse, weights, luc, coarse.shape[1], levc)
-        return thc, levc
+def split_noisy(state: FitState, noisy: list[int]) -> None:
+    """Each configuration of `noisy` a stratum of its own (variance 1 until fitted); every slow mode
+    forgotten."""
+    if not noisy:
+        return
+    for c in noisy:
+        state.big.append(("noisy configuration", c))
+    state.s_of_run = state.s_of_run.copy()
+    for c in noisy:
+        state.s_of_run[state.ci == c] = state.big.index(("noisy configuration", c))
+    state.sigma2 = np.concatenate([state.sigma2, np.ones(len(noisy))])
+    state.pi, state.delta = np.zeros(state.n_strata), np.zeros(state.n_strata)
+    state.post[:] = 0.0
 
-    def slow_modes():
-        nonlocal theta, post
-        thc, levc = coarse_fit() if coarse is not None else (None, None)
-        for s in range(n_strata):
+
+def fit_variances(state: FitState, rounds: int) -> None:
+    """Step 1: one variance per stratum, in rounds of a weighted fit and each stratum's residual
+    variance (leverages subtracted) giving the next round's weights."""
+    y, X, s_of_run, sigma2, lev = state.y, state.X, state.s_of_run, state.sigma2, state.lev
+    for _ in range(rounds):
+        state.lu, state.theta = state.solve(state.weights, y)
+        _leverages(X, state.weights, state.lu, state.p, lev)
+        r = y - X @ state.theta
+        for s in range(state.n_strata):
             m = s_of_run == s
-            pi[s], delta[s] = 0.0, 0.0
-            post[m] = 0.0
-            if not mixture or m.sum() < MIX_MIN_RUNS or not np.isfinite(sigma2[s]) or sigma2[s] <= 0:
-                continue
-            if coarse is not None:  # found in the coarse model; the fine one takes its shifts
-                r = y - coarse @ thc
-                s2c = float(r[m] @ r[m]) / max(1.0, float(m.sum() - levc[m].sum()))
-                got = _mixture(coarse, y, m, thc, levc, s2c, weights, solver_of(coarse))
-                if got is None:
-                    continue
-                _, post_m, pi_s, delta_s, _ = got
-                post = np.where(m, post_m, post)
-                pi[s], delta[s] = pi_s, delta_s
-                target = y - np.where(m, delta_s * post, 0.0)
-                _, theta = solve_weighted(weights, target)
-                r = (target - X @ theta)[m]
-                dof_s = max(1.0, float(m.sum() - lev[m].sum()) - 2)
-                sigma2[s] = float(r @ r) / dof_s + delta_s * delta_s * float(np.mean(post[m] * (1 - post[m])))
-                continue
-            got = _mixture(X, y, m, theta, lev, sigma2[s], weights, solver_of(X))
+            dof_s = m.sum() - lev[m].sum()
+            sigma2[s] = float(r[m] @ r[m] / dof_s) if dof_s > 0.5 else float("nan")
+        state.weights = np.where(np.isfinite(sigma2[s_of_run]) & (sigma2[s_of_run] > 0),
+                                 1.0 / np.maximum(sigma2[s_of_run], 1e-12), 1.0)
+
+
+def coarse_design(X, ci, pass_idx, n_configs: int):
+    """The configuration + pass design where a slow mode is looked for, or None where it would leave
+    fewer than MIN_STRATUM_DF residual degrees of freedom; X itself where it is the same matrix (every
+    block a whole pass, numbered in pass order), so its fits share the fine model's factor."""
+    n = len(ci)
+    pi_ = np.asarray(pass_idx, dtype=int)
+    passes = sorted(set(pi_.tolist()))
+    col = {q: n_configs + k for k, q in enumerate(passes[1:])}
+    rank = np.searchsorted(np.asarray(passes, dtype=int), pi_)  # each run's pass among passes
+    keep = rank >= 1  # the first pass is the reference
+    Xc = sparse.csr_matrix((np.ones(n + int(keep.sum())),
+                            (np.concatenate([np.arange(n), np.arange(n)[keep]]),
+                             np.concatenate([ci, n_configs + rank[keep] - 1]))),
+                           shape=(n, n_configs + len(col)))
+    if Xc.shape[1] < n - MIN_STRATUM_DF:
+        return X if _same_matrix(Xc, X) else Xc
+    return None
+
+
+def slow_modes(state: FitState, coarse, mixture: bool) -> None:
+    """Step 2: a slow mode per stratum, where it clearly beats one normal (_mixture); found in the
+    coarse model where there is one, whose shifts the fine model then takes."""
+    y, X, lev, sigma2, pi, delta = state.y, state.X, state.lev, state.sigma2, state.pi, state.delta
+    thc, levc = coarse_fit(state, coarse) if coarse is not None else (None, None)
+    for s in range(state.n_strata):
+        m = state.s_of_run == s
+        pi[s], delta[s] = 0.0, 0.0
+        state.post[m] = 0.0
+        if not mixture or m.sum() < MIX_MIN_RUNS or not np.isfinite(sigma2[s]) or sigma2[s] <= 0:
+            continue
+        if coarse is not None:
+            r = y - coarse @ thc
+            s2c = float(r[m] @ r[m]) / max(1.0, float(m.sum() - levc[m].sum()))
+            got = _mixture(coarse, y, m, thc, levc, s2c, state.weights, state.solver_of(coarse))
             if got is None:
                 continue
-            theta, post_m, pi[s], delta[s], sigma2[s] = got
-            post = np.where(m, post_m, post)
+            _, post_m, pi_s, delta_s, _ = got
+            state.post = np.where(m, post_m, state.post)
+            pi[s], delta[s] = pi_s, delta_s
+            target = y - np.where(m, delta_s * state.post, 0.0)
+            _, state.theta = state.solve(state.weights, target)
+            r = (target - X @ state.theta)[m]
+            dof_s = max(1.0, float(m.sum() - lev[m].sum()) - 2)
+            sigma2[s] = float(r @ r) / dof_s + delta_s * delta_s * float(np.mean(state.post[m] * (1 - state.post[m])))
+            continue
+        got = _mixture(X, y, m, state.theta, lev, sigma2[s], state.weights, state.solver_of(X))
+        if got is None:
+            continue
+        state.theta, post_m, pi[s], delta[s], sigma2[s] = got
+        state.post = np.where(m, post_m, state.post)
 
-    # 2. a slow mode per stratum, where it clearly beats one normal
-    slow_modes()
-    # 3. a configuration far noisier than its stratum's fast mode (an F test at NOISY_ALPHA over the
-    # configurations tested, slow-mode runs' shift removed) gets a variance of its own, paying its own
-    # degrees of freedom: one noisy value then widens only its own comparisons.
-    noisy = [c for c in _noisy_configs(y - X @ theta - delta[s_of_run] * post, ci, s_of_run, lev, n_configs)
-             if ("noisy configuration", c) not in big]
-    if noisy:
-        split_noisy(noisy)
-        variances(2)
-        slow_modes()
-    # the final fit: each stratum's weight, targets shifted by the slow mode's expected share
+
+def coarse_fit(state: FitState, coarse):
+    """The configuration + pass model under the current weights: (theta, leverages)."""
+    luc, thc = state.solver_of(coarse)(state.y)
+    levc = np.empty(len(state.y))
+    _leverages(coarse, state.weights, luc, coarse.shape[1], levc)
+    return thc, levc
+
+
+def noisy_beyond_slow_modes(state: FitState, n_configs: int) -> list[int]:
+    """Step 3: configurations far noisier than their stratum's fast mode (an F test at NOISY_ALPHA over
+    the configurations tested, slow-mode runs' shift removed), not yet split off: each gets a variance
+    of its own, paying its own degrees of freedom, so one noisy value widens only its own comparisons."""
+    r = state.y - state.X @ state.theta - state.delta[state.s_of_run] * state.post
+    return [c for c in _noisy_configs(r, state.ci, state.s_of_run, state.lev, n_configs)
+            if ("noisy configuration", c) not in state.big]
+
+
+def final_fit(state: FitState) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Step 4: the final fit, each stratum's weight, targets shifted by the slow mode's expected share:
+    (the weights, the targets, each stratum's residual degrees of freedom)."""
+    y, sigma2, n = state.y, state.sigma2, len(state.y)
     eff_w = np.empty(n)
     target = y.copy()
-    for s in range(n_strata):
-        m = s_of_run == s
-        if pi[s] > 0:
+    for s in range(state.n_strata):
+        m = state.s_of_run == s
+        if state.pi[s] > 0:
             eff_w[m] = 1.0 / sigma2[s]
-            target[m] = y[m] - delta[s] * post[m]
+            target[m] = y[m] - state.delta[s] * state.post[m]
         else:
             eff_w[m] = 1.0 / sigma2[s] if np.isfinite(sigma2[s]) and sigma2[s] > 0 else 1.0
-    lu, theta = solve_weighted(eff_w, target)
-    _leverages(X, eff_w, lu, p, lev)
+    state.lu, state.theta = state.solve(eff_w, target)
+    _leverages(state.X, eff_w, state.lu, state.p, state.lev)
     s_dof = {}
-    for s in range(n_strata):
-        m = s_of_run == s
-        s_dof[s] = max(0.0, float(m.sum() - lev[m].sum()) - (3 if pi[s] > 0 else 0))
-    own_sigma2, own_dof = sigma2.copy(), dict(s_dof)
-    prior_used = None
-    if prior is not None:
-        prior_used = moderate_strata(sigma2, s_dof, [not _is_noisy_key(k) for k in big], prior)
-        for s in range(n_strata):
-            m = s_of_run == s
-            eff_w[m] = 1.0 / sigma2[s] if np.isfinite(sigma2[s]) and sigma2[s] > 0 else 1.0
-        lu, theta = solve_weighted(eff_w, target)
-        _leverages(X, eff_w, lu, p, lev)
-    has_noise = all(np.isfinite(sigma2)) and sum(s_dof.values()) >= 1
-    source, excess, config_priors = s_of_run.copy(), np.ones(n), {}
-    if has_noise:
-        # each configuration's own variance against its stratum's as measured here (a prior from the
-        # probe moves the level of the whole stratum, not how its configurations differ from each other):
-        # the excess of a run is then own-moderated / own-stratum, times the stratum's moderated weight
-        base = np.where(np.isfinite(own_sigma2) & (own_sigma2 > 0), own_sigma2, sigma2)
-        source, excess, config_priors = _own_variances(target - X @ theta, ci, s_of_run, lev, base, s_dof,
-                                                       n_configs, big)
+    for s in range(state.n_strata):
+        m = state.s_of_run == s
+        s_dof[s] = max(0.0, float(m.sum() - state.lev[m].sum()) - (3 if state.pi[s] > 0 else 0))
+    return eff_w, target, s_dof
 
+
+def moderate(state: FitState, eff_w, target, s_dof: dict, prior: tuple[float, float]) -> Prior | None:
+    """Step 5: each quiet stratum's variance moderated toward the machine's prior (moderate_strata, in
+    place) and the final fit again under the weights that gives (eff_w, in place)."""
+    sigma2 = state.sigma2
+    prior_used = moderate_strata(sigma2, s_dof, [not _is_noisy_key(k) for k in state.big], prior)
+    for s in range(state.n_strata):
+        m = state.s_of_run == s
+        eff_w[m] = 1.0 / sigma2[s] if np.isfinite(sigma2[s]) and sigma2[s] > 0 else 1.0
+    state.lu, state.theta = state.solve(eff_w, target)
+    _leverages(state.X, eff_w, state.lu, state.p, state.lev)
+    return prior_used
+
+
+def config_variances(state: FitState, target, own_sigma2, s_dof: dict, n_configs: int):
+    """Step 6: each configuration's own variance against its stratum's as measured here (a prior from
+    the probe moves the level of the whole stratum, not how its configurations differ from each
+    other): the excess of a run is then own-moderated / own-stratum, times the stratum's moderated
+    weight. _own_variances' (noise source per run, excess per run, priors per stratum)."""
+    base = np.where(np.isfinite(own_sigma2) & (own_sigma2 > 0), own_sigma2, state.sigma2)
+    return _own_variances(target - state.X @ state.theta, state.ci, state.s_of_run, state.lev, base, s_dof,
+                          n_configs, state.big)
+
+
+def stratum_objects(state: FitState, own_sigma2, own_dof: dict, s_dof: dict, config_priors: dict) -> dict:
+    """Step 7: stratum key -> its Stratum (merged keys share their stratum's; a noisy configuration's
+    own under its own key)."""
+    sigma2, distinct, home, big = state.sigma2, state.distinct, state.home, state.big
     strata = {}
     objs = []
     for s, k in enumerate(big):
         members = tuple(d for d in distinct if home[d] == k)
-        objs.append(Stratum(k, int((s_of_run == s).sum()), float(sigma2[s]) if np.isfinite(sigma2[s]) else float("nan"),
-                            s_dof[s], float(pi[s]), float(delta[s]), members, own_sigma2=float(own_sigma2[s]),
-                            own_dof=float(own_dof[s]), config_prior=config_priors.get(s)))
+        objs.append(Stratum(k, int((state.s_of_run == s).sum()),
+                            float(sigma2[s]) if np.isfinite(sigma2[s]) else float("nan"),
+                            s_dof[s], float(state.pi[s]), float(state.delta[s]), members,
+                            own_sigma2=float(own_sigma2[s]), own_dof=float(own_dof[s]),
+                            config_prior=config_priors.get(s)))
     for d in distinct:
         strata[d] = objs[big.index(home[d])]
     for s, k in enumerate(big):
         strata.setdefault(k, objs[s])  # the noisy configurations' own
-    gamma = np.zeros(n_blocks)
-    for b, col in col_of_block.items():
-        gamma[b] = theta[col]
-    return Fit(theta[:n_configs].copy(), gamma, strata, component,
-               post, n, lu.solve_few if has_noise else None, (X, eff_w, source, s_dof if has_noise else {}, excess),
-               prior=prior_used, blocks_dropped=blocks_dropped)
+    return strata
 
 
 NOISY_ALPHA = 0.01  # family-wise, over the configurations tested
