@@ -9,6 +9,10 @@ warm ones). Prints one line per case and a JSON document at the end; never asser
     venv/bin/python benchmarks/report_scale.py --sizes 10000,100000 --backends sqlite,postgresql
     venv/bin/python benchmarks/report_scale.py --sizes 1000000 --backends sqlite --mem-cap-gb 6
 
+--grid 10x10x10x10x10 instead makes one SQLite database of a grid with one run per configuration on one machine
+(d_model, n_layers, seq_len, batch_size and lr, each with as many values as its number; 100k configurations),
+the case where the report's cost follows the configurations rather than the runs; kept as grid{shape}.db.
+
 --realistic fills each database as a real sweep's (benchmarks/realistic.py: every metric and fact a real
 run records and each done run's ~3 KB applied, which a scaled run leaves NULL); its SQLite databases are
 kept as real{runs}.db. --keep DIR keeps the SQLite databases (reused when present). A report past --mem-cap-gb of PSS or
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -34,7 +39,21 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from realistic import copy_sqlite, fill  # noqa: E402
-from tests.scaledb import build  # noqa: E402
+from tests.scaledb import SHAPES, build  # noqa: E402
+
+GRID_AXES = {"d_model": [32 + 16 * i for i in range(16)], "n_layers": list(range(1, 17)),
+             "seq_len": [32 + 32 * i for i in range(16)], "batch_size": list(range(1, 17)),
+             "lr": [round(1e-4 * 1.5 ** i, 8) for i in range(16)]}
+
+
+def grid_shape(text: str) -> tuple[str, int]:
+    """--grid AxBxCxDxE as a tests/scaledb.py shape (registered there) and its number of configurations."""
+    counts = [int(x) for x in text.lower().split("x")]
+    if len(counts) > len(GRID_AXES) or not all(1 <= n <= 16 for n in counts):
+        raise SystemExit(f"--grid {text}: at most {len(GRID_AXES)} axes of 1 to 16 values")
+    name = f"grid-{text}"
+    SHAPES[name] = {axis: values[:n] for (axis, values), n in zip(GRID_AXES.items(), counts)}
+    return name, math.prod(counts)
 
 CHILD = """
 import json, resource, sys, time
@@ -107,7 +126,11 @@ def main() -> None:
                         help="leave out the cost model's section (prediction_report): the rest of the report alone")
     parser.add_argument("--keep", type=Path, help="keep the SQLite databases here (reused when present)")
     parser.add_argument("--realistic", action="store_true", help="fill each database as a real sweep's")
+    parser.add_argument("--grid", help="AxBxCxDxE: one SQLite grid of that many configurations, one run each")
     args = parser.parse_args()
+    if args.grid:
+        shape, n_configs = grid_shape(args.grid)
+        args.sizes, args.backends = str(n_configs), "sqlite"
     results = []
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -123,9 +146,9 @@ def main() -> None:
                 case = {"backend": backend, "runs": runs, "realistic": args.realistic}
                 t0 = time.perf_counter()
                 if backend == "sqlite":
-                    db = str(keep / f"scale{runs}.db")
+                    db = str(keep / (f"grid{args.grid}.db" if args.grid else f"scale{runs}.db"))
                     if not Path(db).exists():
-                        build(db, runs, quiet=True)
+                        build(db, runs, 1, shape=shape, quiet=True) if args.grid else build(db, runs, quiet=True)
                     if args.realistic:
                         real = keep / f"real{runs}.db"
                         if not real.exists():

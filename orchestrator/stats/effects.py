@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from itertools import compress, repeat
-from operator import attrgetter, not_
+from operator import attrgetter, itemgetter, not_
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -394,14 +394,35 @@ class Cells:
         return list(map(self.runs.__getitem__, np.sort(np.concatenate([self.pos[c] for c in cells])).tolist()))
 
     def values(self, cells, name: str) -> set:
-        return {self.rep[c].values[name] for c in cells}
+        return set(map(self.column(name).__getitem__, cells))
+
+    def column(self, name: str) -> list:
+        """Each cell's value of `name` (made once per variable: a grid's groups read it over and over)."""
+        col = self._columns.get(name)
+        if col is None:
+            col = self._columns[name] = [r.values[name] for r in self.rep]
+        return col
+
+    @cached_property
+    def _columns(self) -> dict[str, list]:
+        return {}
 
     def n_runs(self, cells) -> int:
         return sum(map(self.n.__getitem__, cells))
 
     def n_configs(self, cells) -> int:
         """Distinct configurations among these cells (each counted once, however many runs it has)."""
-        return len({self.rep[c]._key for c in cells})  # (_key: config_key()'s cache, read without the call)
+        keys = self._keys
+        if keys is None:  # every cell a configuration of its own
+            return len(set(cells))
+        return len(set(map(keys.__getitem__, cells)))
+
+    @cached_property
+    def _keys(self) -> list[tuple] | None:
+        """Each cell's configuration (_key: config_key()'s cache, read without the call); None where no two
+        cells share one (a grid run once each: then the cells are the configurations)."""
+        keys = [r._key for r in self.rep]
+        return None if len(set(keys)) == len(keys) else keys
 
     def passes(self, cells) -> set:
         return set().union(*map(self._passes.__getitem__, cells))
@@ -449,7 +470,7 @@ class Cells:
     def weights(self, model: Model, levels: list, coefs: list[float]) -> dict[int, float]:
         """Model.weights of levels given as lists of cells."""
         config = self.configs(model)
-        return model.weights_of([{config[c] for c in cells} for cells in levels], coefs)
+        return model.weights_of([set(map(config.__getitem__, cells)) for cells in levels], coefs)
 
     def mean_adj(self, cells) -> float:
         return np.mean([r.adj for r in self.runs_of(cells)])
@@ -460,8 +481,16 @@ def _group_keys(cells: Cells, free: set[str], varied: list[str]) -> tuple[list[s
     the followers of the free variables as DERIVED_MARK when at their derived value."""
     follow = set().union(*(followers_of(n) for n in free)) - free
     keys = [n for n in varied if n not in free]
-    return keys, [tuple(DERIVED_MARK if n in follow and r.at_derived(n) else r.values[n] for n in keys)
-                  for r in cells.rep]
+    if not keys:
+        return keys, [()] * len(cells.rep)
+    values = list(map(attrgetter("values"), cells.rep))
+    columns = []  # key by key over the cells, then zipped: each cell's key as the row-wise tuple made it
+    for n in keys:
+        col = list(map(itemgetter(n), values))
+        if n in follow:
+            col = [DERIVED_MARK if r.at_derived(n) else v for r, v in zip(cells.rep, col)]
+        columns.append(col)
+    return keys, list(zip(*columns))
 
 
 def _groups(cells: Cells, free: set[str], varied: list[str]) -> tuple[list[str], dict[tuple, list[int]]]:
@@ -506,8 +535,9 @@ def _group_words(keys: list[str], key: tuple) -> str:
 def _by_value(cells: Cells, members: list[int], name: str) -> dict:
     """value of `name` -> the cells at it (in the order of their first runs)."""
     by_value: dict = defaultdict(list)
+    col = cells.column(name)
     for c in members:
-        by_value[cells.rep[c].values[name]].append(c)
+        by_value[col[c]].append(c)
     return by_value
 
 
@@ -579,10 +609,11 @@ def ratio(cells: Cells, at: list[int], base: list[int], value: str, base_label: 
 def _slope_cells(cells: Cells, groups: list[list[int]], name: str) -> list[tuple[int, float, list[int]]]:
     """(group, log value, its cells) of every value of `name` in every group with two or more values."""
     out = []
+    col = cells.column(name)
     for g, members in enumerate(groups):
         by_value: dict = defaultdict(list)
         for c in members:
-            by_value[float(cells.rep[c].values[name])].append(c)
+            by_value[float(col[c])].append(c)
         if len(by_value) >= 2:
             out += [(g, math.log(v), cs) for v, cs in by_value.items()]
     return out
@@ -595,8 +626,11 @@ def elasticity(cells: Cells, groups: list[list[int]], name: str, machine_id: int
     slope = _slope_cells(cells, groups, name)
     if not slope:
         return None, 0
-    used = sorted({s[0] for s in slope})
-    centre = {g: float(np.mean([s[1] for s in slope if s[0] == g])) for g in used}
+    logs: dict[int, list[float]] = defaultdict(list)  # group -> its values' logs, in slope's order
+    for s in slope:
+        logs[s[0]].append(s[1])
+    used = sorted(logs)
+    centre = {g: float(np.mean(logs[g])) for g in used}
     x = np.array([s[1] - centre[s[0]] for s in slope])
     sxx = float(x @ x)
     weights = cells.weights(model, [s[2] for s in slope], list(x / sxx))
@@ -629,6 +663,8 @@ def _interaction(ve: VariableEffect, cells: Cells, keys: list[str], several: dic
             lx = np.array([s[1] for s in slope])
             x = lx - lx.mean()
             per_group.append((words, [cells.weights(model, [s[2] for s in slope], list(x / float(x @ x)))], [e]))
+            if e.se is None:  # no test without every group's interval: the rest need not be made
+                return
     else:
         shared = None
         for ms in several.values():
@@ -647,6 +683,8 @@ def _interaction(ve: VariableEffect, cells: Cells, keys: list[str], several: dic
                              ve.machine_id, model, group=words) for v in shared]
             per_group.append((words, [cells.weights(model, [by_value[v], by_value[base]], [1.0, -1.0]) for v in shared],
                               effects))
+            if any(e.se is None for e in effects):
+                return
     if len(per_group) < 2 or any(e.se is None for _, _, es in per_group for e in es):
         return
     f = model.fit
@@ -1059,12 +1097,13 @@ def grids(analysis: MachineAnalysis) -> list[Grid]:
             if b in followers_of(a) or a in followers_of(b):
                 continue
             keys, groups = _groups(cells, {a, b}, varied)
-            best = _best_group(cells, groups, lambda ms: len({(cells.rep[c].values[a], cells.rep[c].values[b]) for c in ms}))
+            col_a, col_b = cells.column(a), cells.column(b)
+            best = _best_group(cells, groups, lambda ms: len(set(zip(map(col_a.__getitem__, ms), map(col_b.__getitem__, ms)))))
             if best is None:
                 continue
             at: dict = defaultdict(list)
             for c in groups[best]:
-                at[(cells.rep[c].values[a], cells.rep[c].values[b])].append(c)
+                at[(col_a[c], col_b[c])].append(c)
             av = sorted({k[0] for k in at}, key=lambda v: sort_key(a, v))
             bv = sorted({k[1] for k in at}, key=lambda v: sort_key(b, v))
             if len(av) < 2 or len(bv) < 2 or len(at) <= len(av) + len(bv) - 1:

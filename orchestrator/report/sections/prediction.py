@@ -17,7 +17,7 @@ import math
 import operator
 import statistics
 import tomllib
-from itertools import repeat
+from itertools import compress, repeat
 from pathlib import Path
 
 import numpy as np
@@ -125,7 +125,7 @@ def shares(ctx) -> dict:
     for machine_id, name in ctx.names.items():
         rows = cm.usable(done[machine_id])
         cpus = int(ctx.facts.get(machine_id, {}).get("logical_cores") or (rows[0].get("cores") if rows else None) or 1)
-        share = {"name": name, "runs": len(rows), "fit_rows": cm.thin(rows), "cpus": cpus,
+        share = {"name": name, "runs": len(rows), "fit_rows": fit_share(rows), "cpus": cpus,
                  "check": cm.check_share(rows, _configs(rows, done[machine_id], numbers and numbers[machine_id],
                                                         numbers and config_index(ctx.rows)[1]))
                  if check_predictions and rows else None,
@@ -133,6 +133,26 @@ def shares(ctx) -> dict:
         machines[machine_id] = share
     return {"wanted": sweep_predictions(ctx.rows, sweep_texts), "check_predictions": check_predictions,
             "machines": machines}
+
+
+FIT_MAX_CONFIGS = 2_000  # the section's fit: beyond this many configurations, an even sample of them
+
+
+def fit_share(rows: list[dict]) -> list[dict]:
+    """The rows the section's model is fitted on: cost_model.thin's, and of a grid of more than
+    FIT_MAX_CONFIGS configurations only those of an even sample of them (in the order they first ran):
+    the fit's cost follows the configurations, and a model of six costs and a few factors is as well
+    determined by a few thousand of them."""
+    rows = cm.thin(rows)
+    if len(rows) <= FIT_MAX_CONFIGS:
+        return rows
+    keys = cm.config_keys(rows)
+    distinct = list(dict.fromkeys(keys))
+    if len(distinct) <= FIT_MAX_CONFIGS:
+        return rows
+    step = len(distinct) / FIT_MAX_CONFIGS
+    keep = {distinct[int(i * step)] for i in range(FIT_MAX_CONFIGS)}
+    return list(compress(rows, map(keep.__contains__, keys)))
 
 
 def _done_by_machine(rows: list[dict], names: dict, numbered: bool) -> tuple[dict, dict | None]:
@@ -167,7 +187,19 @@ def _configs(rows: list[dict], done: list[dict], numbers: list[int] | None, raws
         if len(kept) != len(rows):
             return None
         numbers = kept
-    return list(dict.fromkeys(cm.config_key(dict(zip(CONFIG_NAMES, raws[i]))) for i in dict.fromkeys(numbers)))
+    # config_key() reads only _KEY_AT's columns: numbers whose values there are equal share a key, so it is
+    # made once per distinct such values (equal values give equal words), in the order they first ran
+    at = operator.itemgetter(*_KEY_AT)
+    return list(dict.fromkeys(map(_key_of, dict.fromkeys(map(at, map(raws.__getitem__, dict.fromkeys(numbers)))))))
+
+
+# The positions in CONFIG_NAMES of the variables config_key() reads (it reads no other), and their names.
+_KEY_NAMES = tuple(n for n in V.NAMES if n not in cm.IGNORED and n in CONFIG_NAMES)
+_KEY_AT = tuple(CONFIG_NAMES.index(n) for n in _KEY_NAMES)
+
+
+def _key_of(values: tuple) -> tuple:
+    return cm.config_key(dict(zip(_KEY_NAMES, values)))
 
 
 def fitted(shares: dict, memo: dict | None = None) -> dict:
