@@ -72,7 +72,8 @@ def test_the_check_shares_configurations_are_distinct_config_keys():
         assert done[m] == [r for r in rows if r["status"] == "done" and r["machine_id"] == m]
         usable = cm.usable(done[m])
         assert len(usable) < len(done[m])  # some were disturbed: the configurations of a subsequence
-        assert prediction_report._configs(usable, done[m], numbers[m], raws) == cm.distinct_config_keys(usable)
+        configs, keys = prediction_report._configs(usable, done[m], numbers[m], raws)
+        assert configs == cm.distinct_config_keys(usable) and keys == cm.config_keys(usable)
     assert list(itertools.chain(*(numbers[m] for m in names)))  # numbered
 
 
@@ -92,3 +93,21 @@ def test_runs_table_keys_by_configuration_number_are_the_per_run_keys():
     fast = page_data.runs_table(rows, modal, names, {3, 4}, config_index.config_index(rows))
     assert json.dumps(fast) == json.dumps(plain) and len(plain["dicts"]["config"]) > 2
     config_index._last[:] = [None, 0, None]
+
+
+def test_the_sections_fit_takes_an_even_sample_of_a_grids_configurations():
+    """Beyond FIT_MAX_CONFIGS configurations the cost model's section fits the runs of an even sample of
+    them (in the order they first ran); at or below it, cost_model.thin's rows as they were."""
+    most = prediction_report.FIT_MAX_CONFIGS
+    rows = [{**dict.fromkeys(NAMES), "run_id": i + 1, "d_model": 32 + i // 2, "n_layers": 1, "repeat": i % 2,
+             "status": "done", "step_ms_median": 1.0} for i in range(2 * (most + 500))]
+    keys = cm.config_keys(rows)
+    configs = list(dict.fromkeys(keys))
+    assert len(configs) == most + 500
+    kept = prediction_report.fit_share(rows)
+    assert kept == prediction_report.fit_share(rows, configs, keys)
+    step = len(configs) / most
+    assert list(dict.fromkeys(cm.config_keys(kept))) == [configs[int(i * step)] for i in range(most)]
+    assert all(keys.count(k) == 2 for k in cm.config_keys(kept[:10]))  # every run of a kept configuration
+    small = rows[:2 * most]
+    assert prediction_report.fit_share(small) == cm.thin(small)

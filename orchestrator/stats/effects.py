@@ -938,10 +938,10 @@ def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found:
     sample = asked if not said or not ran <= set(map(id, asked)) else \
         list(compress(asked, map(not_, map(said.__contains__, map(id, asked)))))  # (in asked order)
     several = [n for n in FACTORS if len(set(column(sample, n))) > 1]  # (raw values: cheap)
-    usable: dict[str, set] = defaultdict(set)  # the values asked for that have a usable run (as asked:
-    for r in cells.rep:  # a value that ran as another, like the hub dataset as builtin, is said so elsewhere)
-        for n in several:
-            usable[n].add(value_of(n, r.row.get(n)))
+    # the values asked for that have a usable run (as asked: a value that ran as another, like the hub
+    # dataset as builtin, is said so elsewhere); value_of once per distinct raw value (equal raws: equal values)
+    reps = [r.row for r in cells.rep]
+    usable: dict[str, set] = {n: {value_of(n, raw) for raw in set(column(reps, n))} for n in several if reps}
     asked_values: dict[str, dict] = {}  # variable -> value -> its raw values, in the order of their rows
     for n in several:
         by_value = asked_values[n] = defaultdict(set)

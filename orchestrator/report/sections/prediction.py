@@ -125,10 +125,10 @@ def shares(ctx) -> dict:
     for machine_id, name in ctx.names.items():
         rows = cm.usable(done[machine_id])
         cpus = int(ctx.facts.get(machine_id, {}).get("logical_cores") or (rows[0].get("cores") if rows else None) or 1)
-        share = {"name": name, "runs": len(rows), "fit_rows": fit_share(rows), "cpus": cpus,
-                 "check": cm.check_share(rows, _configs(rows, done[machine_id], numbers and numbers[machine_id],
-                                                        numbers and config_index(ctx.rows)[1]))
-                 if check_predictions and rows else None,
+        configs, keys = _configs(rows, done[machine_id], numbers and numbers[machine_id],
+                                 numbers and config_index(ctx.rows)[1])
+        share = {"name": name, "runs": len(rows), "fit_rows": fit_share(rows, configs, keys), "cpus": cpus,
+                 "check": cm.check_share(rows, configs) if check_predictions and rows else None,
                  "fingerprint": runs_fingerprint(rows) if getattr(ctx, "memo", None) is not None else None}
         machines[machine_id] = share
     return {"wanted": sweep_predictions(ctx.rows, sweep_texts), "check_predictions": check_predictions,
@@ -138,21 +138,23 @@ def shares(ctx) -> dict:
 FIT_MAX_CONFIGS = 2_000  # the section's fit: beyond this many configurations, an even sample of them
 
 
-def fit_share(rows: list[dict]) -> list[dict]:
+def fit_share(rows: list[dict], configs: list[tuple] | None = None, keys: list[tuple] | None = None) -> list[dict]:
     """The rows the section's model is fitted on: cost_model.thin's, and of a grid of more than
     FIT_MAX_CONFIGS configurations only those of an even sample of them (in the order they first ran):
     the fit's cost follows the configurations, and a model of six costs and a few factors is as well
-    determined by a few thousand of them."""
-    rows = cm.thin(rows)
-    if len(rows) <= FIT_MAX_CONFIGS:
-        return rows
-    keys = cm.config_keys(rows)
-    distinct = list(dict.fromkeys(keys))
-    if len(distinct) <= FIT_MAX_CONFIGS:
-        return rows
-    step = len(distinct) / FIT_MAX_CONFIGS
-    keep = {distinct[int(i * step)] for i in range(FIT_MAX_CONFIGS)}
-    return list(compress(rows, map(keep.__contains__, keys)))
+    determined by a few thousand of them. `configs`, `keys`: the rows' distinct configurations
+    (cost_model.distinct_config_keys) and each row's (config_keys), where the caller knows them."""
+    if configs is None:
+        thinned = cm.thin(rows)
+        if len(thinned) <= FIT_MAX_CONFIGS:
+            return thinned
+        rows, keys = thinned, cm.config_keys(thinned)
+        configs = list(dict.fromkeys(keys))
+    if len(configs) <= FIT_MAX_CONFIGS:
+        return cm.thin(rows)
+    step = len(configs) / FIT_MAX_CONFIGS
+    keep = {configs[int(i * step)] for i in range(FIT_MAX_CONFIGS)}
+    return cm.thin(list(compress(rows, map(keep.__contains__, keys))))
 
 
 def _done_by_machine(rows: list[dict], names: dict, numbered: bool) -> tuple[dict, dict | None]:
@@ -171,12 +173,14 @@ def _done_by_machine(rows: list[dict], names: dict, numbered: bool) -> tuple[dic
     return done, numbers
 
 
-def _configs(rows: list[dict], done: list[dict], numbers: list[int] | None, raws: list[tuple]) -> list[tuple] | None:
-    """cm.distinct_config_keys(rows) for `rows`, usable()'s runs of `done` (whose configuration numbers,
-    config_index's, are `numbers`): each number's key made once, in the order they first ran. Runs of
-    one number hold equal values of every variable config_key() reads, so they have one key."""
+def _configs(rows: list[dict], done: list[dict], numbers: list[int] | None,
+             raws: list[tuple]) -> tuple[list[tuple] | None, list[tuple] | None]:
+    """(cm.distinct_config_keys(rows), cm.config_keys(rows)) for `rows`, usable()'s runs of `done` (whose
+    configuration numbers, config_index's, are `numbers`): each number's key made once, in the order they
+    first ran; (None, None) where the numbers are not known. Runs of one number hold equal values of every
+    variable config_key() reads, so they have one key."""
     if numbers is None or not rows:
-        return None
+        return None, None
     if len(rows) != len(done):  # usable() left some out: its runs are a subsequence of done
         pending, kept = iter(rows), []
         nxt = next(pending, None)
@@ -185,12 +189,15 @@ def _configs(rows: list[dict], done: list[dict], numbers: list[int] | None, raws
                 kept.append(i)
                 nxt = next(pending, None)
         if len(kept) != len(rows):
-            return None
+            return None, None
         numbers = kept
     # config_key() reads only _KEY_AT's columns: numbers whose values there are equal share a key, so it is
     # made once per distinct such values (equal values give equal words), in the order they first ran
     at = operator.itemgetter(*_KEY_AT)
-    return list(dict.fromkeys(map(_key_of, dict.fromkeys(map(at, map(raws.__getitem__, dict.fromkeys(numbers)))))))
+    of_number = {i: at(raws[i]) for i in dict.fromkeys(numbers)}
+    key_of = {values: _key_of(values) for values in dict.fromkeys(of_number.values())}
+    of_number = {i: key_of[values] for i, values in of_number.items()}
+    return list(dict.fromkeys(key_of.values())), list(map(of_number.__getitem__, numbers))
 
 
 # The positions in CONFIG_NAMES of the variables config_key() reads (it reads no other), and their names.
