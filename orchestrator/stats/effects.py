@@ -403,8 +403,15 @@ class Cells:
             col = self._columns[name] = [r.values[name] for r in self.rep]
         return col
 
+    def at_derived(self, name: str) -> list[bool]:
+        """Each cell's Run.at_derived(name) (a follower's, asked once per cell however many groupings ask)."""
+        flags = self._columns.get((name, DERIVED_MARK))
+        if flags is None:
+            flags = self._columns[(name, DERIVED_MARK)] = [r.at_derived(name) for r in self.rep]
+        return flags
+
     @cached_property
-    def _columns(self) -> dict[str, list]:
+    def _columns(self) -> dict:
         return {}
 
     def n_runs(self, cells) -> int:
@@ -452,8 +459,8 @@ class Cells:
                 ids = np.array(jobs, dtype=np.int64)
             except OverflowError:
                 ids = None
-            if ids is not None:
-                return tuple(np.unique(ids[p]) for p in self.pos)
+            if ids is not None:  # (a cell of one run: its one job id as it is)
+                return tuple(ids[p] if len(p) == 1 else np.unique(ids[p]) for p in self.pos)
         return [frozenset(map(jobs.__getitem__, p.tolist())) for p in self.pos]
 
     def drop_counts(self) -> None:
@@ -488,7 +495,7 @@ def _group_keys(cells: Cells, free: set[str], varied: list[str]) -> tuple[list[s
     for n in keys:
         col = list(map(itemgetter(n), values))
         if n in follow:
-            col = [DERIVED_MARK if r.at_derived(n) else v for r, v in zip(cells.rep, col)]
+            col = [DERIVED_MARK if at else v for at, v in zip(cells.at_derived(n), col)]
         columns.append(col)
     return keys, list(zip(*columns))
 
