@@ -111,3 +111,21 @@ def test_the_sections_fit_takes_an_even_sample_of_a_grids_configurations():
     assert all(keys.count(k) == 2 for k in cm.config_keys(kept[:10]))  # every run of a kept configuration
     small = rows[:2 * most]
     assert prediction_report.fit_share(small) == cm.thin(small)
+
+
+def test_a_sampled_fit_says_it_rests_on_a_sample_of_the_configurations():
+    """The section's basis line names the sample where the fit took one, not "the first passes"."""
+    from common.variables import resolve
+
+    most = prediction_report.FIT_MAX_CONFIGS
+    base = resolve({}, 2)[0]
+    rows = [{**base, "run_id": i + 1, "d_model": 32 + i, "repeat": 0, "block": None, "status": "done",
+             "step_ms_median": 1.0 + 0.01 * i} for i in range(most + 100)]
+    keys = cm.config_keys(rows)
+    configs = list(dict.fromkeys(keys))
+    share = {"name": "m", "runs": len(rows), "fit_rows": prediction_report.fit_share(rows, configs, keys),
+             "cpus": 2, "configs": len(configs), "check": None}
+    entry = prediction_report._entry(share, {}, False)
+    assert "refused" not in entry, entry
+    assert entry["basis"].startswith(f"{most} of {most + 100} runs (an even sample of {most} of its "
+                                     f"{most + 100} configurations, their first passes)"), entry["basis"]

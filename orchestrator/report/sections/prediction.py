@@ -128,6 +128,7 @@ def shares(ctx) -> dict:
         configs, keys = _configs(rows, done[machine_id], numbers and numbers[machine_id],
                                  numbers and config_index(ctx.rows)[1])
         share = {"name": name, "runs": len(rows), "fit_rows": fit_share(rows, configs, keys), "cpus": cpus,
+                 "configs": len(configs) if configs is not None else None,
                  "check": cm.check_share(rows, configs) if check_predictions and rows else None,
                  "fingerprint": runs_fingerprint(rows) if getattr(ctx, "memo", None) is not None else None}
         machines[machine_id] = share
@@ -237,7 +238,11 @@ def _entry(share: dict, wanted: dict, check_predictions: bool) -> dict:
     entry["loo"], used = _loo(*share["check"]) if check_predictions else ({"predicted": 0, "skipped": True}, [])
     if "entries" in entry["loo"]:
         cm.calibrate(model, used, entry["loo"]["entries"])
-    entry["basis"] = (f"{model.runs_text} runs of {model.n_configs} configurations, log residual "
+    of = f"{model.runs_text} runs of {model.n_configs} configurations"
+    if (share.get("configs") or 0) > FIT_MAX_CONFIGS:
+        of = (f"{model.n_runs} of {model.n_runs_all} runs (an even sample of {model.n_configs} of its "
+              f"{share['configs']} configurations, their first passes)")
+    entry["basis"] = (f"{of}, log residual "
                       f"{model.rms_log:.3f}, block spread {math.sqrt(model.block_var):.3f}{model.calibration_text}")
     entry["references"] = [(ref, _predict(model, dict(ref.config), cpus)) for ref in PUBLISHED
                            if ref.id in REFERENCES]
