@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test report dev clean-results
+.PHONY: run test lint report dev clean-results
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,9 @@ run: $(VENV)/.installed  ## the quick sweep on this machine, then result/
 
 test: $(VENV)/.installed  ## the test suite
 	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed  ## the linter, with the rules in pyproject.toml
+	$(PY) -m ruff check .
 
 report: $(VENV)/.installed  ## result/ again from results.db
 	$(PY) bench.py report

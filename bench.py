@@ -85,7 +85,8 @@ out = Console(markup=False, highlight=False, soft_wrap=True)  # a result line is
 err = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
 _stores: list = []  # opened by this command: closed when it ends (no -wal/-shm left behind)
 
-DbOption = Annotated[str, typer.Option("--db", envvar="BENCH_DB", help="results database: a file path or an SQLAlchemy URL")]
+DbOption = Annotated[str, typer.Option("--db", envvar="BENCH_DB",
+                                       help="results database: a file path or an SQLAlchemy URL")]
 PoolOption = Annotated[Optional[str], typer.Option("--pool", help="a named pool shared by identical nodes "
                                                    "(each job once per pool); default: this machine's own")]
 JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout and nothing else there")]
@@ -162,7 +163,8 @@ def _freq_limits():
 def print_plan_result(plan, result, *, dry_run: bool, memory_gib: tuple[float, float] | None = None) -> None:
     """The result of an enqueue, on stdout (`> log` keeps it); its notes are warnings, on stderr."""
     verb = "would add" if dry_run else "added"
-    out.print(styled("sweep ", (plan.name, "bold"), f" ({plan.mode}, {plan.source}): {verb} ", (str(result.new), "green"),
+    out.print(styled("sweep ", (plan.name, "bold"), f" ({plan.mode}, {plan.source}): {verb} ",
+                     (str(result.new), "green"),
                      f" new jobs, {result.present} already present, {sum(plan.rejected.values())} rejected"))
     if memory_gib:
         out.print(f"  largest job's memory estimate {memory_gib[0]:.1f} GiB of {memory_gib[1]:.1f} GiB")
@@ -262,7 +264,9 @@ def _duration(seconds) -> str:
     if seconds is None:
         return "?"
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def _cpu_list(text: Optional[str]) -> Optional[list[int]]:
@@ -383,7 +387,8 @@ def status(
             table.add_column(column, justify="left" if column == "sweep" else "right")
         for name, c in sorted(by_sweep.items()):
             table.add_row(name, *(str(c[k]) for k in ("total", "queued", "running", "done", "failed", "skipped")))
-        table.add_row("all jobs", *(str(counts[k]) for k in ("total", "queued", "running", "done", "failed", "skipped")),
+        table.add_row("all jobs",
+                      *(str(counts[k]) for k in ("total", "queued", "running", "done", "failed", "skipped")),
                       style="bold")
         out.print(table)
         if per_pool:
@@ -427,7 +432,8 @@ def print_fleet(pr) -> None:
         table.add_row(Text(p.label, style="bold"), "", str(p.done), str(p.running), str(p.failed), str(p.skipped),
                       queued_words(p), eta_words(p, pr.now))
         for m in p.machines:
-            since = f"{m.running} since {clock(m.running_since)} UTC" if m.running and m.running_since else str(m.running)
+            since = (f"{m.running} since {clock(m.running_since)} UTC" if m.running and m.running_since
+                     else str(m.running))
             table.add_row("", f"{m.hostname or '?'} ({m.machine_id})", str(m.done), since, str(m.failed),
                           str(m.skipped), "", "")
     out.print(table)
@@ -464,8 +470,10 @@ def report_and_print(db: str, out_dir: Path) -> None:
 
 @app.command()
 def report(
-    out_dir: Annotated[Path, typer.Option("--out", help="where to write the page, CSV, markdown and plots")] = Path("result"),
-    watch: Annotated[bool, typer.Option("--watch", help="keep index.html current while workers run (Ctrl+C stops)")] = False,
+    out_dir: Annotated[Path, typer.Option(
+        "--out", help="where to write the page, CSV, markdown and plots")] = Path("result"),
+    watch: Annotated[bool, typer.Option(
+        "--watch", help="keep index.html current while workers run (Ctrl+C stops)")] = False,
     every: Annotated[float, typer.Option("--every", help="with --watch: seconds between updates", min=1.0)] = 10.0,
     db_retry: Annotated[Optional[float], typer.Option(
         "--db-retry", help="with --watch: seconds to ride out a lost database (a server restart, a held lock) "
@@ -512,8 +520,8 @@ def watch_and_print(db: str, out_dir: Path, every: float, db_retry: float | None
 
     def said(tick):
         if tick.analysed:
-            err.print(f"{time.strftime('%H:%M:%S')} {tick.done:,} runs finished: report redone in {tick.report_s:.1f} s",
-                      highlight=False)
+            err.print(f"{time.strftime('%H:%M:%S')} {tick.done:,} runs finished: "
+                      f"report redone in {tick.report_s:.1f} s", highlight=False)
     try:
         keep_current(store, out_dir, every_s=every, on_tick=said, retry_s=retry_s,
                      on_note=lambda text: err.print(f"{time.strftime('%H:%M:%S')} {text}", highlight=False))
@@ -609,11 +617,17 @@ def once(
 @app.command()
 def predict(
     settings: Annotated[list[str], typer.Argument(help="K=V settings; the catalogue's defaults fill the rest")] = [],
-    machine_name: Annotated[Optional[str], typer.Option("--machine", help="the machine's id, hostname or fingerprint (default: this host when it has runs, else the only machine)")] = None,
+    machine_name: Annotated[Optional[str], typer.Option(
+        "--machine", help="the machine's id, hostname or fingerprint "
+                          "(default: this host when it has runs, else the only machine)")] = None,
     tokens: Annotated[Optional[float], typer.Option(help="also the time to train this many tokens")] = None,
-    epochs: Annotated[Optional[float], typer.Option(help="also the time to train this many epochs of --dataset")] = None,
-    dataset: Annotated[Optional[str], typer.Option(help="wikitext-2 or wikitext-103 (their published word counts, converted to the run's tokenizer)")] = None,
-    to_loss: Annotated[Optional[float], typer.Option("--to-loss", help="also the time to this validation loss (tokens to it from the learning runs' curves, docs/learning.md)")] = None,
+    epochs: Annotated[Optional[float], typer.Option(
+        help="also the time to train this many epochs of --dataset")] = None,
+    dataset: Annotated[Optional[str], typer.Option(
+        help="wikitext-2 or wikitext-103 (their published word counts, converted to the run's tokenizer)")] = None,
+    to_loss: Annotated[Optional[float], typer.Option(
+        "--to-loss", help="also the time to this validation loss "
+                          "(tokens to it from the learning runs' curves, docs/learning.md)")] = None,
     as_json: JsonOption = False,
     db: DbOption = "results.db",
 ) -> None:
@@ -637,11 +651,13 @@ def predict(
         def step(ms: float) -> str:
             return f"{ms / 1e3:.3g} s" if ms >= 1e3 else f"{ms:.3g} ms"
         out.print(styled((step(doc["step_ms"]), "bold"), f" per step (95% interval {step(doc['step_ms_low'])} to "
-                         f"{step(doc['step_ms_high'])}) on machine {m['machine_id']} ({m['hostname']}, {m['cpu_model']})"))
+                         f"{step(doc['step_ms_high'])}) on machine {m['machine_id']} "
+                         f"({m['hostname']}, {m['cpu_model']})"))
         out.print(f"  {doc['flops_per_step'] / 1e9:.4g} GFLOP and {doc['tokens_per_step']:,} tokens per step, "
                   f"{doc['params'] / 1e6:.4g}M parameters")
         if "train_s" in doc:
-            out.print(f"  training {doc['tokens']:,.0f} tokens ({doc['steps']:,.0f} steps): {_duration(doc['train_s'])} "
+            out.print(f"  training {doc['tokens']:,.0f} tokens ({doc['steps']:,.0f} steps): "
+                      f"{_duration(doc['train_s'])} "
                       f"({_duration(doc['train_s_low'])} to {_duration(doc['train_s_high'])})")
             if "tokens_basis" in doc:
                 out.print(f"  tokens: {doc['tokens_basis']}")
@@ -656,7 +672,8 @@ def predict(
                                  f"{e['measured_min']:g} to {e['measured_max']:g}"))
         out.print(f"  basis: {doc['basis']}")
         for name, e in doc["extrapolated"].items():
-            out.print(styled("  ", ("extrapolated", "yellow"), f": {name}={e['value']:g}, measured {e['measured_min']:g} "
+            out.print(styled("  ", ("extrapolated", "yellow"),
+                             f": {name}={e['value']:g}, measured {e['measured_min']:g} "
                              f"to {e['measured_max']:g} ({e['beyond']:.3g}x the nearest end)"))
 
     guarded(body)
@@ -741,7 +758,8 @@ def merge(
             out.print(styled("merged ", (r.source, "bold"), f": machines {r.machines[0]} new, {r.machines[1]} known; "
                              f"sweeps {r.sweeps[0]} new, {r.sweeps[1]} known; jobs {r.jobs[0]} new, {r.jobs[1]} known; "
                              f"runs ", (f"{r.runs[0]} imported", "green"), f", {r.runs[1]} already here, {r.replaced} "
-                             f"replaced a queued run, {r.unfinished} unfinished left out, {len(r.conflicts)} conflicting"))
+                             f"replaced a queued run, {r.unfinished} unfinished left out, "
+                             f"{len(r.conflicts)} conflicting"))
             for conflict in r.conflicts:
                 err.print(styled("  ", ("conflict", "yellow"), f": {conflict}"), highlight=False)
 
@@ -754,14 +772,15 @@ def submit(
     nodes: Annotated[int, typer.Option(help="array tasks, one node each")] = 1,
     partition: Annotated[Optional[str], typer.Option(help="SLURM partition")] = None,
     time_limit: Annotated[Optional[str], typer.Option("--time", help="SLURM time limit per task, e.g. 2:00:00")] = None,
-    cpus_per_task: Annotated[Optional[int], typer.Option("--cpus-per-task", min=1,
-                                                         help="CPUs per task; default: the whole node (--exclusive)")] = None,
+    cpus_per_task: Annotated[Optional[int], typer.Option(
+        "--cpus-per-task", min=1, help="CPUs per task; default: the whole node (--exclusive)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds one job may take")] = 900.0,
     logs: Annotated[Path, typer.Option("--logs", help="where the batch script and the tasks' output go "
                                        "(on the shared filesystem)")] = Path("slurm"),
     pool: PoolOption = None,
-    together: Annotated[bool, typer.Option(help="one allocation of N nodes, one worker on its first node: jobs with "
-                                                "nodes > 1 train over all of them (one launcher per node via srun)")] = False,
+    together: Annotated[bool, typer.Option(
+        help="one allocation of N nodes, one worker on its first node: jobs with "
+             "nodes > 1 train over all of them (one launcher per node via srun)")] = False,
     db: DbOption = "results.db",
 ) -> None:
     """Start `work` on N nodes as a SLURM job array, all against one database (PostgreSQL for more

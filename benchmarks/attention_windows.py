@@ -4,9 +4,10 @@ and the time of the attention op alone.
     python benchmarks/attention_windows.py [--rounds 5] [--steps 3] [--code PATH]
 
 Config: d_model 128, 2 layers, 4 heads of 32, seq 1024, batch 4, vocab 4096, fp32, sdpa, AdamW,
-the loss as the trainer's eager step takes it (the chunked head, no logits). Each round runs every variant for `steps` timed training steps (after one warm-up step), in a
-rotating order, so drift of the shared machine hits all alike. Prints the median step time over
-rounds with the min-max spread, and the ratio to full attention.
+the loss as the trainer's eager step takes it (the chunked head, no logits). Each round runs every
+variant for `steps` timed training steps (after one warm-up step), in a rotating order, so
+drift of the shared machine hits all alike. Prints the median step time over rounds with the
+min-max spread, and the ratio to full attention.
 
 The second table times the attention op alone, forward + backward, on the same shapes (q, k, v
 of (B, T, heads, head_dim) = (4, 1024, 4, 32)), with the same rounds and rotation: the model's own
@@ -15,8 +16,9 @@ bounded by the work that does not change with the window (the head at vocab 4096
 the optimizer): the line under the table gives attention's share of the full-attention step
 (n_layers x the op / the step) and the step ratio it would reach if attention cost nothing.
 
---code runs another checkout's model (worker/trainers/torch/model.py, or worker/model.py before the
-trainer layout, e.g. /work/baseline) for a before/after; its op table needs windowed_attention.
+--code runs another checkout's model (worker/trainers/torch/model.py, or the model module of
+worker/ before the trainer layout, e.g. /work/baseline) for a before/after; its op table needs
+windowed_attention.
 Measures; asserts nothing about time.
 """
 

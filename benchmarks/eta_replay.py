@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import text
 
-from orchestrator.queue.eta import FINISHED_ROWS, learn, queued_of, remaining_s  # noqa: E402
-from orchestrator.queue.store import Store  # noqa: E402
+from orchestrator.queue.eta import FINISHED_ROWS, learn, queued_of, remaining_s
+from orchestrator.queue.store import Store
 
 # the estimator's own rows, every one of them, in the order they were claimed
 SELECT_RUNS = FINISHED_ROWS + "ORDER BY r.claimed, r.run_id\n"
@@ -33,7 +33,8 @@ def main() -> None:
     args = ap.parse_args()
     store = Store(args.db)
     with store.transaction() as conn:
-        pool = args.pool or conn.execute(text("SELECT pool_id FROM runs GROUP BY pool_id ORDER BY COUNT(*) DESC")).scalar()
+        pool = args.pool or conn.execute(
+            text("SELECT pool_id FROM runs GROUP BY pool_id ORDER BY COUNT(*) DESC")).scalar()
         runs = [tuple(r) for r in conn.execute(text(SELECT_RUNS), {"pool_id": pool})]
     costs = [max(0.0, float(r[2] or 0.0)) for r in runs]
     total, spent, errors = sum(costs), 0.0, []

@@ -16,7 +16,7 @@ eager's tokens/s computed per round (paired: the runs of one round are minutes a
 its median and range. The losses of the last round (first and last timed step) show the frameworks
 trained the same numbers.
 
-The default config is issue 9's speed target: d_model 256, 4 layers, 4 heads, seq 256, batch 8,
+The default config is the trainers' speed target: d_model 256, 4 layers, 4 heads, seq 256, batch 8,
 vocab 8192, fp32, AdamW; the goals are JAX (xla) >= 0.6x and NumPy >= 0.4x torch eager's tokens/s.
 Nothing here asserts on time.
 """

@@ -69,7 +69,8 @@ def main() -> None:
     names = list(VARIANTS)
     for name in names:
         info = json.loads(kids[name].stdout.readline())
-        print(f"{name:<13} ATen {info['aten']:<8} MKL {info['isas']['mkl_isa']!r}  oneDNN {info['isas']['onednn_isa']!r}")
+        print(f"{name:<13} ATen {info['aten']:<8} MKL {info['isas']['mkl_isa']!r}  "
+              f"oneDNN {info['isas']['onednn_isa']!r}")
     times = {n: [] for n in names}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:

@@ -68,7 +68,7 @@ def main() -> None:
     if args.run:
         run_heldout(args.heldout_db, args.repeats)
     target = base()["target_loss"]
-    print(f"| held-out change | predicted s [95%] | measured median s (runs, unreached) | error | covered |")
+    print("| held-out change | predicted s [95%] | measured median s (runs, unreached) | error | covered |")
     print("|---|---|---|---|---|")
     errors, covered = [], 0
     for change in HELDOUT:

@@ -15,8 +15,8 @@ interleaved: repeat pass after repeat pass, each pass in a new shuffled order. O
 machine, run one pass per locked command and combine them:
     for r in 1 2 3; do flock /tmp/cpu.lock venv/bin/python benchmarks/predict_heldout.py --db DB \
         --lock '' --repeats 1 --pass-seed $r --json pass$r.json; done
-    venv/bin/python benchmarks/predict_heldout.py --db DB --measured pass1.json pass2.json pass3.json The measured figure of
-a configuration is the median of its runs' step_ms_median.
+    venv/bin/python benchmarks/predict_heldout.py --db DB --measured pass1.json pass2.json pass3.json
+The measured figure of a configuration is the median of its runs' step_ms_median.
 
     venv/bin/python benchmarks/predict_heldout.py --db /tmp/quick.db [--set old|new|all] [--repeats 3] [--json out.json]
 
@@ -59,8 +59,10 @@ HELDOUT = {
                        batch_size=2, grad_accum=8, **BIG),
     "R6 (seeds)": dict(n_layers=6, d_model=512, n_heads=8, mlp_ratio=4.0, vocab_size=16000, seq_len=256,
                        batch_size=16, **BIG),
-    "d512 L4 s128 b8 v4096": dict(d_model=512, n_layers=4, n_heads=8, seq_len=128, batch_size=8, vocab_size=4096, **QUICK),
-    "d768 L3 s128 b4 v8192": dict(d_model=768, n_layers=3, n_heads=12, seq_len=128, batch_size=4, vocab_size=8192, **QUICK),
+    "d512 L4 s128 b8 v4096": dict(d_model=512, n_layers=4, n_heads=8, seq_len=128, batch_size=8, vocab_size=4096,
+                                  **QUICK),
+    "d768 L3 s128 b4 v8192": dict(d_model=768, n_layers=3, n_heads=12, seq_len=128, batch_size=4, vocab_size=8192,
+                                  **QUICK),
     "d384 L6 s256 b2 mlp3": dict(d_model=384, n_layers=6, n_heads=6, seq_len=256, batch_size=2, vocab_size=2048,
                                  mlp_ratio=3.0, **QUICK),
     "d320 L2 s512 b2 h5": dict(d_model=320, n_layers=2, n_heads=5, seq_len=512, batch_size=2, vocab_size=1024, **QUICK),
@@ -263,7 +265,8 @@ def main() -> None:
     for label in labels:
         config = resolved(CONFIGS[label], cpus)
         assert cm.config_key(config) not in seen, f"{label} is in the database: not held out"
-        entry = {"label": label, "set": next(n for n, members in SETS.items() if label in members), "settings": CONFIGS[label],
+        entry = {"label": label, "set": next(n for n, members in SETS.items() if label in members),
+                 "settings": CONFIGS[label],
                  "x_base_flops": flops_per_step(config) / base_flops}
         try:
             p = model.predict(config)
@@ -327,7 +330,8 @@ def main() -> None:
             f"{'refused':>30}"
         print(f"{label:26} {e['x_base_flops']:7.1f} {m:12.1f} {100 * spread:6.1f}% {pred} {pct(e['model_error']):>7} "
               f"{'yes' if e.get('covered') else 'no':>3} {pct(e['ofat_error']):>9} {pct(e['nearest_error']):>11}")
-    s3 = [entries[label] for label in labels if label in HELDOUT_S3 and label not in SEEN_BEFORE and entries[label]["runs_ms"]]
+    s3 = [entries[label] for label in labels
+          if label in HELDOUT_S3 and label not in SEEN_BEFORE and entries[label]["runs_ms"]]
     if s3 and len(s3) < len(per_set["s3"]["model"]):
         per_set["s3 without R3/R6"] = {name: [e[f"{name}_error"] for e in s3] for name in ("model", "ofat", "nearest")}
         per_set["s3 without R3/R6"]["covered"] = [e["covered"] for e in s3 if "covered" in e]
@@ -340,7 +344,8 @@ def main() -> None:
         print(f"  naive nearest (FLOPs / nearest run's FLOP/s): {summary(got['nearest'])}")
     print("spread: (max - min) / median of a configuration's runs")
     if args.json:
-        Path(args.json).write_text(json.dumps({"db": args.db, "entries": list(entries.values())}, indent=1, default=str))
+        Path(args.json).write_text(json.dumps({"db": args.db, "entries": list(entries.values())}, indent=1,
+                                              default=str))
 
 
 if __name__ == "__main__":

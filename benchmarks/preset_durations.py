@@ -38,9 +38,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker import memory  # noqa: E402
-from orchestrator.queue.sweep import PRESETS_DIR, Machine, load  # noqa: E402
-from worker.trainers.harness import flops_per_step  # noqa: E402
+from worker import memory
+from orchestrator.queue.sweep import PRESETS_DIR, Machine, load
+from worker.trainers.harness import flops_per_step
 
 SLOWDOWN = {"bf16": 2.6, "mixed": 2.6, "q8": 1.5, "q4": 1.5, "bitnet": 1.5}
 COMPILE_S = {"inductor": 30.0, "xla": 10.0}  # compiling the step, once per job

@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.variables import resolve  # noqa: E402
+from common.variables import resolve
 from worker.knobs import settings as knobs
-from worker.machine import probe  # noqa: E402
+from worker.machine import probe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,8 @@ WORKLOAD = textwrap.dedent("""
         opt.step()
         if step >= 3:
             times.append(time.perf_counter() - t0)
-    print(json.dumps({"step_ms": 1000 * statistics.median(times), "affinity": sorted(readback.read_back()["affinity"])}))
+    print(json.dumps({"step_ms": 1000 * statistics.median(times),
+                      "affinity": sorted(readback.read_back()["affinity"])}))
 """)
 
 
@@ -71,12 +72,15 @@ def main() -> None:
 
     facts = probe.probe(Path(args.state_dir), remeasure=True)
     print(f"machine: {facts['cpu_model']}, {facts['physical_cores']} cores / {facts['logical_cores']} CPUs, "
-          f"torch {facts['torch_version']} ({facts['torch'].get('blas')}, oneDNN {facts['torch'].get('onednn_version')}, "
+          f"torch {facts['torch_version']} ({facts['torch'].get('blas')}, "
+          f"oneDNN {facts['torch'].get('onednn_version')}, "
           f"{facts['torch'].get('openmp')}, {facts['torch'].get('cpu_capability')})")
     print(f"probe (measured, first run): {facts['probe_s']:.1f} s")
     print(f"triad bandwidth  1 thread: {facts['mem_bw_gbs_1t']:7.1f} GB/s   all: {facts['mem_bw_gbs_all']:7.1f} GB/s")
-    print(f"GEMM fp32        1 core:   {facts['gemm_gflops_fp32_1c']:7.1f} GFLOP/s  all: {facts['gemm_gflops_fp32_all']:7.1f} GFLOP/s")
-    print(f"GEMM bf16        1 core:   {facts['gemm_gflops_bf16_1c']:7.1f} GFLOP/s  all: {facts['gemm_gflops_bf16_all']:7.1f} GFLOP/s")
+    print(f"GEMM fp32        1 core:   {facts['gemm_gflops_fp32_1c']:7.1f} GFLOP/s  "
+          f"all: {facts['gemm_gflops_fp32_all']:7.1f} GFLOP/s")
+    print(f"GEMM bf16        1 core:   {facts['gemm_gflops_bf16_1c']:7.1f} GFLOP/s  "
+          f"all: {facts['gemm_gflops_bf16_all']:7.1f} GFLOP/s")
 
     pool = sorted(os.sched_getaffinity(0))
     if len(pool) < 2:

@@ -126,8 +126,9 @@ def mark_done(store, machine_id: int, pool_id: int | None, n_done: int) -> None:
                               "SELECT job_id, :m, 'done', 1, 0, 0, 0 FROM jobs ORDER BY run_order, job_id LIMIT :n"),
                          {"m": machine_id, "n": n_done})
         else:
-            conn.execute(text("INSERT INTO runs (job_id, machine_id, pool_id, status, attempts, claimed, heartbeat, finished) "
-                              "SELECT job_id, :m, :p, 'done', 1, 0, 0, 0 FROM jobs ORDER BY run_order, job_id LIMIT :n"),
+            conn.execute(text("INSERT INTO runs (job_id, machine_id, pool_id, status, attempts, claimed, heartbeat, "
+                              "finished) SELECT job_id, :m, :p, 'done', 1, 0, 0, 0 FROM jobs "
+                              "ORDER BY run_order, job_id LIMIT :n"),
                          {"m": machine_id, "p": pool_id, "n": n_done})
 
 
@@ -165,7 +166,8 @@ def bench_claims(code, dbs: Databases, sizes, dialects, rounds: int, claims: int
                 t0 = time.perf_counter()
                 claim = store.claim(machine, pid=1, host="bench", max_cores=2)
                 t1 = time.perf_counter()
-                store.finish(claim.run_id, pid=1, status="done", fields=dict.fromkeys(METRICS) | {"step_ms_median": 1.0})
+                store.finish(claim.run_id, pid=1, status="done",
+                             fields=dict.fromkeys(METRICS) | {"step_ms_median": 1.0})
                 t2 = time.perf_counter()
                 claim_s.append(t1 - t0)
                 finish_s.append(t2 - t1)
@@ -293,8 +295,9 @@ def main() -> None:
     dialects = args.dialects.split(",")
     root = args.root.resolve()
     code = load_code(root)
-    print(f"# queue scale: {root} ({subprocess.run(['git', '-C', str(root), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}), "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    print(f"# queue scale: {root} ({commit}), {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     with ExitStack() as stack:
         dbs = Databases(stack, dialects + (["postgresql"] if "eight" in only else []))
         if "enqueue" in only:

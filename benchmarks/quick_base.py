@@ -92,7 +92,8 @@ def main() -> None:
         for clock in ("cpu", "wall"):
             ts = sorted(r[clock])
             med, best = ts[len(ts) // 2], ts[0]
-            line.append(f"{clock}: median {med * 1e3:.0f} ms (best {best * 1e3:.0f}), MFU {gf / med / r['peak_' + clock]:.2f} "
+            line.append(f"{clock}: median {med * 1e3:.0f} ms (best {best * 1e3:.0f}), "
+                        f"MFU {gf / med / r['peak_' + clock]:.2f} "
                         f"(best {gf / best / r['peak_' + clock]:.2f}) of {r['peak_' + clock]:.0f} GFLOP/s")
         print("; ".join(line), flush=True)
 

@@ -29,8 +29,9 @@ APPLIED = {
     "autocast": None, "blas": "mkl", "compile": "eager", "corpus_tokens": 95313, "cpu_capability": "AVX512",
     "cpus": [0, 1], "env": {"MKL_NUM_THREADS": "2", "OMP_NUM_THREADS": "2", "OMP_PROC_BIND": "false"},
     "freq_mhz": None,
-    "gemm_route": {"asked": "default", "calls_one_step": {"mkl SGEMM": {"calls": 251, "gflop": 1.407},
-                                                          "onednn eltwise jit:avx512_core_bf16": {"calls": 4, "gflop": None}},
+    "gemm_route": {"asked": "default",
+                   "calls_one_step": {"mkl SGEMM": {"calls": 251, "gflop": 1.407},
+                                      "onednn eltwise jit:avx512_core_bf16": {"calls": 4, "gflop": None}},
                    "mkl_branch": "AVX512_E1", "mkl_vendor_check": "not Intel (MKL's generic path unless answered yes)",
                    "ran": "mkl", "read_back_s": "@READ_BACK@"},
     "gemm_route_applied": None, "governor": None, "init": "shared (worker/trainers/params.py)", "inter_threads": 2,
@@ -46,7 +47,8 @@ APPLIED = {
                              "(torch; jax 434) (cached, measured 2026-11-27 01:17 UTC on a quiet machine)",
                     "bf16": 973.9, "by_library": {"bf16": {"jax": 434.3, "torch": 973.9},
                                                   "fp32": {"jax": 463.4, "numpy": 250.9, "torch": 499.7}},
-                    "fp32": 499.7, "library": {"bf16": "torch", "fp32": "torch"}, "measure_s": 0.0, "provisional": None},
+                    "fp32": 499.7, "library": {"bf16": "torch", "fp32": "torch"}, "measure_s": 0.0,
+                    "provisional": None},
     "precision": "fp32", "sdpa_kernel": "FLASH_ATTENTION",
     "sensor_notes": {"energy_j": "no RAPL powercap domains in sysfs (VMs do not expose them)",
                      "freq_mhz_avg": "no cpufreq (scaling_cur_freq); /proc/cpuinfo 'cpu MHz' here is the nominal "
@@ -56,7 +58,8 @@ APPLIED = {
                                       "(/proc/PID/stat, all its threads), clamped at 0, over the timed window",
                        "steal_s": "/proc/stat steal of the job's CPUs, over the timed window"},
     "setup_phases_s": {"data": "@DATA@", "imports": 0.0028511489999800688, "model": "@MODEL@",
-                       "optimizer": 0.001675003000855213, "read_back": 0.5781032940012665, "save": 0.006865844001367805},
+                       "optimizer": 0.001675003000855213, "read_back": 0.5781032940012665,
+                       "save": 0.006865844001367805},
     "spawn": "fork server", "sysfs": {}, "sysfs_written": [],
     "timed_window": {"compilations": None, "end_unix_s": "@END@", "slowest_step_x_median": "@SLOWEST@",
                      "start_unix_s": "@START@"},
@@ -91,7 +94,8 @@ def fill(url: str) -> int:
             sets = ", ".join(f"{m} = COALESCE({m}, {1.0 + k} + run_id * 1e-7)" for k, m in enumerate(RUN_METRICS))
             c.execute(text(
                 f"UPDATE runs SET {sets}, output_path = COALESCE(output_path, 'output/run-' || run_id), "
-                "torch_version = COALESCE(torch_version, '2.13.0'), python_version = COALESCE(python_version, '3.11.7'), "
+                "torch_version = COALESCE(torch_version, '2.13.0'), "
+                "python_version = COALESCE(python_version, '3.11.7'), "
                 "claimed = COALESCE(claimed, finished - 10), world_size = COALESCE(world_size, 1), "
                 "global_batch = COALESCE(global_batch, 8), "
                 f"applied = COALESCE(applied, {applied_sql()}), build_info = COALESCE(build_info, '{BUILD_INFO}'), "
@@ -103,7 +107,8 @@ def fill(url: str) -> int:
             # timed windows are read (ran.disturbed), the others' are not
             c.execute(text("UPDATE runs SET other_cpu_s = 0.03 + (run_id % 7) * 0.2 * COALESCE(train_s, 1.0) "
                            "WHERE status = 'done' AND run_id % 50 = 0"))
-            c.execute(text("UPDATE machines SET " + ", ".join(f"{k} = COALESCE({k}, {v})" for k, v in MACHINE_FACTS.items())))
+            c.execute(text("UPDATE machines SET "
+                           + ", ".join(f"{k} = COALESCE({k}, {v})" for k, v in MACHINE_FACTS.items())))
         with engine.connect() as c:
             row = c.execute(text("SELECT * FROM v_results WHERE status = 'done' LIMIT 1")).one()
         return sum(v is not None for v in row)

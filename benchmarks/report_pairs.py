@@ -50,7 +50,8 @@ def once(code: Path, db: str, out: Path, command: bool) -> dict:
         subprocess.run([str(code / "venv" / "bin" / "python"), str(code / "bench.py"), "report", "--db", db,
                         "--out", str(out)], cwd=code, check=True, capture_output=True)
         return {"s": time.perf_counter() - t}
-    done = subprocess.run([str(code / "venv" / "bin" / "python"), "-c", CHILD.format(code=str(code), db=db, out=str(out))],
+    done = subprocess.run([str(code / "venv" / "bin" / "python"), "-c",
+                           CHILD.format(code=str(code), db=db, out=str(out))],
                           cwd=code, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -93,7 +93,8 @@ def numbers_apart(a: bytes, b: bytes) -> float | None:
     return worst
 
 
-def compare(old: Path, new: Path, db: Path, plots: bool, work: Path, rel: float | None = None) -> tuple[list[str], dict]:
+def compare(old: Path, new: Path, db: Path, plots: bool, work: Path,
+            rel: float | None = None) -> tuple[list[str], dict]:
     """The names of the files that differ (or exist on one side only), and with `rel` those of them
     whose numbers alone differ, each within rel: name -> the largest relative difference."""
     a, b = work / f"{db.stem}-old", work / f"{db.stem}-new"
@@ -118,7 +119,8 @@ def main() -> int:
     ap.add_argument("--new", type=Path, default=ROOT, help="the checkout under test (default: this one)")
     ap.add_argument("--plots", action="store_true", help="draw the PNGs too (as `bench.py report` does)")
     ap.add_argument("--keep", type=Path, help="write the reports here (default: a temporary directory)")
-    ap.add_argument("--rel", type=float, help="a text file whose numbers alone differ, within this (relative), is the same")
+    ap.add_argument("--rel", type=float,
+                    help="a text file whose numbers alone differ, within this (relative), is the same")
     args = ap.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="report_same-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -66,12 +66,14 @@ if {no_predictions!r}:  # the cost model's section left out (--no-predictions): 
     prediction_report.data = lambda ctx: {{"machines": {{}}}}
 t0 = time.perf_counter()
 rep = write_report(Store({db!r}, read_only=True), Path({out!r}), plots={plots!r})
-print(json.dumps({{"report_s": time.perf_counter() - t0, "child_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({{"report_s": time.perf_counter() - t0,
+                  "child_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "effects": len(rep.effects), "page": str(rep.html_path)}}))
 """
 
 
-def run_report(db: str, out: Path, *, plots: bool, cap_gb: float, timeout_s: float, no_predictions: bool = False) -> dict:
+def run_report(db: str, out: Path, *, plots: bool, cap_gb: float, timeout_s: float,
+               no_predictions: bool = False) -> dict:
     """write_report in a child; its RSS polled so that it is stopped past the cap."""
     t0 = time.perf_counter()
     child = CHILD.format(root=str(ROOT), db=db, out=str(out), plots=plots, no_predictions=no_predictions)
@@ -159,7 +161,8 @@ def main() -> None:
                     import psycopg
 
                     name = f"scale{runs}_{os.getpid()}"
-                    with psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as c:
+                    with psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"),
+                                         autocommit=True) as c:
                         c.execute(f"DROP DATABASE IF EXISTS {name}")
                         c.execute(f"CREATE DATABASE {name}")
                     db = pg_url.rsplit("/", 1)[0] + f"/{name}"
@@ -185,12 +188,14 @@ def main() -> None:
                 results.append(case)
                 if "error" in case:
                     print(f"{backend} {runs:>9,} runs: build {case['build_s']:.0f} s; report {case['error']}; "
-                          f"peak PSS {case['peak_pss_mb']:,.0f} MB (RSS summed {case['peak_rss_mb']:,.0f} MB)", flush=True)
+                          f"peak PSS {case['peak_pss_mb']:,.0f} MB (RSS summed {case['peak_rss_mb']:,.0f} MB)",
+                          flush=True)
                 else:
                     print(f"{backend} {runs:>9,} runs: build {case['build_s']:.0f} s; report {case['report_s']:.1f} s "
                           f"(child wall {case['wall_s']:.1f} s), peak PSS {case['peak_pss_mb']:,.0f} MB (RSS summed "
                           f"{case['peak_rss_mb']:,.0f} MB); page "
-                          f"{case['page_mb']:.1f} MB; Chromium to ready: first {case['load_first_s']:.2f} s, warm median "
+                          f"{case['page_mb']:.1f} MB; Chromium to ready: first {case['load_first_s']:.2f} s, "
+                          f"warm median "
                           f"{case['load_warm_s']:.2f} s ({', '.join(f'{x:.2f}' for x in case['load_all_s'])}); "
                           f"{case['table']}, {case['console_errors']} console errors", flush=True)
     print(json.dumps({"machine": os.uname().nodename, "cpus": os.cpu_count(), "results": results}, default=str))

@@ -40,7 +40,8 @@ def main() -> None:
             if c["precision"] == "q8" and c["repeat"] % 3 == 0:
                 return "failed", "RuntimeError: q8 kernel missing", {}
             t = 20 * (c["d_model"] / 128) ** 1.8 * (c["n_layers"] / 2) ** 0.9 * (c["seq_len"] / 128) ** 1.1
-            t *= (c["batch_size"] / 8) ** 0.9 * (c["cores"] / 4) ** -0.7 * {"fp32": 1, "bf16": 2, "q8": 3}[c["precision"]]
+            t *= ((c["batch_size"] / 8) ** 0.9 * (c["cores"] / 4) ** -0.7
+                  * {"fp32": 1, "bf16": 2, "q8": 3}[c["precision"]])
             return "done", None, metrics(t * math.exp(rng.gauss(0, 0.04)), c)
         run_all(store, m, outcome, limit=len(jobs) - 10)  # leave a few queued for the ETA
         counts = store.counts(m)

@@ -133,7 +133,8 @@ def main() -> None:
     for name, sc in data.items():
         for label, res in results.items():
             r = summarise(sc, res[name])
-            print(f"{sc['title'][:58]:58s} {label:4s} {f(r['err'], '6.3f')} {f(r['cover'], '6.0%')} {f(r['fwer'], '6.0%')} "
+            print(f"{sc['title'][:58]:58s} {label:4s} {f(r['err'], '6.3f')} {f(r['cover'], '6.0%')} "
+                  f"{f(r['fwer'], '6.0%')} "
                   f"{'+-' + format(r['half'], '.1%') if r['half'] is not None else '-':>7s} {r['missing']:7.0%} "
                   f"{r['compared']:8.1f} {r['named']:6.1f} {r['silent']:6.1f}")
         print(f"  ({sc['what']})")

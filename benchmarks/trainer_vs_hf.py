@@ -23,10 +23,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker import data  # noqa: E402
-from worker.trainers import harness  # noqa: E402
-from worker.trainers.torch import train  # noqa: E402
-from worker.trainers.torch.model import GPT, ModelConfig  # noqa: E402
+from worker import data
+from worker.trainers import harness
+from worker.trainers.torch import train
+from worker.trainers.torch.model import GPT, ModelConfig
 
 D, LAYERS, HEADS, T, B, VOCAB = 256, 4, 4, 256, 8, 8192
 TOKENS = B * T

@@ -47,7 +47,8 @@ def main() -> None:
             write_report(store, tmp / f"{kind}{i}", plots=False, memo=memo if kind == "watched" else None)
             out.append(time.perf_counter() - t0)
             print(f"round {i + 1}: machine {machine} changed; {kind} report {out[-1]:.2f} s", flush=True)
-    print(f"{args.runs:,} runs on {args.machines} machines, one machine's runs changed per round, {args.repeats} rounds:")
+    print(f"{args.runs:,} runs on {args.machines} machines, one machine's runs changed per round, "
+          f"{args.repeats} rounds:")
     for kind, xs in (("watched (memo)", watched), ("fresh", fresh)):
         print(f"  {kind}: median {statistics.median(xs):.2f} s [{min(xs):.2f}-{max(xs):.2f}]")
 

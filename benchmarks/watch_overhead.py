@@ -55,14 +55,16 @@ def screenshot(page: Path, png: Path) -> None:
 
     options = Options()
     options.binary_location = "/usr/bin/chromium"
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1300,1400"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1300,1400"):
         options.add_argument(arg)
     driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
     driver.set_script_timeout(120)
     try:
         driver.get(page.resolve().as_uri() + "#print")
         driver.execute_async_script("const done = arguments[arguments.length - 1];"
-                                    "(window.cpubench ? window.cpubench.ready : Promise.resolve()).then(() => done(true));")
+                                    "(window.cpubench ? window.cpubench.ready : Promise.resolve())"
+                                    ".then(() => done(true));")
         driver.save_screenshot(str(png))
     finally:
         driver.quit()
@@ -83,7 +85,8 @@ def main() -> None:
             build(url, args.prefill, quiet=True)
         sweep = ["enqueue", "--db", url, "--set", "n_layers=1", "--set", "seq_len=128", "--set", "vocab_size=512",
                  "--set", f"steps={args.steps}", "--set", "warmup_steps=2", "--set", "dataset=builtin",
-                 "--set", "cores=1", "--axis", "d_model=128,256", "--axis", "batch_size=4,8", "--repeats", str(args.repeats)]
+                 "--set", "cores=1", "--axis", "d_model=128,256", "--axis", "batch_size=4,8",
+                 "--repeats", str(args.repeats)]
         said = subprocess.run(bench(*sweep), capture_output=True, text=True)
         print("enqueue:", said.returncode, (said.stdout + said.stderr).strip()[-400:], flush=True)
         with Store(url, read_only=True).transaction() as conn:

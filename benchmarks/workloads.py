@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker.trainers.torch.model import (GPT, LoRALinear, ModelConfig, add_lora, flops_per_step,  # noqa: E402
+from worker.trainers.torch.model import (GPT, LoRALinear, ModelConfig, add_lora, flops_per_step,
                                         trainable_params)
 
 T, B, VOCAB = 256, 8, 8192

@@ -205,9 +205,10 @@ def operations(config: dict) -> list[Op]:
     gradient, and the first block's qkv no input gradient when nothing below it trains. Attention's
     scores and weighted sum are batch_size * n_heads GEMMs of seq_len x head_dim times head_dim x
     (attended keys per query, on average), three times over (forward, two gradients). Elementwise
-    work is counted in values streamed, by what the model does (torch/model.py): two LayerNorms, two
-    residual adds, the activation (and swiglu's gate), dropout where p > 0, the softmax of the
-    attended pairs, the loss over M x vocab logits, and the optimizer's pass over the trained weights.
+    work is counted in values streamed, by what the model does (worker/trainers/torch/model.py): two
+    LayerNorms, two residual adds, the activation (and swiglu's gate), dropout where p > 0, the softmax
+    of the attended pairs, the loss over M x vocab logits, and the optimizer's pass over the trained
+    weights.
     """
     b, t, accum, layers = config["batch_size"], config["seq_len"], config["grad_accum"], config["n_layers"]
     d, vocab, heads, hd = config["d_model"], config["vocab_size"], config["n_heads"], config["head_dim"]

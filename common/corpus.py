@@ -112,7 +112,8 @@ def builtin_rows(n_rows: int = BUILTIN_ROWS, seed: int = 0) -> list[str]:
         o, o2 = rng.sample(_OBJECTS, 2)
         v, v2 = rng.sample(_VERBS, 2)
         text = template.format(t=t, k=k, t2=t2, y=rng.randint(1650, 2020),
-                               n=round(rng.uniform(0.1, 500), rng.randint(0, 2)), s=s, S=s[0].upper() + s[1:], s2=s2, v=v, v2=v2, o=o, o2=o2,
+                               n=round(rng.uniform(0.1, 500), rng.randint(0, 2)), s=s, S=s[0].upper() + s[1:], s2=s2,
+                               v=v, v2=v2, o=o, o2=o2,
                                a=rng.choice(_ADVERBS), r=rng.choice(_REASONS))
         return text[0].upper() + text[1:]
 

@@ -16,7 +16,8 @@ import pytest
 from tests.pgserver import pg_bin, throwaway_postgres
 
 ROOT = Path(__file__).resolve().parent.parent
-_NEEDED = ("sqlalchemy", "typer", "psutil", "numpy", "scipy", "torch", "jax", "hypothesis", "matplotlib")  # requirements.txt's
+# requirements.txt's
+_NEEDED = ("sqlalchemy", "typer", "psutil", "numpy", "scipy", "torch", "jax", "hypothesis", "matplotlib")
 
 
 def pytest_configure(config):
@@ -60,7 +61,8 @@ def db(tmp_path) -> str:
     return str(tmp_path / "results.db")
 
 
-def bench(*args: str, env: dict | None = None, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+def bench(*args: str, env: dict | None = None, timeout: float = 300,
+          check: bool = False) -> subprocess.CompletedProcess:
     """Run `python bench.py ARGS` as a real process; returns the completed process."""
     proc = subprocess.run([sys.executable, str(ROOT / "bench.py"), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})

@@ -94,8 +94,8 @@ class Cluster:
         """argv run as a process of `node`: its netns, hostname and /etc/hosts."""
         hosts = self.root / "hosts"
         # nsenter, not `ip netns exec`: that mounts a fresh /sys, without the cgroup tree slurmd needs
-        return ["nsenter", f"--net=/run/netns/{node.name}", "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c",
-                f'mount --bind {hosts} /etc/hosts && hostname {node.name} && exec "$@"', "sh", *argv]
+        return ["nsenter", f"--net=/run/netns/{node.name}", "unshare", "--uts", "--mount", "--propagation", "private",
+                "sh", "-c", f'mount --bind {hosts} /etc/hosts && hostname {node.name} && exec "$@"', "sh", *argv]
 
     def start_slurmd(self, node: Node) -> None:
         log = open(self.root / f"slurmd-{node.name}.err", "a")
@@ -257,8 +257,8 @@ def namespace_cluster(n_nodes: int = 2, *, postgres: bool = True) -> Iterator[Cl
         (root / "state").mkdir()
         for node in nodes:
             (root / f"spool-{node.name}").mkdir()
-        node_lines = "".join(f"NodeName={n.name} NodeAddr={n.address} CPUs={len(n.cpus)} RealMemory=1000 State=UNKNOWN\n"
-                             for n in nodes)
+        node_lines = "".join(f"NodeName={n.name} NodeAddr={n.address} CPUs={len(n.cpus)} "
+                             "RealMemory=1000 State=UNKNOWN\n" for n in nodes)
         cluster.conf = conf = root / "slurm.conf"
         conf.write_text(f"""ClusterName={tag}
 SlurmctldHost={host}({subnet}.1)

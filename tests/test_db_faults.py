@@ -132,7 +132,8 @@ def test_a_read_only_results_file_is_read_and_left_as_it_was(tmp_path):
         before = sha(copy)
         counts = json.loads(bench("status", "--json", "--db", str(copy), check=True).stdout)
         assert counts["done"] == 3 and counts["queued"] == 0
-        assert json.loads(bench("status", "--all-machines", "--json", "--db", str(copy), check=True).stdout)["done"] == 3
+        status = bench("status", "--all-machines", "--json", "--db", str(copy), check=True)
+        assert json.loads(status.stdout)["done"] == 3
         proc = bench("report", "--db", str(copy), "--out", str(tmp_path / "result"), check=True)
         assert "effects table was not updated" in proc.stderr and "read-only" in proc.stderr
         assert "Traceback" not in proc.stderr
@@ -208,7 +209,7 @@ def wait_for(predicate, timeout: float = 120.0) -> None:
 def pg_done(url: str) -> int:
     try:
         return pg_rows(url, "SELECT COUNT(*) FROM runs WHERE status = 'done'")[0][0]
-    except Exception:  # noqa: BLE001 - the server is down
+    except Exception:  # the server is down
         return -1
 
 

@@ -78,7 +78,8 @@ def test_two_databases_runs_of_the_same_number_keep_their_own_models(tmp_path):
         bench("enqueue", "--db", db, *[arg for item in TINY for arg in ("--set", item)], check=True)
         bench("work", "--db", db, check=True)
         with sqlite3.connect(db) as conn:
-            (run_id, output_path), = conn.execute("SELECT run_id, output_path FROM runs WHERE status = 'done'").fetchall()
+            (run_id, output_path), = conn.execute(
+                "SELECT run_id, output_path FROM runs WHERE status = 'done'").fetchall()
         assert run_id == 1
         paths.append(Path(output_path))
     assert paths[0] != paths[1]

@@ -120,7 +120,8 @@ def test_failed_and_skipped_runs_never_enter_an_average(store):
 
 def test_a_two_variable_grid_is_found_but_a_one_at_a_time_cross_is_not(store):
     m = store.register_machine(machine_facts("alpha"))
-    enqueue(store, configs({"n_layers": 2, "d_model": 64}, {"n_layers": [1, 2], "d_model": [64, 128]}, repeats=1, grid=True))
+    enqueue(store, configs({"n_layers": 2, "d_model": 64}, {"n_layers": [1, 2], "d_model": [64, 128]}, repeats=1,
+                           grid=True))
     enqueue(store, configs({"n_layers": 2, "d_model": 64}, {"seq_len": [64, 128]}, repeats=1), sweep="ofat")
     run_all(store, m, lambda c: ("done", None, metrics(c["n_layers"] * c["d_model"] * c["seq_len"] / 1000, c)))
 
@@ -139,7 +140,8 @@ def test_a_follower_set_by_hand_stays_out_of_its_parents_comparison(store):
     enqueue(store, configs({"cores": 2}, {"cores": [1, 2], "omp_threads": [1, 2]}, repeats=3))
     noise = noisy(3, 0.02)
     # step time ~ cores^-0.1 * omp_threads^-0.7: -0.8 when the threads follow cores
-    run_all(store, m, lambda c: ("done", None, metrics(100 * c["cores"] ** -0.1 * c["omp_threads"] ** -0.7 * noise(), c)))
+    run_all(store, m, lambda c: ("done", None,
+                                 metrics(100 * c["cores"] ** -0.1 * c["omp_threads"] ** -0.7 * noise(), c)))
 
     found = by_variable(analyse(store))
 
@@ -165,8 +167,9 @@ def test_jobs_record_which_values_were_derived_and_the_rules_agree_with_the_reco
     hand = [(c, d) for c, d in jobs if c["omp_threads"] == 1 and c["cores"] == 2]
     assert hand and all("omp_threads" not in d and d["intra_threads"] == "auto" for _, d in hand)
     base = [d for c, d in jobs if c["cores"] == 2 and c["omp_threads"] == 2 and c["head_dim"] == 64]
-    assert any(d == {"cores": "all", "compile": "auto", "omp_threads": "auto", "intra_threads": "auto", "inter_threads": "auto",
-                     "head_dim": "auto", "kv_heads": "auto", "blas": "auto", "lr": "auto", "eval_every": "auto"}
+    assert any(d == {"cores": "all", "compile": "auto", "omp_threads": "auto", "intra_threads": "auto",
+                     "inter_threads": "auto", "head_dim": "auto", "kv_heads": "auto", "blas": "auto", "lr": "auto",
+                     "eval_every": "auto"}
                for d in base)
     for config, derived in jobs:  # the fallback for jobs without a record gives the same answer
         for name in derived:  # a later release's variable at its unset value is left out of the JSON (blas)
@@ -252,7 +255,8 @@ def three_levels(store, *, sigmas: dict, drift=(0.0, 0.0, 0.0), repeats=3, seed=
     configurations of an unrelated axis (n_layers) that share the passes."""
     m = store.register_machine(machine_facts("alpha"))
     enqueue(store, configs({"precision": "fp32", "n_layers": 2},
-                           {"precision": ["fp32", "bf16", "mixed"], "vocab_size": [256 + 64 * i for i in range(others)]},
+                           {"precision": ["fp32", "bf16", "mixed"],
+                            "vocab_size": [256 + 64 * i for i in range(others)]},
                            repeats=repeats))
     rng = random.Random(seed)
     truth = {"fp32": 1.0, "bf16": 1.5, "mixed": 1.2}
@@ -306,18 +310,21 @@ def test_a_pass_with_few_shared_configurations_still_has_its_drift_estimated_in_
     to keep shift 0 while the others were centred, biasing its values. The model estimates every
     block's effect from whatever configurations it shares, and pays for it in degrees of freedom."""
     m = three_levels(store, sigmas={"fp32": 0.02, "bf16": 0.02, "mixed": 0.02}, repeats=3, others=6)
-    fourth = [c for c in configs({"precision": "fp32", "n_layers": 2}, {"precision": ["fp32", "bf16", "mixed"]}, repeats=4)
+    fourth = [c for c in configs({"precision": "fp32", "n_layers": 2}, {"precision": ["fp32", "bf16", "mixed"]},
+                                 repeats=4)
               if c["repeat"] == 3]
     enqueue(store, fourth, sweep="more")
     # the fourth pass ran 6% slower than the first, as the audit's later passes did
-    run_all(store, m, lambda c: ("done", None, metrics(30 * 1.06 * {"fp32": 1.0, "bf16": 1.5, "mixed": 1.2}[c["precision"]], c)))
+    run_all(store, m, lambda c: ("done", None,
+                                 metrics(30 * 1.06 * {"fp32": 1.0, "bf16": 1.5, "mixed": 1.2}[c["precision"]], c)))
 
     ma = only_machine(analyse(store))
 
     assert ma.drift.not_estimated == []
     ve = by_variable(analyse(store))["precision"]
     ratios = {e.value: e for e in ve.ratios}
-    assert ratios["bf16"].estimate == pytest.approx(1.5, rel=0.03) and ratios["mixed"].estimate == pytest.approx(1.2, rel=0.03)
+    assert ratios["bf16"].estimate == pytest.approx(1.5, rel=0.03)
+    assert ratios["mixed"].estimate == pytest.approx(1.2, rel=0.03)
     assert all(e.ci_low < {"bf16": 1.5, "mixed": 1.2}[e.value] < e.ci_high for e in ve.ratios)
     assert [lv.n for lv in ve.levels] == [4, 4, 4]
 
@@ -493,7 +500,8 @@ def test_blas_is_compared_within_the_numpy_trainer_and_the_framework_comparison_
     enqueue(store, configs({"framework": "torch"}, {"framework": ["torch", "numpy"]}, repeats=4)
             + configs({"framework": "numpy"}, {"blas": ["openblas", "mkl", "blis"]}, repeats=4))
     noise = noisy(5, 0.01)
-    truth = {("torch", "mkl_intel_path"): 100.0, ("numpy", "openblas"): 300.0, ("numpy", "mkl"): 360.0, ("numpy", "blis"): 450.0}
+    truth = {("torch", "mkl_intel_path"): 100.0, ("numpy", "openblas"): 300.0, ("numpy", "mkl"): 360.0,
+             ("numpy", "blis"): 450.0}
     run_all(store, m, lambda c: ("done", None, metrics(truth[(c["framework"], c["blas"])] * noise(), c)))
 
     found = by_variable(analyse(store))

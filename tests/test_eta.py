@@ -172,7 +172,8 @@ def test_where_the_machine_has_a_cost_model_the_eta_knows_what_flops_alone_do_no
         return 1e3 * (1e-9 * flops_per_step(c) * (0.3 if c["precision"] == "bf16" else 1.0) + 1e-3)
 
     m = store.register_machine(machine_facts("alpha"))
-    enqueue(store, configs({"d_model": 64}, {"d_model": [32, 64, 128], "n_layers": [1, 2], "precision": ["fp32", "bf16"]},
+    enqueue(store, configs({"d_model": 64},
+                           {"d_model": [32, 64, 128], "n_layers": [1, 2], "precision": ["fp32", "bf16"]},
                            repeats=2, grid=True), sweep="small")
     run_all(store, m, lambda c: ("done", None, metrics(step_ms(c), c)))
     big = configs({"d_model": 256, "n_layers": 3, "precision": "bf16"}, {"d_model": [192, 256]}, repeats=1)

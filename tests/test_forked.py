@@ -24,7 +24,8 @@ def test_the_result_comes_from_another_process_and_rows_read_as_they_did():
         child_pid = child._pid
         pid, plain, back = child.submit(_pid_and_rows, rows).result()
     assert pid == child_pid != os.getpid()
-    assert plain == [{"run_id": 1, "status": "done", "reason": None}, {"run_id": 2, "status": "failed", "reason": "oom"}]
+    assert plain == [{"run_id": 1, "status": "done", "reason": None},
+                     {"run_id": 2, "status": "failed", "reason": "oom"}]
     assert back == rows and back[0]["reason"] is None and back[0].get("reason") is None
     assert list(back[1]) == ["run_id", "status", "reason"]
     with pytest.raises(KeyError):

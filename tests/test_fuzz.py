@@ -18,7 +18,8 @@ from bench import app
 from common import variables
 from tests.conftest import bench
 
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,  # same examples every run, no .hypothesis/
+# the same examples every run, no .hypothesis/
+FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 NAMES = [v.name for v in variables.CATALOGUE if v.name not in variables.SET_BY_SWEEP]
 # Characters a shell hands through: printable text, a few control and non-ASCII ones.
@@ -183,7 +184,8 @@ def bad_sweep(draw) -> str:
     elif kind == "empty_axis":
         table["axes"][var.name] = []
     elif kind == "shape":
-        table[draw(st.sampled_from(["sweep", "base", "axes"]))] = draw(st.one_of(st.integers(), TEXT, st.lists(st.integers(), max_size=2)))
+        table[draw(st.sampled_from(["sweep", "base", "axes"]))] = draw(
+            st.one_of(st.integers(), TEXT, st.lists(st.integers(), max_size=2)))
     else:
         table["sweep"]["mode"] = draw(TEXT.filter(lambda s: s not in ("grid", "ofat", "random", "list")))
     if kind == "shape":

@@ -62,7 +62,8 @@ def fake_measure(calls: list, *, other_cpu_s: float = 0.0):
         calls.append(tuple(cpus))
         n = len(threads_on)
         return {"gflops": {"fp32": 100.0 * n, "bf16": 200.0 * n}, "fastest": {"fp32": "jax", "bf16": "torch"},
-                "by_library": {"torch": {"fp32": 40.0 * n, "bf16": 200.0 * n}, "jax": {"fp32": 100.0 * n, "bf16": 50.0 * n},
+                "by_library": {"torch": {"fp32": 40.0 * n, "bf16": 200.0 * n},
+                               "jax": {"fp32": 100.0 * n, "bf16": 50.0 * n},
                                "numpy": {"fp32": 30.0 * n}},
                 "cpus": cpus, "threads": n, "window_s": 1.0, "other_cpu_s": other_cpu_s, "steal_s": 0.0}
     return measure
@@ -138,11 +139,13 @@ def test_a_run_records_the_peak_of_its_set_and_its_basis(tmp_path, monkeypatch):
     config, why = resolve({}, 1)
     assert not why
     options = WorkerOptions(cpus=[CPUS[0]], child_module="tests.stub_child", spawn="exec",
-                            state_dir=Path(os.environ["BENCH_STATE_DIR"]), output_dir=tmp_path / "out", probe_quick=True)
+                            state_dir=Path(os.environ["BENCH_STATE_DIR"]), output_dir=tmp_path / "out",
+                            probe_quick=True)
     result = measure_once(config, options)
     peak = result["applied"]["peak_gflops"]
     assert result["status"] == "done", result["reason"]
     assert f"GEMM peak measured on CPUs [{CPUS[0]}]: 1 thread(s)" in peak["basis"]
     assert peak["fp32"] > 0 and peak["bf16"] > 0
-    assert peak["fp32"] == max(peak["by_library"]["fp32"].values()) and peak["library"]["fp32"] in ("torch", "jax", "numpy")
+    assert peak["fp32"] == max(peak["by_library"]["fp32"].values())
+    assert peak["library"]["fp32"] in ("torch", "jax", "numpy")
     assert (peak["provisional"] is None) == ("quiet machine" in peak["basis"])  # this machine may be loaded

@@ -136,12 +136,14 @@ def test_a_preload_that_did_not_take_reads_back_as_plain_mkl():
 def test_verbose_lines_are_counted_per_library_with_their_flops():
     out = "\n".join([
         "MKL_VERBOSE SGEMM(T,N,2048,2048,512,0x7ffc,0x7f71,512,0x7f71,512,0x7ffc,0x7f71,2048) 73.64ms CNR:OFF",
-        "onednn_verbose,v1,primitive,exec,cpu,inner_product,brg_matmul:avx512_core,forward_inference,src:f32::blocked:ab::f0 "
-        "wei:f32::blocked:ab::f0 bia:undef::undef::: dst:f32::blocked:ab::f0,attr-scratchpad:user,,mb2048ic512oc2048,55.574",
+        "onednn_verbose,v1,primitive,exec,cpu,inner_product,brg_matmul:avx512_core,forward_inference,"
+        "src:f32::blocked:ab::f0 wei:f32::blocked:ab::f0 bia:undef::undef::: dst:f32::blocked:ab::f0,"
+        "attr-scratchpad:user,,mb2048ic512oc2048,55.574",
         "onednn_verbose,v1,info,cpu,isa:Intel AVX-512 with Intel DL Boost and bfloat16 support"])
     calls = gemm_route.count_calls(out)
     assert calls == {"mkl SGEMM": {"calls": 1, "gflop": round(2 * 2048 * 2048 * 512 / 1e9, 3)},
-                     "onednn inner_product brg_matmul:avx512_core f32": {"calls": 1, "gflop": round(2 * 2048 * 512 * 2048 / 1e9, 3)}}
+                     "onednn inner_product brg_matmul:avx512_core f32": {
+                         "calls": 1, "gflop": round(2 * 2048 * 512 * 2048 / 1e9, 3)}}
 
 
 def test_auto_picks_mkl_intel_path_while_old_jobs_keep_mkl_and_their_hashes():

@@ -149,7 +149,8 @@ def test_a_trainer_package_without_a_main_counts_as_missing():
 
     assert _trainer_missing("worker.trainers.torch") is None
     assert _trainer_missing("tests.stub_child") is None and _trainer_missing("tests.stub_trainer") is None
-    assert _trainer_missing("worker.trainers.fortran") == "unavailable: no trainer worker.trainers.fortran in this checkout"
+    assert (_trainer_missing("worker.trainers.fortran")
+            == "unavailable: no trainer worker.trainers.fortran in this checkout")
 
 
 def test_a_cosine_schedule_warms_up_linearly_then_decays_to_a_tenth_of_the_peak_at_the_last_step():

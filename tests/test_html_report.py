@@ -161,7 +161,8 @@ def test_the_runs_filter_sorts_and_filters_by_status_and_variable(tmp_path, brow
     assert shown == total == counts["done"] + counts["failed"] + counts["skipped"]
     choose(browser, "f-status", "failed")
     assert runs_count(browser) == (counts["failed"], total)
-    statuses = {row.get_attribute("data-status") for row in browser.find_elements("css selector", "#runs-table tbody tr")}
+    statuses = {row.get_attribute("data-status")
+                for row in browser.find_elements("css selector", "#runs-table tbody tr")}
     assert statuses == {"failed"}
     assert "int8 kernel missing" in browser.find_element("id", "runs-table").text
 

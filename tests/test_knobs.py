@@ -463,8 +463,8 @@ def test_a_link_shaped_by_a_worker_killed_with_9_is_put_back_by_the_next_start(t
     name = f"cbk{random.randrange(16**4):04x}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
-        for cmd in (["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"], ["ip", "link", "set", "eth0", "up"],
-                    ["ip", "link", "set", "eth1", "up"]):
+        for cmd in (["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"],
+                    ["ip", "link", "set", "eth0", "up"], ["ip", "link", "set", "eth1", "up"]):
             subprocess.run(["nsenter", f"--net=/run/netns/{name}", *cmd], check=True)
 
         def root_qdisc() -> str:

@@ -37,7 +37,8 @@ def imports_of(path: Path, modules) -> set[tuple[str, int]]:
     """(imported name, line) of every import in one file: the module where a `from X import m` names a
     module, else X; third-party names as written."""
     inside = path.is_relative_to(ROOT)
-    package = "" if not inside else module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    package = ("" if not inside else module_name(path) if path.name == "__init__.py"
+               else module_name(path).rpartition(".")[0])
     out = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -190,6 +191,7 @@ def test_common_is_a_package_that_owns_the_vocabulary():
     from common import datasets, errors, metrics, variables
 
     assert "imports neither" in common.__doc__
-    assert variables.BY_NAME["dataset"].choices == (datasets.DATASET_HUB, datasets.DATASET_SHAKESPEARE, datasets.DATASET_BUILTIN)
+    assert variables.BY_NAME["dataset"].choices == (datasets.DATASET_HUB, datasets.DATASET_SHAKESPEARE,
+                                                    datasets.DATASET_BUILTIN)
     assert issubclass(errors.BadInput, errors.BenchError)
     assert "step_ms_median" in metrics.METRICS and set(metrics.WORKER_METRICS) <= set(metrics.METRICS)

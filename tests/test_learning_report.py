@@ -1,6 +1,7 @@
-"""Time to a trained model (orchestrator/stats/learning.py, learning_report.py): the factors on step time,
-tokens to target and time to target tested against runs drawn from a known truth, censored runs
-said as bounds, rank changes called out; and the section as a real learning sweep writes it."""
+"""Time to a trained model (orchestrator/stats/learning.py, orchestrator/report/sections/learning.py):
+the factors on step time, tokens to target and time to target tested against runs drawn from a known
+truth, censored runs said as bounds, rank changes called out; and the section as a real learning sweep
+writes it."""
 
 import math
 import random

@@ -35,7 +35,8 @@ def _finish(store: Store, machine_id: int, pool_id: int, status: str, *, host: s
     if status == "running":
         return claim.run_id
     c = claim.config
-    fields = done_fields(**metrics(10.0 * c["d_model"] / 32 * math.sqrt(c["batch_size"]), c)) if status == "done" else {}
+    fields = (done_fields(**metrics(10.0 * c["d_model"] / 32 * math.sqrt(c["batch_size"]), c)) if status == "done"
+              else {})
     reason = {"failed": "Traceback (most recent call last):\n  ...\nRuntimeError: boom in the child",
               "skipped": "governor: no cpufreq in this VM"}.get(status)
     store.finish(claim.run_id, pid=os.getpid(), status=status, reason=reason, fields=fields)
@@ -77,11 +78,13 @@ def test_progress_counts_each_pool_and_machine_with_running_runs_and_the_last_fa
     assert (beta.hostname, beta.done, beta.running, beta.failed, beta.skipped) == ("beta", 1, 0, 0, 1)
     assert alpha.running_since is not None and abs(pr.now - alpha.running_since) < 60 and beta.running_since is None
     assert fleet.eta_s is not None and fleet.eta_s > 0  # learned from its done runs (orchestrator/queue/eta.py)
-    assert (own.done, own.queued, own.running) == (1, JOBS - 1, 0) and own.label.startswith(f"machine {ids['a']} (alpha")
+    assert (own.done, own.queued, own.running) == (1, JOBS - 1, 0)
+    assert own.label.startswith(f"machine {ids['a']} (alpha")
     # a time to finish by where a worker runs; where none does, the work left and that no worker runs
     assert eta_words(fleet, pr.now).endswith(" UTC)") and eta_words(own, pr.now).endswith(" of work; no worker running")
     (run,) = pr.running
-    assert (run["run_id"], run["host"], run["pool"]) == (ids["running"], "alpha", "fleet") and "d_model=" in run["config"]
+    assert (run["run_id"], run["host"], run["pool"]) == (ids["running"], "alpha", "fleet")
+    assert "d_model=" in run["config"]
     assert [(f["status"], f["reason"]) for f in pr.failures] == [
         ("skipped", "governor: no cpufreq in this VM"), ("failed", "RuntimeError: boom in the child")]
     assert json.loads(json.dumps(pr.as_dict()))["pools"][0]["machines"]
@@ -121,7 +124,8 @@ def test_watch_rewrites_the_page_atomically_and_redoes_the_statistics_only_when_
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "results.csv", "summary.md"]  # no temp file left
 
 
-def test_the_progress_is_on_the_page_before_and_while_the_first_report_is_written_at_low_priority(tmp_path, monkeypatch):
+def test_the_progress_is_on_the_page_before_and_while_the_first_report_is_written_at_low_priority(tmp_path,
+                                                                                                   monkeypatch):
     # beside workers on every CPU the report (at nice 19) can take minutes: the progress shows at once
     import orchestrator.report as report_package
     store = Store(str(tmp_path / "results.db"))
@@ -270,8 +274,9 @@ def test_the_watcher_rides_out_a_postgres_restart_and_the_page_says_the_database
         _fleet(Store(server.url))
         out = tmp_path / "result"
         page = out / "index.html"
-        proc = subprocess.Popen([sys.executable, str(ROOT / "bench.py"), "report", "--watch", "--every", "1", "--db-retry",
-                                 "120", "--out", str(out), "--db", server.url], cwd=ROOT, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, str(ROOT / "bench.py"), "report", "--watch", "--every", "1",
+                                 "--db-retry", "120", "--out", str(out), "--db", server.url],
+                                cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env={**os.environ, "BENCH_DB_RETRY_S": "5"},
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 

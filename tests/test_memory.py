@@ -30,7 +30,8 @@ def test_the_estimate_grows_with_each_term_it_counts():
     assert memory.estimate(resolved(optimizer="sgd")).total < base
     # a window bounds the scores that a written-out attention keeps
     full = memory.estimate(resolved(seq_len=1024, attn_backend="manual")).activations
-    assert memory.estimate(resolved(seq_len=1024, attn_backend="manual", attention="sliding", window=128)).activations < full
+    sliding = resolved(seq_len=1024, attn_backend="manual", attention="sliding", window=128)
+    assert memory.estimate(sliding).activations < full
 
 
 def test_every_calibration_run_is_under_its_estimate():

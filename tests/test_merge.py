@@ -41,11 +41,13 @@ def test_an_old_release_database_merges_once_and_is_left_untouched(db, tmp_path)
     assert rows(db, "SELECT status, COUNT(*) FROM runs GROUP BY status ORDER BY status") == [
         ("done", 11), ("failed", 8), ("skipped", 3)]
     assert rows(db, "SELECT COUNT(*) FROM v_results") == [(22,)]
-    old = {r[0]: r[1:] for r in rows(str(V1), "SELECT j.config_hash || '@' || m.fingerprint, r.status, r.step_ms_median, "
-                                              "r.reason FROM runs r JOIN jobs j USING (job_id) JOIN machines m USING (machine_id) "
+    old = {r[0]: r[1:] for r in rows(str(V1), "SELECT j.config_hash || '@' || m.fingerprint, r.status, "
+                                              "r.step_ms_median, r.reason FROM runs r JOIN jobs j USING (job_id) "
+                                              "JOIN machines m USING (machine_id) "
                                               "WHERE r.status IN ('done', 'failed', 'skipped')")}
     new = {r[0]: r[1:] for r in rows(db, "SELECT j.config_hash || '@' || m.fingerprint, r.status, r.step_ms_median, "
-                                         "r.reason FROM runs r JOIN jobs j USING (job_id) JOIN machines m USING (machine_id)")}
+                                         "r.reason FROM runs r JOIN jobs j USING (job_id) "
+                                         "JOIN machines m USING (machine_id)")}
     assert new == old
 
 

@@ -77,7 +77,8 @@ def test_a_version_1_database_opens_keeps_every_run_reports_and_takes_new_work(o
     assert runs_after == runs_before
     assert sqlite_rows(old_db, "SELECT DISTINCT trainable_params, steal_s FROM runs") == [(None, None)]
     assert sqlite_rows(old_db, "SELECT job_id, config_hash FROM jobs ORDER BY job_id") == jobs_before
-    assert sqlite_rows(old_db, "SELECT DISTINCT r.machine_id = p.machine_id FROM runs r JOIN pools p USING (pool_id)") == [(1,)]
+    assert sqlite_rows(old_db, "SELECT DISTINCT r.machine_id = p.machine_id "
+                               "FROM runs r JOIN pools p USING (pool_id)") == [(1,)]
 
     bench("report", "--db", old_db, "--out", str(tmp_path / "result"), check=True)
     summary = (tmp_path / "result" / "summary.md").read_text()
@@ -223,7 +224,8 @@ def test_columns_tables_and_a_catalogue_variable_added_later_migrate_without_a_h
     assert sqlite_rows(old_db, "SELECT DISTINCT noise_pct FROM machines") == [(0,)]
     assert sqlite_rows(old_db, "SELECT DISTINCT later_knob FROM jobs") == [("default",)]
     for config, config_hash in sqlite_rows(old_db, "SELECT config, config_hash FROM jobs"):
-        assert json.loads(config)["later_knob"] == "default" and variables.config_hash(json.loads(config)) == config_hash
+        assert json.loads(config)["later_knob"] == "default"
+        assert variables.config_hash(json.loads(config)) == config_hash
     # The old release's sweep, enqueued again with the new catalogue, finds its jobs.
     again = _enqueue_the_old_sweep_again(store)
     assert (again.new, again.present) == (0, 2)
@@ -259,13 +261,15 @@ def make_v1_postgres(url: str) -> None:
             names = [d[0] for d in cursor.description]
             booleans = {r[0] for r in conn.execute("SELECT column_name FROM information_schema.columns WHERE "
                                                    "table_name = %s AND data_type = 'boolean'", (table,))}
-            rows = [tuple(bool(v) if n in booleans and v is not None else v for n, v in zip(names, row)) for row in cursor]
+            rows = [tuple(bool(v) if n in booleans and v is not None else v for n, v in zip(names, row))
+                    for row in cursor]
             quoted = ", ".join(f'"{n}"' for n in names)
             with conn.cursor() as cur:
                 cur.executemany(f"INSERT INTO {table} ({quoted}) VALUES ({', '.join(['%s'] * len(names))})", rows)
             key = names[0]
             if key.endswith("_id") and table != "sweep_jobs":
-                conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{key}'), (SELECT MAX({key}) FROM {table}))")
+                conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{key}'), "
+                             f"(SELECT MAX({key}) FROM {table}))")
 
 
 def pg_schema(url: str) -> dict:
@@ -276,8 +280,9 @@ def pg_schema(url: str) -> dict:
     with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
         columns = conn.execute("SELECT table_name, column_name, data_type, is_nullable, column_default FROM "
                                "information_schema.columns WHERE table_schema = 'public' ORDER BY 1, 2").fetchall()
-        constraints = conn.execute("SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint "
-                                   "WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2").fetchall()
+        constraints = conn.execute("SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) "
+                                   "FROM pg_constraint WHERE connamespace = 'public'::regnamespace "
+                                   "ORDER BY 1, 2").fetchall()
         indexes = conn.execute("SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' "
                                "ORDER BY 1, 2").fetchall()
     return {"columns": columns, "constraints": constraints, "indexes": indexes}

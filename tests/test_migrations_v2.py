@@ -45,7 +45,8 @@ def test_a_version_2_database_opens_keeps_every_run_and_job_and_takes_new_work(v
     jobs_before = sqlite_rows(v2_db, "SELECT job_id, config_hash FROM jobs ORDER BY job_id")
     store = Store(v2_db)
     assert store.migrated == "migrated from version 2"
-    assert sqlite_rows(v2_db, "SELECT version FROM schema_version ORDER BY version") == [(v,) for v in range(2, LATEST + 1)]
+    assert (sqlite_rows(v2_db, "SELECT version FROM schema_version ORDER BY version")
+            == [(v,) for v in range(2, LATEST + 1)])
     assert sqlite_rows(v2_db, f"SELECT {', '.join(old_columns)} FROM runs ORDER BY run_id") == runs_before
     assert sqlite_rows(v2_db, "SELECT job_id, config_hash FROM jobs ORDER BY job_id") == jobs_before
     for config, config_hash in sqlite_rows(v2_db, "SELECT config, config_hash FROM jobs"):
@@ -100,7 +101,8 @@ def make_v2_postgres(url: str) -> None:
             names = [d[0] for d in cursor.description]
             booleans = {r[0] for r in conn.execute("SELECT column_name FROM information_schema.columns WHERE "
                                                    "table_name = %s AND data_type = 'boolean'", (table,))}
-            rows = [tuple(bool(v) if n in booleans and v is not None else v for n, v in zip(names, row)) for row in cursor]
+            rows = [tuple(bool(v) if n in booleans and v is not None else v for n, v in zip(names, row))
+                    for row in cursor]
             if not rows:
                 continue
             quoted = ", ".join(f'"{n}"' for n in names)
@@ -108,7 +110,8 @@ def make_v2_postgres(url: str) -> None:
                 cur.executemany(f"INSERT INTO {table} ({quoted}) VALUES ({', '.join(['%s'] * len(names))})", rows)
             key = names[0]
             if key.endswith("_id") and table not in ("sweep_jobs", "queue"):
-                conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{key}'), (SELECT MAX({key}) FROM {table}))")
+                conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{key}'), "
+                             f"(SELECT MAX({key}) FROM {table}))")
 
 
 def test_a_version_2_postgresql_database_migrates_once_keeps_its_runs_and_matches_a_fresh_one(pg_db, postgres_url):

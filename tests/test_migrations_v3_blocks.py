@@ -34,7 +34,8 @@ def test_a_version_3_database_keeps_its_jobs_unblocked_and_plans_the_same_sweep_
 
     store = Store(v3_db)
     assert store.migrated == "migrated from version 3"
-    assert sqlite_rows(v3_db, "SELECT version FROM schema_version ORDER BY version") == [(v,) for v in range(3, LATEST + 1)]
+    assert (sqlite_rows(v3_db, "SELECT version FROM schema_version ORDER BY version")
+            == [(v,) for v in range(3, LATEST + 1)])
     assert sqlite_rows(v3_db, "SELECT run_id, job_id, status, step_ms_median FROM runs ORDER BY run_id") == runs_before
     assert sqlite_rows(v3_db, "SELECT job_id, config_hash, run_order FROM jobs ORDER BY job_id") == jobs_before
     assert sqlite_rows(v3_db, "SELECT COUNT(*) FROM jobs WHERE block IS NOT NULL") == [(0,)]
@@ -43,8 +44,10 @@ def test_a_version_3_database_keeps_its_jobs_unblocked_and_plans_the_same_sweep_
     sweep = tmp_path / "v3-ofat.toml"
     sweep.write_text((V3 / "make_v3_ofat_db.py").read_text().split('SWEEP = """')[1].split('"""')[0])
     proc = bench("enqueue", str(sweep), "--db", v3_db, check=True)
-    assert "added 14 new jobs, 0 already present" in proc.stdout  # every job of the blocked plan is new: its identity has its block
-    blocks = sqlite_rows(v3_db, "SELECT block, COUNT(*) FROM jobs WHERE block IS NOT NULL GROUP BY block ORDER BY block")
+    # every job of the blocked plan is new: its identity has its block
+    assert "added 14 new jobs, 0 already present" in proc.stdout
+    blocks = sqlite_rows(v3_db, "SELECT block, COUNT(*) FROM jobs WHERE block IS NOT NULL "
+                                "GROUP BY block ORDER BY block")
     assert blocks == [("d_model", 6), ("framework", 4), ("n_layers", 4)]  # values + own baseline, 2 repeats
     assert sqlite_rows(v3_db, "SELECT DISTINCT compile FROM jobs WHERE block = 'framework' AND framework = 'jax'") == [
         ("xla",)]  # compile follows framework now; the old eager JAX jobs keep theirs

@@ -1,4 +1,5 @@
-"""The report's "where does a rank's step go" (orchestrator/report/sections/parallel.py) from rows with a known split."""
+"""The report's "where does a rank's step go" (orchestrator/report/sections/parallel.py) from rows with a
+known split."""
 
 from types import SimpleNamespace
 
@@ -22,6 +23,7 @@ def test_a_ranks_step_splits_into_compute_and_allreduce_beside_one_rank():
     assert abs(two["allreduce_share"] - 2.5 / 9.0) < 1e-12 and rows[0]["allreduce_ms"] == 0.0
     ctx = SimpleNamespace(done=done, names={1: "vm"})
     text = "\n".join(parallel_report.markdown_section(ctx))
-    assert "## Where does a rank's step go" in text and "| vm | 64 x 2 | 2 | 2 x 1 | default | 3 | 9.0 | 6.5 | 2.50 | 27.8% |" in text
+    assert "## Where does a rank's step go" in text
+    assert "| vm | 64 x 2 | 2 | 2 x 1 | default | 3 | 9.0 | 6.5 | 2.50 | 27.8% |" in text
     assert "Where does a rank" in parallel_report.html_section(ctx)
     assert parallel_report.markdown_section(SimpleNamespace(done=done[:2], names={})) == []

@@ -48,7 +48,8 @@ def test_the_pngs_are_the_bytes_fig_tight_layout_gives(tmp_path, monkeypatch):
     drawn = sorted(p.name for p in (tmp_path / "new" / "plots").glob("*.png"))
     assert drawn == sorted(p.name for p in (tmp_path / "old" / "plots").glob("*.png"))
     for name in drawn:  # the cost model's predicted-vs-measured PNGs too, where its section drew them
-        assert (tmp_path / "new" / "plots" / name).read_bytes() == (tmp_path / "old" / "plots" / name).read_bytes(), name
+        png_new, png_old = tmp_path / "new" / "plots" / name, tmp_path / "old" / "plots" / name
+        assert png_new.read_bytes() == png_old.read_bytes(), name
 
 
 def test_the_drawing_children_import_matplotlib_before_their_pictures_come():

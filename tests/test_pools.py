@@ -140,7 +140,8 @@ def test_a_postgresql_claim_skips_a_row_another_claimer_holds_instead_of_waiting
     popped = holder.execute(text(POP_QUEUE.format(skip_locked="FOR UPDATE SKIP LOCKED")),
                             {"pool_id": pool, "max_cores": 8}).scalar_one()
     result = {}
-    claimer = threading.Thread(target=lambda: result.update(c=store.claim(a, pid=2, host="h", max_cores=8, pool_id=pool)))
+    claimer = threading.Thread(
+        target=lambda: result.update(c=store.claim(a, pid=2, host="h", max_cores=8, pool_id=pool)))
     claimer.start()
     claimer.join(timeout=20)
     try:
@@ -164,7 +165,8 @@ def test_workers_started_with_pool_share_it_and_status_and_retry_know_it(db, tmp
     markers = list((tmp_path / "output" / "markers").iterdir())
     assert len(markers) == 10  # the seed-0 jobs ran once each; seed 2 exits with code 3 (failed)
     counts = json.loads(bench("status", "--db", db, "--pool", "rack", "--json", check=True).stdout)
-    assert (counts["pool"], counts["total"], counts["done"], counts["failed"], counts["queued"]) == ("rack", 20, 10, 10, 0)
+    assert ((counts["pool"], counts["total"], counts["done"], counts["failed"], counts["queued"])
+            == ("rack", 20, 10, 10, 0))
     mine = json.loads(bench("status", "--db", db, "--json", check=True).stdout)
     assert mine["queued"] == 20  # this machine's own queue is another queue
     everything = json.loads(bench("status", "--db", db, "--all-machines", "--json", check=True).stdout)

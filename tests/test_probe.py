@@ -96,7 +96,8 @@ def test_static_facts_read_topology_caches_and_cpufreq_from_the_tree(tmp_path):
 
 
 def test_the_cli_prints_one_json_document(state_dir, facts):
-    done = subprocess.run([sys.executable, "-m", "worker.machine.probe", "--json", "--quick", "--state-dir", str(state_dir)],
+    done = subprocess.run([sys.executable, "-m", "worker.machine.probe", "--json", "--quick",
+                           "--state-dir", str(state_dir)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["fingerprint"] == facts["fingerprint"]
@@ -121,7 +122,8 @@ def test_the_probe_measures_the_machine_noise_and_the_store_keeps_it(facts, tmp_
     import sqlite3
 
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT noise_cv FROM machines WHERE machine_id = ?", (machine_id,)).fetchone() == (facts["noise_cv"],)
+        assert (conn.execute("SELECT noise_cv FROM machines WHERE machine_id = ?", (machine_id,)).fetchone()
+                == (facts["noise_cv"],))
 
 
 def test_a_cache_from_before_the_noise_figure_is_measured_again(tmp_path):
@@ -138,7 +140,8 @@ def test_a_cache_from_before_the_noise_figure_is_measured_again(tmp_path):
 def test_limits_measured_under_load_are_provisional_and_measured_again_later(tmp_path):
     """Two processes spinning on every CPU of the probe take far more than 5% of its window: the
     figures are used but flagged with why, and a probe RETRY_S later measures them again."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * len(os.sched_getaffinity(0)))]
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(2 * len(os.sched_getaffinity(0)))]
     try:
         loaded = probe.probe(tmp_path, quick=True)
     finally:

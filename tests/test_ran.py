@@ -1,5 +1,5 @@
-"""ran.as_ran, built column by column (issue 31), against the one-run rules it must agree with:
-disturbed() row by row, a cell per configuration asked and read back alike, a cell of its own for a
+"""ran.as_ran, built column by column (for a million runs), against the one-run rules it must agree
+with: disturbed() row by row, a cell per configuration asked and read back alike, a cell of its own for a
 run whose read-back cannot be hashed or for every run with share=False."""
 
 import json

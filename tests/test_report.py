@@ -23,7 +23,8 @@ def sweep_db(store: Store, name: str = "alpha", *, seed: int = 0, speed: float =
     """An OFAT sweep over d_model and precision, with a skipped allocator and one failed run."""
     m = store.register_machine(machine_facts(name, f"CPU {name}"))
     enqueue(store, configs({"d_model": 128, "precision": "fp32"},
-                           {"d_model": [64, 128, 256], "precision": ["fp32", "bf16"], "allocator": ["default", "tcmalloc"]},
+                           {"d_model": [64, 128, 256], "precision": ["fp32", "bf16"],
+                            "allocator": ["default", "tcmalloc"]},
                            repeats=3))
     rng = random.Random(seed)
 
@@ -80,7 +81,8 @@ def test_summary_explains_itself_and_names_every_varied_variable(report):
     assert "step time ~ d_model^" in md
     assert "95% CI" in md and "family-wise" in md and "Bonferroni" in md and "One model per machine" in md
     method = md.split("## How the numbers were computed")[1]
-    for words in ("in that variable alone", "derived", "block", "shared by all configurations", "*No detectable effect*", "Ranking"):
+    for words in ("in that variable alone", "derived", "block", "shared by all configurations",
+                  "*No detectable effect*", "Ranking"):
         assert words in method
 
 

@@ -1,6 +1,6 @@
-"""The report's per-run work done column-wise (issue 31): each fast path gives what the plain per-run
-code gives, on rows made to hit its edges (values that are powers of ten, NULLs, runs that did not
-finish, disturbed runs, the seed documents' reference configurations among others)."""
+"""The report's per-run work done column-wise (for a million runs): each fast path gives what the
+plain per-run code gives, on rows made to hit its edges (values that are powers of ten, NULLs, runs
+that did not finish, disturbed runs, the seed documents' reference configurations among others)."""
 
 from __future__ import annotations
 

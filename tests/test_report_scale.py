@@ -272,7 +272,8 @@ def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_ro
                                                             for r in viewed]
         configurations = {tuple((k, repr(v)) for k, v in dict.items(c.conf)) for c in rows}
         assert len({id(c.conf) for c in rows}) == len(configurations) < len({c["job_id"] for c in rows})
-        assert sum(map(sys.getsizeof, rows)) < 0.6 * sum(map(sys.getsizeof, viewed))  # 38 of 80 keys: 832 of 1,584 bytes
+        # 38 of 80 keys: 832 of 1,584 bytes
+        assert sum(map(sys.getsizeof, rows)) < 0.6 * sum(map(sys.getsizeof, viewed))
         assert columns == list(plain[0]) and len(rows) == len(plain) > 500
         assert machine_id is None or {r["machine_id"] for r in rows} == {machine_id}
         for c, p in zip(rows, plain):
@@ -399,7 +400,8 @@ def test_a_watched_report_redoes_only_the_machine_whose_runs_changed_and_says_wh
         assert memo["effects"][2].analysis is not first[2] and memo["predictions"][2][1] is not predicted[2]
         fresh = write_report(store, tmp_path / f"{round_}-fresh", plots=True)
         assert _said(watched.analysis) == _said(fresh.analysis)
-        assert (tmp_path / round_ / "summary.md").read_text() == (tmp_path / f"{round_}-fresh" / "summary.md").read_text()
+        assert ((tmp_path / round_ / "summary.md").read_text()
+                == (tmp_path / f"{round_}-fresh" / "summary.md").read_text())
 
 
 def test_the_reports_rows_leave_out_what_only_results_csv_and_the_facts_show_and_no_reader_asks_for_it(tmp_path,

@@ -10,7 +10,8 @@ from pathlib import Path
 from common import scratch
 
 ROOT = Path(__file__).resolve().parents[1]
-HOLD = "import sys, time; from common import scratch; print(scratch.make('cpubench-test-', sys.argv[1]), flush=True); time.sleep(600)"
+HOLD = ("import sys, time; from common import scratch; "
+        "print(scratch.make('cpubench-test-', sys.argv[1]), flush=True); time.sleep(600)")
 
 
 def holder(base: Path) -> tuple[subprocess.Popen, Path]:

@@ -24,11 +24,14 @@ def with_password(url: str) -> str:
 
 
 def test_scrub_hides_url_and_dsn_passwords():
-    assert scrub(f"cannot use {UNREACHABLE}: refused") == "cannot use postgresql+psycopg://user:***@127.0.0.1:1/db: refused"
+    assert (scrub(f"cannot use {UNREACHABLE}: refused")
+            == "cannot use postgresql+psycopg://user:***@127.0.0.1:1/db: refused")
     assert SECRET not in scrub(f"dsn 'host=h user=u password={SECRET} dbname=d'")
     assert SECRET not in scrub(f"password='{SECRET} with blank'")
-    assert scrub("no url here: /tmp/results.db, sqlite:////tmp/x.db") == "no url here: /tmp/results.db, sqlite:////tmp/x.db"
-    assert scrub("postgresql://bench@127.0.0.1:5432/db") == "postgresql://bench@127.0.0.1:5432/db"  # no password: unchanged
+    plain = "no url here: /tmp/results.db, sqlite:////tmp/x.db"
+    assert scrub(plain) == plain
+    no_password = "postgresql://bench@127.0.0.1:5432/db"
+    assert scrub(no_password) == no_password
 
 
 COMMANDS = [

@@ -100,7 +100,8 @@ def test_other_cpu_time_is_the_job_cpus_busy_time_less_the_childs(tmp_path):
     time.sleep(0.05)
     # The child ran 2 s and the CPU was busy 2.5 s: someone else took 0.5 s; cpu1 is not the job's.
     put(root, "/proc/stat", f"cpu0 {100 + 2 * tick} 0 {100 + tick // 2} 0 0 0 0 0\ncpu1 9000 0 0 0 0 0 0 0\n")
-    put(root, "/proc/77/stat", f"77 (child) R 1 77 77 0 -1 0 0 0 0 0 {10 + tick + tick // 2} {10 + tick // 2} 0 0 20 0 1 0")
+    put(root, "/proc/77/stat",
+        f"77 (child) R 1 77 77 0 -1 0 0 0 0 0 {10 + tick + tick // 2} {10 + tick // 2} 0 0 20 0 1 0")
     out = sampler.stop()
     assert out["other_cpu_s"] == 0.5
     assert "minus the child's" in out["sources"]["other_cpu_s"]

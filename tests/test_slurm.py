@@ -89,8 +89,8 @@ def test_two_array_tasks_drain_a_pool_once(local_slurm, pg_db, tmp_path, isolate
     assert len({r.worker_pid for r in rows}) == 2, rows
     markers = list((Path(os.environ["BENCH_OUTPUT_DIR"]) / "markers").glob("run-*"))
     assert len(markers) == JOBS and len({m.name.split("-")[1] for m in markers}) == JOBS  # each child ran once
-    affinities = {tuple(json.loads(r.applied)["affinity"]) if isinstance(r.applied, str) else tuple(r.applied["affinity"])
-                  for r in rows if r.applied}
+    affinities = {tuple(json.loads(r.applied)["affinity"]) if isinstance(r.applied, str)
+                  else tuple(r.applied["affinity"]) for r in rows if r.applied}
     assert len(affinities) == 2, affinities
 
 

@@ -113,8 +113,9 @@ def test_a_sweep_of_nodes_1_and_2_runs_in_one_allocation_and_two_nodes_train_lik
     env = {"BENCH_COLLECTIVE_TIMEOUT_S": "30"}
     enqueue(cluster_db, env, "nodes=1,2")
     job_id, out = submit_together(cluster, cluster_db, tmp_path / "logs", env)
-    found = rows(cluster_db, "SELECT j.nodes, r.status, r.reason, r.applied, r.loss_first, r.loss_last, r.step_ms_median, "
-                             "r.allreduce_ms, r.allreduce_share, r.world_size, r.global_batch, r.worker_host "
+    found = rows(cluster_db, "SELECT j.nodes, r.status, r.reason, r.applied, r.loss_first, r.loss_last, "
+                             "r.step_ms_median, r.allreduce_ms, r.allreduce_share, r.world_size, r.global_batch, "
+                             "r.worker_host "
                              "FROM runs r JOIN jobs j USING (job_id) ORDER BY j.nodes")
     assert [(r.nodes, r.status) for r in found] == [(1, "done"), (2, "done")], (found, out)
     two = found[1]
@@ -254,7 +255,7 @@ def test_a_postgres_restart_under_two_nodes_workers_loses_no_job_and_runs_none_t
     def done() -> int:
         try:
             return rows(cluster_db, "SELECT COUNT(*) FROM runs WHERE status = 'done'")[0][0]
-        except Exception:  # noqa: BLE001 - the server is down
+        except Exception:  # the server is down
             return -1
 
     deadline = time.monotonic() + 60
@@ -285,8 +286,9 @@ def test_a_postgres_restart_under_two_nodes_workers_loses_no_job_and_runs_none_t
 
 
 def root_qdiscs(cluster) -> dict[str, str]:
-    return {node.name: subprocess.run(["nsenter", f"--net=/run/netns/{node.name}", "tc", "qdisc", "show", "dev", "eth0"],
-                                      capture_output=True, text=True).stdout.strip() for node in cluster.nodes}
+    return {node.name: subprocess.run(["nsenter", f"--net=/run/netns/{node.name}", "tc", "qdisc", "show",
+                                       "dev", "eth0"], capture_output=True, text=True).stdout.strip()
+            for node in cluster.nodes}
 
 
 def test_interconnect_shapes_the_links_between_the_nodes_for_the_run_reads_the_rate_back_and_restores_them(

@@ -30,7 +30,8 @@ def test_each_trainer_gets_its_own_environment():
 def test_settings_only_torch_can_honour_are_unavailable_elsewhere_saying_so(framework):
     why = knobs.unavailable(config(framework=framework, pin_threads=True, isa="avx2"), FACTS, [0, 1])
     assert f"pin_threads=on: framework={framework} cannot bind its threads" in why
-    assert f"isa=avx2: the ISA caps reach torch's ATen, oneDNN and MKL only; framework={framework} has no such cap" in why
+    assert (f"isa=avx2: the ISA caps reach torch's ATen, oneDNN and MKL only; framework={framework} "
+            "has no such cap") in why
     assert knobs.unavailable(config(framework=framework), FACTS, [0, 1]) is None
 
 
@@ -132,4 +133,5 @@ def test_a_run_whose_optimizer_got_another_learning_rate_or_schedule_is_not_in_f
     assert verify.not_in_force(numpy_config, spec, {**honest, "lr_schedule": "constant"}) == [
         "lr_schedule='constant' (asked 'cosine')"]
     finetune = config(framework="numpy", cores=2, intra_threads=1, task="finetune", optimizer="sgd")
-    assert verify.not_in_force(finetune, spec, {**honest, "lr": 0.005, "lr_schedule": "constant"}) == []  # a tenth of sgd's 0.05
+    # lr: a tenth of sgd's 0.05
+    assert verify.not_in_force(finetune, spec, {**honest, "lr": 0.005, "lr_schedule": "constant"}) == []

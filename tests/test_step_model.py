@@ -38,7 +38,8 @@ def fitted(data, **kw):
 
 def contrasts(n_configs):
     out = [{c: 1.0, 0: -1.0} for c in range(1, n_configs)]
-    out.append({c: 1.0 / (n_configs // 2) for c in range(n_configs // 2)} | {c: -1.0 / (n_configs - n_configs // 2) for c in range(n_configs // 2, n_configs)})
+    half = n_configs // 2
+    out.append({c: 1.0 / half for c in range(half)} | {c: -1.0 / (n_configs - half) for c in range(half, n_configs)})
     return out
 
 
@@ -121,7 +122,10 @@ def test_one_noise_source_contrast_is_the_per_cell_formula(monkeypatch):
     f = fitted(data)
     X, wts, source, s_dof, excess = f._design
     assert len(s_dof) == 1 and f._extra() is None  # the shortcut applies
-    z_of = lambda a: np.linalg.solve((X.T @ sparse_diag(wts) @ X).toarray(), a)
+
+    def z_of(a):
+        return np.linalg.solve((X.T @ sparse_diag(wts) @ X).toarray(), a)
+
     for w in contrasts(data[5])[:5]:
         a = np.zeros(X.shape[1])
         for c, v in w.items():

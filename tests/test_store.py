@@ -95,7 +95,8 @@ def test_a_worker_dead_before_its_child_started_costs_no_strike_until_the_backst
     counts = store.counts(machine)
     assert counts["failed"] == 1 and counts["running"] == 0
     assert _reason(store) == (f"gave up after {cap} claims, {cap} of them taken back from a dead worker without a "
-                              f"strike; last: worker pid {100 + cap} on here died (not counted: before its child started)")
+                              f"strike; last: worker pid {100 + cap} on here died "
+                              "(not counted: before its child started)")
 
 
 def test_a_worker_dead_while_its_child_ran_past_its_prediction_strikes_and_three_strikes_fail(store, tmp_path):

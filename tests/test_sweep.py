@@ -40,7 +40,10 @@ def test_every_repeat_zero_comes_before_any_repeat_one(tmp_path):
 
 def test_run_order_is_a_seeded_shuffle(tmp_path):
     text = "[sweep]\nseed = {}\n[axes]\nd_model = [32, 40, 48, 56, 64, 72, 80, 88]\n"
-    order = lambda seed: [j["config"]["d_model"] for j in load(write(tmp_path, text.format(seed)), machine=MACHINE).jobs]
+
+    def order(seed):
+        return [j["config"]["d_model"] for j in load(write(tmp_path, text.format(seed)), machine=MACHINE).jobs]
+
     assert order(0) == order(0)
     assert order(0) != order(1)
     assert order(0) != sorted(order(0)) or order(1) != sorted(order(1))
@@ -178,8 +181,8 @@ def test_a_hundred_thousand_jobs_are_planned_in_bounded_memory(db):
     axes = EIGHT_AXES[:4] + ["--repeats", "10"]
     proc = subprocess.run([sys.executable, "-c", (
         "import resource, subprocess, sys; "
-        f"r = subprocess.run([sys.executable, 'bench.py', 'enqueue', '--dry-run', '--db', {db!r}, *{axes!r}], check=True, "
-        "capture_output=True, text=True); print(r.stdout, file=sys.stderr); "
+        f"r = subprocess.run([sys.executable, 'bench.py', 'enqueue', '--dry-run', '--db', {db!r}, *{axes!r}], "
+        "check=True, capture_output=True, text=True); print(r.stdout, file=sys.stderr); "
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")],
         cwd=ROOT, capture_output=True, text=True, check=True)
     assert "would add 100000 new jobs" in proc.stderr
@@ -217,7 +220,8 @@ precision = { values = ["fp32", "bf16"], base = { d_model = 32 } }
             and j["config"]["activation"] == "gelu" and j["config"]["precision"] == "fp32"}
     assert len(base) == 3 and len({j["config_hash"] for j in jobs}) == len(jobs)
     # an axis table changes its own block's baseline only
-    precision = sorted((j["config"]["precision"], j["config"]["d_model"]) for j in passes[0] if j["block"] == "precision")
+    precision = sorted((j["config"]["precision"], j["config"]["d_model"])
+                       for j in passes[0] if j["block"] == "precision")
     assert precision == [("bf16", 32), ("fp32", 32)]
     # planning twice gives the same jobs and order: re-enqueue is idempotent
     assert [j["config_hash"] for j in load(path, machine=MACHINE).jobs] == [j["config_hash"] for j in jobs]
@@ -245,7 +249,8 @@ n_layers = [1, 4]
         stretches = [stretch_of(b) for b in blocks]
         assert [b for i, b in enumerate(stretches) if i == 0 or stretches[i - 1] != b] in (["cores", "n_layers"],
                                                                                           ["n_layers", "cores"])
-        assert [j["block"] for j in in_pass if stretch_of(j["block"]) == "cores"] != ["cores"] * 2 + ["cores#2"] * 2 + ["cores#3"] * 2
+        assert ([j["block"] for j in in_pass if stretch_of(j["block"]) == "cores"]
+                != ["cores"] * 2 + ["cores#2"] * 2 + ["cores#3"] * 2)
     assert len({j["config_hash"] for j in jobs}) == len(jobs)  # every copy its own job: resumable
     with pytest.raises(BadInput, match="blocks_per_pass=0: expected a whole number"):
         load(write(tmp_path, "[sweep]\nmode = \"ofat\"\n[axes]\ncores = { values = [1, 2], blocks_per_pass = 0 }\n"),
@@ -266,5 +271,6 @@ def test_an_axis_base_needs_ofat_and_may_not_set_its_own_variable(tmp_path):
     with pytest.raises(BadInput, match="needs sweep.mode"):
         load(write(tmp_path, "[axes]\nprecision = { values = [\"fp32\"], base = { d_model = 32 } }\n"), machine=MACHINE)
     with pytest.raises(BadInput, match="may not set precision itself"):
-        load(write(tmp_path, "[sweep]\nmode = \"ofat\"\n[axes]\nprecision = { values = [\"fp32\"], base = { precision = \"bf16\" } }\n"),
+        load(write(tmp_path, "[sweep]\nmode = \"ofat\"\n[axes]\n"
+                             "precision = { values = [\"fp32\"], base = { precision = \"bf16\" } }\n"),
              machine=MACHINE)

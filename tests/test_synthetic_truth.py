@@ -83,7 +83,8 @@ def test_the_quick_report_finds_every_true_effect_within_10_percent_inside_its_i
 
     md = report.summary_path.read_text()
     assert "| `optimizer` | adamw, sgd | no detectable effect: sgd vs adamw" in md
-    assert re.search(r"pass 1: \+1[123]%, pass 2: -[789]% vs pass 0", md)  # the drift it removed (+12.7%, -7.7%), stated
+    # the drift it removed (+12.7%, -7.7%), stated
+    assert re.search(r"pass 1: \+1[123]%, pass 2: -[789]% vs pass 0", md)
     assert "`omp_threads`, `intra_threads`, `inter_threads` moved with it, at the values derived from it" in md
     assert len(report.plot_paths) == len({r["variable"] for r in rows})
     ranks = [ve.variable for ve in report.analysis.ranked()]

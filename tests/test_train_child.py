@@ -353,7 +353,8 @@ def test_an_inductor_compile_error_is_reported_by_the_compilers_own_error_lines(
               "fatal error: file '/v/torch/include/ATen/cpu/vec/vec.h' has been modified since the precompiled "
               "header '/tmp/x.h.pch' was built: mtime changed\n1 error generated.\n")
     why = train.compile_error(CppCompileError(["clang++", "k.cpp", flags], output))
-    assert why.startswith("C++ compile error: fatal error: file '/v/torch/include/ATen/cpu/vec/vec.h' has been modified")
+    assert why.startswith("C++ compile error: fatal error: file '/v/torch/include/ATen/cpu/vec/vec.h' "
+                          "has been modified")
     assert "FLAG_" not in why and "1 error generated." in why
     assert train.compile_error(RuntimeError("no compiler output at all")) == "no compiler output at all"
 

@@ -7,8 +7,9 @@ from common.errors import BadInput
 
 
 def test_every_variable_of_the_design_is_in_the_catalogue():
-    design = """cores ranks nodes interconnect freq_mhz governor turbo pin_threads numa allocator omp_threads intra_threads
-    inter_threads isa onednn framework compile fusion compile_cache cc_flags compiler blas attn_backend n_layers d_model
+    design = """cores ranks nodes interconnect freq_mhz governor turbo pin_threads numa allocator omp_threads
+    intra_threads inter_threads isa onednn framework compile fusion compile_cache cc_flags compiler blas attn_backend
+    n_layers d_model
     n_heads head_dim kv_heads mlp_ratio dropout activation attention window vocab_size seq_len
     batch_size grad_accum precision optimizer lr lr_schedule task lora_rank steps warmup_steps max_tokens target_loss
     eval_every seed dataset repeat""".split()
@@ -117,7 +118,8 @@ def test_the_quick_presets_framework_axis_gives_one_job_per_framework():
     plan = sweep.load(preset="quick", machine=sweep.Machine(cpu_count=2))
     by_framework: dict[str, int] = {}
     for job in plan.jobs:
-        if job["config"]["repeat"] == 0 and job["block"] != sweep.JOINT:  # the cost model's joint block runs JAX at 10x too
+        # the cost model's joint block runs JAX at 10x too
+        if job["config"]["repeat"] == 0 and job["block"] != sweep.JOINT:
             by_framework[job["config"]["framework"]] = by_framework.get(job["config"]["framework"], 0) + 1
     assert by_framework["jax"] == by_framework["numpy"] == 1
     assert not [reason for reason in plan.rejected if "framework=" in reason]
@@ -129,7 +131,8 @@ def test_blas_left_unset_is_the_library_the_framework_runs_and_keeps_old_hashes(
     assert not why and config["blas"] == runs and config["compiler"] == "gcc"
     assert V.derived_words({"framework": framework})["blas"] == "auto"
     # torch's auto moved from mkl (what older jobs ran, and still hash as) to mkl_intel_path: a job of its own
-    assert ('"blas"' in V.canonical_json(config)) == (framework == "torch") and '"compiler"' not in V.canonical_json(config)
+    assert ('"blas"' in V.canonical_json(config)) == (framework == "torch")
+    assert '"compiler"' not in V.canonical_json(config)
 
 
 def test_blas_is_a_choice_of_the_numpy_trainer_only_and_joins_its_identity():
@@ -166,13 +169,15 @@ def test_q8_enqueues_as_int8_while_an_old_databases_q8_job_keeps_its_own_identit
     int8, _ = V.resolve({"precision": "int8"}, 2)
     assert not why and q8 == int8 and V.config_hash(q8) == V.config_hash(int8)  # one real int8 job
     old = dict(int8, precision="q8")  # what an older release stored: a simulated q8 run
-    assert V.config_hash(old) != V.config_hash(int8) and V.complete(json.loads(V.canonical_json(old)))["precision"] == "q8"
+    assert V.config_hash(old) != V.config_hash(int8)
+    assert V.complete(json.loads(V.canonical_json(old)))["precision"] == "q8"
 
 
 @pytest.mark.parametrize("partial, reason", [
     ({"cores": 2, "ranks": 3}, "ranks greater than cores"),
     ({"cores": 3, "ranks": 2}, "cores not divisible by ranks"),
-    ({"cores": 2, "ranks": 2, "framework": "numpy"}, "ranks>1 needs framework=torch (the NumPy trainer has no collective"),
+    ({"cores": 2, "ranks": 2, "framework": "numpy"},
+     "ranks>1 needs framework=torch (the NumPy trainer has no collective"),
     ({"cores": 2, "ranks": 2, "framework": "jax"}, "ranks>1 needs framework=torch (JAX's CPU data parallelism"),
     ({"cores": 2, "nodes": 2, "framework": "numpy"}, "nodes>1 needs framework=torch"),
     ({"cores": 2, "interconnect": "1gbit"}, "interconnect needs nodes>1"),

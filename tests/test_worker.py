@@ -94,7 +94,8 @@ def test_two_workers_on_disjoint_cpus_never_claim_the_same_job(db, tmp_path):
 
 
 def test_a_second_worker_on_the_same_cpus_is_refused(db):
-    bench("enqueue", "--db", db, "--axis", "d_model=32,40", "--set", "steps=100", "--set", "dataset=builtin", check=True)
+    bench("enqueue", "--db", db, "--axis", "d_model=32,40", "--set", "steps=100", "--set", "dataset=builtin",
+          check=True)
     first = start_worker(db)
     try:
         assert wait_until(lambda: rows(db, "SELECT COUNT(*) FROM runs WHERE status = 'running'")[0][0] == 1)
@@ -158,7 +159,8 @@ def test_status_json_counts_this_machines_runs(db):
     before = json.loads(bench("status", "--db", db, "--json", check=True).stdout)
     totals = {"total": 3, "queued": 3, "running": 0, "done": 0, "failed": 0, "skipped": 0}
     assert {k: before[k] for k in totals} == totals
-    assert before["sweeps"] == {"d_model": totals}  # each sweep's own counts (a command-line sweep is named by its axes)
+    # each sweep's own counts (a command-line sweep is named by its axes)
+    assert before["sweeps"] == {"d_model": totals}
     bench("work", "--db", db, "--max-jobs", "2", env=STUB, check=True)
     after = json.loads(bench("status", "--db", db, "--json", check=True).stdout)
     assert after["done"] == 2 and after["queued"] == 1

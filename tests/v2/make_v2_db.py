@@ -22,7 +22,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 V1_MAKER = HERE.parent / "v1" / "make_v1_db.py"
-PG_STATEMENTS = "from orchestrator.queue.migrations import schema_statements; print(';\\n'.join(schema_statements('postgresql')) + ';')"
+PG_STATEMENTS = ("from orchestrator.queue.migrations import schema_statements; "
+                 "print(';\\n'.join(schema_statements('postgresql')) + ';')")
 
 
 def main() -> None:
