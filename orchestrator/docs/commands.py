@@ -4,7 +4,7 @@ default, environment variable, range).
 
 A command or option added to bench.py is in the reference after `python bench.py docs`; `bench.py
 docs --check` and tests/test_docs.py fail while the page differs. Pure text over the click command
-bench.py hands in (duck-typed: this module imports neither typer nor click, DESIGN.md).
+bench.py hands in (duck-typed: this module imports neither typer nor click, docs/layout.md).
 """
 
 from __future__ import annotations

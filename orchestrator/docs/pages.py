@@ -15,7 +15,8 @@ from common.paths import REPO
 from common import variables as V
 
 ROOT = REPO
-GENERATED = "<!-- generated from the catalogue (common/variables.py) by `python bench.py docs`: edit the catalogue, then run it -->"
+GENERATED = ("<!-- generated from the catalogue (common/variables.py) by `python bench.py docs`: "
+             "edit the catalogue, then run it -->")
 PLACES = {  # where a variable takes effect, in words
     V.KNOB: "knob: system state the worker sets before the child starts (sysfs, affinity, numactl)",
     V.ENV: "env: the child's environment (threads, allocator, ISA caps)",
@@ -66,7 +67,8 @@ def variables_page() -> str:
         lines.append(f"| `{var.name}` | {var.applied} | {_cell(_word(var.default))} | {_cell(values_words(var))} | "
                      f"{_cell(var.doc)} |")
     lines += ["", "## What follows what", "",
-              f"A variable left on `{V.AUTO}` is derived from others when the job is made (`jobs.derived` records which),",
+              f"A variable left on `{V.AUTO}` is derived from others when the job is made "
+              "(`jobs.derived` records which),",
               "and the report compares a variable's values with its followers at their derived values:", ""]
     for d in V.DERIVATIONS:
         if d.name in V.TORCH_ONLY:
@@ -77,7 +79,8 @@ def variables_page() -> str:
               "A value that means nothing for the job's `framework` is a constraint violation at enqueue (counted",
               "with its reason), never a duplicate job nor a silent skip. What each framework can run, where it",
               "differs from the catalogue:", "",
-              "| framework | " + " | ".join(sorted({n for r in V.FRAMEWORK_VALUES.values() for n in r}, key=V.NAMES.index))
+              "| framework | "
+              + " | ".join(sorted({n for r in V.FRAMEWORK_VALUES.values() for n in r}, key=V.NAMES.index))
               + " |"]
     names = sorted({n for r in V.FRAMEWORK_VALUES.values() for n in r}, key=V.NAMES.index)
     lines.append("|---|" + "---|" * len(names))

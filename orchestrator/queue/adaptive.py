@@ -34,7 +34,8 @@ SELECT_ROWS = "SELECT * FROM v_results WHERE machine_id = :machine_id ORDER BY r
 SELECT_NOISE = "SELECT noise_cv, facts FROM machines WHERE machine_id = :machine_id"
 SELECT_MAX_REPEAT = "SELECT MAX(repeat) FROM jobs"
 SELECT_JOB = "SELECT config, derived, block FROM jobs WHERE job_id = :job_id"
-INSERT_DECISION = ("INSERT INTO adaptive_decisions (machine_id, decision, repeat, jobs, target_ci, max_repeats, wide, created) "
+INSERT_DECISION = ("INSERT INTO adaptive_decisions "
+                   "(machine_id, decision, repeat, jobs, target_ci, max_repeats, wide, created) "
                    "VALUES (:machine_id, :decision, :repeat, :jobs, :target_ci, :max_repeats, :wide, {now})")
 SWEEP_NAME = "adaptive"
 
@@ -57,7 +58,8 @@ class Decision:
         more = f" and {len(self.wide) - 6} more" if len(self.wide) > 6 else ""
         if self.decision == "added pass":
             return (f"target +-{target_ci * 100:g}%: added pass {self.repeat} ({self.jobs} jobs) for "
-                    f"{len(self.wide)} comparison(s) still wider: {still}{more}" + (f"; {self.advice}" if self.advice else ""))
+                    f"{len(self.wide)} comparison(s) still wider: {still}{more}"
+                    + (f"; {self.advice}" if self.advice else ""))
         if self.decision == "targets met":
             return f"target +-{target_ci * 100:g}%: every comparison met it"
         return f"target +-{target_ci * 100:g}%: maximum reached; still wider: {still}{more}"
@@ -89,7 +91,8 @@ def next_pass(store: Store, machine_id: int, *, target_ci: float, max_repeats: i
     elif not open_ or repeat >= max_repeats:
         decision = Decision("maximum reached", None, 0, listed)
     else:
-        job_ids = sorted({j for e in open_ for j in (e.job_ids.tolist() if hasattr(e.job_ids, "tolist") else e.job_ids)})
+        job_ids = sorted({j for e in open_
+                          for j in (e.job_ids.tolist() if hasattr(e.job_ids, "tolist") else e.job_ids)})
         jobs = repeat_jobs(store, job_ids, repeat)
         result = store.enqueue(name=SWEEP_NAME, source=f"work --target-ci (machine {machine_id})",
                                sweep_text=f"adaptive pass {repeat}: target +-{target_ci:g}, at most {max_repeats} "

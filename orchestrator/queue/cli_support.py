@@ -2,7 +2,7 @@
 only reads (or a dry run) creates no file.
 
 bench.py calls these before it opens (and so perhaps creates) a database. Pure checks and counts:
-no printing, no typer, no rich (DESIGN.md: only bench.py does those).
+no printing, no typer, no rich (docs/layout.md: only bench.py does those).
 """
 
 from __future__ import annotations

@@ -261,5 +261,6 @@ def remaining_s(learned: tuple[float, float, dict], queued: list[tuple]) -> floa
             continue
         config = _config(r)
         seconds = predicted_work(model, config)
-        total += overhead_s + s_per_work * work(config) if seconds is None else model_overhead_s + s_per_second * seconds
+        total += (overhead_s + s_per_work * work(config) if seconds is None
+                  else model_overhead_s + s_per_second * seconds)
     return float(total)

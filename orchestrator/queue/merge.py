@@ -48,7 +48,8 @@ SELECT column_name FROM information_schema.columns
 WHERE table_schema = current_schema() AND table_name = :table AND data_type = 'boolean'
 """
 SELECT_MAX_JOB = "SELECT COALESCE(MAX(job_id), 0) FROM jobs"
-INSERT_OWN_POOL = "INSERT INTO pools (machine_id, created) VALUES (:machine_id, :created) ON CONFLICT (machine_id) DO NOTHING"
+INSERT_OWN_POOL = ("INSERT INTO pools (machine_id, created) VALUES (:machine_id, :created) "
+                   "ON CONFLICT (machine_id) DO NOTHING")
 INSERT_NAMED_POOL = "INSERT INTO pools (name, created) VALUES (:name, :created) ON CONFLICT (name) DO NOTHING"
 INSERT_SWEEP_JOB = """
 INSERT INTO sweep_jobs (sweep_id, job_id) VALUES (:sweep_id, :job_id) ON CONFLICT (sweep_id, job_id) DO NOTHING
@@ -203,7 +204,8 @@ def _insert(conn: Connection, table: str, columns: list[str], rows: list[dict]) 
         flags = {r[0] for r in conn.execute(text(SELECT_BOOLEANS), {"table": table})}
     conn.execute(text(f"INSERT INTO {table} ({', '.join(map(_quoted, columns))}) "
                       f"VALUES ({', '.join(':' + c for c in columns)})"),
-                 [{c: (bool(r.get(c)) if c in flags and r.get(c) is not None else r.get(c)) for c in columns} for r in rows])
+                 [{c: (bool(r.get(c)) if c in flags and r.get(c) is not None else r.get(c)) for c in columns}
+                  for r in rows])
 
 
 def _merge_keyed(conn: Connection, table: str, rows: list[dict], *, key: tuple[str, ...], id_column: str,

@@ -368,7 +368,8 @@ def _stage_job_completion(conn: Connection, dialect: str, fills: dict) -> str | 
         later = {n: unset_value(BY_NAME[n], config) for n in NAMES if n not in partial and BY_NAME[n].since > 1}
         config, _ = resolve(partial | later, int(old.get("cores") or 1))
         staged.append({"job_id": job_id, "config": json.dumps(config, sort_keys=True),
-                       "config_hash": config_hash(config, job_block), **{f"v{i}": column_value(n, config[n]) for i, n in enumerate(missing)}})
+                       "config_hash": config_hash(config, job_block),
+                       **{f"v{i}": column_value(n, config[n]) for i, n in enumerate(missing)}})
     columns = ["config", "config_hash", *missing]
     conn.exec_driver_sql(f"CREATE TEMPORARY TABLE jobs_completed (job_id BIGINT PRIMARY KEY, config TEXT, "
                          f"config_hash TEXT, {', '.join(f'{_quote(n)} {_sql_type(n)}' for n in missing)})")

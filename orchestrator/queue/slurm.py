@@ -38,8 +38,8 @@ def batch_script(*, nodes: int, pool: str | None, partition: str | None, time_li
     if together:
         # --no-kill: a node lost mid-run ends the step on it, not the allocation, so the worker on the first
         # node records the run as failed (naming the node) and goes on with the queue
-        lines = ["#!/bin/bash", "#SBATCH --job-name=cpubench", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
-                 "#SBATCH --no-kill", f"#SBATCH --output={log_dir}/cpubench-%j.out"]
+        lines = ["#!/bin/bash", "#SBATCH --job-name=cpubench", f"#SBATCH --nodes={nodes}",
+                 "#SBATCH --ntasks-per-node=1", "#SBATCH --no-kill", f"#SBATCH --output={log_dir}/cpubench-%j.out"]
     else:
         lines = ["#!/bin/bash", "#SBATCH --job-name=cpubench", f"#SBATCH --array=0-{nodes - 1}",
                  "#SBATCH --nodes=1", "#SBATCH --ntasks=1",

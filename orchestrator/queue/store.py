@@ -153,7 +153,8 @@ RETURNING job_id
 """
 # The run row: new, or a row taken back as 'queued' (its attempt and strike counts go on).
 UPSERT_RUN = """
-INSERT INTO runs (job_id, machine_id, pool_id, status, attempts, worker_pid, worker_host, worker_started, claimed, heartbeat)
+INSERT INTO runs (job_id, machine_id, pool_id, status, attempts, worker_pid, worker_host, worker_started,
+                  claimed, heartbeat)
 VALUES (:job_id, :machine_id, :pool_id, 'running', 1, :pid, :host, :started, {now}, {now})
 ON CONFLICT (job_id, pool_id) DO UPDATE SET status = 'running', attempts = runs.attempts + 1,
     machine_id = excluded.machine_id, worker_pid = excluded.worker_pid, worker_host = excluded.worker_host,
@@ -712,10 +713,12 @@ class Store:
         if problems:
             raise BenchError(f"run {run_id}: not recorded: {problems}")
         fields = {k: _sql_value(v) for k, v in (fields or {}).items()}
-        assignments = ", ".join([f"{k} = :{k}" for k in fields] + ["strikes = strikes + 1"] * strike) or "run_id = run_id"
+        assignments = (", ".join([f"{k} = :{k}" for k in fields] + ["strikes = strikes + 1"] * strike)
+                       or "run_id = run_id")
         with self.transaction(write=True) as conn:
             changed = conn.execute(self.sql(FINISH_RUN, assignments=assignments),
-                                   {"run_id": run_id, "pid": pid, "status": status, "reason": reason, **fields}).rowcount
+                                   {"run_id": run_id, "pid": pid, "status": status, "reason": reason,
+                                    **fields}).rowcount
             if changed == 1 and curve:
                 self._add_curve(conn, run_id, curve)
         if changed != 1 and self._finished_by(run_id, pid, status):
@@ -787,7 +790,8 @@ class Store:
             running = conn.execute(self.sql(SELECT_RUNNING, server_start=SERVER_START[self.dialect]),
                                    {"pool_id": pool_id}).all()
         gone = []
-        for run_id, job_id, pid, run_host, started, beat, attempts, strikes, child_started, now, server_start in running:
+        for (run_id, job_id, pid, run_host, started, beat, attempts, strikes, child_started, now,
+             server_start) in running:
             if run_host == host and pid is not None:
                 if not is_alive(pid):
                     why = f"worker pid {pid} on {host} died"

@@ -5,11 +5,12 @@ A sweep has a [sweep] table (name, mode grid|ofat|random|list, repeats, seed, sa
 values); mode = "list" takes its combinations from [[configs]] entries (each a partial config over
 [base], times the grid of any axes): configurations that differ in many variables at once, such as
 the seed documents' reference runs. A [predict] table (`[predict.NAME]` partial configs) runs nothing:
-the report predicts those configurations' times (predict_configs()). In mode = "ofat", [[configs]] entries are *joint* configurations
-run beside the axes: a block of their own, `joint` (JOINT), that holds them and the base, shuffled
-together in every pass like any block; they vary several sizes at once (what a cost model needs to
-see interactions and GEMM shapes beyond the base) and belong to no axis's comparison. Each combination is resolved and checked against the catalogue's constraints; violations
-are counted by reason, never enqueued. Every repeat is its own job; all of repeat 0 runs first, so a
+the report predicts those configurations' times (predict_configs()). In mode = "ofat", [[configs]]
+entries are *joint* configurations run beside the axes: a block of their own, `joint` (JOINT), that
+holds them and the base, shuffled together in every pass like any block; they vary several sizes at
+once (what a cost model needs to see interactions and GEMM shapes beyond the base) and belong to no
+axis's comparison. Each combination is resolved and checked against the catalogue's constraints;
+violations are counted by reason, never enqueued. Every repeat is its own job; all of repeat 0 runs first, so a
 half-finished sweep already covers every combination.
 
 An ofat axis may be a table, `precision = { values = [...], base = { d_model = 64 } }`: its block's
@@ -47,7 +48,7 @@ from pathlib import Path
 
 from common import variables as V
 from common.durations import parse_duration
-from common.blocks import JOINT, stretch_of  # noqa: F401  (the sweep's vocabulary)
+from common.blocks import JOINT, stretch_of  # the sweep's vocabulary
 from common.errors import BadInput
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -265,7 +266,8 @@ def _with_overrides(doc: dict, sets, axes, repeats, where: str = "the sweep file
     return doc
 
 
-def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, max_jobs: int | None = None) -> SweepPlan:
+def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine,
+           max_jobs: int | None = None) -> SweepPlan:
     """A parsed sweep -> its plan. Raises BadInput naming the key and `where` for malformed input,
     and for more than max_jobs jobs (counted from the axes, before anything is generated)."""
     for key in doc:
@@ -334,10 +336,14 @@ def expand(doc: dict, *, where: str, source: str, text: str, machine: Machine, m
     limit = DEFAULT_MAX_JOBS if max_jobs is None else max_jobs
     if count > limit:
         sizes = " x ".join(f"{k} ({len(v)})" for k, v in axes.items()) or "no axes"
-        shape = {"grid": sizes, "ofat": " + ".join(f"{k} ({len(v)})" for k, v in axes.items()) + " values, each axis with its baseline", "random": f"{samples} samples",
+        shape = {"grid": sizes,
+                 "ofat": (" + ".join(f"{k} ({len(v)})" for k, v in axes.items())
+                          + " values, each axis with its baseline"),
+                 "random": f"{samples} samples",
                  "list": f"{len(configs)} configs x {sizes}"}[mode]
         raise BadInput(f"{where}: this sweep plans {count:,} jobs ({mode}: {shape}, {repeats} repeat(s)), more than "
-                       f"the limit of {limit:,}: narrow the axes, or raise the limit with --max-jobs N (or BENCH_MAX_JOBS)")
+                       f"the limit of {limit:,}: narrow the axes, or raise the limit with --max-jobs N "
+                       "(or BENCH_MAX_JOBS)")
     return SweepPlan(name=name, source=source, text=text, mode=mode, count=count, notes=notes,
                      varied=[k for k, vs in axes.items() if len(vs) > 1],
                      combinations=lambda: _combinations(mode, base, axes, seed, samples, configs, block_bases,

@@ -10,7 +10,7 @@ model of every machine but the first while this process analyses that one, and d
 writes the pages; results.csv is written by a child forked before the read (rows.start_results_csv),
 waited for only before write_report returns.
 
-The package's parts depend one way (tests/test_report_package.py reads their imports):
+The package's parts depend one way (tests/test_layers.py reads their imports):
 - data.py: the data a report shows, no text (the SQL, Context, Report, the effects table's rows);
 - words.py: the words and number formatters, one copy for both writers;
 - markdown.py (summary.md) and html.py (index.html, with static/page.css and static/page.js):
@@ -55,7 +55,7 @@ __all__ = ["Context", "FACTS", "Report", "SECTIONS", "SELECT_RESULTS", "effect_r
 
 # The cost model's child yields the CPU to the report's process and the step-model child: its answer is
 # wanted only near the page's end, and three processes on two CPUs otherwise slow all three alike
-# (100k runs: 10.50 -> 9.72 s, medians of 5 interleaved; docs/measurements.md).
+# (docs/measurements.md has the figures).
 FITTER_NICE = 10
 # results.csv's child likewise: the file is wanted only when the report returns, and at a million runs its
 # ~30 CPU-seconds, waited for after the read, held the report's process up ~15 s (docs/measurements.md).

@@ -177,7 +177,7 @@ def _serve(task_fd: int, result_fd: int, warm) -> None:
             return
         fn, args = pickle.loads(payload)
         out = _dumps(("ok", fn(*args)))
-    except BaseException:  # noqa: BLE001 - every failure goes back to the parent
+    except BaseException:  # every failure goes back to the parent
         out = _dumps(("error", traceback.format_exc()))
     _send(result_fd, out)
 
@@ -304,7 +304,7 @@ class Family:
         that the parent's kill can never reach another process that took it)."""
         try:
             warm()
-        except BaseException:  # noqa: BLE001 - the workers import what they need when their task comes
+        except BaseException:  # the workers import what they need when their task comes
             pass
         pids = []
         for k, nice in enumerate(nices):

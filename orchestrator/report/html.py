@@ -40,7 +40,8 @@ from orchestrator.report.words import FACTS, _fact, _fmt, _p, _pct
 from common.variables import BY_NAME
 
 SECTIONS = (("effects", "Effects"), ("variables", "Variables"), ("machine", "Machine and noise"),
-            ("runs", "Runs"), ("seeds", "Reference runs"), ("predict", "How long here"), ("machines", "Machines and pools"))
+            ("runs", "Runs"), ("seeds", "Reference runs"), ("predict", "How long here"),
+            ("machines", "Machines and pools"))
 # The page's CSS and JavaScript are files of their own (static/), read once; a newline after
 # <style> and <script>, as the page has always had.
 STATIC = Path(__file__).resolve().parent / "static"
@@ -133,7 +134,8 @@ def _variable_section(v: dict | None, name: str, machine_id: int, ctx, st: dict,
     else:
         h = v["headline"]
         held = ", ".join(f"{k}={x}" for k, x in v["fixed"].items()) or "nothing else varied"
-        follow = (f" {', '.join(v['followers'])} moved with it, at the values derived from it." if v["followers"] else "")
+        follow = (f" {', '.join(v['followers'])} moved with it, at the values derived from it." if v["followers"]
+                  else "")
         left = (f" {v['left_out']} runs left out: a follower was set by hand there." if v["left_out"] else "")
         parts.append(f'<p><span class="v {_verdict_class(h)}">{_e(h["verdict"])}</span> {_effect_text(h)}. '
                      f'Runs that differ in <code>{_e(name)}</code> alone; held: {_e(held)}.{_e(follow)}{_e(left)}</p>')
@@ -186,16 +188,16 @@ def _machine_section(ctx, st: dict, several: bool) -> str:
         if len(strata) > 1 or any(x["slow_share"] for x in strata):
             source += "; " + "; ".join(
                 f"runs on {', '.join(map(str, x['cpus']))} CPU(s): {_pct(x['cv'])}"
-                + (f", {x['slow_share']:.0%} of runs in a slow mode {_pct(x['slow_shift'])} slower (effects use the fast mode)"
-                   if x["slow_share"] else "") for x in strata)
+                + (f", {x['slow_share']:.0%} of runs in a slow mode {_pct(x['slow_shift'])} slower "
+                   "(effects use the fast mode)" if x["slow_share"] else "") for x in strata)
         drift = ", ".join(f"pass {p}: {100 * (x - 1):+.0f}%" for p, x in sorted(nz["drift"].items())[1:]) or "-"
         if nz.get("block_cv") is not None:
             drift += f"; blocks (stretches of time) vary by {_pct(nz['block_cv'])} beyond the runs in them"
         meaning = "-"
         if nz.get("half_widths"):
             hw, mde = nz["half_widths"], nz["resolvable"]
-            meaning = (f"the shown ratio intervals are ±{_pct(hw[len(hw) // 2])} (median of {len(hw)}); changes smaller "
-                       f"than about {_pct(mde[len(mde) // 2])} are not resolved (80% power)"
+            meaning = (f"the shown ratio intervals are ±{_pct(hw[len(hw) // 2])} (median of {len(hw)}); "
+                       f"changes smaller than about {_pct(mde[len(mde) // 2])} are not resolved (80% power)"
                        + (f"; {nz['advice']}" if nz.get("advice") else ""))
         noisiest = "; ".join(f"{_e(c)} ({_pct(cv)})" for c, cv in nz["noisiest"]) or "-"
         noise_rows.append(([_e(ctx.names[m])] if several else [])
@@ -225,7 +227,8 @@ def _runs_section(ctx, runs: dict, varied: list[str]) -> str:
     failures = [[_e(s), _e(why), _fmt(n)] for s, why, n in ctx.failures[:30]]
     opts = "".join(f'<option value="{_e(s)}">{_e(s)}</option>' for s in runs["dicts"]["status"])
     vopts = "".join(f'<option value="{_e(v)}">{_e(v)}</option>' for v in varied)
-    more = f"<p>... and {len(ctx.failures) - 30} more reasons (results.csv has every run).</p>" if len(ctx.failures) > 30 else ""
+    more = (f"<p>... and {len(ctx.failures) - 30} more reasons (results.csv has every run).</p>"
+            if len(ctx.failures) > 30 else "")
     if runs["n"] < len(ctx.rows):
         more += (f"<p><strong>The table below holds {runs['n']:,} of the {len(ctx.rows):,} runs</strong> (every run "
                  f"not done, every run drawn as a dot, and an even sample of the rest): results.csv has them all.</p>")

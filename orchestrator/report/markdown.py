@@ -159,12 +159,13 @@ def noise_section(ctx: Context) -> list[str]:
             figure = "not known: no configuration ran twice and the probe measured none"
         strata = [s for s in nz.strata if s.dof > 0 and not s.noisy_config]
         by_stratum = "; ".join(
-            f"{_cores_words(s.members)}: {_pct(s.cv)}" + (f", {s.slow_share:.0%} of runs in a slow mode "
-                                                          f"{100 * math.expm1(s.slow_shift):.0f}% slower (effects use the fast mode)"
-                                                          if s.bimodal else "")
+            f"{_cores_words(s.members)}: {_pct(s.cv)}"
+            + (f", {s.slow_share:.0%} of runs in a slow mode "
+               f"{100 * math.expm1(s.slow_shift):.0f}% slower (effects use the fast mode)" if s.bimodal else "")
             for s in strata) if len(strata) > 1 or any(s.bimodal for s in strata) else "-"
         rel = ma.drift.relative()
-        drift = ", ".join(f"pass {p}: {100 * (x - 1):+.0f}%" for p, x in rel.items() if p != min(rel)) if len(rel) > 1 else "-"
+        drift = (", ".join(f"pass {p}: {100 * (x - 1):+.0f}%" for p, x in rel.items() if p != min(rel))
+                 if len(rel) > 1 else "-")
         if rel and len(rel) > 1:
             drift += f" vs pass {min(rel)}"
         if ma.drift.not_estimated:
@@ -184,7 +185,8 @@ def noise_section(ctx: Context) -> list[str]:
                     + [figure, _pct(nz.block_cv), by_stratum, _pct(nz.cv_with_drift), drift, within, widths,
                        nz.where_repeats_help() or "-"])
     header = (["machine"] if ctx.several else []) + [
-        "run-to-run noise (CV)", "block-to-block noise (CV)", "by number of CPUs", "a configuration's repeats, blocks left in (CV)",
+        "run-to-run noise (CV)", "block-to-block noise (CV)", "by number of CPUs",
+        "a configuration's repeats, blocks left in (CV)",
         "pass drift (step time vs the first pass)", "within one run: p90 / p10 of step times (median over runs)",
         "shown intervals (family-wise) and the smallest change they resolve (80% power)", "where more repeats help"]
     return lines + markdown_table(header, body)
@@ -354,7 +356,8 @@ def grids_section(ctx: Context) -> list[str]:
     for m, gs in ctx.grids.items():
         for g in gs:
             held = ", ".join(f"{k}={v}" for k, v in g.fixed.items()) or "nothing else varied"
-            lines += [f"### {g.rows} x {g.cols}" + (f" on {ctx.names[m]}" if ctx.several else ""), "", f"Held: {held}.", ""]
+            lines += [f"### {g.rows} x {g.cols}" + (f" on {ctx.names[m]}" if ctx.several else ""), "",
+                      f"Held: {held}.", ""]
             body = [[r] + [_ms(v) for v in row] for r, row in zip(g.row_labels, g.step_ms)]
             lines += markdown_table([f"{g.rows} \\ {g.cols}"] + g.col_labels, body) + ["(- : no finished run)", ""]
             suffix = f"_machine{m}" if ctx.several else ""
@@ -383,9 +386,11 @@ def shared_section(ctx: Context) -> list[str]:
     lines += [("; ".join(overall) + ".") if overall else "", ""]
     shown = varied or ["d_model"]
     idx = [fx.FACTORS.index(n) for n in shown]
-    header = [", ".join(shown)] + [f"{names[m]} (ms)" for m in machines] + [f"machine {m} / machine {ref}" for m in machines[1:]]
+    header = ([", ".join(shown)] + [f"{names[m]} (ms)" for m in machines]
+              + [f"machine {m} / machine {ref}" for m in machines[1:]])
     body = []
-    for key, per in sorted(shared.items(), key=lambda kv: [fx.sort_key(n, kv[0][i]) for n, i in zip(shown, idx)])[:SHARED_ROWS]:
+    for key, per in sorted(shared.items(),
+                           key=lambda kv: [fx.sort_key(n, kv[0][i]) for n, i in zip(shown, idx)])[:SHARED_ROWS]:
         med = {m: float(np.median(v)) for m, v in per.items()}
         body.append([", ".join(fx.label(n, key[i]) for n, i in zip(shown, idx))]
                     + [_ms(med.get(m)) for m in machines]

@@ -34,11 +34,11 @@ DPI = 110
 def warm() -> None:
     """Import what drawing needs (~0.25 s): a child forked for the pictures calls this while the report
     reads the runs, so that its first picture does not wait for matplotlib."""
-    import matplotlib.backends.backend_agg  # noqa: F401
-    import matplotlib.backends.backend_svg  # noqa: F401 - the cost model's check is inlined as SVG too
-    import matplotlib.colors  # noqa: F401
-    import matplotlib.figure  # noqa: F401
-    import matplotlib.layout_engine  # noqa: F401
+    import matplotlib.backends.backend_agg
+    import matplotlib.backends.backend_svg  # the cost model's check is inlined as SVG too
+    import matplotlib.colors
+    import matplotlib.figure
+    import matplotlib.layout_engine
     import matplotlib.ticker  # noqa: F401
     from matplotlib import colormaps  # noqa: F401
 
@@ -124,7 +124,8 @@ def plot_variable(series: list[VariableEffect], names: dict[int, str], path: Pat
             ci = f" (family-wise 95% CI {e.ci_low:.2f} to {e.ci_high:.2f})" if e.ci_low is not None else ""
             ax_t.plot(grid, [y0 * (g / x0) ** e.estimate for g in grid], "--", lw=1.2, zorder=5,
                       color=colour if several else "black",
-                      label=f"fit: step time ~ {name}^{e.estimate:.2f}{ci}, {e.n_runs} runs" + (f", {who.split(' (')[0]}" if several else ""))
+                      label=f"fit: step time ~ {name}^{e.estimate:.2f}{ci}, {e.n_runs} runs"
+                      + (f", {who.split(' (')[0]}" if several else ""))
         if not size and not several:
             # The ratio to the baseline above each value: the table's number, on the picture.
             ratios = {r.value: r.estimate for r in ve.ratios}

@@ -1,6 +1,6 @@
 """results.csv from the runs, jobs and machines tables: the bytes csv.writer writes for v_results' rows,
-with each job's and machine's part of a row written once rather than once per run (issue 31: at 100k runs
-the view's 122 values a row were ~1.5 CPU-seconds to fetch and ~1.7 to write, in the child that shares the
+with each job's and machine's part of a row written once rather than once per run (at 100k runs the
+view's 122 values a row are ~1.5 CPU-seconds to fetch and ~1.7 to write, in the child that shares the
 second CPU with the cost model's fit and the PNG drawers).
 
 A run's row is its own columns and, between them, runs of its job's columns (its sweep's name; job_id to

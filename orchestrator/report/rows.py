@@ -1,5 +1,5 @@
 """The report's rows, read once in chunks from the DBAPI cursor, each chunk made compact rows as
-fetched, so the report never holds the fetched tuples beside the rows (issue 31: a million runs);
+fetched, so the report never holds the fetched tuples beside the rows (a million runs among them);
 results.csv is written meanwhile by a forked child from the tables on its own connection (results_csv):
 read_results waits for it; write_report starts it itself (start_results_csv) and waits only at its end.
 
@@ -14,10 +14,10 @@ job's and machine's columns fetched once each and joined here (the same rows, a 
 fetched; the view's parts: view_sql.py); read_rows reads any query as it is. A row of read_results is
 a JoinedRow: its configuration's columns (its job's but job_id, config_hash and repeat) are one compact
 row that every run of that configuration shares, so that a million runs of a few thousand
-configurations hold a 21-key dict each, not a 66-key one (1M runs: the report's peak RSS 2.99 -> 1.91
-GB). Unbound dict methods see a JoinedRow's own columns only: readers of every run's value of a column
-use `column` and `conf_values`. The report has each run's `applied` (~3 KB, its own in every run) cut to
-the keys it reads as each chunk is read (read_results' cut_applied: applied_cut.py).
+configurations hold a 21-key dict each, not a 66-key one (docs/measurements.md: a third less peak
+memory at 1M runs). Unbound dict methods see a JoinedRow's own columns only: readers of every run's
+value of a column use `column` and `conf_values`. The report has each run's `applied` (~3 KB, its own
+in every run) cut to the keys it reads as each chunk is read (read_results' cut_applied: applied_cut.py).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from common.processes import fork_child
 from orchestrator.stats.columns import (CompactRow, JoinedRow, PER_RUN_JOB, column, conf_values, gc_paused,  # noqa: F401
                                          joined_row_class, present, row_class, runs_fingerprint)
 from orchestrator.report import results_csv
-from orchestrator.report.view_sql import (JOB_EXPR, JOINS, MINE, RUN_EXPR, SELECT_RESULTS, VIEW_COLUMNS, quoted, sources,
-                                   tuple_getter)
+from orchestrator.report.view_sql import (JOB_EXPR, JOINS, MINE, RUN_EXPR, SELECT_RESULTS, VIEW_COLUMNS, quoted,
+                                          sources, tuple_getter)
 
 CHUNK = 20_000  # rows fetched at a time
 # rows fetched at a time where they are only written out (results.csv from the view, as on PostgreSQL):
@@ -235,8 +235,8 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None,
     later = bool(set(view) - set(known)) or len(set(view)) != len(view)  # a schema this read does not know
     mine = MINE if machine_id is not None else ""
     # results.csv: the child writes the view's bytes from the tables, each job's and machine's fields written
-    # once (results_csv; the view itself where that does not apply). (66aedba had it read the tuples as
-    # _view_parts does: no gain at 100k, and it held every job's values: 1M tree PSS 3,604 MB against 3,411.)
+    # once (results_csv; the view itself where that does not apply). Reading the tuples as _view_parts does
+    # gains nothing and holds every job's values (docs/measurements.md).
     csv_child = start_results_csv(conn, machine_id, csv_path) if csv_path is not None else None
     try:
         if later:  # the view itself, of the columns kept (results.csv has them all: the view's, in the child)
@@ -357,7 +357,8 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, mine: 
             result.close()
         return out
 
-    def job_of(by_column: list, length: int) -> Iterator[tuple]:  # (its NULL pattern's number, its values, its configuration)
+    # (its NULL pattern's number, its values, its configuration)
+    def job_of(by_column: list, length: int) -> Iterator[tuple]:
         k = len(job_cols)
         return zip(_nulls(by_column[:k], kinds), zip(*by_column[:k]) if k else repeat(()),
                    _conf_rows(by_column[k:], length, conf_cols, Conf, confs))
@@ -391,7 +392,8 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, mine: 
             del chunk
             job_nulls, job_values, job_confs = zip(*map(jobs.__getitem__, by_column[n]))
             machine_values = [m for _, m in map(machines.__getitem__, by_column[n + 1])]
-            keys = zip(_nulls(by_column[:n], kinds), job_nulls, by_column[n + 1])  # a machine's values are in its templates
+            # a machine's values are in its templates
+            keys = zip(_nulls(by_column[:n], kinds), job_nulls, by_column[n + 1])
             yield zip(*by_column[:n]), zip(job_values, job_confs), machine_values, keys
     finally:
         result.close()

@@ -30,8 +30,8 @@ from orchestrator.queue.store import Store
 
 WATCH_DUTY = 0.1  # the share of one CPU a watcher may spend on the statistics
 # `report --watch` runs at the lowest CPU priority: on a machine whose CPUs the workers fill, its
-# reports then wait for idle moments instead of taking time from the runs (measured at +17% step
-# time at normal priority, benchmarks/watch_overhead.py).
+# reports then wait for idle moments instead of taking time from the runs (at normal priority they
+# slow the runs: docs/measurements.md, benchmarks/watch_overhead.py).
 WATCH_NICE = 19
 # Stopping the watcher (Ctrl+C) waits this long for an idle report process to leave; one busy with a report
 # nobody will read (at nice 19 beside busy workers it can take minutes) is killed at once, its children too.
@@ -40,7 +40,8 @@ REPORTER_LEAVES_S = 1.0
 
 # -- the page's live section ---------------------------------------------------------------------
 
-def progress_html(pr: Progress, *, every_s: float, analysed: tuple[float, int] | None, outage: str | None = None) -> str:
+def progress_html(pr: Progress, *, every_s: float, analysed: tuple[float, int] | None,
+                  outage: str | None = None) -> str:
     """The page's live section: pools and machines, the running runs, the last failures; first, where the
     database does not answer (`outage`, in words), that this is the progress as it last answered."""
     e = lambda x: html.escape(str(x), quote=True)  # noqa: E731
@@ -66,7 +67,8 @@ def progress_html(pr: Progress, *, every_s: float, analysed: tuple[float, int] |
             "(redone when runs finish)." if analysed else "")
     stale = (f"<p class='outage' style='color:#a40000'><b>{e(outage)}. What follows is the progress as it last "
              f"answered.</b></p>" if outage else "")
-    return (f"<section id='live'><h2>Live: the sweep as it runs</h2>{stale}<p class='meta'>Progress at {clock(pr.now)} UTC "
+    return (f"<section id='live'><h2>Live: the sweep as it runs</h2>{stale}<p class='meta'>"
+            f"Progress at {clock(pr.now)} UTC "
             f"(the database's clock), refreshed every {every_s:g} s by <code>bench.py report --watch</code>; this page "
             f"reloads itself. {when}</p>{table}"
             + (f"<h3>Running now</h3><ul>{running}</ul>" if running else "<p>No run is running.</p>")
@@ -135,7 +137,7 @@ def _reporter(store: Store, staging: Path, channel, watcher_pid: int) -> None:
                 shutil.rmtree(staging)
             write_report(store, staging, plots=False, memo=memo)
             channel.send((time.perf_counter() - t, time.process_time() - cpu, None))
-        except Exception as error:  # noqa: BLE001 - handed to the watcher, which raises it
+        except Exception as error:  # handed to the watcher, which raises it
             channel.send((0.0, 0.0, error))
 
 

@@ -30,7 +30,8 @@ FACTS = (
 
 
 def _failures(rows: list[dict]) -> list[tuple[str, str, int]]:
-    counted = Counter((r["status"], short_reason(r.get("reason"))) for r in rows if r["status"] in ("failed", "skipped"))
+    counted = Counter((r["status"], short_reason(r.get("reason")))
+                      for r in rows if r["status"] in ("failed", "skipped"))
     return [(s, why, n) for (s, why), n in sorted(counted.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 

@@ -549,7 +549,8 @@ class Cells:
             values = [tuple(float(r[name]) if isinstance(r.get(name), (int, float))
                             and not isinstance(r.get(name), bool) and _matters(name, r) else None for name in SIZES)
                       for r in root.config_rows]
-            has = np.array([[v is not None for v in row] for row in values], dtype=bool).reshape(len(values), len(SIZES))
+            has = np.array([[v is not None for v in row] for row in values],
+                           dtype=bool).reshape(len(values), len(SIZES))
             arr = np.array([[0.0 if v is None else v for v in row] for row in values],
                            dtype=float).reshape(len(values), len(SIZES))
             # a NaN or a -0.0: min() and max() then depend on the values' order, kept as they were

@@ -59,7 +59,7 @@ from orchestrator.stats import step_model as sm
 from orchestrator.stats.columns import column, runs_fingerprint
 # What each run ran with and the model's view of a machine live beside this module; their names are
 # re-exported for the report, the adaptive loop and the tests, which read them as effects.*.
-from orchestrator.stats.noise import (Drift, Model, Noise, cv_of, fit_inputs, fit_model, machine_noise,  # noqa: F401
+from orchestrator.stats.noise import (Drift, Model, Noise, cv_of, fit_inputs, fit_model, machine_noise,
                                model_inputs, pass_drift)
 from orchestrator.stats.ran import (FACTORS, METRIC, NOT_FACTORS, NOT_SIZES, RAN_FROM, Run, as_ran,  # noqa: F401
                               disturbed, done_runs, followers_of, is_size, label, modal_config,
@@ -216,7 +216,8 @@ class Effect:
             ci = f"unresolved ({lo:.2g} to {hi:.2g})"
         if self.kind == "elasticity":
             where = f" at {self.group}" if self.group else ""
-            return (self.variable, f"step time ~ {self.variable}^e{where}", f"e = {self.estimate:.2f}", ci, str(self.n_runs))
+            return (self.variable, f"step time ~ {self.variable}^e{where}", f"e = {self.estimate:.2f}", ci,
+                    str(self.n_runs))
         return (self.variable, f"{self.value} vs {self.baseline}", f"{self.estimate:.2f}x", ci, str(self.n_runs))
 
 
@@ -896,11 +897,12 @@ def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (),
             (found.append(ve) if ve else together.append(n))
         for ve in found:
             ve.fixed = drop_derived(ve.fixed, together)
-    lost, uncompared, base_note = lost_levels(runs, flagged if not kept_all else [], list(asked), found, together, cells)
+    lost, uncompared, base_note = lost_levels(runs, flagged if not kept_all else [], list(asked), found, together,
+                                              cells)
     cells.drop_counts()
     return MachineAnalysis(machine_id, found, [n for n in together if n not in uncompared], drift, noise,
-                           _identical(runs, asked, cells), _regrouped(runs, cells), runs, varied, flagged, kept_all, lost,
-                           uncompared, model, base_note, cells)
+                           _identical(runs, asked, cells), _regrouped(runs, cells), runs, varied, flagged, kept_all,
+                           lost, uncompared, model, base_note, cells)
 
 
 def _undisturbed(runs: list[Run]) -> tuple[list[Run], bool, list[Run]]:
@@ -925,13 +927,15 @@ def _status_words(rows: list[dict], disturbed_ids: set) -> str:
     for st in ("failed", "skipped", "disturbed", "running", "queued", "done"):
         if counts[st]:
             why = {"disturbed": "left out: another process or the hypervisor took its CPUs",
-                   "queued": "not run yet", "running": "still running", "done": "no step time"}.get(st, reasons.get(st, ""))
+                   "queued": "not run yet", "running": "still running",
+                   "done": "no step time"}.get(st, reasons.get(st, ""))
             parts.append(f"{counts[st]} {st}" + (f" ({why})" if why else ""))
     return "; ".join(parts)
 
 
-def lost_levels(runs: list[Run], disturbed: list[Run], asked: list[dict], found: list[VariableEffect],
-                together: list[str], cells: Cells | None = None) -> tuple[list[Lost], dict[str, str], str]:
+def lost_levels(runs: list[Run], disturbed: list[Run],  # noqa: F811 - the runs left out, not ran.disturbed
+                asked: list[dict], found: list[VariableEffect], together: list[str],
+                cells: Cells | None = None) -> tuple[list[Lost], dict[str, str], str]:
     """Values that jobs asked for and that have no usable run, with why; the varied variables that
     could not be compared, with why (their baseline configuration or their other values lost), as
     against those that only ever moved with another variable (followers); and, where the baseline

@@ -157,7 +157,8 @@ def comparisons(rows: list[dict]) -> list[Comparison]:
                 continue  # not one variable apart from the baseline: no comparison of one variable
             step = _ratio(baseline.step_ms, v.step_ms)
             tokens = _tokens_factor(baseline, v)
-            out.append(Comparison(machine_id, differ[0], baseline, v, step, tokens, _product(step, tokens, baseline, v)))
+            out.append(Comparison(machine_id, differ[0], baseline, v, step, tokens,
+                                  _product(step, tokens, baseline, v)))
     out.sort(key=lambda c: (c.machine_id, LEARNING_KEYS.index(c.variable), str(c.label)))
     return out
 

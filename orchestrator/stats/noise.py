@@ -28,7 +28,8 @@ class Model:
     def weights(self, levels: list[list[Run]], coefs: list[float]) -> dict[int, float]:
         """The contrast sum_k coefs[k] * (mean effect of the configurations of level k): each
         configuration counted once, however many runs it has."""
-        return self.weights_of([{self.config_index[k] for k in {r.config_key() for r in runs}} for runs in levels], coefs)
+        return self.weights_of([{self.config_index[k] for k in {r.config_key() for r in runs}} for runs in levels],
+                               coefs)
 
     def weights_of(self, levels: list[set[int]], coefs: list[float]) -> dict[int, float]:
         """weights() of levels given as their sets of configuration indices."""
@@ -104,7 +105,8 @@ def fit_model(runs: list[Run], fitted: tuple | None = None, probe_cv: float | No
         fitted = made, fit_inputs(made[2])
     (configs, blocks, inputs), f = fitted
     log_ms, block_idx = inputs[0], inputs[2]
-    adj = (np.asarray(log_ms, dtype=float) - np.asarray(f.gamma, dtype=float)[np.asarray(block_idx, dtype=int)]).tolist()
+    adj = (np.asarray(log_ms, dtype=float)
+           - np.asarray(f.gamma, dtype=float)[np.asarray(block_idx, dtype=int)]).tolist()
     for r, a, slow in zip(runs, adj, np.asarray(f.slow_prob, dtype=float).tolist()):
         r.adj = a
         r.slow = slow
@@ -260,7 +262,8 @@ def borrowed_words(f: sm.Fit) -> str:
     elif priors:
         out.append("the configurations' variances spread no more than sampling makes them: one shared variance")
     if f.blocks_dropped:
-        out.append("no block effects: the design has too few runs to pay for them (a pass's drift stays in the residual)")
+        out.append("no block effects: the design has too few runs to pay for them "
+                   "(a pass's drift stays in the residual)")
     return "; ".join(out)
 
 

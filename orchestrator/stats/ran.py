@@ -182,7 +182,7 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
     place in the run order), read-backs and derivations are the same share a cell: the report's
     comparisons group on it, so they are worked out once per configuration, not once per run.
     share=False gives every run a cell of its own (the per-run path the tests compare with).
-    Built column by column (issue 31: a million runs): each distinct `applied` text is parsed once,
+    Built column by column (for a million runs): each distinct `applied` text is parsed once,
     each cell's values are worked out from its first run, and disturbed() is asked only where a run's
     figures could pass a limit (surely_quiet, once per distinct figures)."""
     with gc_paused():  # a million Runs and no cycle among them: no collection pass over the rows meanwhile

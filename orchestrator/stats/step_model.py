@@ -94,7 +94,8 @@ class Fit:
     slow_prob: np.ndarray  # per run: posterior probability of the slow mode (0 where none was fitted)
     n_runs: int
     _solve: object = field(repr=False, default=None)
-    _design: object = field(repr=False, default=None)  # (X sparse n x p, weights, noise source per run, dof per source, excess per run)
+    # (X sparse n x p, weights, noise source per run, dof per source, excess per run)
+    _design: object = field(repr=False, default=None)
     prior: "Prior | None" = None  # the machine's prior the strata were moderated toward (moderate_strata)
     blocks_dropped: bool = False  # the design left too few degrees of freedom to pay for block effects
 
@@ -715,7 +716,7 @@ def _noisy_configs(r, ci, s_of_run, lev, n_configs: int, *, trim: float = 0.2, t
 # from SuperLU's in their last digits only: on the 7 reference databases and 100k runs every number of
 # the page within 2e-11 (relative), summary.md and results.csv byte for byte the same, the PNGs apart in
 # a few anti-aliased pixels (1/255 where decoded: benchmarks/report_same.py --rel); tests/test_step_model.py holds
-# the two paths to 1e-9. At a million runs the report takes 62.6 s instead of 71.8 s (docs/measurements.md).
+# the two paths to 1e-9. It is the faster path at a million runs (docs/measurements.md).
 DENSE_SOLVE_MAX = DENSE_LEVERAGE_MAX
 DENSE_MIN_PIVOT = 1e-8  # a dense factor whose smallest pivot is below this share of the largest is left to SuperLU
 
@@ -789,7 +790,8 @@ class _Factor:
 
 def _factor(X, weights) -> _Factor:
     A = (X.T @ sparse.diags(weights) @ X).tocsc()
-    return _Factor(A + sparse.identity(A.shape[0], format="csc") * 1e-12 * max(1.0, float(A.diagonal().max(initial=1.0))))
+    return _Factor(A + sparse.identity(A.shape[0], format="csc") * 1e-12
+                   * max(1.0, float(A.diagonal().max(initial=1.0))))
 
 
 def _solve(X, weights):

@@ -213,7 +213,8 @@ def _machine_cells(row: dict, names: dict) -> list[str]:
                                          f"{value:.3g} s" if value is not None else "-"))
         elif kind == "predicted":
             source = ", ".join(f"machine {m}" for m in row["measured_on"])
-            cells.append(f"predicted: {value:.3g} s [{interval[0]:.3g}, {interval[1]:.3g}] (tokens measured on {source})")
+            cells.append(f"predicted: {value:.3g} s [{interval[0]:.3g}, {interval[1]:.3g}] "
+                         f"(tokens measured on {source})")
         else:
             cells.append(f"refused: {why}")
     return cells
@@ -260,7 +261,8 @@ def html_section(ctx) -> str:
     parts.append(f"</table><p>{e(CENSORED)}</p>")
     if section["machines"]:
         rows, names = section["machines"], ctx.names
-        parts.append(f"<h3>Time to target on each machine</h3><p>{e(MACHINES_INTRO)}</p><table><tr><th>configuration</th>"
+        parts.append(f"<h3>Time to target on each machine</h3><p>{e(MACHINES_INTRO)}</p>"
+                     "<table><tr><th>configuration</th>"
                      + "".join(f"<th>{e(names[m])}</th>" for m in names) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in [_config_words(r["config"], rows)]
                                    + _machine_cells(r, names)) + "</tr>" for r in rows]

@@ -64,8 +64,8 @@ def _shape(r: dict) -> tuple:
     return (r["machine_id"], *map(r.get, SHAPE))
 
 
-HEADER = ["machine", "model (d_model x layers)", "cores", "ranks x nodes", "link between nodes", "runs", "step ms", "compute ms",
-          "all-reduce ms", "all-reduce share", "tokens/s", "global batch"]
+HEADER = ["machine", "model (d_model x layers)", "cores", "ranks x nodes", "link between nodes", "runs", "step ms",
+          "compute ms", "all-reduce ms", "all-reduce share", "tokens/s", "global batch"]
 
 
 def _cells(row: dict, names: dict) -> list[str]:

@@ -59,7 +59,7 @@ SELECT_SWEEP_TEXTS = "SELECT name, text FROM sweeps ORDER BY sweep_id"
 
 
 def sweep_texts(store) -> dict[str, str]:
-    """Each sweep's text (its file as enqueued), for the [predict] tables; report.py hands it to ctx."""
+    """Each sweep's text (its file as enqueued), for the [predict] tables; write_report hands it to ctx."""
     with store.transaction() as conn:
         return {name: body for name, body in conn.execute(text(SELECT_SWEEP_TEXTS))}
 
@@ -293,7 +293,8 @@ def _figure(loo: dict):
     ax = fig.subplots()
     xs = [e["measured_ms"] for e in got]
     ys = [e["predicted_ms"] for e in got]
-    ax.errorbar(xs, ys, yerr=[[e["predicted_ms"] - e["low_ms"] for e in got], [e["high_ms"] - e["predicted_ms"] for e in got]],
+    ax.errorbar(xs, ys, yerr=[[e["predicted_ms"] - e["low_ms"] for e in got],
+                              [e["high_ms"] - e["predicted_ms"] for e in got]],
                 fmt="o", ms=3, alpha=0.7, elinewidth=0.6)
     lo, hi = min(xs + ys) * 0.8, max(xs + ys) * 1.25
     ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
@@ -334,9 +335,10 @@ TOKENS_NOTE = ("Epochs: WikiText-2's training split is 2,088,628 and WikiText-10
 MODEL_NOTE = ("Predictions come from the cost model of each machine (docs/prediction.md): the exact operations of a "
               "step priced by GEMM FLOPs and operand traffic, attention, memory-bound elements, kernel calls and "
               "the traffic of tensors larger than the last-level cache, fitted to every done run of the machine, "
-              "with setting factors (on compute alone as well, for a setting run at two sizes); the interval is a 95% prediction "
-              "interval for one run's median step, with the model's own error as the leave-one-out check below "
-              "measured it (more the further a configuration lies beyond the runs). 'beyond' names the sizes outside the measured range and how far. "
+              "with setting factors (on compute alone as well, for a setting run at two sizes); the interval is a "
+              "95% prediction interval for one run's median step, with the model's own error as the leave-one-out "
+              "check below measured it (more the further a configuration lies beyond the runs). 'beyond' names the "
+              "sizes outside the measured range and how far. "
               "The published figures come from other hardware: they sit beside ours, they are not compared.")
 
 
@@ -360,7 +362,8 @@ def markdown(ctx) -> list[str]:
         lines.append("")
         if m["listed"]:
             lines += ["Configurations the sweep files list under [predict]:", "",
-                      "| name | settings | step (95% interval) | WikiText-2 epoch | WikiText-103 epoch | beyond measured |",
+                      "| name | settings | step (95% interval) | WikiText-2 epoch | WikiText-103 epoch "
+                      "| beyond measured |",
                       "|---|---|---|---|---|---|"]
             for label, partial, p in m["listed"]:
                 settings = " ".join(f"{k}={v}" for k, v in partial.items())
