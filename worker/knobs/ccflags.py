@@ -60,7 +60,8 @@ def compiler_unavailable(value: str) -> str | None:
     driver = COMPILERS[value]
     path = shutil.which(driver)
     if path is None:
-        return f"compiler={value}: no {driver} on PATH (Debian: apt install {'g++' if value == 'gcc' else 'clang libomp-dev'})"
+        return (f"compiler={value}: no {driver} on PATH "
+                f"(Debian: apt install {'g++' if value == 'gcc' else 'clang libomp-dev'})")
     try:
         probe = subprocess.run([path, "-fopenmp", "-E", "-x", "c++", "-", "-o", os.devnull],
                                input="#include <omp.h>\n", capture_output=True, text=True, timeout=60)

@@ -129,7 +129,8 @@ class Interconnect:
                 if rate is None or abs(rate_bits(rate) - rate_bits(target)) > rate_bits(target) / 100:
                     raise BenchError(f"interconnect: set tbf rate {target} on {link}, tc reads back '{line}'")
         rates = {_rate_of(line) for line in now.values()}
-        self.record["interconnect"] = {"links": now, "rate": rates.pop() if len(rates) == 1 else sorted(map(str, rates)),
+        self.record["interconnect"] = {"links": now,
+                                       "rate": rates.pop() if len(rates) == 1 else sorted(map(str, rates)),
                                        "qdisc": "tbf" if target != DEFAULT else None}
         return saved
 
@@ -194,4 +195,5 @@ def restore_journal(journal_path: Path) -> list[str]:
     Interconnect({}, {}).restore(saved)
     Path(journal_path).unlink(missing_ok=True)
     after = {link: _root_or_none(link) for link in saved}
-    return [f"{link}: {before[link]} -> {after[link] or 'no root qdisc'}" for link in saved if before[link] != after[link]]
+    return [f"{link}: {before[link]} -> {after[link] or 'no root qdisc'}"
+            for link in saved if before[link] != after[link]]

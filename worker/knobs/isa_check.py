@@ -177,12 +177,12 @@ def library_isas() -> dict:
     out = {"mkl_isa": None, "onednn_isa": None}
     try:
         out["mkl_isa"] = parse_mkl(_capture_stdout(mkl))
-    except Exception:  # noqa: BLE001  (no MKL in this build: recorded None)
+    except Exception:  # no MKL in this build: recorded None
         pass
     try:
         if torch.backends.mkldnn.is_available():
             out["onednn_isa"] = parse_onednn(_capture_stdout(onednn))
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     out["library_isas_read"] = READ_HERE
     return out

@@ -142,7 +142,8 @@ class Turbo(SysfsKnob):
         if target == DEFAULT:
             return None
         if self._mode() is None:
-            return f"turbo: no turbo switch in sysfs (no intel_pstate/no_turbo, cpufreq/boost or per-CPU boost); {NO_CPUFREQ}"
+            return ("turbo: no turbo switch in sysfs (no intel_pstate/no_turbo, cpufreq/boost or per-CPU boost); "
+                    f"{NO_CPUFREQ}")
         for f in self.files():
             why = _needs_root(self.root, f)
             if why:
@@ -252,7 +253,8 @@ class Frequency(SysfsKnob):
     def _set_pair(self, cpu: int, lo_khz: str, hi_khz: str) -> None:
         lo_file, hi_file = sysfs.cpu_file(cpu, "scaling_min_freq"), sysfs.cpu_file(cpu, "scaling_max_freq")
         ceiling = sysfs.read_int(self.root, hi_file) or 0
-        pairs = [(hi_file, hi_khz), (lo_file, lo_khz)] if int(lo_khz) > ceiling else [(lo_file, lo_khz), (hi_file, hi_khz)]
+        pairs = ([(hi_file, hi_khz), (lo_file, lo_khz)] if int(lo_khz) > ceiling
+                 else [(lo_file, lo_khz), (hi_file, hi_khz)])
         for f, v in pairs:
             self._set(f, v)
 

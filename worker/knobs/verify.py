@@ -92,7 +92,8 @@ def not_in_force(config: dict, spec: ChildSpec, child: dict) -> list[str]:
         if rank.get("affinity") is not None and rank["affinity"] != rank["slice"]:
             wrong.append(f"rank {rank['rank']} affinity={rank['affinity']!r} (asked its slice {rank['slice']!r})")
         if rank.get("torch_threads") is not None and rank["torch_threads"] != config["intra_threads"]:
-            wrong.append(f"rank {rank['rank']} torch_threads={rank['torch_threads']!r} (asked {config['intra_threads']!r})")
+            wrong.append(f"rank {rank['rank']} torch_threads={rank['torch_threads']!r} "
+                         f"(asked {config['intra_threads']!r})")
     lib = child.get("allocator_lib")
     if config["allocator"] != DEFAULT and "allocator_lib" in child and allocator_of(lib) != config["allocator"]:
         wrong.append(f"allocator_lib={lib!r} (asked {config['allocator']})")

@@ -67,7 +67,8 @@ def machine_key(facts: dict, quick: bool) -> str:
     """The cache's machine: its fingerprint, torch and the measurement's size. (`fastest-intel-path`:
     the peaks are the fastest library's, torch's MKL on its Intel path; a cache from before, torch's
     alone or MKL as shipped, is not read as one.)"""
-    return f"{facts.get('fingerprint')}/torch-{facts.get('torch_version')}/{'quick' if quick else 'full'}/fastest-intel-path"
+    return (f"{facts.get('fingerprint')}/torch-{facts.get('torch_version')}/{'quick' if quick else 'full'}"
+            "/fastest-intel-path")
 
 
 def loaded_reason(m: dict) -> str | None:
@@ -221,7 +222,7 @@ def measure_here(cpus: list[int], quick: bool) -> dict:
                     continue
                 try:
                     got = round(best_gflops(product, sizes, budget_s=budget), 1)
-                except Exception as error:  # noqa: BLE001 - one library's failure is recorded, not fatal
+                except Exception as error:  # one library's failure is recorded, not fatal
                     if lib == "torch":
                         raise
                     errors[lib] = f"{type(error).__name__}: {error}"[:300]

@@ -28,7 +28,8 @@ def run_medians(torch, *, runs: int, steps: int, width: int, gap_s: float, adamw
     for i in range(runs):
         if i:
             time.sleep(gap_s)  # spread the runs out: noise that comes and goes is what we are after
-        model = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
+        model = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                    torch.nn.Linear(4 * width, width))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3) if adamw else None
         times = []
         for step in range(steps + 2):  # two untimed steps: allocation, kernel choice, optimizer state

@@ -18,8 +18,9 @@ Request (the worker writes it):
                        which library ran a GEMM route's products, worker/trainers/torch/gemm_route.py)
 Result (the trainer prints it; result() and skipped() build it):
     status "done" | "skipped", reason, metrics (EVERY name of TRAINER_METRICS, None where it cannot
-    measure), gemm_format (what the run's GEMMs computed, in words; a simulated format says so), applied (the settings read back, at least READBACK), timed_window ({start_unix_s,
-    end_unix_s}: time.time() around the timed steps, for sensors averaged over exactly that window),
+    measure), gemm_format (what the run's GEMMs computed, in words; a simulated format says so),
+    applied (the settings read back, at least READBACK), timed_window ({start_unix_s, end_unix_s}:
+    time.time() around the timed steps, for sensors averaged over exactly that window),
     dataset_used, output_path, torch_version (None where torch did not run: the framework's own
     version goes in build_info), python_version, build_info, proven (what this run proved for later
     children, {key: proof}; the worker hands it to them in `proven` while their start stays the same).

@@ -75,7 +75,8 @@ class OpenBLAS(Library):
 
     def info(self) -> dict:
         e = _threadpool_entry("openblas")
-        return {"blas": "openblas" if e else None, "blas_version": e.get("version"), "blas_threads": e.get("num_threads"),
+        return {"blas": "openblas" if e else None, "blas_version": e.get("version"),
+                "blas_threads": e.get("num_threads"),
                 "blas_architecture": e.get("architecture"), "blas_threading": e.get("threading_layer"),
                 "blas_lib": e.get("filepath")}
 
@@ -238,7 +239,8 @@ class BLIS(_Strided):
         if n != 1 and not self.threading:
             raise Unavailable(f"blas=blis: this BLIS ({self.package_version}, BLIS "
                               f"{self.lib.bli_info_get_version_str().decode()}) is built without threading; "
-                              f"intra_threads={n} cannot run on it (apt-get install libblis4-openmp for a threaded one)")
+                              f"intra_threads={n} cannot run on it "
+                              "(apt-get install libblis4-openmp for a threaded one)")
         self.lib.bli_thread_set_num_threads(n)
 
     def info(self) -> dict:

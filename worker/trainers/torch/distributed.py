@@ -223,7 +223,8 @@ def failure_reason(failed, run_dir: Path) -> str:
 def _describe(failure) -> str:
     if failure.exitcode < 0:
         name = signal.Signals(-failure.exitcode).name
-        return f"was killed by {name}" + (" (kill -9, or the kernel's out-of-memory killer)" if name == "SIGKILL" else "")
+        return f"was killed by {name}" + (" (kill -9, or the kernel's out-of-memory killer)" if name == "SIGKILL"
+                                          else "")
     message = failure.message
     if isinstance(message, dict):  # the error file @record wrote: {"message": "...", "extraInfo": ...}
         message = message.get("message", json.dumps(message))
@@ -485,7 +486,8 @@ def numa_nodes(cpus: list[int]) -> list[int]:
     found = set()
     for cpu in cpus:
         try:
-            found |= {int(n[4:]) for n in os.listdir(f"/sys/devices/system/cpu/cpu{cpu}") if n[:4] == "node" and n[4:].isdigit()}
+            found |= {int(n[4:]) for n in os.listdir(f"/sys/devices/system/cpu/cpu{cpu}")
+                      if n[:4] == "node" and n[4:].isdigit()}
         except OSError:
             pass
     return sorted(found)

@@ -325,7 +325,8 @@ def _train(request: dict, cache_dir: str | None, dp, t0: float) -> dict:
             lr = peak_lr(config)
         else:  # adapters start at zero (B = 0): they train at the pretraining rate, the base is frozen
             add_lora(model, config["lora_rank"])
-            applied["lora"] = f"rank {config['lora_rank']} on qkv, attn proj, mlp fc, mlp proj; every other weight frozen"
+            applied["lora"] = (f"rank {config['lora_rank']} on qkv, attn proj, mlp fc, mlp proj; "
+                               "every other weight frozen")
     applied["lr"] = lr
 
     phases["model"], mark = time.perf_counter() - mark, time.perf_counter()
