@@ -108,7 +108,7 @@ def _write_split(folder: Path, train_rows: list[str], val_rows: list[str], sourc
     train, val = _lines(train_rows), _lines(val_rows)
     if not train or not val:
         raise ValueError(f"{folder.name}: a split needs training and held-out text ({len(train)} and {len(val)} rows)")
-    part = lambda lines: {"rows": len(lines), "chars": sum(map(len, lines))}  # noqa: E731
+    part = lambda lines: {"rows": len(lines), "chars": sum(map(len, lines))}  # noqa: E731 - a one-line helper
     source = {**source, "rows": len(train) + len(val), "chars": sum(map(len, train + val)),
               "split": {"held_out": held_out, "train": part(train), "val": part(val)}, "written": time.time()}
     _write_atomic(folder / VAL_FILE, ("\n".join(val) + "\n").encode())

@@ -102,7 +102,7 @@ class Estimate:
         return self.framework + int(MARGIN * self.factor * (self.state + self.activations + self.logits))
 
     def describe(self) -> str:
-        gib = lambda b: f"{b / GIB:.2f}"  # noqa: E731
+        gib = lambda b: f"{b / GIB:.2f}"  # noqa: E731 - a one-line formatter
         return (f"{gib(self.total)} GiB (framework {gib(self.framework)} + {MARGIN * self.factor:g} x (weights, "
                 f"gradients and optimizer {gib(self.state)} + activations {gib(self.activations)} + logits "
                 f"{gib(self.logits)}))")

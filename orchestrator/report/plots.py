@@ -39,8 +39,8 @@ def warm() -> None:
     import matplotlib.colors
     import matplotlib.figure
     import matplotlib.layout_engine
-    import matplotlib.ticker  # noqa: F401
-    from matplotlib import colormaps  # noqa: F401
+    import matplotlib.ticker  # noqa: F401 - imported to be warm, used by the drawing functions
+    from matplotlib import colormaps  # noqa: F401 - likewise
 
 
 def figure(width: float, height: float, dpi: float | None = DPI):

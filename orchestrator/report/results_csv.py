@@ -62,7 +62,7 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
     if set(columns) - set(known) or len(set(columns)) != len(columns) or len(columns) < 2:
         return False
     segments = _segments(columns, known)  # [(source, columns)] in the view's order
-    q = lambda c: quoted(conn, c)  # noqa: E731
+    q = lambda c: quoted(conn, c)  # noqa: E731 - one letter inside the SQL below
     params = {"machine_id": machine_id}
     mine = MINE if machine_id is not None else ""
     run_select, quoted_texts = [], []

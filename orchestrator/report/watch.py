@@ -44,7 +44,7 @@ def progress_html(pr: Progress, *, every_s: float, analysed: tuple[float, int] |
                   outage: str | None = None) -> str:
     """The page's live section: pools and machines, the running runs, the last failures; first, where the
     database does not answer (`outage`, in words), that this is the progress as it last answered."""
-    e = lambda x: html.escape(str(x), quote=True)  # noqa: E731
+    e = lambda x: html.escape(str(x), quote=True)  # noqa: E731 - one letter inside the f-strings below
     rows = []
     for p in pr.pools:
         rows.append(f"<tr class='pool'><td><b>{e(p.label)}</b></td><td></td><td>{p.done:,}</td><td>{p.running:,}</td>"

@@ -18,11 +18,12 @@ from typing import Iterator
 
 from common.errors import BenchError
 from worker.knobs import ccflags, interconnect, startspec, system
+# the start spec's names, re-exported: the worker and the tests take them from here
 from worker.knobs.startspec import ALLOCATOR_LIBS, ISA_CAPS, NUMA_OPTIONS, ChildSpec, allocator_lib, choose_cpus  # noqa: F401
 from common.variables import AUTO, BLAS_AUTO, TORCH_GEMM_ROUTES
 from worker.trainers.harness import NOT_OFFERED
 from worker.trainers.torch import gemm_route
-from worker.knobs.verify import not_in_force  # noqa: F401
+from worker.knobs.verify import not_in_force  # noqa: F401 (re-exported)
 
 
 def _reasons(config: dict, facts: dict, cpu_pool: list[int], sysfs_root: str) -> list[str]:

@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+# the precisions' vocabulary, re-exported: the trainers know it by these names here
 from common.compute import (INT4_GROUP, INT4_N_MULTIPLE, NOT_OFFERED, SIMULATED, int4_unsupported,  # noqa: F401
                             linear_shapes, mlp_hidden)
 # The analytic counts live in common/compute.py (the worker, the ETA, the memory estimate and the cost
