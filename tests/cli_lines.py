@@ -60,7 +60,8 @@ PATHS = ["good.toml", "sweeps[old]/my.toml", "\u00fcn\u00ef\u00e7\u00f8d\u00e9.t
 NOT_CPUBENCH = ["missing.db", "new[2].db", "empty.db", "text.db", "other.db", "a folder", "afile/inside",
                 "[missing]/x.db", "foo://x", ""]
 GOOD = 3  # a good value is drawn this many times as often as each awkward one: success paths get exercised
-DBS = ["results.db"] * GOOD + ["copy[1].db", "new.db", "new[2].db"] + NOT_CPUBENCH + ["good.toml", "sqlite:///new-url.db"]
+DBS = (["results.db"] * GOOD + ["copy[1].db", "new.db", "new[2].db"] + NOT_CPUBENCH
+       + ["good.toml", "sqlite:///new-url.db"])
 SWEEPS = ["good.toml"] * GOOD + ["sweeps[old]/my.toml", "\u00fcn\u00ef\u00e7\u00f8d\u00e9.toml"] * 2 + PATHS
 SOURCES = ["copy[1].db"] * GOOD + PATHS  # merge's other databases
 INTS = ["1", "2", "3"] * GOOD + ["0", "-1", "abc", "1e3", "99999999999999999999", "", " 4", "\u0663"]
