@@ -104,11 +104,11 @@ def compare_models(a, b, label):
         pa = pb = None
         try:
             pa = a.predict(config)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # any failure is a difference to report
             pa = repr(e)
         try:
             pb = b.predict(config)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # any failure is a difference to report
             pb = repr(e)
         same(pa, pb, f"{label} predict {settings}")
         same(a.point_ms(config), b.point_ms(config), f"{label} point {settings}")

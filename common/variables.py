@@ -103,7 +103,7 @@ class Variable:
     since: int = 1  # the schema version that added it; later ones join a job's identity only off their default
     # What other parts know of it, declared here once and derived there (tests/test_settings_declared.py):
     ran_from: tuple[str, str] | None = None  # where a run records what really ran: ("applied", read-back key) or
-    #                                          ("column", runs column); the report groups it so (stats/ran.py RAN_FROM)
+    #                                          ("column", runs column); the report groups it so (ran.RAN_FROM)
     per_rank: tuple[str, ...] = ()  # read-back keys each data-parallel rank records of its own (PER_RANK_READBACK)
     compiled: bool = True  # False: torch.compile's code does not depend on it (not in the warm compile cache's key)
 
@@ -202,7 +202,8 @@ CATALOGUE: tuple[Variable, ...] = (
     _v("inter_threads", int, AUTO, ENV, "torch.set_num_interop_threads; auto = cores / ranks", min=1, max=4096,
        words=(AUTO,),
        ran_from=("applied", "interop_threads"), per_rank=("interop_threads",), compiled=False),
-    _v("isa", str, DEFAULT, ENV, "cap on the instruction set ATen, oneDNN and MKL dispatch to, each read back (a library above the cap fails the run); default = no cap",
+    _v("isa", str, DEFAULT, ENV, "cap on the instruction set ATen, oneDNN and MKL dispatch to, each read back "
+       "(a library above the cap fails the run); default = no cap",
        choices=(DEFAULT, "baseline", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")),
     _v("onednn", bool, True, FRAMEWORK, "torch.backends.mkldnn enabled; off moves convolutions and bf16/int8 "
        "matmuls off oneDNN, fp32 GEMMs stay MKL",
@@ -213,7 +214,8 @@ CATALOGUE: tuple[Variable, ...] = (
        choices=("eager", "inductor", "xla"), words=(AUTO,)),
     _v("fusion", bool, True, FRAMEWORK, "inductor fusion (only with compile=inductor)"),
     _v("compile_cache", str, "warm", FRAMEWORK, "inductor cache, kernels and precompiled headers: cold = fresh "
-       "dir per run, warm = shared, filled first by an untimed process of its own (only with compile=inductor)", choices=("cold", "warm")),
+       "dir per run, warm = shared, filled first by an untimed process of its own (only with compile=inductor)",
+       choices=("cold", "warm")),
     _v("cc_flags", str, DEFAULT, FRAMEWORK, "C++ flags of inductor's kernels (only with compile=inductor): default = "
        "inductor's own; O2/O3 = that level, no -march; native = -O3 -march=native; native_fastmath = native "
        "-ffast-math; lto is skipped (torch is not built from source here)",
@@ -467,7 +469,8 @@ def check_learning(config: dict) -> None:
                        f"it ends as not reached")
     if budget == NONE:
         if config.get("eval_every", 0) not in (0, AUTO):
-            raise BadInput(f"eval_every={config['eval_every']} needs max_tokens (only a learning run evaluates as it goes)")
+            raise BadInput(f"eval_every={config['eval_every']} needs max_tokens "
+                           "(only a learning run evaluates as it goes)")
         return
     if budget < tokens_per_step(config):
         raise BadInput(f"max_tokens={budget} is below one optimizer step of this config ({tokens_per_step(config)} "
@@ -537,7 +540,8 @@ def canonical_json(config: dict) -> str:
     """The text a job's identity is taken of: every catalogue variable, sorted, compact. A variable a
     later release added is left out while at its default, so the jobs of older databases and sweeps
     keep their hashes (they ran with that default)."""
-    return json.dumps({v.name: config[v.name] for v in CATALOGUE if v.since == 1 or config[v.name] != unset_value(v, config)},
+    return json.dumps({v.name: config[v.name] for v in CATALOGUE
+                       if v.since == 1 or config[v.name] != unset_value(v, config)},
                       sort_keys=True, separators=(",", ":"))
 
 

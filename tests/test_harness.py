@@ -126,7 +126,8 @@ def test_the_skip_words_are_written_once():
             if path.name != "harness.py" and (f'"{words}' in text or f"'{words}" in text):
                 spelled.append(f"{path.relative_to(REPO)}: {words!r}")
     assert spelled == []
-    assert str(harness.unavailable("x")) == "unavailable here: x" and str(harness.not_supported("y")) == "not supported: y"
+    assert str(harness.unavailable("x")) == "unavailable here: x"
+    assert str(harness.not_supported("y")) == "not supported: y"
 
 
 def test_the_harness_imports_only_the_standard_library():

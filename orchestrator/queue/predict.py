@@ -201,8 +201,10 @@ def time_to_loss(store, config: dict, p: Prediction, loss: float) -> dict:
             "time_to_target_s": total, "time_to_target_s_low": total * math.exp(-half),
             "time_to_target_s_high": total * math.exp(half), "eval_s": eval_s,
             "learning_extrapolated": t["extrapolated"],
-            "learning_basis": (f"tokens to {loss:g}: a law fitted to {law.runs} learning runs' curves ({law.configurations} "
-                               f"configurations{f'; {law.censored} left out: their curves never came to it' if law.censored else ''}), "
+            "learning_basis": (f"tokens to {loss:g}: a law fitted to {law.runs} learning runs' curves "
+                               f"({law.configurations} configurations"
+                               f"{f'; {law.censored} left out: their curves never came to it' if law.censored else ''}"
+                               "), "
                                f"log tokens linear in log {', '.join(law.numeric) or 'nothing'}"
                                f"{' (lr also squared)' if law.squared else ''} with factors for "
                                f"{', '.join(law.levels) or 'nothing'}, {law.dof} residual dof; evaluations every "

@@ -68,7 +68,7 @@ class PoolProgress:
     running: int = 0
     failed: int = 0
     skipped: int = 0
-    eta_s: float | None = None  # the queued jobs' estimated time (orchestrator/queue/eta.py), split over its busy machines
+    eta_s: float | None = None  # the queued jobs' estimated time (queue/eta.py), split over its busy machines
     machines: list[MachineProgress] = field(default_factory=list)
     # A machine's own pool under `--budget` (orchestrator/queue/budget.py): its length, what its runs spent, and
     # how it ended ('spent', 'resolved'; None while it runs). The budget, not the queue, says when it ends.
@@ -210,7 +210,8 @@ def queued_words(p: PoolProgress) -> str:
     """A pool's queued jobs, those that wait for a wider worker than its own said apart."""
     if not p.waiting:
         return f"{p.queued:,}"
-    return f"{p.queued - p.waiting:,} + {p.waiting:,} wider than its workers (> {p.widest} CPU{'s' if p.widest != 1 else ''})"
+    plural = "s" if p.widest != 1 else ""
+    return f"{p.queued - p.waiting:,} + {p.waiting:,} wider than its workers (> {p.widest} CPU{plural})"
 
 
 def eta_words(p: PoolProgress, now: float) -> str:

@@ -164,7 +164,8 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     ctx = Context(rows, fx.done_runs(rows), analysis, grids, names, facts, counts, failures, sweep_notes,
                   plot_paths, out_dir, targets, budgets, sweep_texts=sweep_texts, check_predictions=plots,
                   memo=memo.setdefault("predictions", {}) if memo is not None else None)
-    ctx.learning = learning_report.prepare(ctx, curves, plots_dir if plots else None, store)  # "Time to a trained model"
+    # "Time to a trained model"
+    ctx.learning = learning_report.prepare(ctx, curves, plots_dir if plots else None, store)
     plot_paths += list(ctx.learning["plots"].values())
     if fitter is not None:  # the child's result waited for where a writer first needs it
         prediction_report.adopt(ctx, fitter.result)

@@ -34,7 +34,8 @@ from orchestrator.stats import effects as fx
 from orchestrator.queue import budget
 from orchestrator.report import page_data
 from orchestrator.report.page_data import DOTS_PER_LEVEL, var_anchor
-from orchestrator.report.sections import learning as learning_report, parallel as parallel_report, prediction as prediction_report, seeds
+from orchestrator.report.sections import learning as learning_report, parallel as parallel_report, seeds
+from orchestrator.report.sections import prediction as prediction_report
 from orchestrator.report.tables import html_table
 from orchestrator.report.words import FACTS, _fact, _fmt, _p, _pct
 from common.variables import BY_NAME
@@ -60,7 +61,8 @@ def _budget_section(ctx) -> str:
     out = []
     for m, who, sp in ctx.budget_spending:
         out.append(f'<section id="budget-{m}"><h2>How the time budget was spent{_e(who)}</h2><p>{_e(sp["words"])}</p>'
-                   + (html_table(budget.GIVEN_HEADER, [[_e(c) for c in row] for row in sp["given"]]) if sp["given"] else "")
+                   + (html_table(budget.GIVEN_HEADER, [[_e(c) for c in row] for row in sp["given"]])
+                      if sp["given"] else "")
                    + (f'<p>{_e(sp["still"])}</p>' if sp["still"] else "") + "</section>")
     return "".join(out)
 
@@ -112,7 +114,7 @@ def _effects_section(st: dict, ctx, several: bool) -> str:
 A ratio is a value's step time over its baseline's (0.5 = twice as fast); a power law is drawn as the
 factor of a doubling (step time ~ size<sup>e</sup>: 2<sup>e</sup>). Click a row to open its variable.</p>
 <div class="plot" id="plot-forest" data-plot="forest"></div>
-{html_table(header, rows, "effects")}</section>"""
+{html_table(header, rows, "effects")}</section>"""  # noqa: E501 (the page's lines as they are)
 
 
 def _variable_section(v: dict | None, name: str, machine_id: int, ctx, st: dict, lost: list[dict],
@@ -248,7 +250,7 @@ where a run differs from its machine's baseline. Click a column to sort.</p>
 <th data-key="tokens_per_s">tokens/s</th><th data-key="mfu">MFU</th><th data-key="reason">why not done</th>
 </tr></thead><tbody></tbody></table>
 <div class="pager"><button id="p-prev">previous</button><span id="p-page"></span><button id="p-next">next</button></div>
-</section>"""
+</section>"""  # noqa: E501 (the page's lines as they are)
 
 
 def _seeds_section(ctx) -> str:
@@ -272,7 +274,7 @@ def _seeds_section(ctx) -> str:
 differs</strong>: the columns sit side by side, they do not say one CPU is faster. MFU carries across machines
 better than tokens/s.</p>
 {html_table(["id", "model", "machine", "runs", "s/step", "tokens/s", "MFU", "published", "published hardware", "kind"], body, "seeds")}
-<details><summary>Caveats and nearest configurations</summary><ul>{caveats}</ul></details></section>"""
+<details><summary>Caveats and nearest configurations</summary><ul>{caveats}</ul></details></section>"""  # noqa: E501 (the page's lines as they are)
 
 
 def _machines_section(ctx, shared: dict, pools: list[dict]) -> str:
@@ -325,7 +327,8 @@ def write_page(ctx, path: Path) -> Path:
     st, runs = pg.stats, pg.runs
     var_html = "".join(_variable_section(pg.variables.get(k), k[1], k[0], ctx, st, pg.lost.get(k, []),
                                          pg.grids.get(k, []), several) for k in pg.order)
-    index = "".join(f'<a href="#{var_anchor(n, m, several)}"><code>{_e(n)}</code></a> ' for n, m in pg.first_section.items())
+    index = "".join(f'<a href="#{var_anchor(n, m, several)}"><code>{_e(n)}</code></a> '
+                    for n, m in pg.first_section.items())
     sweeps = ctx.sweeps
     done = len(ctx.done)
     where = (f"{len(ctx.names)} machines" if several else next(iter(ctx.names.values()), "no machine yet"))

@@ -136,11 +136,13 @@ def analysis_dicts(analysis, grids: dict[int, list], names: dict[int, str]) -> d
                     "disturbed": len(ma.disturbed), "fitted_runs": len(ma.runs), "together": list(ma.together),
                     "identical": list(ma.identical), "regrouped": list(ma.regrouped),
                     "varied": list(ma.varied), "dof": nz.dof, "block_cv": nz.block_cv,
-                    "strata": [{"cpus": [c for c in st.members if c is not None], "cv": st.cv, "slow_share": st.slow_share,
+                    "strata": [{"cpus": [c for c in st.members if c is not None], "cv": st.cv,
+                                "slow_share": st.slow_share,
                                 "slow_shift": math.expm1(st.slow_shift)} for st in nz.strata
                                if st.dof > 0 and not st.noisy_config],
                     "half_widths": sorted(e.half_width for e in ma.effects if e.kind == "ratio" and e.se is not None),
-                    "resolvable": sorted(fx.smallest_resolvable(e) for e in ma.effects if e.kind == "ratio" and e.se is not None),
+                    "resolvable": sorted(fx.smallest_resolvable(e) for e in ma.effects
+                                          if e.kind == "ratio" and e.se is not None),
                     "advice": nz.where_repeats_help(), "uncompared": dict(ma.uncompared),
                     "baseline_lost": ma.baseline_lost}
     return {"effects": effects, "variables": variables, "grids": out_grids, "noise": noise, "family": family,

@@ -1109,7 +1109,8 @@ def grids(analysis: MachineAnalysis) -> list[Grid]:
                 continue
             keys, groups = _groups(cells, {a, b}, varied)
             col_a, col_b = cells.column(a), cells.column(b)
-            best = _best_group(cells, groups, lambda ms: len(set(zip(map(col_a.__getitem__, ms), map(col_b.__getitem__, ms)))))
+            best = _best_group(cells, groups,
+                               lambda ms: len(set(zip(map(col_a.__getitem__, ms), map(col_b.__getitem__, ms)))))
             if best is None:
                 continue
             at: dict = defaultdict(list)

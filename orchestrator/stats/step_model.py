@@ -341,7 +341,8 @@ def design(ci, bi, n_configs: int, n_blocks: int) -> Design:
     has_block = col_arr[bi] >= 0
     rows.append(np.arange(n)[has_block])
     cols.append(col_arr[bi[has_block]])
-    X = sparse.csr_matrix((np.ones(sum(len(r) for r in rows)), (np.concatenate(rows), np.concatenate(cols))), shape=(n, p))
+    ones = np.ones(sum(len(r) for r in rows))
+    X = sparse.csr_matrix((ones, (np.concatenate(rows), np.concatenate(cols))), shape=(n, p))
     return Design(X, p, component, col_of_block, blocks_dropped)
 
 

@@ -72,7 +72,8 @@ TRIPLES = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu", "ppc64l
 # Intel's tuned settings for training (IPEX launcher and Intel's model-zoo scripts): huge decay times
 # keep freed pages mapped, so each step does not pay page faults again. torch's own launcher
 # (torch/backends/xeon/run_cpu.py in 2.13) uses the first three fields only.
-JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto,dirty_decay_ms:9000000000,muzzy_decay_ms:9000000000"
+JEMALLOC_CONF = ("oversize_threshold:1,background_thread:true,metadata_thp:auto,"
+                 "dirty_decay_ms:9000000000,muzzy_decay_ms:9000000000")
 # One per allocator of the catalogue. tcmalloc: gperftools' minimal build, else the full one
 # (libgoogle-perftools4).
 ALLOCATOR_LIBS = {
@@ -225,7 +226,8 @@ START = {
                                                   bool(c.get("onednn", True))),
     "pin_threads": lambda c, facts, pool: pinning_unavailable(bool(c["pin_threads"]), c.get("framework", "torch")),
     "nodes": lambda c, facts, pool: nodes_unavailable(int(c.get("nodes", 1))),
-    "ranks": None,  # the torch trainer's launcher starts them, each rank on its slice (torch/distributed.py)
+    # the torch trainer's launcher starts them, each rank on its slice (worker/trainers/torch/distributed.py)
+    "ranks": None,
     "omp_threads": None,
     "intra_threads": None,
     "inter_threads": None,

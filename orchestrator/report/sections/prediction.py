@@ -89,7 +89,7 @@ def _predict(model, partial: dict, cpus: int) -> dict:
            "flops": p.flops_per_step, "tokens_per_step": tokens_per_step}
     try:
         ratio, _ = tokens_per_word(config["vocab_size"])
-    except Exception:  # noqa: BLE001 - no tokenizer library or corpus: the epochs stay unsaid
+    except Exception:  # no tokenizer library or corpus: the epochs stay unsaid
         ratio = None
     out["tokens_per_word"] = ratio
     for dataset, words in DATASET_WORDS.items():
