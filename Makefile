@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint report dev clean-results
+.PHONY: run test test-all lint report dev clean-results
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +13,14 @@ $(VENV)/.installed: requirements.txt
 run: $(VENV)/.installed  ## the quick sweep on this machine, then result/
 	$(PY) bench.py run --preset quick
 
-test: $(VENV)/.installed  ## the test suite
+# The fast tier leaves out what pytest.ini marks trainer (but keeps the one smoke training), postgres, slurm,
+# browser, timing and slow; it keeps real SQLite files and real bench.py processes with the stub trainer.
+FAST := smoke or not (trainer or postgres or slurm or browser or timing or slow)
+
+test: $(VENV)/.installed  ## the fast tier (a few minutes)
+	$(PY) -m pytest -q -m "$(FAST)"
+
+test-all: $(VENV)/.installed  ## every test (CI: real trainers, PostgreSQL, SLURM, a browser)
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed  ## the linter, with the rules in pyproject.toml

@@ -1,5 +1,6 @@
-"""Shared fixtures: an isolated worker state dir, a quick probe, a real SQLite file, a real
-PostgreSQL server started for the session (Debian's postgresql), and a way to run bench.py."""
+"""Shared fixtures: an isolated worker state dir, a quick probe shared by the tests marked `probe`, a real
+SQLite file, a real PostgreSQL server started for the session (Debian's postgresql), a way to run bench.py,
+and the CPU pressure that makes a wall-clock bound load-aware."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def probe_cache(tmp_path_factory) -> Path:
-    """One quick probe for the session: its cache files seed every test's state dir, so each test
-    does not pay the probe's measurement child (a torch import) again."""
+    """One quick probe for the session: its cache files seed the state dir of each test marked `probe`,
+    so a test that starts a worker does not pay the probe's measurement child (a torch import) again."""
     from worker.machine.probe import probe
 
     state = tmp_path_factory.mktemp("probe")
@@ -39,11 +40,20 @@ def probe_cache(tmp_path_factory) -> Path:
     return state
 
 
+_UNMARKED_PROBES = pytest.StashKey[list]()
+
+
 @pytest.fixture(autouse=True)
-def isolated_state(tmp_path, monkeypatch, probe_cache):
-    """Each test gets its own locks, journals, probe cache and output dir; the probe runs quick."""
+def isolated_state(request, tmp_path, monkeypatch):
+    """Each test gets its own locks, journals and output dir, and the probe runs quick. Only a test marked
+    `probe` gets the session's probe cache (so a pure statistics test starts no child); an unmarked test
+    that measured the probe anyway is named at the end of the session."""
     state = tmp_path / "state"
-    shutil.copytree(probe_cache, state)
+    marked = request.node.get_closest_marker("probe") is not None
+    if marked:
+        shutil.copytree(request.getfixturevalue("probe_cache"), state)
+    else:
+        state.mkdir(parents=True)
     monkeypatch.setenv("BENCH_STATE_DIR", str(state))
     monkeypatch.setenv("BENCH_PROBE_QUICK", "1")
     # The queue's tests do not pay a torch child per CPU set for MFU's peak (recorded in each run's
@@ -53,7 +63,18 @@ def isolated_state(tmp_path, monkeypatch, probe_cache):
     monkeypatch.delenv("BENCH_DB", raising=False)
     monkeypatch.delenv("BENCH_CHILD_MODULE", raising=False)
     monkeypatch.delenv("BENCH_INTERCONNECT_LINKS", raising=False)  # only links a test hands over are shaped
-    return state
+    yield state
+    if not marked and (state / "probe-limits.json").exists():
+        request.config.stash.setdefault(_UNMARKED_PROBES, []).append(request.node.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    unmarked = config.stash.get(_UNMARKED_PROBES, [])
+    if unmarked:
+        terminalreporter.write_sep("-", f"{len(unmarked)} test(s) measured the machine probe: mark them `probe` "
+                                        "to share the session's")
+        for nodeid in unmarked:
+            terminalreporter.write_line(nodeid)
 
 
 @pytest.fixture
@@ -85,15 +106,44 @@ def postgres_url():
 
 
 @pytest.fixture
-def pg_db(postgres_url):
-    """A fresh database on the session's PostgreSQL server."""
+def pg_db(request, postgres_url):
+    """A fresh database on the session's PostgreSQL server, for a test marked `postgres` (`make test` leaves
+    those out)."""
     import psycopg
+
+    if request.node.get_closest_marker("postgres") is None:
+        pytest.fail(f"{request.node.nodeid} uses PostgreSQL: mark it `postgres`")
 
     name = f"t{time.time_ns()}"
     plain = postgres_url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(plain, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     return postgres_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def cpu_stall_s() -> float | None:
+    """Seconds since boot in which some runnable task waited for a CPU (/proc/pressure/cpu's `some` total);
+    None on a kernel without pressure stall information."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            some = f.readline()
+        return int(some.rsplit("total=", 1)[1]) / 1e6
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class CpuStall:
+    """The CPU stall since it was made: a wall-clock bound that holds on a quiet machine is checked against
+    the time less the seconds in which some task waited for a CPU (any of those seconds the timed process
+    may have spent waiting), so other processes on a busy machine cannot fail it. Without pressure stall
+    information (an older kernel) the stall reads 0 and the bound is as strict as on a quiet machine."""
+
+    def __init__(self) -> None:
+        self.start = cpu_stall_s()
+
+    def seconds(self) -> float:
+        now = cpu_stall_s()
+        return 0.0 if now is None or self.start is None else now - self.start
 
 
 def done_fields(**values) -> dict:

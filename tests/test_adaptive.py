@@ -11,12 +11,14 @@ from sqlalchemy import text
 from orchestrator.queue.store import Store
 from tests.conftest import bench
 
+pytestmark = pytest.mark.probe
+
 LAW = {"BENCH_CHILD_MODULE": "tests.law_child"}
 PLAN = ("--axis", "d_model=32,64,128", "--axis", "optimizer=adamw,sgd", "--repeats", "2",
         "--set", "steps=1", "--set", "dataset=builtin", "--set", "cores=1")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def any_db(request, tmp_path):
     if request.param == "sqlite":
         return str(tmp_path / "results.db")

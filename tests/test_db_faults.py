@@ -23,6 +23,8 @@ import pytest
 from tests.conftest import ROOT, bench
 from tests.pgserver import pg_bin, postgres_server
 
+pytestmark = pytest.mark.probe
+
 STUB = {"BENCH_CHILD_MODULE": "tests.stub_child"}
 TINY = ["--set", "steps=2", "--set", "dataset=builtin", "--set", "cores=1"]
 SECRET = "pw-Fault-7x"
@@ -173,6 +175,7 @@ def test_a_full_disk_gives_one_line_keeps_the_database_and_leaves_the_jobs_queue
         assert json.loads(bench("status", "--json", "--db", str(db), check=True).stdout)["done"] == 2
 
 
+@pytest.mark.postgres
 def test_a_read_only_postgres_role_reads_and_a_write_says_permission_denied(pg_db, tmp_path):
     bench("enqueue", "--db", pg_db, "--axis", "d_model=32,40", *TINY, check=True)
     bench("work", "--db", pg_db, env=STUB, check=True)
@@ -232,6 +235,7 @@ def pg_server():
         yield server
 
 
+@pytest.mark.postgres
 def test_a_postgres_restart_mid_sweep_loses_no_run_and_runs_none_twice(pg_server, tmp_path):
     """The reproduction: two workers (on two hosts), heartbeat 1 s (stale after 2 s), the server
     stopped for 3 s twice mid-sweep. Before, both workers died with AdminShutdown and a traceback,
@@ -264,6 +268,7 @@ def test_a_postgres_restart_mid_sweep_loses_no_run_and_runs_none_twice(pg_server
     assert len(markers) == jobs  # every job trained exactly once
 
 
+@pytest.mark.postgres
 def test_a_worker_that_gives_up_keeps_the_result_and_the_next_worker_writes_it(pg_server, tmp_path):
     url = pg_server.url.replace("bench@", f"bench:{SECRET}@")  # the server trusts loopback: any password works
     bench("enqueue", "--db", url, "--set", "d_model=32", "--set", "steps=60", "--set", "dataset=builtin",

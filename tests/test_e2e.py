@@ -11,10 +11,13 @@ from worker.knobs import isa_check
 from worker.trainers.harness import METRICS
 from tests.conftest import bench
 
+pytestmark = [pytest.mark.trainer, pytest.mark.probe]
+
 TINY = ["n_layers=1", "d_model=32", "n_heads=2", "seq_len=32", "batch_size=4", "steps=4", "warmup_steps=1",
         "vocab_size=512"]
 
 
+@pytest.mark.smoke
 def test_once_prints_one_json_document_with_every_metric_and_the_settings_read_back():
     proc = bench("once", *TINY, "cores=1", "--json", check=True)
     result = json.loads(proc.stdout)  # exactly one document: anything else on stdout fails here

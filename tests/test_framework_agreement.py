@@ -24,6 +24,8 @@ from worker.trainers.numpy.optim import FlatParams
 from worker.trainers.numpy.step import Trainer as NumpyTrainer
 from worker.trainers.params import Arch, count, init_params, param_shapes, torch_state_dict
 
+pytestmark = pytest.mark.trainer
+
 TINY = dict(vocab_size=64, seq_len=32, n_layers=2, d_model=32, n_heads=4, head_dim=8, kv_heads=4, mlp_ratio=4.0,
             activation="gelu", attention="full", window=8, dropout=0.0, attn_backend="sdpa", precision="fp32",
             seed=3)

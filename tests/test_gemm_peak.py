@@ -131,6 +131,7 @@ def test_a_busy_process_on_the_set_makes_a_real_measurement_provisional(tmp_path
     assert not (tmp_path / gemm_peak.CACHE_FILE).exists()
 
 
+@pytest.mark.probe
 def test_a_run_records_the_peak_of_its_set_and_its_basis(tmp_path, monkeypatch):
     from common.variables import resolve
     from worker.loop import WorkerOptions, measure_once

@@ -11,6 +11,8 @@ from common import variables as V
 from tests.conftest import bench
 from worker.trainers.torch import gemm_route
 
+pytestmark = [pytest.mark.trainer, pytest.mark.probe]
+
 TINY = ["n_layers=1", "d_model=32", "n_heads=2", "seq_len=32", "batch_size=4", "steps=4", "warmup_steps=1",
         "vocab_size=512", "dataset=builtin"]
 

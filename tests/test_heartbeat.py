@@ -8,9 +8,12 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
 from tests.test_store import FACTS, enqueue, plan, store  # noqa: F401  (the store fixture)
 from tests.test_worker import rows, start_worker, wait_until
+
+pytestmark = pytest.mark.probe
 
 SLOW = {"BENCH_CHILD_MODULE": "tests.slow_stub_child"}  # 5 s to start on CPU 1
 

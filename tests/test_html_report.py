@@ -21,6 +21,8 @@ from orchestrator.report import write_report
 from orchestrator.queue.store import Store
 from tests.reportdb import configs, enqueue, machine_facts, metrics, run_all
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 BASE = {"d_model": 64, "n_layers": 1, "seq_len": 32, "precision": "fp32"}

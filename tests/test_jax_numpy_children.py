@@ -15,6 +15,8 @@ from worker import data
 from worker.trainers import harness
 from worker.trainers.harness import TRAINER_METRICS
 
+pytestmark = pytest.mark.trainer
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(d_model=32, n_layers=1, n_heads=4, seq_len=32, batch_size=2, vocab_size=256, steps=4,
             warmup_steps=1, dataset="builtin", optimizer="sgd", compile="eager")

@@ -8,6 +8,8 @@ from worker.trainers.jax import session as jax_child
 from worker.trainers.numpy import session as numpy_child
 from worker.trainers.params import load_params
 
+pytestmark = pytest.mark.trainer
+
 CONFIG = dict(vocab_size=64, seq_len=32, n_layers=1, d_model=32, n_heads=4, head_dim=8, kv_heads=2, mlp_ratio=4.0,
               activation="gelu", attention="sliding", window=8, dropout=0.0, precision="fp32", compile="eager",
               optimizer="adamw", batch_size=2, seed=0, cores=2, intra_threads=2, omp_threads=2)

@@ -12,6 +12,8 @@ from common.variables import resolve
 from orchestrator.stats import learning
 from tests.conftest import bench
 
+pytestmark = pytest.mark.probe
+
 BASE = {"d_model": 64, "batch_size": 8, "seq_len": 64, "max_tokens": 200_000, "target_loss": 5.0,
         "dataset": "shakespeare"}
 
@@ -80,6 +82,7 @@ def test_a_faster_step_that_trains_slower_is_called_out():
                                                           ("precision", ["bf16", "fp32"], ["fp32", "bf16"])]
 
 
+@pytest.mark.trainer
 def test_a_learning_sweep_reports_time_to_target_split_into_step_time_and_tokens(db, tmp_path):
     tiny = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "seq_len=32",
             "--set", "vocab_size=256", "--set", "warmup_steps=1", "--set", "cores=1", "--set", "dataset=shakespeare"]

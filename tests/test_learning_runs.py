@@ -13,6 +13,8 @@ import pytest
 from tests.conftest import ROOT, bench
 from worker.data import EVAL_TOKENS
 
+pytestmark = [pytest.mark.trainer, pytest.mark.probe]
+
 TINY = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=2", "--set", "seq_len=32", "--set",
         "batch_size=4", "--set", "vocab_size=256", "--set", "warmup_steps=1", "--set", "dataset=builtin",
         "--set", "cores=1"]  # 128 tokens a step

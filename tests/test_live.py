@@ -59,7 +59,7 @@ def _fleet(store: Store) -> dict:
     return {"a": a, "b": b, "fleet": fleet, "own": own, "running": running}
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def any_store(request, tmp_path):
     if request.param == "sqlite":
         return Store(str(tmp_path / "results.db"))
@@ -177,6 +177,7 @@ def test_report_watch_keeps_the_page_current_until_interrupted(tmp_path):
     assert "runs finished: report redone" in err and "stopped watching" in err
 
 
+@pytest.mark.browser
 def test_the_page_draws_every_plot_before_it_is_printed(tmp_path):
     from tests.test_html_report import CHROMEDRIVER, CHROMIUM, build
 
@@ -261,6 +262,7 @@ def test_stopping_the_watcher_stops_a_report_in_flight_and_the_children_it_forke
     assert not (tmp_path / "result" / ".watch").exists()
 
 
+@pytest.mark.postgres
 def test_the_watcher_rides_out_a_postgres_restart_and_the_page_says_the_database_is_not_answering(tmp_path):
     """The server stopped under `report --watch` (a maintenance restart): the watcher neither dies nor
     prints a traceback; the page keeps the last progress and says since when the database has not

@@ -51,6 +51,7 @@ def test_an_old_release_database_merges_once_and_is_left_untouched(db, tmp_path)
     assert new == old
 
 
+@pytest.mark.postgres
 def test_an_sqlite_file_merges_into_postgresql(pg_db):
     store = Store(pg_db)
     result = merge(store, str(V1))

@@ -63,6 +63,7 @@ def sqlite_schema(db: str) -> dict:
     return out
 
 
+@pytest.mark.probe
 def test_a_version_1_database_opens_keeps_every_run_reports_and_takes_new_work(old_db, tmp_path):
     runs_before = sqlite_rows(old_db, "SELECT * FROM runs ORDER BY run_id")
     old_columns = [r[1] for r in sqlite_rows(old_db, "PRAGMA table_info(runs)")]
@@ -288,6 +289,7 @@ def pg_schema(url: str) -> dict:
     return {"columns": columns, "constraints": constraints, "indexes": indexes}
 
 
+@pytest.mark.postgres
 def test_a_version_1_postgresql_database_migrates_keeps_its_runs_and_matches_a_fresh_one(pg_db, postgres_url):
     make_v1_postgres(pg_db)
     store = Store(pg_db)
@@ -306,6 +308,7 @@ def test_a_version_1_postgresql_database_migrates_keeps_its_runs_and_matches_a_f
     assert pg_schema(pg_db) == pg_schema(fresh)
 
 
+@pytest.mark.postgres
 def test_postgresql_clients_opening_an_old_database_at_once_migrate_it_once(pg_db):
     make_v1_postgres(pg_db)
     assert open_at_once(pg_db) == ["None", "None", "None", "migrated from version 1"]
@@ -314,6 +317,7 @@ def test_postgresql_clients_opening_an_old_database_at_once_migrate_it_once(pg_d
         assert conn.exec_driver_sql("SELECT MAX(version) FROM schema_version").all() == [(LATEST,)]
 
 
+@pytest.mark.postgres
 def test_an_up_to_date_postgresql_database_runs_no_ddl_on_open(pg_db):
     Store(pg_db)
     seen = []
@@ -329,6 +333,7 @@ def test_an_up_to_date_postgresql_database_runs_no_ddl_on_open(pg_db):
     assert seen and not [s for s in seen if re.match(r"\s*(CREATE|ALTER|DROP|INSERT|UPDATE|DELETE)", s, re.I)]
 
 
+@pytest.mark.postgres
 def test_on_postgresql_too_what_a_later_release_adds_migrates_to_the_fresh_schema(pg_db, postgres_url, tmp_path,
                                                                                   monkeypatch):
     from tests.pgserver import create_database

@@ -39,6 +39,7 @@ def test_the_fixture_is_a_version_2_database():
     assert LATEST > 2
 
 
+@pytest.mark.probe
 def test_a_version_2_database_opens_keeps_every_run_and_job_and_takes_new_work(v2_db, tmp_path):
     old_columns = [r[1] for r in sqlite_rows(v2_db, "PRAGMA table_info(runs)")]
     runs_before = sqlite_rows(v2_db, "SELECT * FROM runs ORDER BY run_id")
@@ -114,6 +115,7 @@ def make_v2_postgres(url: str) -> None:
                              f"(SELECT MAX({key}) FROM {table}))")
 
 
+@pytest.mark.postgres
 def test_a_version_2_postgresql_database_migrates_once_keeps_its_runs_and_matches_a_fresh_one(pg_db, postgres_url):
     from tests.pgserver import create_database
 

@@ -18,6 +18,8 @@ from tests.reportdb import machine_facts
 from tests.test_worker import start_worker
 from tests.conftest import done_fields
 
+pytestmark = pytest.mark.probe
+
 STUB = {"BENCH_CHILD_MODULE": "tests.stub_child"}
 
 
@@ -27,7 +29,7 @@ def enqueue(store, n=6, repeats=1, first=32):
     return store.enqueue(name=plan.name, source=plan.source, sweep_text=plan.text, jobs=plan.iter_jobs())
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store(request, db):
     if request.param == "sqlite":
         return Store(db)
@@ -129,6 +131,7 @@ def test_jobs_enqueued_after_a_pool_started_join_its_queue(store):
     assert len(drain(store, a, pool)) == 3
 
 
+@pytest.mark.postgres
 def test_a_postgresql_claim_skips_a_row_another_claimer_holds_instead_of_waiting(pg_db):
     store = Store(pg_db)
     enqueue(store, n=3)

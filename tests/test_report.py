@@ -198,6 +198,7 @@ def test_an_empty_database_gives_a_report_that_says_nothing_finished(store, tmp_
     assert report.csv_path.read_text().startswith("run_id,status")
 
 
+@pytest.mark.postgres
 def test_report_effects_and_eta_work_on_postgresql(request, tmp_path):
     from orchestrator.queue.eta import estimate_remaining_s
 

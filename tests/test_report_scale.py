@@ -234,7 +234,7 @@ time.sleep(120)
         report.kill()
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_rows(tmp_path, request, monkeypatch,
                                                                                    backend):
     """read_results (the report's read: each run's own columns, its job's and machine's fetched once)
@@ -497,7 +497,7 @@ def test_a_later_schema_read_from_the_view_leaves_out_the_same_columns(tmp_path,
             assert next(csv.reader(f)) == full and sum(1 for _ in f) == len(whole)
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_the_reports_read_sees_one_state_of_a_database_that_a_worker_writes_between_its_statements(
         tmp_path, request, monkeypatch, backend):
     """read_results takes a report's runs, their jobs and their machines by separate statements. In the

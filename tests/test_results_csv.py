@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 
+import pytest
 from sqlalchemy import text
 
 from orchestrator.report import results_csv
@@ -104,6 +105,7 @@ def test_a_value_holding_the_marker_is_written_from_the_view(tmp_path):
     assert (tmp_path / "new.csv").read_bytes() == _view_csv(store, None)
 
 
+@pytest.mark.postgres
 def test_on_postgresql_the_view_is_written_with_its_applied_quoted_by_the_database(tmp_path, pg_db):
     """On PostgreSQL results.csv is the view's rows (no tables path), each run's applied quoted by the
     database (results_csv.view_query, own_lines): the bytes csv.writer writes, for every machine and

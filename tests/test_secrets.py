@@ -12,6 +12,8 @@ from sqlalchemy import create_engine, inspect, text
 from common.secrets import scrub
 from tests.conftest import bench
 
+pytestmark = pytest.mark.probe
+
 SECRET = "pw-S3cr3t-q9"
 UNREACHABLE = f"postgresql+psycopg://user:{SECRET}@127.0.0.1:1/db"
 STUB = {"BENCH_CHILD_MODULE": "tests.stub_child"}
@@ -59,6 +61,7 @@ def test_unreachable_or_bad_database_url_never_shows_its_password(url, tmp_path)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and SECRET not in proc.stdout + proc.stderr
 
 
+@pytest.mark.postgres
 def test_a_password_url_leaves_no_trace_in_outputs_files_or_database(postgres_url, pg_db, tmp_path, isolated_state):
     url = with_password(pg_db)
     shown = []

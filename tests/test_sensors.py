@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from worker.machine import sensors
 
 from worker.knobs import sysfs
@@ -111,6 +113,7 @@ def test_other_cpu_time_is_the_job_cpus_busy_time_less_the_childs(tmp_path):
                                (0.0, 1.0))["other_cpu_s"] == 0.0
 
 
+@pytest.mark.probe
 def test_a_process_spinning_on_the_jobs_cpu_shows_in_other_cpu_s(tmp_path):
     """A real busy process pinned to CPU 0 while a real job (tests/busy_child.py) runs on CPU 0."""
     import os

@@ -17,6 +17,8 @@ from sqlalchemy import create_engine, text
 from tests import slurm
 from tests.conftest import bench
 
+pytestmark = pytest.mark.probe
+
 SECRET = "slurm-pw-7x"
 JOBS = 8
 
@@ -43,6 +45,8 @@ def local_slurm():
         yield env
 
 
+@pytest.mark.slurm
+@pytest.mark.postgres
 def test_two_array_tasks_drain_a_pool_once(local_slurm, pg_db, tmp_path, isolated_state):
     url = pg_db.replace("bench@", f"bench:{SECRET}@", 1)
     env = {**local_slurm, "BENCH_CHILD_MODULE": "tests.stub_child"}

@@ -25,7 +25,7 @@ def enqueue(store, p):
     return store.enqueue(name=p.name, source=p.source, sweep_text=p.text, jobs=p.jobs)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store(request, db, tmp_path):
     if request.param == "sqlite":
         return Store(db)

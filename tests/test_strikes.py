@@ -7,8 +7,12 @@ import random
 import signal
 import subprocess
 
+import pytest
+
 from tests.conftest import bench
 from tests.test_worker import rows, start_worker, stub_children, wait_until
+
+pytestmark = pytest.mark.probe
 
 TINY_JOBS = 16
 

@@ -18,6 +18,8 @@ from worker.trainers import harness, session
 from worker.trainers.torch import train
 from worker.trainers.torch.model import GPT, ModelConfig
 
+pytestmark = pytest.mark.trainer
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(d_model=32, n_layers=1, n_heads=2, seq_len=32, batch_size=4, vocab_size=512, steps=4,
             warmup_steps=1, dataset="builtin")

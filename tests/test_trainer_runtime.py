@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.trainer
+
 ROOT = Path(__file__).resolve().parent.parent
 CPUS = sorted(os.sched_getaffinity(0))
 
