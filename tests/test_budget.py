@@ -17,8 +17,10 @@ from common.durations import parse_duration
 from common.errors import BadInput
 from orchestrator.queue import budget
 from orchestrator.queue.store import Store
-from tests.conftest import ROOT, bench
+from tests.conftest import ROOT, CpuStall, bench
 from tests.test_adaptive import query
+
+pytestmark = pytest.mark.probe
 
 LAW = {"BENCH_CHILD_MODULE": "tests.law_child"}
 STUB = {"BENCH_CHILD_MODULE": "tests.stub_child"}
@@ -103,6 +105,7 @@ def test_one_more_run_a_side_repeats_a_comparisons_own_block_not_the_baseline_of
 
 def test_work_budget_gives_every_comparison_a_second_run_then_the_widest_more_and_the_report_says_so(db, tmp_path):
     bench("enqueue", "--db", db, *PLAN, check=True)
+    stall = CpuStall()
     work = bench("work", "--db", db, "--budget", "20s", env=LAW, check=True)
     made = query(db, "SELECT decision, spent_s, budget_s, repeat, jobs, chosen FROM budget_decisions "
                      "ORDER BY decision_id")
@@ -110,7 +113,7 @@ def test_work_budget_gives_every_comparison_a_second_run_then_the_widest_more_an
     # every job of the first pass again: with one run a side no interval is usable (the probe's prior alone)
     assert made[0]["jobs"] == 6 and all(c["runs"] == 1 for c in json.loads(made[0]["chosen"]))
     assert made[-1]["decision"] in ("resolved", "spent")
-    assert all(d["budget_s"] == 20 for d in made) and made[-1]["spent_s"] <= 20 + 2
+    assert all(d["budget_s"] == 20 for d in made) and made[-1]["spent_s"] <= 20 + 2 + stall.seconds()
     assert "budget" in work.stderr and "runs added" in work.stderr
     out = tmp_path / "result"
     bench("report", "--db", db, "--out", str(out), check=True)
@@ -142,11 +145,12 @@ def _stub_sweep(db: str, jobs: int = 12) -> None:
 
 def test_a_spent_budget_stops_the_worker_with_jobs_left_and_a_second_start_resumes_under_the_remainder(db):
     _stub_sweep(db)
+    stall = CpuStall()
     bench("work", "--db", db, "--budget", "2s", env=STUB, check=True)
     first = query(db, "SELECT COUNT(*) AS n FROM runs WHERE status = 'done'")[0]["n"]
     assert 1 <= first < 12
     (d,) = query(db, "SELECT decision, spent_s FROM budget_decisions")
-    assert d["decision"] == "spent" and 2 <= d["spent_s"] < 2 + 1.5
+    assert d["decision"] == "spent" and 2 <= d["spent_s"] < 2 + 1.5 + stall.seconds()  # the last run's overshoot
     again = bench("work", "--db", db, "--budget", "2s", env=STUB, check=True)  # nothing left of it
     assert query(db, "SELECT COUNT(*) AS n FROM runs WHERE status = 'done'")[0]["n"] == first
     assert "the budget is spent" in again.stderr
@@ -159,6 +163,7 @@ def test_a_spent_budget_stops_the_worker_with_jobs_left_and_a_second_start_resum
 def test_a_worker_killed_mid_budget_is_resumed_under_what_its_runs_spent(db):
     _stub_sweep(db, jobs=16)
     env = {**os.environ, **STUB, "BENCH_HEARTBEAT_S": "0.5"}
+    stall = CpuStall()
     proc = subprocess.Popen([sys.executable, str(ROOT / "bench.py"), "work", "--db", db, "--budget", "5s"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
@@ -172,5 +177,5 @@ def test_a_worker_killed_mid_budget_is_resumed_under_what_its_runs_spent(db):
     bench("work", "--db", db, "--budget", "5s", env={"BENCH_HEARTBEAT_S": "0.5", **STUB}, check=True)
     after = query(db, "SELECT COUNT(*) AS n FROM runs WHERE status = 'done'")[0]["n"]
     (d,) = query(db, "SELECT decision, spent_s FROM budget_decisions")
-    assert d["decision"] == "spent" and 5 <= d["spent_s"] < 5 + 1.5
+    assert d["decision"] == "spent" and 5 <= d["spent_s"] < 5 + 1.5 + stall.seconds()
     assert before < after < 16  # the second worker ran only the remainder

@@ -16,8 +16,11 @@ import pytest
 import torch
 
 from common.variables import parse_value, resolve
+from tests.conftest import CpuStall
 from worker import data
 from worker.trainers.torch import distributed
+
+pytestmark = [pytest.mark.trainer, pytest.mark.probe]
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(d_model=32, n_layers=1, n_heads=2, seq_len=32, vocab_size=256, warmup_steps=1, dataset="builtin",
@@ -148,9 +151,9 @@ def test_a_rank_that_dies_hangs_or_runs_out_of_memory_fails_the_run_naming_it_an
         pids = rank_pids(dp_dir)
         assert set(pids) == {0, 1}, proc.stderr.read() if proc.poll() is not None else pids
         fault(pids[1], kind)
-        hit = time.monotonic()
+        hit, stall = time.monotonic(), CpuStall()
         out, err = proc.communicate(timeout=60)
-        failed_after_s = time.monotonic() - hit
+        failed_after_s, stalled_s = time.monotonic() - hit, stall.seconds()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -158,7 +161,7 @@ def test_a_rank_that_dies_hangs_or_runs_out_of_memory_fails_the_run_naming_it_an
     assert proc.returncode != 0 and out.strip() == ""
     assert reason.format(pid=pids[1]) in err.strip().splitlines()[-1]
     bound = 3 + distributed.SHUTDOWN_TIMEOUT_S + 10 if kind == "hang" else 15  # collective timeout 3 s
-    assert failed_after_s < bound, err[-4000:]
+    assert failed_after_s - stalled_s < bound, err[-4000:]  # load-aware: a busy machine's waits do not count
     assert not any(alive(pid) for pid in pids.values()), "a rank outlived its failed run"
 
 

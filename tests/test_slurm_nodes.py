@@ -17,10 +17,10 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests import netcluster
-from tests.conftest import bench
+from tests.conftest import CpuStall, bench
 from tests.pgserver import create_database
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.postgres, pytest.mark.probe]
 
 # one rank per node of the tiny model; 3 s collective timeout keeps the faults short
 TINY = dict(d_model=32, n_layers=1, n_heads=2, seq_len=32, vocab_size=256, warmup_steps=1, dataset="builtin",
@@ -205,11 +205,11 @@ def test_a_lost_node_fails_the_run_naming_it_leaves_no_rank_and_the_retry_finish
         cluster.kill_slurmd(second)
     else:
         os.kill(launcher_pid(cluster, second), 9)
-    hit = time.monotonic()
+    hit, stall = time.monotonic(), CpuStall()
     while rows(cluster_db, "SELECT status FROM runs")[0].status == "running":
         assert time.monotonic() - hit < 120, "the run did not fail"
         time.sleep(0.2)
-    failed_after_s = time.monotonic() - hit
+    failed_after_s, stalled_s = time.monotonic() - hit, stall.seconds()
     ended_after_s = wait_gone(cluster, job_id, 120) + failed_after_s
     status, reason = rows(cluster_db, "SELECT status, reason FROM runs")[0]
     left = cluster.rank_processes()
@@ -218,7 +218,7 @@ def test_a_lost_node_fails_the_run_naming_it_leaves_no_rank_and_the_retry_finish
     assert status == "failed" and second.name in reason, reason
     # slurmctld: "not responding" after SlurmdTimeout, DOWN at a ping round after (18 s with 10)
     detector = netcluster.SLURMD_TIMEOUT_S * 2 if fault == "slurmd killed" else COLLECTIVE_TIMEOUT_S
-    assert failed_after_s < detector + GRACE_S
+    assert failed_after_s - stalled_s < detector + GRACE_S  # load-aware: a busy machine's waits do not count
     assert not left
 
     if fault == "link cut":
