@@ -38,6 +38,7 @@ def decisions(db):
     return query(db, "SELECT decision, repeat, jobs, wide FROM adaptive_decisions ORDER BY decision_id")
 
 
+@pytest.mark.slow
 def test_repeat_passes_are_added_until_every_interval_meets_the_target(db, tmp_path):
     bench("enqueue", "--db", db, *PLAN, check=True)
     work = bench("work", "--db", db, "--target-ci", "5", "--max-repeats", "8", env=LAW, check=True)
@@ -76,6 +77,7 @@ def test_repeat_passes_are_added_until_every_interval_meets_the_target(db, tmp_p
     assert f"repeat pass {made[-2]['repeat']} added by work --target-ci 5" in summary
 
 
+@pytest.mark.slow
 def test_the_maximum_stops_the_passes_and_the_report_says_the_target_was_not_met(any_db, tmp_path):
     bench("enqueue", "--db", any_db, *PLAN, check=True)
     bench("work", "--db", any_db, "--target-ci", "0.5", "--max-repeats", "3", env=LAW, check=True)

@@ -48,6 +48,7 @@ def test_a_bad_budget_exits_2_naming_it_and_writes_nothing(db):
     assert query(db, "SELECT COUNT(*) AS n FROM budgets") == [{"n": 0}]
 
 
+@pytest.mark.slow
 def test_at_the_same_cost_the_budget_leaves_no_interval_unusable_and_keeps_coverage_and_false_alarms(tmp_path):
     """Three seeds of the synthetic machine (its noisy bf16 level, drifting passes): the fixed design of
     three repeats against a budget of the same seconds. The budget spends its time on the widest
@@ -103,6 +104,7 @@ def test_one_more_run_a_side_repeats_a_comparisons_own_block_not_the_baseline_of
     assert budget.own_keys([("a", None), ("b", None)]) == {("a", None), ("b", None)}  # no blocks: all of it
 
 
+@pytest.mark.slow
 def test_work_budget_gives_every_comparison_a_second_run_then_the_widest_more_and_the_report_says_so(db, tmp_path):
     bench("enqueue", "--db", db, *PLAN, check=True)
     stall = CpuStall()
@@ -126,6 +128,7 @@ def test_work_budget_gives_every_comparison_a_second_run_then_the_widest_more_an
     assert "Time budget (--budget): budget" in status.stdout and "of 20 s spent" in status.stdout
 
 
+@pytest.mark.slow
 def test_run_enqueues_one_pass_of_the_preset_and_stops_when_its_budget_is_spent(tmp_path):
     db, out = str(tmp_path / "results.db"), tmp_path / "result"
     proc = bench("run", "--preset", "quick", "--budget", "6s", "--db", db, "--out", str(out), env=STUB)
@@ -143,6 +146,7 @@ def _stub_sweep(db: str, jobs: int = 12) -> None:
           "--set", "steps=8", "--set", "dataset=builtin", "--set", "cores=1", "--repeats", "1", check=True)
 
 
+@pytest.mark.slow
 def test_a_spent_budget_stops_the_worker_with_jobs_left_and_a_second_start_resumes_under_the_remainder(db):
     _stub_sweep(db)
     stall = CpuStall()
@@ -160,6 +164,7 @@ def test_a_spent_budget_stops_the_worker_with_jobs_left_and_a_second_start_resum
     assert query(db, "SELECT COUNT(*) AS n FROM budgets") == [{"n": 1}]
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_budget_is_resumed_under_what_its_runs_spent(db):
     _stub_sweep(db, jobs=16)
     env = {**os.environ, **STUB, "BENCH_HEARTBEAT_S": "0.5"}

@@ -53,6 +53,7 @@ def test_one_fork_server_per_trainer_kept_across_alternating_frameworks(tmp_path
         servers.close()
 
 
+@pytest.mark.slow
 def test_a_torch_fork_server_reads_the_library_isas_once_for_its_children(tmp_path):
     from common.variables import parse_value, resolve
     from worker.knobs import isa_check

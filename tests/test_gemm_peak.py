@@ -29,6 +29,7 @@ def test_one_thread_per_physical_core_of_the_set():
 
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
+@pytest.mark.slow
 def test_a_small_gemm_runs_pinned_with_one_thread_per_physical_core():
     """A fake topology makes the two CPUs SMT siblings: one thread, on the first of them."""
     cpus = CPUS[:2]
@@ -41,6 +42,7 @@ def test_a_small_gemm_runs_pinned_with_one_thread_per_physical_core():
 
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
+@pytest.mark.slow
 def test_the_peak_is_the_fastest_of_the_trainers_libraries_each_on_the_whole_set():
     """torch's MKL is not the machine's peak (on an AVX-512 AMD EPYC it gave 208 GFLOP/s where XLA gave
     452): every trainer library is measured and the fastest taken. XLA's pool must span both CPUs:
@@ -116,6 +118,7 @@ def test_a_loaded_measurement_is_used_once_marked_provisional_and_not_cached(tmp
     assert not (tmp_path / gemm_peak.CACHE_FILE).exists()
 
 
+@pytest.mark.slow
 def test_a_busy_process_on_the_set_makes_a_real_measurement_provisional(tmp_path):
     cpu = CPUS[0]
     spin = f"import os,time\nos.sched_setaffinity(0,{{{cpu}}})\nt=time.time()\nwhile time.time()-t<60: pass\n"
@@ -132,6 +135,7 @@ def test_a_busy_process_on_the_set_makes_a_real_measurement_provisional(tmp_path
 
 
 @pytest.mark.probe
+@pytest.mark.slow
 def test_a_run_records_the_peak_of_its_set_and_its_basis(tmp_path, monkeypatch):
     from common.variables import resolve
     from worker.loop import WorkerOptions, measure_once

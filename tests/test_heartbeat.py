@@ -18,6 +18,7 @@ pytestmark = pytest.mark.probe
 SLOW = {"BENCH_CHILD_MODULE": "tests.slow_stub_child"}  # 5 s to start on CPU 1
 
 
+@pytest.mark.slow
 def test_a_slow_starting_child_on_a_live_worker_is_not_taken_back(db, tmp_path):
     """The reproduction: two workers on disjoint CPUs, heartbeat 1 s (stale after 2 s); the worker on
     CPU 1 spends 5 s starting its fork server (the stub sleeps at import there). Before the fix the
@@ -42,6 +43,7 @@ def test_a_slow_starting_child_on_a_live_worker_is_not_taken_back(db, tmp_path):
     assert rows(db, "SELECT COUNT(DISTINCT worker_pid) FROM runs")[0][0] == 2  # both worked
 
 
+@pytest.mark.slow
 def test_the_heartbeat_moves_while_the_fork_server_starts(db):
     """From claim to the child's first output nothing used to beat: a worker on another host would
     have taken the run back after two heartbeats. Now the heartbeat moves before any child exists."""

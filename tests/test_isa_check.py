@@ -103,6 +103,7 @@ def _run(code, env_extra, *args):
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists() or "sse4_2" not in Path("/proc/cpuinfo").read_text(),
                     reason="x86-64 with SSE4.2 only")
+@pytest.mark.slow
 def test_a_fork_server_reads_the_library_isas_once_as_its_children_would():
     capped = {**isa_check.extra_env("baseline"), "ONEDNN_MAX_CPU_ISA": "SSE41"}
     held = _run(HELD_CODE, capped)

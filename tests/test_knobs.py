@@ -378,6 +378,7 @@ def idle_fraction(seconds: float = 0.5) -> float:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@pytest.mark.timing
 def test_one_core_runs_a_fixed_matmul_workload_slower_than_two(tmp_path):
     # Compares two runs, never a time target. Two threads on two CPUs lose to one whenever something
     # else holds one of the CPUs (each OpenMP barrier waits for the descheduled thread), so the

@@ -152,6 +152,7 @@ def test_the_tokens_law_recovers_a_known_truth_refuses_what_was_never_measured_a
     assert law.predict(base | {"d_model": 256})["extrapolated"]["d_model"]["measured_max"] == 128
 
 
+@pytest.mark.slow
 def test_with_several_machines_each_gets_the_time_to_target_measured_or_predicted_from_the_curves(db, tmp_path):
     """A learning sweep run on this host, and a synthetic machine (tests/synthetic.py) that ran the quick
     preset and none of the learning runs: it gets their time to target predicted from its own step

@@ -90,6 +90,7 @@ def test_progress_counts_each_pool_and_machine_with_running_runs_and_the_last_fa
     assert json.loads(json.dumps(pr.as_dict()))["pools"][0]["machines"]
 
 
+@pytest.mark.slow
 def test_status_shows_every_pool_and_machine_and_says_so_in_json(tmp_path):
     db = str(tmp_path / "results.db")
     _fleet(Store(db))
@@ -101,6 +102,7 @@ def test_status_shows_every_pool_and_machine_and_says_so_in_json(tmp_path):
     assert "by pool and machine" in shown and "since" in shown and "RuntimeError: boom in the child" in shown
 
 
+@pytest.mark.slow
 def test_watch_rewrites_the_page_atomically_and_redoes_the_statistics_only_when_runs_finished(tmp_path):
     store = Store(str(tmp_path / "results.db"))
     ids = _fleet(store)
@@ -353,6 +355,7 @@ watch(Store({str(tmp_path / "results.db")!r}), {str(tmp_path / "result")!r}, eve
                 psutil.Process(p).kill()
 
 
+@pytest.mark.slow
 def test_a_pools_jobs_wider_than_its_workers_wait_apart_and_out_of_its_eta(any_store, tmp_path):
     """A worker of one CPU passes over its pool's two-core jobs (store.POP_QUEUE: the first job in run
     order that fits). Once it has, the progress says those wait for a wider worker instead of counting

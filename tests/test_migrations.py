@@ -64,6 +64,7 @@ def sqlite_schema(db: str) -> dict:
 
 
 @pytest.mark.probe
+@pytest.mark.slow
 def test_a_version_1_database_opens_keeps_every_run_reports_and_takes_new_work(old_db, tmp_path):
     runs_before = sqlite_rows(old_db, "SELECT * FROM runs ORDER BY run_id")
     old_columns = [r[1] for r in sqlite_rows(old_db, "PRAGMA table_info(runs)")]

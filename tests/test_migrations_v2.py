@@ -40,6 +40,7 @@ def test_the_fixture_is_a_version_2_database():
 
 
 @pytest.mark.probe
+@pytest.mark.slow
 def test_a_version_2_database_opens_keeps_every_run_and_job_and_takes_new_work(v2_db, tmp_path):
     old_columns = [r[1] for r in sqlite_rows(v2_db, "PRAGMA table_info(runs)")]
     runs_before = sqlite_rows(v2_db, "SELECT * FROM runs ORDER BY run_id")

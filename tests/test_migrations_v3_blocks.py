@@ -27,6 +27,7 @@ def v3_db(tmp_path) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_version_3_database_keeps_its_jobs_unblocked_and_plans_the_same_sweep_anew_in_blocks(v3_db, tmp_path):
     assert sqlite_rows(v3_db, "SELECT MAX(version) FROM schema_version") == [(3,)]
     runs_before = sqlite_rows(v3_db, "SELECT run_id, job_id, status, step_ms_median FROM runs ORDER BY run_id")

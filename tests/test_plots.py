@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from orchestrator.report import plots
 from orchestrator.report import write_report
 from orchestrator.queue.store import Store
@@ -30,6 +32,7 @@ def test_a_png_is_drawn_once_not_once_more_without_rendering(tmp_path):
     assert (tmp_path / "one.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_the_pngs_are_the_bytes_fig_tight_layout_gives(tmp_path, monkeypatch):
     store = Store(str(tmp_path / "results.db"))
     sweep_db(store)  # d_model (log axes, a fitted law) and precision (categories with ratio labels)

@@ -156,6 +156,7 @@ def test_a_postgresql_claim_skips_a_row_another_claimer_holds_instead_of_waiting
         claimer.join()
 
 
+@pytest.mark.slow
 def test_workers_started_with_pool_share_it_and_status_and_retry_know_it(db, tmp_path):
     bench("enqueue", "--db", db, "--axis", "d_model=" + ",".join(str(32 + 8 * i) for i in range(10)),
           "--axis", "seed=0,2", "--set", "steps=2", "--set", "dataset=builtin", "--set", "cores=1", check=True)

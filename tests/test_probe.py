@@ -38,6 +38,7 @@ def facts(state_dir):
     return probe.probe(state_dir, quick=True)
 
 
+@pytest.mark.slow
 def test_the_facts_have_every_machines_column(facts):
     missing = [c for c in machines_columns() if c not in facts]
     assert not missing
@@ -53,6 +54,7 @@ def test_the_torch_build_is_recorded(facts):
     assert facts["gemm_gflops_fp32_1c"] > 0 and facts["mem_bw_gbs_1t"] > 0
 
 
+@pytest.mark.slow
 def test_a_second_probe_is_served_from_the_cache_and_remeasure_measures_again(state_dir, facts):
     first = facts
     again = probe.probe(state_dir, quick=True)
@@ -126,6 +128,7 @@ def test_the_probe_measures_the_machine_noise_and_the_store_keeps_it(facts, tmp_
                 == (facts["noise_cv"],))
 
 
+@pytest.mark.slow
 def test_a_cache_from_before_the_noise_figure_is_measured_again(tmp_path):
     first = probe.probe(tmp_path, quick=True)
     cache = tmp_path / "probe-limits.json"
@@ -137,6 +140,7 @@ def test_a_cache_from_before_the_noise_figure_is_measured_again(tmp_path):
     assert again["noise_cv"] is not None and again["limits_measured_at"] > first["limits_measured_at"]
 
 
+@pytest.mark.slow
 def test_limits_measured_under_load_are_provisional_and_measured_again_later(tmp_path):
     """Two processes spinning on every CPU of the probe take far more than 5% of its window: the
     figures are used but flagged with why, and a probe RETRY_S later measures them again."""
@@ -160,6 +164,7 @@ def test_limits_measured_under_load_are_provisional_and_measured_again_later(tmp
     assert later["limits_measured_at"] > loaded["limits_measured_at"]
 
 
+@pytest.mark.slow
 def test_a_cache_from_before_the_load_check_is_measured_again(tmp_path):
     """A cached figure never checked for load must not be reported as measured on a quiet machine."""
     first = probe.probe(tmp_path, quick=True)

@@ -67,6 +67,7 @@ def test_a_synthetic_fleet_database_gets_the_same_effects_grouped_per_configurat
     assert [effect_row(e) for e in report.effects] == [effect_row(e) for e in analysis.effects]
 
 
+@pytest.mark.slow
 def test_machines_whose_step_model_a_child_fitted_say_what_machines_fitted_here_say(tmp_path):
     store = build(str(tmp_path / "r.db"), 2400, machines=3, shape="small", disturbed=23, read_back=17, quiet=True)
     rows = _rows(store)
@@ -115,6 +116,7 @@ def test_the_pages_baselines_and_the_seeds_lookup_match_their_plain_definitions(
     assert sum(1 for v in found.values() if v) >= 2
 
 
+@pytest.mark.slow
 def test_the_compact_rows_read_like_the_full_rows_and_the_report_says_the_same_from_them(tmp_path, monkeypatch):
     """write_report reads its rows in chunks as compact rows (orchestrator/report/rows.py): every column reads
     as in the full row, results.csv is every row as fetched, and the effects (against the old per-run
@@ -345,6 +347,7 @@ def test_the_pages_run_table_is_bounded_and_keeps_every_failure_and_every_drawn_
     assert len(ids - not_done - drawn) <= 200 < len(rows) - len(kept)
 
 
+@pytest.mark.slow
 def test_the_cost_model_fitted_on_cells_says_what_the_per_run_fit_says(tmp_path):
     """cost_model.fit on (configuration, block) cells weighted by their runs (mean log time, s^2 with the
     within-cell sum of squares) against the per-run fit, on the quick preset's synthetic machine (setting
@@ -383,6 +386,7 @@ def test_the_cost_model_fitted_on_cells_says_what_the_per_run_fit_says(tmp_path)
                 (f["predicted_ms"], f["low_ms"], f["high_ms"]), rel=1e-8)
 
 
+@pytest.mark.slow
 def test_a_watched_report_redoes_only_the_machine_whose_runs_changed_and_says_what_a_fresh_report_says(tmp_path):
     store = build(str(tmp_path / "r.db"), 2400, machines=2, shape="small", disturbed=23, read_back=17, quiet=True)
     memo: dict = {}

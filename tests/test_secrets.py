@@ -46,6 +46,7 @@ COMMANDS = [
 @pytest.mark.parametrize("url", [UNREACHABLE, f"postgresql+psycopg://user:{SECRET}@127.0.0.1:notaport/db",
                                  f"postgresql+psycopg://user:{SECRET}@127.0.0.1:1/db?sslmode=bogus",
                                  f"mysql://user:{SECRET}@127.0.0.1:1/db"])
+@pytest.mark.slow
 def test_unreachable_or_bad_database_url_never_shows_its_password(url, tmp_path):
     for args in COMMANDS:
         extra = ["--out", str(tmp_path / "report")] if args == ["report"] else []

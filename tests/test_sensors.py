@@ -114,6 +114,7 @@ def test_other_cpu_time_is_the_job_cpus_busy_time_less_the_childs(tmp_path):
 
 
 @pytest.mark.probe
+@pytest.mark.slow
 def test_a_process_spinning_on_the_jobs_cpu_shows_in_other_cpu_s(tmp_path):
     """A real busy process pinned to CPU 0 while a real job (tests/busy_child.py) runs on CPU 0."""
     import os

@@ -41,6 +41,7 @@ def enqueue_tiny_jobs(db: str) -> None:
           "--set", "steps=6", "--set", "dataset=builtin", "--set", "cores=1", check=True)
 
 
+@pytest.mark.slow
 def test_five_kills_of_a_restarted_worker_fail_no_job(db):
     """The reproduction: before, each new worker's first claim was the run taken back, and start-up
     took most of the seconds before the next kill: three kills in one job's claims failed it
@@ -58,6 +59,7 @@ def running_child(db: str, worker) -> bool:
                     f"AND worker_pid = {worker.pid}")[0][0] == 1
 
 
+@pytest.mark.slow
 def test_workers_killed_while_the_first_claims_child_runs_within_its_time_fail_no_job(db):
     """The mechanism, without the luck of the intervals: each restarted worker's first claim is the run
     taken back, and it is killed while that run's child runs (within its predicted time). Before, the
@@ -94,6 +96,7 @@ def test_a_child_killed_by_a_signal_three_times_fails_its_run_saying_so(db, tmp_
     assert len(list((tmp_path / "output" / "tries").iterdir())) == 3
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_three_times_while_its_child_runs_far_past_its_prediction_fails_the_run(db):
     """The child hangs (stub seed 3) far past what the pool's done runs predict for it, and its worker
     dies each time: three strikes, the reason names how long it ran against its prediction."""

@@ -49,6 +49,7 @@ def binomial_tail(n: int, p: float, k: int) -> float:
     return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
 
 
+@pytest.mark.slow
 def test_the_quick_report_finds_every_true_effect_within_10_percent_inside_its_interval(tmp_path):
     store = Store(str(tmp_path / "results.db"))
     S.build(store, seed=0)
@@ -91,6 +92,7 @@ def test_the_quick_report_finds_every_true_effect_within_10_percent_inside_its_i
     assert ranks.index("d_model") < ranks.index("optimizer") and ranks.index("cores") < ranks.index("pin_threads")
 
 
+@pytest.mark.slow
 def test_over_seeds_the_report_is_unbiased_and_its_family_wise_error_and_coverage_hold(tmp_path):
     truth = S.truth_by_label()
     # With a true family-wise rate of 5%, SEEDS seeds show more than ALLOWED seeds with an error with
@@ -136,6 +138,7 @@ HEAVY_SEEDS = 10
 HEAVY_REPEATS = 12  # enough runs per configuration for the model to see the slow runs as a mode
 
 
+@pytest.mark.slow
 def test_heavy_tails_and_disturbed_runs_move_neither_the_estimates_nor_the_intervals(tmp_path):
     """The shared VM's noise: 6% of runs slowed by 20-100% with no sensor seeing it (S.TAIL), 5% as
     much with other_cpu_s showing another process (S.DISTURBED), 12 passes. Every true effect must

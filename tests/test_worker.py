@@ -50,6 +50,7 @@ def wait_until(predicate, timeout=30.0):
     return False
 
 
+@pytest.mark.slow
 def test_killed_worker_leaves_no_job_running_after_restart(db, tmp_path):
     bench("enqueue", "--db", db, "--axis", "d_model=" + ",".join(str(32 + 8 * i) for i in range(12)),
           "--set", "steps=6", "--set", "dataset=builtin", "--set", "cores=1", check=True)
@@ -87,6 +88,7 @@ def run_two_workers(db: str, jobs: int, steps: int) -> None:
     assert b.wait(timeout=120) == 0, b.stderr.read()
 
 
+@pytest.mark.slow
 def test_two_workers_on_disjoint_cpus_never_claim_the_same_job(db, tmp_path):
     run_two_workers(db, jobs=16, steps=8)
     runs = rows(db, "SELECT job_id, status, attempts, applied FROM runs")
@@ -97,6 +99,7 @@ def test_two_workers_on_disjoint_cpus_never_claim_the_same_job(db, tmp_path):
     assert affinities == {(0,), (1,)}  # both workers worked, each on its own CPU
 
 
+@pytest.mark.slow
 def test_a_second_worker_on_the_same_cpus_is_refused(db):
     bench("enqueue", "--db", db, "--axis", "d_model=32,40", "--set", "steps=100", "--set", "dataset=builtin",
           check=True)
@@ -120,6 +123,7 @@ def test_a_second_worker_on_the_same_cpus_is_refused(db):
     (6, "the trainer's result breaks the contract: unknown field(s) steps_seen; missing metric(s) mfu"),
     (7, "1 compilation(s) during the timed steps (the slowest timed step 9.0x the median): the run timed the compiler"),
 ])
+@pytest.mark.slow
 def test_a_child_that_crashes_or_hangs_gives_a_failed_run_with_its_reason(db, seed, reason):
     bench("enqueue", "--db", db, "--set", f"seed={seed}", "--set", "dataset=builtin", "--set", "steps=1",
           "--axis", "d_model=32,64", check=True)
@@ -157,6 +161,7 @@ def test_heartbeat_moves_while_the_child_runs(db):
         assert worker.wait(timeout=60) == 0
 
 
+@pytest.mark.slow
 def test_status_json_counts_this_machines_runs(db):
     bench("enqueue", "--db", db, "--set", "dataset=builtin", "--set", "steps=1", "--axis", "d_model=32,40,48",
           check=True)
