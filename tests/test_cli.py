@@ -59,6 +59,7 @@ def test_enqueue_twice_gives_the_same_job_count(db):
 
 
 @pytest.mark.slow
+@pytest.mark.probe
 def test_dry_run_writes_nothing(db):
     proc = bench("enqueue", "--db", db, "--preset", "quick", "--dry-run", check=True)
     assert "would add" in proc.stdout
@@ -77,6 +78,7 @@ def test_once_rejects_an_impossible_configuration(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.probe
 def test_an_auto_range_this_machine_cannot_give_is_kept_as_a_note_for_the_report(db, tmp_path):
     path = tmp_path / "f.toml"
     path.write_text("[axes]\nfreq_mhz = \"auto:400\"\nd_model = [32, 64]\n")

@@ -54,6 +54,7 @@ def template(tmp_path_factory):
 @example(line=["status", "--db", "other.db"])
 @example(line=["enqueue", "a folder"])
 @pytest.mark.slow
+@pytest.mark.probe
 def test_every_command_line_exits_0_1_or_2_without_a_traceback_and_exit_2_writes_nothing(tmp_path, template, line):
     broken = run_line(app, line, tmp_path / uuid.uuid4().hex, template)
     assert broken is None, f"{line}: {broken}"
