@@ -41,15 +41,20 @@ def probe_cache(tmp_path_factory) -> Path:
 
 
 _UNMARKED_PROBES = pytest.StashKey[list]()
+# The markers whose tests get the session's probe cache: `probe`, and every marker of the full tier (their
+# workers start as they did before the tiers, without a probe measurement of their own inside a timed
+# scenario); a fast-tier test opts in with `probe`.
+WITH_PROBE = ("probe", "trainer", "postgres", "slurm", "browser", "timing", "slow")
 
 
 @pytest.fixture(autouse=True)
 def isolated_state(request, tmp_path, monkeypatch):
     """Each test gets its own locks, journals and output dir, and the probe runs quick. Only a test marked
-    `probe` gets the session's probe cache (so a pure statistics test starts no child); an unmarked test
-    that measured the probe anyway is named at the end of the session."""
+    `probe` (or one of the full tier's markers, WITH_PROBE) gets the session's probe cache, so a pure
+    statistics test starts no child; an unmarked test that measured the probe anyway is named at the end of
+    the session."""
     state = tmp_path / "state"
-    marked = request.node.get_closest_marker("probe") is not None
+    marked = any(request.node.get_closest_marker(m) is not None for m in WITH_PROBE)
     if marked:
         shutil.copytree(request.getfixturevalue("probe_cache"), state)
     else:
