@@ -53,7 +53,7 @@ def test_a_banner_that_names_no_isa_refuses_every_cap_saying_it_cannot_be_confir
 def _child(env_extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MKL_", "ONEDNN_", "ATEN_"))}
     env.update(env_extra)
-    code = "import json, torch; from worker import isa_check; print(json.dumps(isa_check.library_isas()))"
+    code = "import json, torch; from worker.knobs import isa_check; print(json.dumps(isa_check.library_isas()))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          check=True).stdout
     return json.loads(out.strip().splitlines()[-1])  # the probe's own verbose output stays off stdout
