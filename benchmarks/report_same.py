@@ -43,7 +43,10 @@ RUNS = re.compile(rb'(id="runs-data">)([A-Za-z0-9+/=]+)(<)')  # and the gzip hea
 ENV = {"SOURCE_DATE_EPOCH": "0", "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
 CHILD = """import sys; sys.path.insert(0, sys.argv[1])
 import matplotlib; matplotlib.rcParams['svg.hashsalt'] = 'report_same'
-from orchestrator.queue.store import Store
+try:
+    from orchestrator.queue.store import Store
+except ModuleNotFoundError:  # a checkout from before orchestrator/ was split by its jobs
+    from orchestrator.store import Store
 from orchestrator.report import write_report
 write_report(Store(sys.argv[2]), sys.argv[3], plots=sys.argv[4] == '1')"""
 
