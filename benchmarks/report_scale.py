@@ -120,7 +120,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--backends", default="sqlite,postgresql")
-    parser.add_argument("--loads", type=int, default=4, help="page loads in Chromium (the first is cold)")
+    parser.add_argument("--loads", type=int, default=4, help="page loads in Chromium (the first is cold; 0: none)")
     parser.add_argument("--no-plots", action="store_true", help="leave out the PNGs")
     parser.add_argument("--mem-cap-gb", type=float, default=6.0)
     parser.add_argument("--timeout", type=float, default=300.0)
@@ -174,11 +174,11 @@ def main() -> None:
                 case.update(run_report(db, out, plots=not args.no_plots, cap_gb=args.mem_cap_gb, timeout_s=args.timeout,
                                       no_predictions=args.no_predictions))
                 if "page" in case:
+                    case["page_mb"] = Path(case["page"]).stat().st_size / 1e6
+                if "page" in case and args.loads > 0:
                     from html_report_scale import load_times
 
-                    page = Path(case["page"])
-                    case["page_mb"] = page.stat().st_size / 1e6
-                    times = load_times(page, args.loads)
+                    times = load_times(Path(case["page"]), args.loads)
                     case["load_first_s"] = times["all"]["wall_s"][0]
                     warm = times["all"]["wall_s"][1:] or times["all"]["wall_s"]
                     case["load_warm_s"] = sorted(warm)[len(warm) // 2]
@@ -191,13 +191,13 @@ def main() -> None:
                           f"peak PSS {case['peak_pss_mb']:,.0f} MB (RSS summed {case['peak_rss_mb']:,.0f} MB)",
                           flush=True)
                 else:
+                    loads = "" if "load_first_s" not in case else (
+                        f"; Chromium to ready: first {case['load_first_s']:.2f} s, warm median "
+                        f"{case['load_warm_s']:.2f} s ({', '.join(f'{x:.2f}' for x in case['load_all_s'])}); "
+                        f"{case['table']}, {case['console_errors']} console errors")
                     print(f"{backend} {runs:>9,} runs: build {case['build_s']:.0f} s; report {case['report_s']:.1f} s "
                           f"(child wall {case['wall_s']:.1f} s), peak PSS {case['peak_pss_mb']:,.0f} MB (RSS summed "
-                          f"{case['peak_rss_mb']:,.0f} MB); page "
-                          f"{case['page_mb']:.1f} MB; Chromium to ready: first {case['load_first_s']:.2f} s, "
-                          f"warm median "
-                          f"{case['load_warm_s']:.2f} s ({', '.join(f'{x:.2f}' for x in case['load_all_s'])}); "
-                          f"{case['table']}, {case['console_errors']} console errors", flush=True)
+                          f"{case['peak_rss_mb']:,.0f} MB); page {case['page_mb']:.1f} MB{loads}", flush=True)
     print(json.dumps({"machine": os.uname().nodename, "cpus": os.cpu_count(), "results": results}, default=str))
 
 
