@@ -2,9 +2,7 @@
 (worker/trainers/harness.py) around the framework's session module, worker/trainers/<framework>/session.py:
 
     unsupported(config)  why the framework runs the config on no machine (a skip, harness.NOT_SUPPORTED), or None
-    Session              JAX and NumPy: this module trains it (below)
-    train(request, t0)   torch instead: it drives its own training (data-parallel ranks, inductor and
-                         its cache, the GEMM route's proof), with this module's data and saved-model helpers
+    Session              the framework's half of one run, a subclass of this module's Session; train() drives it
 
 What is shared here: the framework check, the data (worker/data.py's NumPy batches, the same order
 for every framework for a seed; a corpus too short is a skip), the initial weights
@@ -13,7 +11,8 @@ timed loop with the Session's sync hook, the analytic counts, the result. No fra
 module level.
 
     setup_s   module start (before imports, t0 of the package's __main__) to the first step,
-              minus the untimed base pretrain of a finetune without a saved model (base_pretrain_s)
+              minus the untimed extra work inside that window (EXCLUDED_S: a finetune's base pretrain
+              without a saved model, torch's prewarm of a warm inductor cache)
 """
 
 from __future__ import annotations
@@ -36,6 +35,8 @@ BASE_PRETRAIN_STEPS = 30  # untimed pretraining when finetune finds no saved mod
 ARCH_KEYS = ("n_layers", "d_model", "n_heads", "head_dim", "kv_heads", "mlp_ratio", "activation",
              "attention", "window", "vocab_size", "seq_len")
 WEIGHTS = "model.npz"  # what a JAX or NumPy run saves (worker/trainers/params.py; torch saves model.pt)
+# the seconds of untimed extra work inside the setup window, each recorded in `applied`: setup_s leaves them out
+EXCLUDED_S = ("base_pretrain_s", "prewarm_s")
 # Settings only torch's libraries act on (oneDNN, SDPA kernels, MKL/oneDNN ISA caps, OpenMP binding):
 # a JAX or NumPy run takes only what really runs there (the catalogue stores exactly this for
 # jax/numpy, common/variables.elsewhere); anything else would be a run under another name.
@@ -55,12 +56,8 @@ def run(request: dict, framework: str, t0: float) -> dict:
     why = fw.unsupported(config)
     if why:
         return harness.skipped(f"{harness.NOT_SUPPORTED}: {why}")
-    if not hasattr(fw, "Session"):
-        return fw.train(request, t0)
-    try:
-        return _train(request, fw, t0)
-    except Skip as why:
-        return harness.skipped(str(why), harness.common_read_back())
+    launched = fw.Session.launch(request, t0)
+    return launched if launched is not None else train(request, fw.Session, t0)
 
 
 def torch_only(config: dict, framework: str) -> str | None:
@@ -126,54 +123,168 @@ def save_config(out: Path, config: dict, request: dict, dataset_used: str, **ext
     os.replace(out / "config.json.tmp", out / "config.json")
 
 
-def _train(request: dict, fw, t0: float) -> dict:
+class Session:
+    """One run of a framework: its model, optimizer and step. A framework's Session subclasses this one
+    and implements
+
+        Session(config, lr, params)  the model from `params` (what initial/load/pretrain_base returned;
+                                     None: the shared init) and its optimizer at peak learning rate lr
+        step(micro_batches)          one optimizer step over [(inputs, targets), ...]; the loss, maybe unsynced
+        sync(loss)                   wait for the step's work; the loss (inside the timed region)
+        set_lr(factor), eval_loss(inputs, targets), read_back(), gemm_format(), build_info(), save(folder)
+
+    The hooks below have the defaults JAX and NumPy train with; torch overrides them (its own weights
+    file and tensors, the base pretrain in place before its bf16 cast, inductor's cache and the prewarm
+    process, the GEMM route's proof step, data-parallel ranks: worker/trainers/torch/train.py)."""
+
+    WEIGHTS = WEIGHTS  # the saved model's file beside config.json (find_saved)
+    PHASES = False  # whether `applied.setup_phases_s` records where the time outside the steps goes
+    compilations = None  # () -> the framework's compilations so far (harness.timed_loop), or None
+
+    @classmethod
+    def launch(cls, request: dict, t0: float) -> dict | None:
+        """The result of a job trained in other processes (torch's data-parallel ranks); None: train here."""
+        return None
+
+    @classmethod
+    def around(cls, request: dict):
+        """What the process holds around its training (torch: its inductor cache folder)."""
+        return contextlib.nullcontext()
+
+    @classmethod
+    def skipped(cls, reason: str) -> dict:
+        """The result of a run this machine cannot honour as asked (a Skip raised while training)."""
+        return harness.skipped(reason, harness.common_read_back())
+
+    @classmethod
+    def begin(cls, request: dict, applied: dict) -> None:
+        """The framework's in-process settings, before the data (torch: threads, the GEMM route)."""
+
+    @classmethod
+    def batches(cls, tokens, config: dict, seed: int):
+        """() -> the next (inputs, targets) of worker/data.py's batches for this seed, as step() takes them."""
+        from worker import data
+
+        return data.Batches(tokens, config["seq_len"], config["batch_size"], seed).next
+
+    @classmethod
+    def run_batches(cls, tokens, config: dict):
+        """The timed loop's batches (a data-parallel rank: its slice of each global batch)."""
+        return cls.batches(tokens, config, config["seed"])
+
+    @classmethod
+    def initial(cls, config: dict, applied: dict):
+        """The weights a run starts from before any finetune start: None, the Session's shared init."""
+        return None
+
+    @classmethod
+    def load(cls, params, folder: Path, applied: dict):
+        """The weights of the saved model in `folder` (a finetune's start)."""
+        from worker.trainers.params import load_params
+
+        return load_params(folder / cls.WEIGHTS)
+
+    @classmethod
+    def pretrain_base(cls, params, config: dict, lr: float, next_batch):
+        """A finetune without a saved model: BASE_PRETRAIN_STEPS untimed fp32 steps from `params` on
+        batches of another seed; the weights they leave."""
+        base = cls(config | {"precision": "fp32"}, lr, params)
+        for _ in range(BASE_PRETRAIN_STEPS):
+            base.sync(base.step([next_batch()]))
+        return base.params()
+
+    def prepare(self, request: dict, tokens, applied: dict) -> dict | None:
+        """What the run sets up between the model and the first step (torch: precision, optimizer,
+        compiler); a result instead ends the process there (torch's prewarm-only process)."""
+        return None
+
+    def prove(self, request: dict, next_batch, applied: dict) -> dict:
+        """After the read-back, what this run proves for later children ({key: proof}: harness.result)."""
+        return {}
+
+    def torch_version(self) -> str | None:
+        return None
+
+
+class Phases:
+    """`applied.setup_phases_s` of a Session that records them (PHASES): the seconds each phase took."""
+
+    def __init__(self, t0: float, applied: dict, recorded: bool):
+        self.seconds = applied.setdefault("setup_phases_s", {}) if recorded else {}
+        self.mark = t0
+
+    def end(self, name: str) -> None:
+        self.seconds[name], self.mark = time.perf_counter() - self.mark, time.perf_counter()
+
+    def restart(self) -> None:
+        self.mark = time.perf_counter()
+
+
+def train(request: dict, session_class: type[Session], t0: float) -> dict:
+    """Train one configuration in this process with a framework's Session; the result dict."""
+    with session_class.around(request):
+        try:
+            return _train(request, session_class, t0)
+        except Skip as why:
+            return session_class.skipped(str(why))
+
+
+def _train(request: dict, session_class: type[Session], t0: float) -> dict:
     from worker import data
-    from worker.trainers.params import load_params
 
     config = request["config"]
     applied: dict = {"precision": config["precision"], "compile": config["compile"]}
-    excluded_s = 0.0
+    session_class.begin(request, applied)
+    phases = Phases(t0, applied, session_class.PHASES)
+    phases.end("imports")
     corpus, dataset_used, tokens = load_corpus(request, config, applied)
-    batches = data.Batches(tokens, config["seq_len"], config["batch_size"], config["seed"])
-    lr = peak_lr(config | {"task": "pretrain"})  # a finetune's tenth is taken below, after its base pretrain
+    phases.end("data")
 
-    params = None  # the shared init
-    if config["task"] == "finetune":
-        saved = find_saved(request.get("output_root"), arch_hash(config, dataset_used), WEIGHTS)
+    params = session_class.initial(config, applied)
+    batches = session_class.run_batches(tokens, config)
+    lr = peak_lr(config | {"task": "pretrain"})  # a finetune's is taken below, after its base pretrain
+    if config["task"] != "pretrain":
+        saved = find_saved(request.get("output_root"), arch_hash(config, dataset_used), session_class.WEIGHTS)
         if saved is not None:
-            params = load_params(saved / WEIGHTS)
             applied["finetune_from"] = str(saved)
+            params = session_class.load(params, saved, applied)
         else:  # nothing to start from: a short untimed fp32 pretrain on other batches of the same text
             t = time.perf_counter()
-            base = fw.Session(config | {"precision": "fp32"}, lr)
-            base_batches = data.Batches(tokens, config["seq_len"], config["batch_size"], config["seed"] + 1)
-            for _ in range(BASE_PRETRAIN_STEPS):
-                base.sync(base.step([base_batches.next()]))
-            params = base.params()
-            del base
+            base_batches = session_class.batches(tokens, config, config["seed"] + 1)
+            params = session_class.pretrain_base(params, config, lr, base_batches)
             applied["finetune_from"] = f"fresh base pretrain ({BASE_PRETRAIN_STEPS} untimed steps)"
             applied["base_pretrain_s"] = time.perf_counter() - t
-            excluded_s += applied["base_pretrain_s"]
         lr = peak_lr(config)
+    session = session_class(config, lr, params)
+    phases.end("model")
+    stopped = session.prepare(request, tokens, applied)
+    if stopped is not None:
+        return stopped
+    phases.end("optimizer")
 
-    session = fw.Session(config, lr, params)
     held_out = functools.partial(data.validation_windows, corpus, config)
     learning = harness.learning_for(config, request, session.eval_loss, held_out, applied)
-    metrics, window, first_step_start = harness.timed_loop(session.step, session.sync, batches.next, config,
-                                                           getattr(session, "compilations", None), session.set_lr,
-                                                           learning)
+    metrics, window, first_step_start = harness.timed_loop(session.step, session.sync, batches, config,
+                                                           session.compilations, session.set_lr, learning)
+    excluded_s = 0.0
+    for name in EXCLUDED_S:
+        excluded_s += applied.get(name, 0.0)
     measured(metrics, config, request, first_step_start - t0 - excluded_s, learning, session.eval_loss, held_out,
              applied)
 
+    phases.restart()
     output_path = _save(session, config, request, dataset_used)
+    phases.end("save")
     applied |= session.read_back()
+    proven = session.prove(request, batches, applied)
+    phases.end("read_back")
     return harness.result(metrics, applied=applied, timed_window=window, dataset_used=dataset_used,
-                          output_path=output_path, torch_version=None, build_info=session.build_info(),
-                          gemm_format=session.gemm_format())
+                          output_path=output_path, torch_version=session.torch_version(),
+                          build_info=session.build_info(), gemm_format=session.gemm_format(), proven=proven)
 
 
 def _save(session, config: dict, request: dict, dataset_used: str) -> str | None:
-    """model.npz (the torch state_dict's names) and config.json under output_dir."""
+    """The Session's weights (its WEIGHTS) and config.json under output_dir."""
     out = request.get("output_dir")
     if not out:
         return None

@@ -13,6 +13,7 @@ import numpy as np
 
 from worker.trainers.jax import runtime
 from worker.trainers.params import Arch, init_params, save_params
+from worker.trainers import session as shared
 from worker.trainers.session import torch_only
 
 NAME = "jax"
@@ -34,7 +35,7 @@ def unsupported(config: dict) -> str | None:
     return torch_only(config, NAME)
 
 
-class Session:
+class Session(shared.Session):
     """One run: the model from the shared init (or a saved one), its optax optimizer, and the step
     (jit-compiled whole under compile=xla)."""
 

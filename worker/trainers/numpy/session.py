@@ -12,6 +12,7 @@ import numpy as np
 from worker.trainers.numpy import runtime
 from worker.trainers.numpy.step import Trainer
 from worker.trainers.params import Arch, init_params, save_params
+from worker.trainers import session as shared
 from worker.trainers.session import torch_only
 
 NAME = "numpy"
@@ -26,7 +27,7 @@ def unsupported(config: dict) -> str | None:
     return torch_only(config, NAME)
 
 
-class Session:
+class Session(shared.Session):
     """One run: the model from the shared init (or a saved one), its optimizer, and the step."""
 
     framework = NAME

@@ -3,7 +3,7 @@ torch.distributed's own launcher, training with DistributedDataParallel over glo
 
 Two sides, one module:
 
-    launcher  the torch child the worker started (session.py's train() sends a job with ranks x nodes > 1 here).
+    launcher  the torch child the worker started (session.py's Session.launch sends a job of ranks x nodes > 1).
               It runs torchrun's elastic agent in-process (torch.distributed.launcher.api.elastic_launch:
               c10d rendezvous, max_restarts=0) over `python -m worker.trainers.torch.distributed DIR`,
               and, with nodes > 1, starts one more launcher per node (`srun` inside a SLURM allocation,
@@ -14,8 +14,9 @@ Two sides, one module:
               would miss them), pins itself to its slice of the launcher's CPUs (equal, disjoint, in
               CPU order; OMP_PLACES follows it with pin_threads) before torch loads, joins the gloo group
               (torch's standard env: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and trains
-              through the torch trainer's own train.run with a Rank: its slice of each global batch, the
-              DDP wrap, the all-reduce timing.
+              through the shared training loop (worker/trainers/session.py) with the torch trainer's Session
+              on its Rank (train.Session.on_rank): its slice of each global batch, the DDP wrap, the
+              all-reduce timing.
 
 What a run records (`applied.data_parallel`, `applied.ranks`, the metric columns):
     step_ms_*      the slowest rank's (highest median): a step ends when its all-reduce does
@@ -378,7 +379,7 @@ def node_main(run_dir: Path) -> None:
 
 
 class Rank:
-    """What data parallelism adds to the torch trainer's training inside one rank (train.run's `dp`)."""
+    """What data parallelism adds to the torch trainer's training inside one rank (train.Session's `dp`)."""
 
     def __init__(self, rank: int, world: int, local_rank: int, run_dir: Path, cpus: list[int], group=None):
         self.rank, self.world, self.local_rank, self.cpus = rank, world, local_rank, cpus
@@ -537,6 +538,7 @@ def rank_main(run_dir: Path) -> None:
     import torch.distributed as dist
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from worker.trainers import session as shared
     from worker.trainers.torch import train as one_process
 
     @record
@@ -550,7 +552,7 @@ def rank_main(run_dir: Path) -> None:
         (run_dir / NODE_FILE.format(rank=rank)).write_text(json.dumps(
             {"rank": rank, "node": dp.node, "host": socket.gethostname(), "address": dp.address}))
         mine_request = {**request, "output_dir": request.get("output_dir") if rank == 0 else None}
-        result = one_process.run(mine_request, dp=dp)
+        result = shared.train(mine_request, one_process.Session.on_rank(dp), one_process._T0)
         records = [None] * world if rank == 0 else None
         dist.gather_object(dp.record(result, request["config"]), records, dst=0, group=group)
         if rank == 0:

@@ -1,7 +1,7 @@
 """The torch trainer's side of the trainer contract (worker/trainers/session.py): what it does not run on
-any machine, and train(), which drives its own training where JAX and NumPy hand a Session to the
-shared one: a job of ranks x nodes > 1 through distributed.py's launcher, any other in this process
-(train.py: inductor and its caches, the GEMM route's proof, quantized and LoRA layers).
+any machine, and its Session: train.py's, trained in this process by the shared loop, except a job of
+ranks x nodes > 1, which distributed.py's launcher runs in ranks of their own (each a train.py Session
+on its rank).
 
 Imports nothing of torch: a skip must be fast, and the process's setup_s clock runs from its t0.
 """
@@ -9,6 +9,7 @@ Imports nothing of torch: a skip must be fast, and the process's setup_s clock r
 from __future__ import annotations
 
 from common.variables import is_learning
+from worker.trainers.torch import train
 
 NAME = "torch"
 
@@ -21,15 +22,17 @@ def unsupported(config: dict) -> str | None:
     return None
 
 
-def train(request: dict, t0: float) -> dict:
-    """One job: its ranks launched (a prewarm process compiles alone, in one process), or trained here."""
-    if _world(request["config"]) > 1 and not request.get("prewarm_only"):
-        from worker.trainers.torch import distributed
+class Session(train.Session):
+    """train.Session, whose job of ranks x nodes > 1 runs in distributed.py's ranks (a prewarm process
+    compiles alone, in one process)."""
 
-        return distributed.launch(request, t0)
-    from worker.trainers.torch import train as one_process
+    @classmethod
+    def launch(cls, request: dict, t0: float) -> dict | None:
+        if _world(request["config"]) > 1 and not request.get("prewarm_only"):
+            from worker.trainers.torch import distributed
 
-    return one_process.run(request, t0=t0)
+            return distributed.launch(request, t0)
+        return None
 
 
 def _world(config: dict) -> int:

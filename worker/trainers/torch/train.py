@@ -1,10 +1,11 @@
-"""The torch trainer's training in one process (a one-process job, or one rank of distributed.py's):
-what session.py's train() runs once the shared main (worker/trainers/session.py) has taken the request.
+"""The torch trainer's Session (worker/trainers/session.py's contract): a one-process job, or one rank of
+distributed.py's (Session.on_rank), trained by the shared loop there.
 
 This module owns what is torch's: the model and optimizer, bf16/mixed/quantized precision, inductor
 (fusion switch, cold/warm cache, cc_flags and compiler through ccflags.py), finetuning from a saved
-model.pt, and the read-back. The timed loop, the metric names and the analytic FLOP/parameter counts
-are the harness's; the corpus, the saved-model rules and the skip words worker/trainers/session.py's.
+model.pt (the base pretrain in place, before the bf16 cast), the GEMM route's proof step and the
+read-back. The timed loop, the metric names and the analytic FLOP/parameter counts are the harness's;
+the corpus, the saved-model rules, the finetune's start and the skip words worker/trainers/session.py's.
 
     setup_s       the trainer's start (t0, before imports) to the first step: imports, data, tokenizer, model,
                   optimizer; minus the untimed extra work recorded apart in `applied`
@@ -22,7 +23,6 @@ import time
 _T0 = time.perf_counter()  # setup_s starts here where the caller gives no t0 of its own (a rank)
 
 import contextlib  # noqa: E402
-import functools  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -32,39 +32,21 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from common.variables import NOT_COMPILED, peak_lr  # noqa: E402
+from common.variables import NOT_COMPILED  # noqa: E402
 from worker.trainers import harness  # noqa: E402
 from worker.trainers.harness import Skip, unavailable  # noqa: E402
-from worker.trainers.session import (BASE_PRETRAIN_STEPS, arch_hash, find_saved, load_corpus,  # noqa: E402
-                                     measured, save_config)
+from worker.trainers import session as shared  # noqa: E402
+from worker.trainers.session import BASE_PRETRAIN_STEPS  # noqa: E402
 
-WEIGHTS = "model.pt"  # the state_dict a torch run saves (save_model)
+WEIGHTS = "model.pt"  # the state_dict a torch run saves (Session.save)
 # inductor switches that turn fusion off (torch 2.13): no node joins another's kernel (max size 1),
 # no pointwise epilogue folded into a GEMM/reduction, no pattern rewrites, no horizontal fusion
 NO_FUSION = {"max_fusion_size": 1, "epilogue_fusion": False, "pattern_matcher": False,
              "aggressive_fusion": False, "cpp.max_horizontal_fusion_size": 0}
 
 
-def run(request: dict, dp=None, t0: float | None = None) -> dict:
-    """Train one configuration in this process as the request says; the result dict. dp: inside a
-    data-parallel rank, its distributed.Rank. t0: where setup_s starts (None: this module's import)."""
-    config = request["config"]
-    cache_dir = _compile_cache_dir(config, request)  # before torch: inductor reads it from the env
-    try:
-        return _train(request, cache_dir, dp, _T0 if t0 is None else t0)
-    except Skip as why:
-        import torch
-
-        from worker.trainers.torch.readback import read_back
-
-        return harness.skipped(str(why), read_back(), torch.__version__)
-    finally:
-        if cache_dir and config["compile_cache"] == "cold":
-            shutil.rmtree(cache_dir, ignore_errors=True)
-
-
 def _compile_cache_dir(config: dict, request: dict) -> str | None:
-    """cold: a fresh empty inductor cache for this run; warm: the shared one (pre-warmed in _train)."""
+    """cold: a fresh empty inductor cache for this run; warm: the shared one (pre-warmed in Session.prepare)."""
     if config["compile"] != "inductor":
         return None
     if config["compile_cache"] == "cold":
@@ -144,34 +126,6 @@ def make_step(model, optimizer, precision: str, fused_loss: bool = True):
         return total / len(micro_batches)
 
     return step
-
-
-def scaled_lr(optimizer, peak: float):
-    """set_lr for harness.timed_loop: every parameter group's learning rate to factor x the peak."""
-
-    def set_lr(factor: float) -> None:
-        for group in optimizer.param_groups:
-            group["lr"] = peak * factor
-
-    return set_lr
-
-
-def eval_loss(model, precision: str):
-    """loss_of for harness.evaluate: the mean loss of (inputs, targets) NumPy windows through the plain
-    module (never the compiled or DDP-wrapped one: no recompile, no collective), in eval mode (no
-    dropout), without gradients, at the run's precision (mixed: under the same autocast)."""
-    import torch
-
-    def loss_of(x, y) -> float:
-        model.eval()
-        try:
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "mixed"):
-                _, loss = model(torch.from_numpy(x), torch.from_numpy(y), return_logits=False)
-        finally:
-            model.train()
-        return float(loss)
-
-    return loss_of
 
 
 def _set_inductor_config(fusion: bool) -> dict:
@@ -275,133 +229,6 @@ def prewarm_reason(marker: Path, header_dir: str | None) -> str | None:
     return None
 
 
-def _train(request: dict, cache_dir: str | None, dp, t0: float) -> dict:
-    config = request["config"]
-    import torch
-
-    from worker import data
-    from worker.trainers.torch import gemm_route
-    from worker.trainers.torch.model import GPT, ModelConfig, add_lora, head_loss_path
-    from worker.trainers.torch.quant import gemm_format
-    from worker.trainers.torch.readback import apply_in_child, read_back
-
-    apply_in_child(config)
-    applied: dict = {"precision": config["precision"], "compile": config["compile"]} | gemm_route.apply(config)
-    if cache_dir:
-        applied["inductor_header_dir"] = headers_inside(cache_dir)
-    excluded_s = 0.0  # untimed extra work inside the setup window, reported apart
-    phases = applied["setup_phases_s"] = {"imports": time.perf_counter() - t0}  # where setup and the end go
-    mark = time.perf_counter()
-
-    corpus, dataset_used, tokens = load_corpus(request, config, applied)
-
-    phases["data"], mark = time.perf_counter() - mark, time.perf_counter()
-    torch.manual_seed(config["seed"])
-    cfg = ModelConfig.from_config(config)
-    model = GPT(cfg)
-    applied["init"] = shared_init(model, config)
-    batches = dp.batches(tokens, config) if dp else torch_batches(tokens, config, config["seed"])
-    lr = peak_lr(config | {"task": "pretrain"})  # a finetune's tenth is taken below, after its base pretrain
-
-    if config["task"] in ("finetune", "finetune_lora"):
-        saved = find_saved(request.get("output_root"), arch_hash(config, dataset_used), WEIGHTS)
-        if saved is not None:
-            state = torch.load(saved / WEIGHTS, map_location="cpu", weights_only=True)
-            model.load_state_dict({k: v.float() for k, v in state.items()})
-            applied["finetune_from"] = str(saved)
-            with contextlib.suppress(OSError, ValueError):
-                applied["finetune_from_run"] = json.loads((saved / "config.json").read_text()).get("run_id")
-        else:  # nothing to start from: a short untimed fp32 pretrain on other batches of the same text
-            t = time.perf_counter()
-            base_batches = torch_batches(tokens, config, config["seed"] + 1)
-            base_step = make_step(model, make_optimizer(model, config, lr), "fp32")
-            model.train()
-            for _ in range(BASE_PRETRAIN_STEPS):
-                base_step([base_batches()])
-            applied["finetune_from"] = f"fresh base pretrain ({BASE_PRETRAIN_STEPS} untimed steps)"
-            applied["base_pretrain_s"] = time.perf_counter() - t
-            excluded_s += applied["base_pretrain_s"]
-        if config["task"] == "finetune":
-            lr = peak_lr(config)
-        else:  # adapters start at zero (B = 0): they train at the pretraining rate, the base is frozen
-            add_lora(model, config["lora_rank"])
-            applied["lora"] = (f"rank {config['lora_rank']} on qkv, attn proj, mlp fc, mlp proj; "
-                               "every other weight frozen")
-    applied["lr"] = lr
-
-    phases["model"], mark = time.perf_counter() - mark, time.perf_counter()
-    if config["precision"] == "bf16":
-        model = model.to(torch.bfloat16)
-    applied["param_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-    applied["autocast"] = "cpu bf16" if config["precision"] == "mixed" else None
-    optimizer = make_optimizer(model, config, lr)
-    applied["optimizer"] = f"{type(optimizer).__name__}(lr={lr}, " + (
-        "fused)" if optimizer.defaults.get("fused") else "foreach)")
-    applied["sdpa_kernel"] = _sdpa_kernel_used(cfg, config)
-    model.train()
-
-    trained = dp.wrap(model) if dp else model  # what is called; `model` stays the plain module whose state is saved
-    if config["compile"] == "inductor":
-        _check_inductor_possible()
-        applied["inductor"] = _set_inductor_config(bool(config["fusion"]))
-        applied["inductor"] |= _set_cc_flags(config.get("cc_flags", "default"))
-        applied["inductor"] |= _set_compiler(config.get("compiler", "gcc"))
-        applied["compile_mode"] = "torch.compile(model, backend='inductor', mode=None)"
-        applied["compile_cache_dir"] = cache_dir
-        if config["compile_cache"] == "warm":
-            # a batch of its own: the timed run's data order stays that of the seed
-            marker = warm_marker(config, cache_dir)
-            if request.get("prewarm_only"):  # the process prewarm_apart started: fill the cache and stop
-                _prewarm(model, config, torch_batches(tokens, config, config["seed"] + 2)(), marker)
-                return {"status": "done", "prewarm_only": True}
-            why = prewarm_reason(marker, applied.get("inductor_header_dir"))
-            applied["cache_prewarmed_now"] = why is not None
-            if why is not None:
-                applied["prewarm_reason"] = why
-                applied["prewarm_s"] = prewarm_apart(request)
-                excluded_s += applied["prewarm_s"]
-        # whether this process had inductor loaded before its timed compile (a later run's would not)
-        applied["inductor_loaded_before_compile"] = "torch._inductor.compile_fx" in sys.modules
-        trained = torch.compile(model)
-
-    phases["optimizer"] = time.perf_counter() - mark  # and compile settings, prewarm
-    fused_loss = config["compile"] != "inductor"
-    applied["loss_path"] = head_loss_path(next(model.parameters()).dtype, next(model.parameters()).dtype,
-                                          config["precision"] == "mixed", fused_loss)
-    step = make_step(trained, optimizer, config["precision"], fused_loss=fused_loss)
-    held_out = functools.partial(data.validation_windows, corpus, config)
-    loss_of = eval_loss(model, config["precision"])
-    learning = harness.learning_for(config, request, loss_of, held_out, applied)
-    metrics, window, first_step_start = harness.timed_loop(
-        _first_compile_skips(dp.step(step) if dp else step, config), lambda loss: loss, batches, config,
-        _graphs_compiled if config["compile"] == "inductor" else None, scaled_lr(optimizer, lr), learning)
-    applied["lr_schedule"] = config["lr_schedule"]
-    applied["lr_last"] = optimizer.param_groups[0]["lr"]
-    measured(metrics, config, request, first_step_start - t0 - excluded_s, learning, loss_of, held_out, applied)
-
-    mark = time.perf_counter()
-    output_path = save_model(model, config, request, dataset_used)
-    phases["save"], mark = time.perf_counter() - mark, time.perf_counter()
-    applied |= read_back()
-    # after save: where this route was not proved yet, one more step, outside dp's timing (a rank's
-    # all-reduce times are its timed loop's alone). Ranks of several processes always prove it: the step
-    # all-reduces, so every rank must take it or none, and another node's launcher holds no proof.
-    held = request.get("proven") if config["ranks"] * config["nodes"] == 1 else None
-    route_read, proven = gemm_route.read_back(config["blas"], lambda: step([batches()]),
-                                              gemm_route.proof_key(config["blas"], config, applied),
-                                              held, request.get("run_id"))
-    applied |= route_read
-    if config["compile"] == "inductor":
-        from worker.trainers.torch import ccflags
-
-        applied["cc_kernel_flags"] = ccflags.read_back()
-        applied["cc_kernel_compilers"] = ccflags.compilers_read_back()
-    phases["read_back"] = time.perf_counter() - mark
-    return harness.result(metrics, applied=applied, timed_window=window, dataset_used=dataset_used,
-                          output_path=output_path, torch_version=torch.__version__, build_info=build_info(),
-                          gemm_format=gemm_format(config["precision"]), proven=proven)
-
-
 def shared_init(model, config: dict) -> str:
     """Start from the weights every framework starts from for this seed (worker/trainers/params.py:
     the same GPT-2 init as the module's own), so torch, JAX and NumPy runs of one config compare.
@@ -421,21 +248,6 @@ def _graphs_compiled() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
-
-
-def torch_batches(tokens, config: dict, seed: int):
-    """A callable drawing the next (inputs, targets) of the shared NumPy batches, as torch tensors."""
-    import torch
-
-    from worker import data
-
-    batches = data.Batches(tokens, config["seq_len"], config["batch_size"], seed)
-
-    def next_batch():
-        x, y = batches.next()
-        return torch.from_numpy(x), torch.from_numpy(y)
-
-    return next_batch
 
 
 def _first_compile_skips(step, config: dict):
@@ -480,23 +292,6 @@ def _sdpa_kernel_used(cfg, config: dict) -> str:
     return SDPBackend(choice).name
 
 
-def save_model(model, config: dict, request: dict, dataset_used: str) -> str | None:
-    """state_dict (model.pt) and config.json (run id, architecture hash, config) under output_dir."""
-    import torch
-
-    out = request.get("output_dir")
-    if not out:
-        return None
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    from worker.trainers.torch.model import plain_state_dict
-
-    torch.save(plain_state_dict(model), out / f"{WEIGHTS}.tmp")
-    os.replace(out / f"{WEIGHTS}.tmp", out / WEIGHTS)
-    save_config(out, config, request, dataset_used)
-    return str(out)
-
-
 def build_info() -> dict:
     import torch
 
@@ -509,3 +304,253 @@ def build_info() -> dict:
             "onednn": onednn.group(1) if onednn else None,
             "openmp": f"{backend.group(1).strip() if backend else '?'} {openmp.group(1) if openmp else ''}".strip(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def torch_batches(tokens, config: dict, seed: int):
+    """A callable drawing the next (inputs, targets) of the shared NumPy batches, as torch tensors."""
+    import torch
+
+    from worker import data
+
+    batches = data.Batches(tokens, config["seq_len"], config["batch_size"], seed)
+
+    def next_batch():
+        x, y = batches.next()
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    return next_batch
+
+
+# -- the Session ------------------------------------------------------------------------------
+
+
+class Session(shared.Session):
+    """One torch run in this process: the model of model.py from the shared init, then (prepare) its
+    precision, optimizer and compiler; `step` is what the timed loop calls, `_step` the plain one the
+    GEMM route's proof takes after it. Inside a data-parallel rank (on_rank) `dp` is its distributed.Rank."""
+
+    WEIGHTS = WEIGHTS
+    PHASES = True
+    dp = None
+
+    @classmethod
+    def on_rank(cls, dp) -> type[Session]:
+        """This Session inside a data-parallel rank: its slice of each global batch, the DDP wrap, the
+        all-reduce timing (distributed.Rank)."""
+        return type("RankSession", (cls,), {"dp": dp})
+
+    @classmethod
+    @contextlib.contextmanager
+    def around(cls, request: dict):
+        """The run's inductor cache folder, named in this process's environment before torch loads; a cold
+        one is removed after the run."""
+        config = request["config"]
+        cache_dir = _compile_cache_dir(config, request)
+        try:
+            yield
+        finally:
+            if cache_dir and config["compile_cache"] == "cold":
+                shutil.rmtree(cache_dir, ignore_errors=True)
+
+    @classmethod
+    def skipped(cls, reason: str) -> dict:
+        import torch
+
+        from worker.trainers.torch.readback import read_back
+
+        return harness.skipped(reason, read_back(), torch.__version__)
+
+    @classmethod
+    def begin(cls, request: dict, applied: dict) -> None:
+        """torch and this trainer's modules imported (the imports phase), the threads and the oneDNN
+        switch set, the GEMM route applied, inductor's precompiled headers kept in the run's cache."""
+        import torch  # noqa: F401
+
+        from worker.trainers.torch import gemm_route, model, quant  # noqa: F401
+        from worker.trainers.torch.readback import apply_in_child
+
+        config = request["config"]
+        apply_in_child(config)
+        applied |= gemm_route.apply(config)
+        if config["compile"] == "inductor":
+            applied["inductor_header_dir"] = headers_inside(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+    @classmethod
+    def batches(cls, tokens, config: dict, seed: int):
+        return torch_batches(tokens, config, seed)
+
+    @classmethod
+    def run_batches(cls, tokens, config: dict):
+        return cls.dp.batches(tokens, config) if cls.dp else cls.batches(tokens, config, config["seed"])
+
+    @classmethod
+    def initial(cls, config: dict, applied: dict):
+        """The module of model.py, seeded, with the weights every framework starts from (shared_init)."""
+        import torch
+
+        from worker.trainers.torch.model import GPT, ModelConfig
+
+        torch.manual_seed(config["seed"])
+        model = GPT(ModelConfig.from_config(config))
+        applied["init"] = shared_init(model, config)
+        return model
+
+    @classmethod
+    def load(cls, params, folder: Path, applied: dict):
+        """The saved state_dict loaded into the module (fp32: a bf16 run saved bf16 weights)."""
+        import torch
+
+        state = torch.load(folder / cls.WEIGHTS, map_location="cpu", weights_only=True)
+        params.load_state_dict({k: v.float() for k, v in state.items()})
+        with contextlib.suppress(OSError, ValueError):
+            applied["finetune_from_run"] = json.loads((folder / "config.json").read_text()).get("run_id")
+        return params
+
+    @classmethod
+    def pretrain_base(cls, params, config: dict, lr: float, next_batch):
+        """The base pretrain in place on the run's own module (quantized layers included), in fp32 before
+        any bf16 cast, with an optimizer of its own."""
+        base_step = make_step(params, make_optimizer(params, config, lr), "fp32")
+        params.train()
+        for _ in range(BASE_PRETRAIN_STEPS):
+            base_step([next_batch()])
+        return params
+
+    def __init__(self, config: dict, lr: float, params=None):
+        from worker.trainers.torch.model import add_lora
+
+        self.config, self.lr = config, lr
+        self.model = self.initial(config, {}) if params is None else params  # the plain module, whose state is saved
+        if config["task"] == "finetune_lora":  # adapters start at zero (B = 0): the pretraining rate, the base frozen
+            add_lora(self.model, config["lora_rank"])
+        self.optimizer = self.step = self._step = None  # prepare()
+
+    def prepare(self, request: dict, tokens, applied: dict) -> dict | None:
+        """The precision cast, the optimizer, the DDP wrap of a rank, the compiler and its warm cache (a
+        prewarm-only process fills it and returns here), the step."""
+        import torch
+
+        from worker.trainers.torch.model import ModelConfig, head_loss_path
+
+        config, model, lr = self.config, self.model, self.lr
+        if config["task"] == "finetune_lora":
+            applied["lora"] = (f"rank {config['lora_rank']} on qkv, attn proj, mlp fc, mlp proj; "
+                               "every other weight frozen")
+        applied["lr"] = lr
+        if config["precision"] == "bf16":
+            model = self.model = model.to(torch.bfloat16)
+        applied["param_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+        applied["autocast"] = "cpu bf16" if config["precision"] == "mixed" else None
+        self.optimizer = make_optimizer(model, config, lr)
+        applied["optimizer"] = f"{type(self.optimizer).__name__}(lr={lr}, " + (
+            "fused)" if self.optimizer.defaults.get("fused") else "foreach)")
+        applied["sdpa_kernel"] = _sdpa_kernel_used(ModelConfig.from_config(config), config)
+        model.train()
+
+        trained = self.dp.wrap(model) if self.dp else model  # what is called
+        if config["compile"] == "inductor":
+            cache_dir = os.environ["TORCHINDUCTOR_CACHE_DIR"]  # around()'s
+            _check_inductor_possible()
+            applied["inductor"] = _set_inductor_config(bool(config["fusion"]))
+            applied["inductor"] |= _set_cc_flags(config.get("cc_flags", "default"))
+            applied["inductor"] |= _set_compiler(config.get("compiler", "gcc"))
+            applied["compile_mode"] = "torch.compile(model, backend='inductor', mode=None)"
+            applied["compile_cache_dir"] = cache_dir
+            if config["compile_cache"] == "warm":
+                # a batch of its own: the timed run's data order stays that of the seed
+                marker = warm_marker(config, cache_dir)
+                if request.get("prewarm_only"):  # the process prewarm_apart started: fill the cache and stop
+                    _prewarm(model, config, torch_batches(tokens, config, config["seed"] + 2)(), marker)
+                    return {"status": "done", "prewarm_only": True}
+                why = prewarm_reason(marker, applied.get("inductor_header_dir"))
+                applied["cache_prewarmed_now"] = why is not None
+                if why is not None:
+                    applied["prewarm_reason"] = why
+                    applied["prewarm_s"] = prewarm_apart(request)
+            # whether this process had inductor loaded before its timed compile (a later run's would not)
+            applied["inductor_loaded_before_compile"] = "torch._inductor.compile_fx" in sys.modules
+            trained = torch.compile(model)
+            self.compilations = _graphs_compiled
+
+        fused_loss = config["compile"] != "inductor"
+        dtype = next(model.parameters()).dtype
+        applied["loss_path"] = head_loss_path(dtype, dtype, config["precision"] == "mixed", fused_loss)
+        self._step = make_step(trained, self.optimizer, config["precision"], fused_loss=fused_loss)
+        self.step = _first_compile_skips(self.dp.step(self._step) if self.dp else self._step, config)
+        return None
+
+    @staticmethod
+    def sync(loss):
+        return loss  # CPU torch: the step has finished when it returns
+
+    def set_lr(self, factor: float) -> None:
+        """lr_schedule: every parameter group's learning rate to factor x the peak (harness.timed_loop)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr * factor
+
+    def eval_loss(self, x, y) -> float:
+        """The mean loss of (inputs, targets) NumPy windows through the plain module (never the compiled
+        or DDP-wrapped one: no recompile, no collective), in eval mode (no dropout), without gradients,
+        at the run's precision (mixed: under the same autocast)."""
+        import torch
+
+        model = self.model
+        model.eval()
+        try:
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16,
+                                                 enabled=self.config["precision"] == "mixed"):
+                _, loss = model(torch.from_numpy(x), torch.from_numpy(y), return_logits=False)
+        finally:
+            model.train()
+        return float(loss)
+
+    def read_back(self) -> dict:
+        from worker.trainers.torch.readback import read_back
+
+        return {"lr_schedule": self.config["lr_schedule"], "lr_last": self.optimizer.param_groups[0]["lr"]} | (
+            read_back())
+
+    def prove(self, request: dict, next_batch, applied: dict) -> dict:
+        """Where this route was not proved yet, one more step, outside dp's timing (a rank's all-reduce
+        times are its timed loop's alone); then the kernels' compile flags. Ranks of several processes
+        always prove it: the step all-reduces, so every rank must take it or none, and another node's
+        launcher holds no proof."""
+        from worker.trainers.torch import gemm_route
+
+        config = self.config
+        held = request.get("proven") if config["ranks"] * config["nodes"] == 1 else None
+        route_read, proven = gemm_route.read_back(config["blas"], lambda: self._step([next_batch()]),
+                                                  gemm_route.proof_key(config["blas"], config, applied),
+                                                  held, request.get("run_id"))
+        applied |= route_read
+        if config["compile"] == "inductor":
+            from worker.trainers.torch import ccflags
+
+            applied["cc_kernel_flags"] = ccflags.read_back()
+            applied["cc_kernel_compilers"] = ccflags.compilers_read_back()
+        return proven
+
+    def gemm_format(self) -> str:
+        from worker.trainers.torch.quant import gemm_format
+
+        return gemm_format(self.config["precision"])
+
+    @staticmethod
+    def build_info() -> dict:
+        return build_info()
+
+    def torch_version(self) -> str:
+        import torch
+
+        return torch.__version__
+
+    def save(self, folder: Path) -> Path:
+        """The plain state_dict (model.pt; LoRA adapters merged), written whole or not at all."""
+        import torch
+
+        from worker.trainers.torch.model import plain_state_dict
+
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(plain_state_dict(self.model), folder / f"{WEIGHTS}.tmp")
+        os.replace(folder / f"{WEIGHTS}.tmp", folder / WEIGHTS)
+        return folder / WEIGHTS
