@@ -1,5 +1,6 @@
-"""The torch trainer: `python -m worker.trainers.torch` (worker/trainers/session.py around session.py,
-which trains in train.py or launches distributed.py's ranks) trains the model of model.py.
+"""The torch trainer: `python -m worker.trainers.torch` (worker/trainers/session.py's loop around
+session.py's Session: train.py's, in this process or in each of distributed.py's ranks) trains the
+model of model.py.
 
 PRELOAD is what this trainer's fork server imports once before forking children (the child imports
 them lazily, so a skip stays fast). torch._dynamo: the optimizers import it on construction (about
