@@ -131,7 +131,8 @@ class Session:
                                      None: the shared init) and its optimizer at peak learning rate lr
         step(micro_batches)          one optimizer step over [(inputs, targets), ...]; the loss, maybe unsynced
         sync(loss)                   wait for the step's work; the loss (inside the timed region)
-        set_lr(factor), eval_loss(inputs, targets), read_back(), gemm_format(), build_info(), save(folder)
+        set_lr(factor), eval_loss(inputs, targets), read_back(), gemm_format(), build_info(), save(folder),
+        params()                     the weights as NumPy arrays (the default pretrain_base's)
 
     The hooks below have the defaults JAX and NumPy train with; torch overrides them (its own weights
     file and tensors, the base pretrain in place before its bf16 cast, inductor's cache and the prewarm
