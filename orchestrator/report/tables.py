@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable
+from itertools import repeat
 
 
 def markdown_cell(x: object) -> str:
@@ -18,25 +19,32 @@ def markdown_cell(x: object) -> str:
     return str(x).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown_table(header: list, rows: list[list], *, escape: bool | Callable[[object], str] = True) -> list[str]:
-    """The lines of a markdown table and the blank line after it. The header is written as given;
-    the cells escaped by markdown_cell, written as given where `escape` is False, or by `escape`
-    where it is a function."""
+def markdown_table(header: list, rows: list[list], *, escape: bool | Callable[[object], str] = True,
+                   blank_after: bool = True) -> list[str]:
+    """The lines of a markdown table and the blank line after it (none where not `blank_after`: the
+    section ends with the table). The header is written as given; the cells escaped by markdown_cell,
+    written as given where `escape` is False, or by `escape` where it is a function."""
     cell = escape if callable(escape) else markdown_cell if escape else str
     out = ["| " + " | ".join(map(str, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
-    return out + [""]
+    return out + [""] if blank_after else out
 
 
-def html_table(header: list, body: list[list], cls: str | None = "", *, escape: bool = False) -> str:
+def html_table(header: list, body: list[list], cls: str | None = "", *, escape: bool = False, thead: bool = True,
+               row_classes: list[str | None] | None = None) -> str:
     """An HTML table: the header escaped; the cells HTML already (escaped before), or plain text
-    escaped here where `escape`. `cls`: its class attribute (None: no attribute)."""
+    escaped here where `escape`. `cls`: its class attribute (None: no attribute); `row_classes`: each
+    body row's (None: no attribute). Where not `thead`, the header row and the body rows stand in the
+    table without <thead> and <tbody> (a browser draws it the same)."""
     e = _escape
-    head = "".join(f"<th>{e(h)}</th>" for h in header)
+    head = "<tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>"
     cell = e if escape else str
-    rows = "".join("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in body)
+    rows = "".join(("<tr>" if c is None else f'<tr class="{c}">') + "".join(f"<td>{cell(x)}</td>" for x in row)
+                   + "</tr>" for c, row in zip(row_classes or repeat(None), body))
     attr = "" if cls is None else f' class="{cls}"'
-    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+    if not thead:
+        return f"<table{attr}>{head}{rows}</table>"
+    return f"<table{attr}><thead>{head}</thead><tbody>{rows}</tbody></table>"
 
 
 def _escape(x: object) -> str:

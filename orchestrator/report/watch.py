@@ -27,6 +27,7 @@ from common.patience import DB_RETRY_S, Patience
 from common.processes import set_parent_death_signal
 from orchestrator.queue.progress import Progress, ago, clock, eta_words, progress, queued_words
 from orchestrator.queue.store import Store
+from orchestrator.report.tables import html_table
 
 WATCH_DUTY = 0.1  # the share of one CPU a watcher may spend on the statistics
 # `report --watch` runs at the lowest CPU priority: on a machine whose CPUs the workers fill, its
@@ -40,24 +41,27 @@ REPORTER_LEAVES_S = 1.0
 
 # -- the page's live section ---------------------------------------------------------------------
 
+# the live table's columns: a pool's row (class "pool"), then a row per machine of the pool
+PROGRESS_HEADER = ["pool", "machine", "done", "running", "failed", "skipped", "queued", "ETA"]
+
+
 def progress_html(pr: Progress, *, every_s: float, analysed: tuple[float, int] | None,
                   outage: str | None = None) -> str:
     """The page's live section: pools and machines, the running runs, the last failures; first, where the
     database does not answer (`outage`, in words), that this is the progress as it last answered."""
     e = lambda x: html.escape(str(x), quote=True)  # noqa: E731 - one letter inside the f-strings below
-    rows = []
+    rows, classes = [], []
     for p in pr.pools:
-        rows.append(f"<tr class='pool'><td><b>{e(p.label)}</b></td><td></td><td>{p.done:,}</td><td>{p.running:,}</td>"
-                    f"<td>{p.failed:,}</td><td>{p.skipped:,}</td><td>{e(queued_words(p))}</td>"
-                    f"<td>{e(eta_words(p, pr.now))}</td></tr>")
+        rows.append([f"<b>{e(p.label)}</b>", "", f"{p.done:,}", f"{p.running:,}", f"{p.failed:,}", f"{p.skipped:,}",
+                     e(queued_words(p)), e(eta_words(p, pr.now))])
+        classes.append("pool")
         for m in p.machines:
             since = f"{m.running:,} since {clock(m.running_since)} ({ago(pr.now - m.running_since)} ago)" \
                 if m.running and m.running_since else f"{m.running:,}"
-            rows.append(f"<tr><td></td><td>{e(m.hostname or '?')} (machine {m.machine_id})</td><td>{m.done:,}</td>"
-                        f"<td>{e(since)}</td><td>{m.failed:,}</td><td>{m.skipped:,}</td><td></td>"
-                        f"<td>last finished {e(clock(m.last_finished))}</td></tr>")
-    table = ("<table class='live'><thead><tr><th>pool</th><th>machine</th><th>done</th><th>running</th><th>failed</th>"
-             "<th>skipped</th><th>queued</th><th>ETA</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+            rows.append(["", f"{e(m.hostname or '?')} (machine {m.machine_id})", f"{m.done:,}", e(since),
+                         f"{m.failed:,}", f"{m.skipped:,}", "", f"last finished {e(clock(m.last_finished))}"])
+            classes.append(None)
+    table = html_table(PROGRESS_HEADER, rows, "live", row_classes=classes)
     running = "".join(f"<li>run {r['run_id']} on {e(r['host'] or '?')} ({e(r['pool'])}): {e(r['config'])}, claimed "
                       f"{clock(r['claimed'])} ({ago(pr.now - r['claimed'])} ago), heartbeat "
                       f"{ago(pr.now - r['heartbeat']) if r['heartbeat'] else '-'} ago</li>" for r in pr.running)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from orchestrator.report.tables import markdown_table
+from orchestrator.report.tables import html_table, markdown_table
 from orchestrator.stats import learning
 
 # The final curve of every learning run with a target (its last attempt, done), in step order.
@@ -229,13 +229,16 @@ def _machines_lines(section: dict, names: dict) -> list[str]:
     rows = section["machines"]
     if not rows:
         return []
-    lines = ["### Time to target on each machine", "", MACHINES_INTRO, "",
-             "| configuration | " + " | ".join(names[m] for m in names) + " |", "|" + "---|" * (len(names) + 1)]
-    lines += ["| " + " | ".join([_config_words(r["config"], rows)] + _machine_cells(r, names)) + " |" for r in rows]
+    lines = ["### Time to target on each machine", "", MACHINES_INTRO, ""]
+    lines += markdown_table(["configuration"] + [names[m] for m in names], _machine_rows(rows, names), escape=False)
     for config, a, b, f in section["agreement"]:
-        lines.append(f"\nTokens to target where two machines ran the same configuration "
-                     f"({_config_words(config, rows)}): {names.get(b, b)} / {names.get(a, a)} = {_factor(f)}.")
-    return lines + [""]
+        lines += [f"Tokens to target where two machines ran the same configuration "
+                  f"({_config_words(config, rows)}): {names.get(b, b)} / {names.get(a, a)} = {_factor(f)}.", ""]
+    return lines
+
+
+def _machine_rows(rows: list[dict], names: dict) -> list[list[str]]:
+    return [[_config_words(r["config"], rows)] + _machine_cells(r, names) for r in rows]
 
 
 def html_section(ctx) -> str:
@@ -255,18 +258,14 @@ def html_section(ctx) -> str:
         parts.append(f'<p class="callout"><strong>Ranked differently by step time and by time to target</strong>: '
                      f'{e(words).replace("`", "")}</p>')
     header = (["machine"] if ctx.several else []) + HEADER
-    parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
-    parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in _cells(comp, ctx.names, ctx.several)) + "</tr>"
-              for comp in comps]
-    parts.append(f"</table><p>{e(CENSORED)}</p>")
+    parts.append(html_table(header, [_cells(c, ctx.names, ctx.several) for c in comps], None, escape=True,
+                            thead=False))
+    parts.append(f"<p>{e(CENSORED)}</p>")
     if section["machines"]:
         rows, names = section["machines"], ctx.names
-        parts.append(f"<h3>Time to target on each machine</h3><p>{e(MACHINES_INTRO)}</p>"
-                     "<table><tr><th>configuration</th>"
-                     + "".join(f"<th>{e(names[m])}</th>" for m in names) + "</tr>")
-        parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in [_config_words(r["config"], rows)]
-                                   + _machine_cells(r, names)) + "</tr>" for r in rows]
-        parts.append("</table>")
+        parts.append(f"<h3>Time to target on each machine</h3><p>{e(MACHINES_INTRO)}</p>")
+        parts.append(html_table(["configuration"] + [names[m] for m in names], _machine_rows(rows, names), None,
+                                escape=True, thead=False))
         parts += [f"<p>Tokens to target where two machines ran the same configuration "
                   f"({e(_config_words(config, rows))}): {e(str(names.get(b, b)))} / {e(str(names.get(a, a)))} = "
                   f"{e(_factor(f))}.</p>" for config, a, b, f in section["agreement"]]

@@ -16,6 +16,7 @@ import html
 import statistics
 from collections import defaultdict
 
+from orchestrator.report.tables import html_table, markdown_table
 from orchestrator.stats.columns import column
 
 # What makes two runs the same configuration here besides ranks/nodes (the rest is held by the sweep).
@@ -88,17 +89,13 @@ def markdown_section(ctx) -> list[str]:
     rows = breakdown(ctx.done)
     if not rows:
         return []
-    lines = ["", "## Where does a rank's step go", "", INTRO, "", "| " + " | ".join(HEADER) + " |",
-             "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(_cells(r, ctx.names)) + " |" for r in rows]
-    return lines
+    return (["", "## Where does a rank's step go", "", INTRO, ""]
+            + markdown_table(HEADER, [_cells(r, ctx.names) for r in rows], escape=False, blank_after=False))
 
 
 def html_section(ctx) -> str:
     rows = breakdown(ctx.done)
     if not rows:
         return ""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r, ctx.names)) + "</tr>" for r in rows)
-    return (f'<section id="parallel"><h2>Where does a rank\'s step go</h2><p>{html.escape(INTRO)}</p>'
-            f"<table><tr>{head}</tr>{body}</table></section>")
+    table = html_table(HEADER, [_cells(r, ctx.names) for r in rows], None, escape=True, thead=False)
+    return f'<section id="parallel"><h2>Where does a rank\'s step go</h2><p>{html.escape(INTRO)}</p>{table}</section>'
