@@ -21,18 +21,21 @@ Protocol on the server's stdin/stdout, one JSON object a line:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import runpy
 import sys
 import traceback
+from functools import partial
 
-from common.processes import set_parent_death_signal
+from common.processes import fork_child, set_parent_death_signal
 from worker.spawn import become_job_process
 
-def _child(module: str, request: dict, server_pid: int) -> None:
-    """In the forked child: become a fresh process for one job, then run the module as __main__."""
+def _child(module: str, request: dict, server_pid: int) -> int:
+    """In the forked child: become a fresh process for one job, then run the module as __main__; its
+    exit code (a SystemExit's, 1 where it raised, its traceback on the job's stderr)."""
     code = 1
     try:
         become_job_process(request["cpus"], request.get("user"), server_pid)
@@ -53,12 +56,10 @@ def _child(module: str, request: dict, server_pid: int) -> None:
     except BaseException:
         traceback.print_exc()
         code = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    with contextlib.suppress(BaseException):  # what the module printed reaches the job's files
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
 
 
 def _hold_data(job_path: str) -> None:
@@ -95,9 +96,7 @@ def serve(module: str) -> None:
         request = json.loads(line)
         _hold_data(request["stdin"])
         control_out.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(module, request, os.getppid())
+        pid = fork_child(partial(_child, module, request, os.getpid()))
         print(json.dumps({"pid": pid}), file=control_out, flush=True)
         _, status = os.waitpid(pid, 0)
         print(json.dumps({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)}), file=control_out,

@@ -17,14 +17,17 @@ import html
 import os
 import shutil
 import signal
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from common.errors import DatabaseUnavailable
 from common.patience import DB_RETRY_S, Patience
-from common.processes import set_parent_death_signal
+from common.processes import Child, fork_child, set_parent_death_signal
 from orchestrator.queue.progress import Progress, ago, clock, eta_words, progress, queued_words
 from orchestrator.queue.store import Store
 from orchestrator.report.tables import html_table
@@ -121,11 +124,25 @@ class Tick:
     done: int  # finished runs (done + failed + skipped) in the database
 
 
-def _reporter(store: Store, staging: Path, channel, watcher_pid: int) -> None:
-    """The watcher's report process (forked): at WATCH_NICE, one report per request into `staging`,
-    keeping its per-machine memo between them; answers (wall seconds, CPU seconds, None) or the error.
-    It and the children a report forks are one process group, stopped together: by the watcher (watch),
-    or, where the watcher dies (a kill -9, a closed terminal), by the SIGTERM its death sends."""
+def _reporter(store: Store, staging: Path, channel, watcher_pid: int) -> int:
+    """The watcher's report process (forked): its reports (_report), the traceback of what stopped them
+    on stderr, what it printed written before it exits."""
+    try:
+        _report(store, staging, channel, watcher_pid)
+        return 0
+    except Exception:
+        traceback.print_exc()
+        return 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+
+
+def _report(store: Store, staging: Path, channel, watcher_pid: int) -> None:
+    """At WATCH_NICE, one report per request into `staging`, keeping its per-machine memo between them;
+    answers (wall seconds, CPU seconds, None) or the error. It and the children a report forks are one
+    process group, stopped together: by the watcher (watch), or, where the watcher dies (a kill -9, a
+    closed terminal), by the SIGTERM its death sends."""
     from orchestrator.report import write_report
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the watcher's: it stops us
     os.setpgrp()
@@ -166,9 +183,9 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
     staging = out_dir / ".watch"
     out_dir.mkdir(parents=True, exist_ok=True)
     channel, theirs = multiprocessing.Pipe()
-    reporter = multiprocessing.get_context("fork").Process(target=_reporter, args=(store, staging, theirs, os.getpid()),
-                                                           daemon=True)
-    reporter.start()
+    for stream in (sys.stdout, sys.stderr):  # what this process buffered is written once, not by the child too
+        stream.flush()
+    reporter = Child(fork_child(partial(_reporter, store, staging, theirs, os.getpid())))
     page, seen, analysed_at, next_ok, n = None, None, None, 0.0, 0
     shown: list[Progress] = []  # the last progress shown
     outage: list[str] = []  # while the database does not answer: since when, in words
@@ -201,8 +218,8 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
                 show(pr)  # the progress now (and before the first report, a page at all)
                 channel.send(True)
                 while not channel.poll(every_s):  # the report runs: keep the progress current meanwhile
-                    if not reporter.is_alive():
-                        raise RuntimeError(f"the watcher's report process died (exit code {reporter.exitcode})")
+                    if reporter.ended():
+                        raise RuntimeError(f"the watcher's report process died (exit code {reporter.code})")
                     show(current())
                 report_s, report_cpu_s, error = channel.recv()
                 if isinstance(error, DatabaseUnavailable):  # tried again once the database answers
@@ -228,14 +245,13 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
             if rounds is None or n < rounds:
                 time.sleep(max(0.0, every_s - (time.perf_counter() - t0)))
     finally:
-        if reporter.is_alive():
+        if not reporter.ended():
             channel.send(False)  # an idle report process leaves at once
-            reporter.join(timeout=REPORTER_LEAVES_S)
-        if reporter.is_alive():  # busy with a report whose page would be thrown away (staging): it and the
-            try:  # children it forked, at once (at nice 19 beside busy workers it would take long to unwind)
-                os.killpg(reporter.pid, signal.SIGKILL)
+        if not reporter.ended(REPORTER_LEAVES_S):  # busy with a report whose page would be thrown away
+            try:  # (staging): it and the children it forked, at once (at nice 19 beside busy workers it
+                os.killpg(reporter.pid, signal.SIGKILL)  # would take long to unwind)
             except ProcessLookupError:  # not yet in a group of its own
-                reporter.kill()
-            reporter.join()
+                os.kill(reporter.pid, signal.SIGKILL)
+            reporter.ended(None)
         if staging.exists():
             shutil.rmtree(staging)
