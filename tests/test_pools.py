@@ -205,3 +205,24 @@ def test_the_report_compares_pools_and_the_hosts_inside_a_pool(db, tmp_path):
     assert "| rack | node-a, node-b | 8 |" in section
     assert f"| machine {a} | node-a | 8 | 0 | 0 | reference |" in section
     assert "node-b 1.50x" in section  # the pool's hosts compared on the configurations they share
+
+
+def test_the_page_and_summary_list_queues_by_their_number_queue_2_before_queue_10(db, tmp_path):
+    from orchestrator.report import write_report
+    from tests.reportdb import configs, enqueue as enqueue_configs, metrics
+
+    store = Store(db)
+    enqueue_configs(store, configs({"d_model": 64, "n_layers": 1}, {"d_model": [64, 128]}, repeats=2))
+    a = store.register_machine(machine_facts("node-a"))
+    names = {store.pool_id(a, f"pool-{i}"): f"pool-{i}" for i in range(10)}
+    assert {2, 10} <= set(names)
+    for pool in (10, 2):
+        for claim in iter(lambda: store.claim(a, pid=1, host="node-a", max_cores=8, pool_id=pool), None):
+            store.finish(claim.run_id, pid=1, status="done",
+                         fields=done_fields(**metrics(claim.config["d_model"] / 64, claim.config)))
+    report = write_report(store, tmp_path / "result", plots=False)
+    page = (tmp_path / "result" / "index.html").read_text()
+    queues = page.split('<table class="pools">')[1].split("</table>")[0]
+    assert queues.index(f"<td>{names[2]}</td>") < queues.index(f"<td>{names[10]}</td>")
+    summary = report.summary_path.read_text().split("## Pools and machines compared")[1]
+    assert summary.index(f"| {names[2]} |") < summary.index(f"| {names[10]} |")

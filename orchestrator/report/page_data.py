@@ -81,8 +81,8 @@ def page(ctx) -> Page:
     data = {"effects": st["effects"], "variables": st["variables"], "grids": st["grids"],
             "shared": shared_configs(ctx.rows, ctx.done), "names": {str(k): v for k, v in ctx.names.items()},
             "per_page": RUNS_PER_PAGE, "several": ctx.several}
-    # the queues in the order the page has always listed them: by the text of (id, name)
-    pools = sorted(ctx.queues, key=lambda q: str((q["pool_id"], q["pool"])))
+    # the queues by id, then name (as summary.md lists them)
+    pools = sorted(ctx.queues, key=lambda q: (q["pool_id"], q["pool"]))
     return Page(st, runs, lost, by_key, order, grid_by_var, varied, first_section, pools, data)
 
 
