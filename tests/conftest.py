@@ -1,9 +1,10 @@
 """Shared fixtures: an isolated worker state dir, a quick probe shared by the tests marked `probe`, a real
 SQLite file, a real PostgreSQL server started for the session (Debian's postgresql), a way to run bench.py,
-and the CPU pressure that makes a wall-clock bound load-aware."""
+the CPU pressure that makes a wall-clock bound load-aware, and a test's orphans kept in its process tree."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import shutil
@@ -149,6 +150,64 @@ class CpuStall:
     def seconds(self) -> float:
         now = cpu_stall_s()
         return 0.0 if now is None or self.start is None else now - self.start
+
+
+class Deadline:
+    """A load-aware wall-clock bound: it has passed once `seconds` went by less the CPU stall meanwhile
+    (CpuStall), or `stretch` times `seconds` in any case, so a busy machine stretches it and a hang still
+    ends it."""
+
+    def __init__(self, seconds: float, stretch: float = 10.0) -> None:
+        self.seconds, self.stretch = seconds, stretch
+        self.start, self.stall = time.monotonic(), CpuStall()
+
+    def passed(self) -> bool:
+        elapsed = time.monotonic() - self.start
+        return elapsed - self.stall.seconds() >= self.seconds or elapsed >= self.stretch * self.seconds
+
+
+def wait_until(predicate, timeout: float = 30.0, poll_s: float = 0.05) -> bool:
+    """Whether predicate() held within `timeout` seconds, not counting those in which some task waited for a
+    CPU (a Deadline: a busy machine stretches the wait, up to ten times)."""
+    deadline = Deadline(timeout)
+    while not deadline.passed():
+        if predicate():
+            return True
+        time.sleep(poll_s)
+    return False
+
+
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
+
+
+def adopting_orphans() -> bool:
+    """Whether this process adopts its orphaned descendants (the `adopts_orphans` fixture)."""
+    flag = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    return bool(flag.value)
+
+
+@pytest.fixture
+def adopts_orphans():
+    """For the test: a process whose parent dies (a training child of a killed worker) is adopted by this
+    one (PR_SET_CHILD_SUBREAPER) instead of init, so it stays in the test's own process tree, where a test
+    looks for what outlived a worker (tests/test_worker.py stub_children) without seeing other sessions'
+    processes. Those adopted ended are reaped after it: job processes, each the leader of a group of its
+    own (worker/spawn.py), which no Popen of the test waits for."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        yield
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        import psutil
+
+        for child in psutil.Process().children():
+            try:
+                if child.status() == psutil.STATUS_ZOMBIE and os.getpgid(child.pid) == child.pid:
+                    os.waitpid(child.pid, os.WNOHANG)
+            except (psutil.NoSuchProcess, ProcessLookupError, ChildProcessError):
+                pass
 
 
 def done_fields(**values) -> dict:

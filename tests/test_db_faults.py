@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, bench
+from tests.conftest import ROOT, bench, wait_until
 from tests.pgserver import pg_bin, postgres_server
 
 pytestmark = pytest.mark.probe
@@ -207,10 +207,7 @@ def pg_rows(url: str, sql: str, fetch: bool = True) -> list[tuple]:
 
 
 def wait_for(predicate, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
+    assert wait_until(predicate, timeout, poll_s=0.1), "timed out"
 
 
 def pg_done(url: str) -> int:

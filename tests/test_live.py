@@ -21,7 +21,7 @@ from sqlalchemy import text
 from orchestrator.queue.progress import eta_words, progress, queued_words
 from orchestrator.report.watch import watch
 from orchestrator.queue.store import Store
-from tests.conftest import ROOT, bench, done_fields
+from tests.conftest import ROOT, Deadline, bench, done_fields, wait_until
 from tests.reportdb import CPUS, configs, enqueue, machine_facts, metrics
 
 BASE = {"d_model": 32, "n_layers": 1, "seq_len": 32, "steps": 2}
@@ -164,12 +164,12 @@ def test_report_watch_keeps_the_page_current_until_interrupted(tmp_path):
                              str(out), "--db", db], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        deadline = time.monotonic() + 120
-        while not (out / "index.html").exists() and time.monotonic() < deadline and proc.poll() is None:
+        deadline = Deadline(120)
+        while not (out / "index.html").exists() and not deadline.passed() and proc.poll() is None:
             time.sleep(0.2)
         assert (out / "index.html").exists(), proc.stderr.read() if proc.poll() is not None else "no page in 120 s"
         first = (out / "index.html").stat().st_mtime_ns
-        while (out / "index.html").stat().st_mtime_ns == first and time.monotonic() < deadline:
+        while (out / "index.html").stat().st_mtime_ns == first and not deadline.passed():
             time.sleep(0.2)
         assert (out / "index.html").stat().st_mtime_ns != first, "the page was not rewritten"
     finally:
@@ -285,8 +285,8 @@ def test_the_watcher_rides_out_a_postgres_restart_and_the_page_says_the_database
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
         def wait_for(check, what: str, within: float = 120) -> None:
-            deadline = time.monotonic() + within
-            while time.monotonic() < deadline and proc.poll() is None:
+            deadline = Deadline(within)
+            while not deadline.passed() and proc.poll() is None:
                 if page.exists() and check(page.read_text()):
                     return
                 time.sleep(0.2)
@@ -335,8 +335,8 @@ watch(Store({str(tmp_path / "results.db")!r}), {str(tmp_path / "result")!r}, eve
     watcher = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
     pids: list[int] = []
     try:
-        deadline = time.monotonic() + 60
-        while not started.exists() and time.monotonic() < deadline and watcher.poll() is None:
+        deadline = Deadline(60)
+        while not started.exists() and not deadline.passed() and watcher.poll() is None:
             time.sleep(0.05)
         time.sleep(0.2)  # the pids written in full
         pids += [int(p) for p in started.read_text().split()]
@@ -345,9 +345,7 @@ watch(Store({str(tmp_path / "results.db")!r}), {str(tmp_path / "result")!r}, eve
 
         def alive() -> list[int]:
             return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        deadline = time.monotonic() + 30
-        while alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: not alive(), timeout=30, poll_s=0.1)
         assert alive() == [], "the report process or its child outlived the watcher"
     finally:
         for p in pids:

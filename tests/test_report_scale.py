@@ -19,7 +19,7 @@ from orchestrator.report import page_data
 from orchestrator.report import effect_row, write_report
 from orchestrator.queue.store import Store
 from tests import scenarios
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_until
 from tests.scaledb import build
 
 
@@ -205,7 +205,6 @@ def test_results_csvs_child_dies_with_a_report_killed_with_kill_9(tmp_path):
     import os
     import signal
     import subprocess
-    import time
 
     import psutil
 
@@ -227,11 +226,14 @@ time.sleep(120)
         child = psutil.Process(int(report.stdout.readline()))
         assert child.is_running() and child.ppid() == report.pid
         os.kill(report.pid, signal.SIGKILL)
-        report.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while child.is_running() and child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+        assert wait_until(lambda: report.poll() is not None, timeout=10)
+
+        def ended() -> bool:
+            try:
+                return not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+        assert wait_until(ended, timeout=10, poll_s=0.1)
     finally:
         report.kill()
 

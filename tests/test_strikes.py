@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import bench
 from tests.test_worker import rows, start_worker, stub_children, wait_until
 
-pytestmark = pytest.mark.probe
+pytestmark = [pytest.mark.probe, pytest.mark.usefixtures("adopts_orphans")]  # stub_children()
 
 TINY_JOBS = 16
 

@@ -8,14 +8,13 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 
-from tests.conftest import ROOT, CpuStall, bench
+from tests.conftest import ROOT, adopting_orphans, bench, wait_until
 
-pytestmark = pytest.mark.probe
+pytestmark = [pytest.mark.probe, pytest.mark.usefixtures("adopts_orphans")]
 
 STUB = {"BENCH_CHILD_MODULE": "tests.stub_child"}
 
@@ -32,22 +31,17 @@ def rows(db, sql):
 
 
 def stub_children():
+    """This test's processes running tests/stub_child.py: among this process's descendants, where its
+    `adopts_orphans` keeps those whose worker died; another session's stub children are not."""
+    assert adopting_orphans(), "stub_children() needs the test to use the adopts_orphans fixture"
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if "tests.stub_child" in " ".join(proc.info["cmdline"] or []):
-            found.append(proc)
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "tests.stub_child" in " ".join(proc.cmdline()):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # ended meanwhile, or a zombie
+            pass
     return found
-
-
-def wait_until(predicate, timeout=30.0):
-    """Whether predicate() held within `timeout` seconds, not counting those in which some task waited for a
-    CPU (load-aware: a busy machine stretches the wait, up to ten times)."""
-    start, stall = time.monotonic(), CpuStall()
-    while time.monotonic() - start - stall.seconds() < timeout and time.monotonic() - start < 10 * timeout:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.slow
