@@ -154,8 +154,18 @@ def probe_here(remeasure: bool = False) -> dict:
     return probe(default_state_dir(), remeasure=remeasure, quick=os.environ.get("BENCH_PROBE_QUICK") == "1")
 
 
+def static_here() -> dict:
+    """This machine's static facts (cached per boot in the worker state dir), for the commands that only
+    look the machine up or read its frequency range: not the probe's measurements or its checks of the
+    knobs, which import torch."""
+    from worker.loop import default_state_dir
+    from worker.machine.probe import cached_static_facts
+
+    return cached_static_facts(default_state_dir())
+
+
 def _freq_limits():
-    facts = probe_here()
+    facts = static_here()
     low, high = facts.get("freq_min_mhz"), facts.get("freq_max_mhz")
     return (int(low), int(high)) if low and high else None
 
@@ -367,7 +377,7 @@ def status(
         if pool is not None:
             pool_id = store.pool_id(None, pool, create=False)
         elif not all_machines:  # looked up, not registered: status writes nothing
-            machine_id = store.find_machine(probe_here()["fingerprint"])
+            machine_id = store.find_machine(static_here()["fingerprint"])
             pool_id = store.pool_id(machine_id) if machine_id is not None else NO_POOL
         counts = store.counts(pool_id=pool_id)
         per_pool = {}
@@ -726,7 +736,7 @@ def retry(
         if pool is not None:  # looked up before anything is written: a wrong name changes nothing
             machine_id, pool_id = None, store.pool_id(None, pool, create=False)
         else:  # a machine that never worked here has nothing to retry: it is not registered for it
-            machine_id, pool_id = store.find_machine(probe_here()["fingerprint"]), None
+            machine_id, pool_id = store.find_machine(static_here()["fingerprint"]), None
         n = 0 if pool_id is None and machine_id is None else \
             store.retry(machine_id, failed=failed or both, skipped=skipped or both, pool_id=pool_id)
         out.print(f"requeued {n} run(s)" + (f" of pool {pool}" if pool else ""))

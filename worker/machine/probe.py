@@ -326,6 +326,19 @@ def _measure_in_child(quick: bool) -> dict:
 
 # -- the probe ------------------------------------------------------------------------------------
 
+def cached_static_facts(state_dir: Path, sysfs_root: str = "/") -> dict:
+    """static_facts(), cached per boot (boot_id) under state_dir: the probe's facts without its measured
+    limits or its checks of the knobs (which import torch), enough to find the machine by fingerprint."""
+    static_file = Path(state_dir) / "probe-static.json"
+    cached = jsonfile.read(static_file)
+    boot_id = sysfs.read(sysfs_root, "/proc/sys/kernel/random/boot_id")
+    if cached.get("boot_id") == boot_id and boot_id and cached.get("sysfs_root") == sysfs_root:
+        return cached["facts"]
+    facts = static_facts(sysfs_root)
+    jsonfile.write(static_file, {"boot_id": boot_id, "sysfs_root": sysfs_root, "facts": facts})
+    return facts
+
+
 def probe(state_dir: Path, *, remeasure: bool = False, quick: bool = False, sysfs_root: str = "/") -> dict:
     """Machine facts. Cached per boot (boot_id) under state_dir; measured limits (bandwidth, GEMM)
     cached and re-measured on demand (remeasure=True). quick=True makes the measurements tiny."""
@@ -333,14 +346,7 @@ def probe(state_dir: Path, *, remeasure: bool = False, quick: bool = False, sysf
 
     t0 = time.perf_counter()
     state_dir = Path(state_dir)
-    static_file = state_dir / "probe-static.json"
-    cached = jsonfile.read(static_file)
-    boot_id = sysfs.read(sysfs_root, "/proc/sys/kernel/random/boot_id")
-    if cached.get("boot_id") == boot_id and boot_id and cached.get("sysfs_root") == sysfs_root:
-        facts = cached["facts"]
-    else:
-        facts = static_facts(sysfs_root)
-        jsonfile.write(static_file, {"boot_id": boot_id, "sysfs_root": sysfs_root, "facts": facts})
+    facts = cached_static_facts(state_dir, sysfs_root)
 
     try:
         torch_version = metadata.version("torch")  # the cache key, read without importing torch
