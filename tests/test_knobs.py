@@ -316,6 +316,7 @@ def test_the_allocator_is_mapped_into_the_child(tmp_path, allocator):
     assert back["allocator_lib"] == os.path.realpath(spec.applied["allocator_lib"])  # maps shows the file
 
 
+@pytest.mark.probe  # its worker shares the session's probe instead of measuring its own
 def test_a_worker_run_records_the_allocator_its_child_mapped(db):
     installed = [a for a in startspec.ALLOCATOR_LIBS if knobs.allocator_lib(a)]
     if not installed:
