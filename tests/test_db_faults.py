@@ -299,9 +299,10 @@ def test_a_worker_that_gives_up_keeps_the_result_and_the_next_worker_writes_it(p
 
 @pytest.mark.slow
 def test_a_sqlite_lock_held_past_the_busy_timeout_is_waited_out(tmp_path):
-    """Another connection (a user's long transaction in sqlite3) holds the write lock for 3 s; the
-    busy timeout is 0.2 s; a long reader keeps a read transaction open throughout. The worker waits
-    the writer out and runs every job once."""
+    """Another connection (a user's long transaction in sqlite3) holds the write lock until the worker has
+    met it (at most 60 s, not counting a busy machine's CPU stall); the busy timeout is 0.2 s; a long
+    reader keeps a read transaction open throughout. The worker waits the writer out and runs every job
+    once."""
     from orchestrator.queue.store import Store
     from worker.loop import Worker, WorkerOptions
 
@@ -311,14 +312,21 @@ def test_a_sqlite_lock_held_past_the_busy_timeout_is_waited_out(tmp_path):
     assert reader.execute("SELECT COUNT(*) FROM jobs").fetchone() == (3,)  # holds its snapshot until the end
     holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
-    release = threading.Timer(3.0, holder.execute, ("COMMIT",))
     events = []
+
+    def release() -> None:
+        """Commit once the worker has met the lock (a fixed hold can end before a busy machine's worker
+        gets there), after a few of its retries."""
+        wait_until(lambda: any(e.kind == "note" and "is locked" in e.text for e in events), timeout=60)
+        time.sleep(0.5)
+        holder.execute("COMMIT")
+    releaser = threading.Thread(target=release)
     options = WorkerOptions(cpus=[0], child_module="tests.stub_child", spawn="exec", heartbeat_s=0.5, db_retry_s=60)
-    release.start()
+    releaser.start()
     try:
         counts = Worker(Store(str(db), busy_timeout_s=0.2), options, on_event=events.append).run()
     finally:
-        release.join()
+        releaser.join()
         holder.close()
         reader.execute("COMMIT")
         reader.close()
