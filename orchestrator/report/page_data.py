@@ -21,7 +21,10 @@ import itertools
 import math
 import operator
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import repeat
+from types import NoneType
 
 import numpy as np
 
@@ -244,19 +247,36 @@ def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
         if c is None:
             c = by_machine[job[0]] = Counter()
         c[first[job]] += 1
-    names = list(CONFIG_NAMES)
     for m, per_id in by_machine.items():
         # Configurations that differ only in their repeat count as many times as they are, once each.
-        raw = {raws[i]: k for i, k in per_id.items()}
+        weights = list(per_id.values())
+        columns = zip(*map(raws.__getitem__, per_id))  # each variable's value in every configuration
         modal = {}
-        for i, n in enumerate(names):
-            counts = Counter()
-            for values, k in raw.items():
-                counts[_val(n, values[i])] += k
+        for n, col in zip(CONFIG_NAMES, columns):
+            counts = _label_counts(n, col, weights)
             if len(counts) > 1:
                 modal[n] = max(counts.items(), key=lambda kv: (kv[1], str(kv[0]) == str(BY_NAME[n].default)))[0]
         out[m] = modal
     return out
+
+
+def _label_counts(name: str, values: tuple, weights: list[int]) -> Counter:
+    """label -> the summed weights of the values with that label (_val), the labels in the order their
+    values first come: each distinct value counted at C speed and labelled once. Equal values of two
+    types (1 and 1.0, 0.0 and -0.0) may be labelled apart: such a column is labelled value by value."""
+    kinds = set(map(type, values))
+    if len(kinds - {NoneType}) > 1 or (float in kinds and 0.0 in values):
+        per_value: Iterable = zip(map(_val, repeat(name), values), weights)
+    else:
+        if weights.count(1) == len(weights):
+            by_value = Counter(values)
+        else:
+            by_value = Counter(itertools.chain.from_iterable(map(repeat, values, weights)))
+        per_value = zip(map(_val, repeat(name), by_value), by_value.values())
+    counts = Counter()
+    for label, k in per_value:
+        counts[label] += k
+    return counts
 
 
 @functools.lru_cache(maxsize=65536)
@@ -290,22 +310,22 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
 
     cols: dict[str, list] = {}
     config_vars: dict[int, list[str]] = {}
-    seen: dict[tuple, int] = {}  # (machine, the run's values of its baseline's variables) -> config text index
     machines = list(map(operator.itemgetter("machine_id"), rows))
     # each run's key (its machine, its values of the baseline's variables) read at C speed; a key's
     # text made once, in the order the keys first appear (as run by run)
     base_names = {m: tuple(modal.get(m, {})) for m in dict.fromkeys(machines)}
     if index is not None and set().union(*base_names.values()) <= set(CONFIG_NAMES):
-        keys, first_row = _keys_by_number(rows, machines, index, base_names)
+        keys = _keys_by_number(machines, index, base_names)
     else:
         keys = list(zip(machines, map(tuple, map(map, map(operator.attrgetter("get"), rows),
                                                  map(base_names.__getitem__, machines)))))
-        first_row = dict(zip(reversed(keys), reversed(rows)))
-    for key in dict.fromkeys(keys):
-        diff = config_difference(first_row[key], modal.get(key[0], {}))
-        text = ", ".join(f"{k}={v}" for k, v in diff.items()) or "baseline"
-        ci = seen[key] = idx("config", text)
-        config_vars.setdefault(ci, list(diff))
+    distinct = list(dict.fromkeys(keys))
+    texts, differing = _config_texts(distinct, modal)
+    number = interned["config"]
+    number.update(zip(dict.fromkeys(texts), itertools.count()))  # (the first texts interned)
+    numbers = list(map(number.__getitem__, texts))
+    seen = dict(zip(distinct, numbers))
+    config_vars.update(zip(reversed(numbers), reversed(differing)))  # a text's first key's variables
     config = list(map(seen.__getitem__, keys))
     # column by column (each kind's text interned in the order the runs show it, as run by run)
     cols["run_id"] = list(map(operator.itemgetter("run_id"), rows))
@@ -334,22 +354,40 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
             "config_vars": [config_vars[i] for i in range(len(dicts["config"]))]}
 
 
-def _keys_by_number(rows: list[dict], machines: list, index: tuple[list[int], list[tuple]],
-                    base_names: dict) -> tuple[list, dict]:
-    """runs_table's keys (each run's machine and its values of its baseline's variables) and each
-    key's first run, made once per machine and configuration number (config_index: runs of one
-    number have equal values of every one of those variables, so equal keys)."""
+def _keys_by_number(machines: list, index: tuple[list[int], list[tuple]], base_names: dict) -> list[tuple]:
+    """runs_table's keys (each run's machine and its values of its baseline's variables), made once per
+    machine and configuration number (config_index: runs of one number have equal values of every one
+    of those variables, so equal keys)."""
     ids, raws = index
     at = {n: i for i, n in enumerate(CONFIG_NAMES)}
     pick = {m: tuple_getter([at[n] for n in ns]) for m, ns in base_names.items()}
     pairs = list(zip(machines, ids))
-    key_of = {p: (p[0], tuple(pick[p[0]](raws[p[1]]))) for p in dict.fromkeys(pairs)}
-    first_at = dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1)))  # each pair's earliest run
-    first_row: dict = {}
-    for p, key in key_of.items():  # pairs in the order they first ran: a key's first pair has its first run
-        if key not in first_row:
-            first_row[key] = rows[first_at[p]]
-    return list(map(key_of.__getitem__, pairs)), first_row
+    key_of = {p: (p[0], pick[p[0]](raws[p[1]])) for p in dict.fromkeys(pairs)}
+    return list(map(key_of.__getitem__, pairs))
+
+
+def _config_texts(keys: list[tuple], modal: dict[int, dict]) -> tuple[list[str], list[list[str]]]:
+    """For each of runs_table's distinct keys (a machine, a run's values of its baseline's variables):
+    the runs table's config text of a run with those values, and the variables it names (those of
+    config_difference), worked out column by column: each value labelled by _val, each variable's
+    words made once per label."""
+    texts, differing = [""] * len(keys), [[]] * len(keys)
+    at_of: dict = defaultdict(list)  # machine -> the positions of its keys
+    for at, key in enumerate(keys):
+        at_of[key[0]].append(at)
+    for m, ats in at_of.items():
+        words, named = [], []  # per variable: each key's "name=label" and name, or None where at the baseline
+        for (n, base), values in zip(modal.get(m, {}).items(), zip(*(keys[a][1] for a in ats))):
+            labels = list(map(_val, repeat(n), values))
+            differ = [label for label in dict.fromkeys(labels) if label != base]
+            words.append(list(map({label: f"{n}={label}" for label in differ}.get, labels)))
+            named.append(list(map(dict.fromkeys(differ, n).get, labels)))
+        if words:
+            given = repeat(None)  # filter(None, ...): the words and names given (never empty)
+            for a, text, names in zip(ats, map(", ".join, map(filter, given, zip(*words))),
+                                      map(list, map(filter, given, zip(*named)))):
+                texts[a], differing[a] = text, names
+    return [t or "baseline" for t in texts], differing
 
 
 def _ints(values) -> list[int]:
