@@ -353,7 +353,6 @@ def config_key(row: dict) -> tuple:
 
 
 _KEY_NAMES: tuple[str, ...] = ()
-_keys: dict[tuple, tuple] = {}
 
 
 def _key_names() -> tuple[str, ...]:
@@ -365,17 +364,6 @@ def _key_names() -> tuple[str, ...]:
     return _KEY_NAMES
 
 
-def _config_key_of(raw: tuple) -> tuple:
-    """config_key() of a row whose values of _key_names() (all config_key() reads) are `raw`: once per
-    distinct raw values in this process (the fit, the check and each machine share them)."""
-    key = _keys.get(raw)
-    if key is None:
-        if len(_keys) > 100_000:
-            _keys.clear()
-        key = _keys[raw] = config_key(dict(zip(_key_names(), raw)))
-    return key
-
-
 def _numbered(values: list) -> tuple[list, np.ndarray]:
     """The distinct values in the order they first occur (equal ones: the first), and each value's
     number among them; at C speed but for one step per distinct value."""
@@ -385,22 +373,30 @@ def _numbered(values: list) -> tuple[list, np.ndarray]:
     return list(numbers), np.fromiter(map(numbers.__getitem__, values), dtype=np.int64, count=len(values))
 
 
+def keys_of_values(raws: list[tuple], names: tuple[str, ...]) -> list[tuple]:
+    """[config_key(dict(zip(names, raw))) for raw in raws], made column by column: each variable's
+    distinct values made words once (_words_of; equal values give equal words), the keys zipped from
+    the words (a grid of 100k configurations: no Python call per configuration and variable)."""
+    by_name = dict(zip(names, zip(*raws)))
+    unset = [None] * len(raws)  # a variable config_key() reads that `names` lacks: NULL
+    return list(zip(*(_words_of(by_name.get(n, unset)) for n in _key_names()))) if raws else []
+
+
 def config_keys(rows: list[dict]) -> list[tuple]:
     """config_key() of every row, computed once per distinct raw values (a fleet's runs repeat a few
-    thousand configurations): the rows' values read at C speed, the keys from _config_key_of's memo."""
+    thousand configurations): the rows' values read at C speed, the keys made column by column."""
     raws = conf_values(rows, _key_names())
-    keys = {raw: _config_key_of(raw) for raw in dict.fromkeys(raws)}
+    distinct = list(dict.fromkeys(raws))
+    keys = dict(zip(distinct, keys_of_values(distinct, _key_names())))
     return list(map(keys.__getitem__, raws))
 
 
 def distinct_config_keys(rows: list[dict]) -> list[tuple]:
     """list(dict.fromkeys(config_keys(rows))): each configuration's key once, in the order they first
-    ran. The rows' raw values are deduplicated at C speed (no Python call per row), then config_key()
-    runs once per distinct raw values (it reads only those columns, so it gives what the row would)."""
-    from common.variables import NAMES
-    names = tuple(n for n in NAMES if n not in IGNORED)
-    raws = dict.fromkeys(conf_values(rows, names))
-    return list(dict.fromkeys(config_key(dict(zip(names, raw))) for raw in raws))
+    ran. The rows' raw values are deduplicated at C speed (no Python call per row), then the keys are
+    made once per distinct raw values (config_key() reads only those columns: what the row would give)."""
+    distinct = list(dict.fromkeys(conf_values(rows, _key_names())))
+    return list(dict.fromkeys(keys_of_values(distinct, _key_names())))
 
 
 def block_of(row: dict) -> tuple:
@@ -472,11 +468,11 @@ class Cells:
     def __init__(self, rows: list[dict], per_run: bool = False):
         names = _key_names()
         y_run = np.log(np.array([float(r["step_ms_median"]) / 1e3 for r in rows]))
-        # Each run's configuration and block numbered at C speed: its raw values (config_key() once per
-        # distinct raw values, then equal keys merged), its raw repeat and block (block_of() once per
+        # Each run's configuration and block numbered at C speed: its raw values (their keys made column by
+        # column, then equal keys merged), its raw repeat and block (block_of() once per
         # distinct ones, their types told apart: a cell's block is its first run's, as block_of() gives it)
         raw_configs, raw_config_of = _numbered(conf_values(rows, names))
-        keys_, key_of_raw = _numbered([_config_key_of(raw) for raw in raw_configs])
+        keys_, key_of_raw = _numbered(keys_of_values(raw_configs, names))
         key_of = key_of_raw[raw_config_of]  # each run's configuration: keys_ in the order they first ran
         repeats, stretches = column(rows, "repeat"), column(rows, "block")
         raw_blocks, raw_block_of = _numbered(list(zip(map(type, repeats), repeats, map(type, stretches), stretches)))

@@ -196,7 +196,8 @@ def _configs(rows: list[dict], done: list[dict], numbers: list[int] | None,
     # made once per distinct such values (equal values give equal words), in the order they first ran
     at = operator.itemgetter(*_KEY_AT)
     of_number = {i: at(raws[i]) for i in dict.fromkeys(numbers)}
-    key_of = {values: _key_of(values) for values in dict.fromkeys(of_number.values())}
+    distinct = list(dict.fromkeys(of_number.values()))
+    key_of = dict(zip(distinct, cm.keys_of_values(distinct, _KEY_NAMES)))
     of_number = {i: key_of[values] for i, values in of_number.items()}
     return list(dict.fromkeys(key_of.values())), list(map(of_number.__getitem__, numbers))
 
@@ -204,10 +205,6 @@ def _configs(rows: list[dict], done: list[dict], numbers: list[int] | None,
 # The positions in CONFIG_NAMES of the variables config_key() reads (it reads no other), and their names.
 _KEY_NAMES = tuple(n for n in V.NAMES if n not in cm.IGNORED and n in CONFIG_NAMES)
 _KEY_AT = tuple(CONFIG_NAMES.index(n) for n in _KEY_NAMES)
-
-
-def _key_of(values: tuple) -> tuple:
-    return cm.config_key(dict(zip(_KEY_NAMES, values)))
 
 
 def fitted(shares: dict, memo: dict | None = None) -> dict:
