@@ -404,10 +404,12 @@ def _conf_rows(by_column: list, length: int, names: list[str], Conf, confs: dict
     columns' values): one Conf row (its non-NULL columns) per distinct configuration, kept in `confs`
     across chunks. Two jobs share one only where their values print alike: a column of one type (per
     chunk, and the type is part of the key) is compared by value, except floats where it holds a zero
-    (0.0 and -0.0 are equal); any other column by type and repr (1, 1.0 and True are equal too)."""
+    (0.0 and -0.0 are equal); any other column by type and repr (1, 1.0 and True are equal too).
+    A grid's jobs differ in a few columns: the columns that hold one value throughout the chunk are
+    read once, and each key and row is made once per distinct values of the others (_conf_parts)."""
     if not by_column:  # no configuration column holds a value: one empty row for every job
         return [confs.get(()) or confs.setdefault((), Conf())] * length
-    key_columns, kinds_of = [], []
+    kinds_of, key_columns = [], []
     for col in by_column:
         kinds = set(map(type, col))
         kinds.discard(NoneType)
@@ -418,15 +420,57 @@ def _conf_rows(by_column: list, length: int, names: list[str], Conf, confs: dict
         else:
             key_columns.append(list(zip(map(type, col), map(repr, col))))
             kinds_of.append("repr")
+    whole, keys_of, row_of = _conf_parts(key_columns, by_column, length, names, Conf)
+    kinds_of = tuple(kinds_of)
+    own: dict = {}  # the chunk's varied values -> their row
     out = []
     append = out.append
-    for key, values in zip(zip(repeat(tuple(kinds_of)), zip(*key_columns)), zip(*by_column)):
-        row = confs.get(key)
+    for at, varied_key in enumerate(keys_of):
+        row = own.get(varied_key)
         if row is None:
-            keep = list(map(is_not, values, NONES))
-            row = confs[key] = Conf(zip(compress(names, keep), compress(values, keep)))
+            key = (kinds_of, whole(varied_key))
+            row = confs.get(key)
+            if row is None:
+                row = confs[key] = row_of(at)
+            own[varied_key] = row
         append(row)
     return out
+
+
+def _conf_parts(key_columns: list, by_column: list, length: int, names: list[str], Conf) -> tuple:
+    """_conf_rows' chunk taken apart: (whole(varied key): the full key's values, each job's key of the
+    columns that vary in the chunk, row_of(job): its Conf row). A column whose keys are all equal (of one
+    type, compared by value) holds one value throughout: its first job's. A job's row copies the row of
+    the first job whose varied columns are NULL alike (a copy of a dict's table), then takes its values."""
+    fixed = [i for i, col in enumerate(key_columns) if col is by_column[i] and col and col.count(col[0]) == len(col)]
+    varied = sorted(set(range(len(key_columns))) - set(fixed))
+    # the columns in their order, from (the fixed ones' values) + (the varied ones')
+    at = {i: k for k, i in enumerate(fixed + varied)}
+    order = tuple_getter([at[i] for i in range(len(key_columns))])
+    fixed_values = tuple(by_column[i][0] for i in fixed)
+    keys_of = list(zip(*(key_columns[i] for i in varied))) if varied else [()] * length
+    # a job's values of the varied columns: its key's, but where a column's key is (type, repr)
+    varied_values = (keys_of if all(key_columns[i] is by_column[i] for i in varied)
+                     else list(zip(*(by_column[i] for i in varied))))
+    varied_names = [names[i] for i in varied]
+    templates: dict = {}  # the varied columns' NULLs -> a plain dict of the row's columns in their order
+
+    def whole(varied_key: tuple) -> tuple:
+        return order(fixed_values + varied_key)
+
+    def row_of(job: int):
+        values = varied_values[job]
+        held = tuple(map(is_not, values, NONES))
+        template = templates.get(held)
+        if template is None:
+            every = order(fixed_values + values)
+            keep = list(map(is_not, every, NONES))
+            template = templates[held] = dict(zip(compress(names, keep), compress(every, keep)))
+        row = Conf(template)
+        dict.update(row, zip(compress(varied_names, held), compress(values, held)))
+        return row
+
+    return whole, keys_of, row_of
 
 
 def _nulls(by_column: list, kinds: dict) -> list:
@@ -468,5 +512,8 @@ def _shared_columns(chunk: list[tuple], plan: dict, shared: dict, cut=None) -> l
             continue
         else:
             seen = seen.setdefault(kind, {})  # 1 and 1.0 (and True) are equal but stay apart
-        by_column[i] = list(map(seen.setdefault, col, col))
+        if col.count(col[0]) == len(col):  # one value throughout (a grid's unvaried columns): shared once
+            by_column[i] = [seen.setdefault(col[0], col[0])] * len(col)
+        else:
+            by_column[i] = list(map(seen.setdefault, col, col))
     return by_column
