@@ -95,12 +95,7 @@ def _ran_value(name: str, row: dict, applied: dict):
     raw = row.get(key) if where == "column" else applied.get(key)
     if raw is None:
         return None if name != "allocator" or key not in applied else "default"
-    if name == "allocator":
-        return allocator_of(str(raw))
-    try:
-        return BY_NAME[name].parse(raw)
-    except Exception:  # an unreadable record says nothing
-        return None
+    return _ran_record(name, raw)
 
 
 @dataclass(slots=True)
@@ -183,13 +178,15 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
     comparisons group on it, so they are worked out once per configuration, not once per run.
     share=False gives every run a cell of its own (the per-run path the tests compare with).
     Built column by column (for a million runs): each distinct `applied` text is parsed once,
-    each cell's values are worked out from its first run, and disturbed() is asked only where a run's
-    figures could pass a limit (surely_quiet, once per distinct figures)."""
+    the cells' values are worked out variable by variable over their first runs (_cells_of), and
+    disturbed() is asked only where a run's figures could pass a limit (surely_quiet, once per
+    distinct figures)."""
     with gc_paused():  # a million Runs and no cycle among them: no collection pass over the rows meanwhile
         done = done_runs(rows)
         applied = _applied_of(column(done, "applied"))
-        ids, firsts = _cells(done, applied) if share else ([None] * len(done), [])
-        known = [_cell_of(done[i], applied[i]) for i in firsts]  # (values, changed, derived, configuration)
+        raw = conf_values(done, FACTORS) if share else None  # each run's job values of every factor
+        ids, firsts = _cells(done, applied, raw) if share else ([None] * len(done), [])
+        known = _cells_of([done[i] for i in firsts], [applied[i] for i in firsts], [raw[i] for i in firsts])
         if None in ids:  # a cell of its own: values of its own, and a cell object no other run has
             per_run = [known[c] if c is not None else _cell_of(row, a) for c, row, a in zip(ids, done, applied)]
             ids = [c if c is not None else object() for c in ids]
@@ -202,9 +199,9 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
                         map(itemgetter(3), per_run)))  # (_key: the cell's configuration)
 
 
-def _cells(done: list[dict], applied: list[dict]) -> tuple[list[int | None], list[int]]:
+def _cells(done: list[dict], applied: list[dict], raw: list[tuple]) -> tuple[list[int | None], list[int]]:
     """Each run's cell (numbered by first run; None: an unhashable read-back, a cell of its own) and
-    each numbered cell's first run."""
+    each numbered cell's first run. raw: each run's job values of FACTORS (conf_values)."""
     of_applied: dict[int, tuple] = {}  # id of a parsed applied (shared by the runs of a text) -> its part of the key
 
     def read_back(a: dict) -> tuple:
@@ -214,9 +211,7 @@ def _cells(done: list[dict], applied: list[dict]) -> tuple[list[int | None], lis
         return part
 
     def keys():  # made as they are numbered, never all held: a million keys of 50 values are 0.3 GB
-        return zip(conf_values(done, FACTORS), column(done, "dataset_used"), column(done, "derived"),
-                   map(read_back, applied))
-
+        return zip(raw, column(done, "dataset_used"), column(done, "derived"), map(read_back, applied))
     first: dict[tuple, int] = {}
     try:
         at = list(map(first.setdefault, keys(), count()))  # each run's cell as the index of its first run
@@ -251,6 +246,66 @@ def _disturbed_all(done: list[dict], applied: list[dict]) -> list[str | None]:
     except TypeError:  # an unhashable figure: ask every run
         return list(map(_disturbance, done, applied))
     return [None if q else _disturbance(row, a) for q, row, a in zip(map(quiet.__getitem__, figures), done, applied)]
+
+
+def _cells_of(rows: list[dict], applied: list[dict], raw: list[tuple]) -> list[tuple]:
+    """_cell_of of each of these runs (each a cell's first run), variable by variable: each variable's
+    asked and read-back values worked out once per distinct raw value (_each). raw: each run's job
+    values of FACTORS (conf_values)."""
+    asked = dict(zip(FACTORS, zip(*raw))) if raw else {n: () for n in FACTORS}
+    values_of, changed = [], [{} for _ in rows]
+    for n in FACTORS:  # not repeat and block: the run's own (Run.pass_, row["block"])
+        column_asked = _each(functools.partial(value_of, n), asked[n])
+        if n not in RAN_FROM:
+            values_of.append(column_asked)
+            continue
+        column_ran = _ran_values(n, rows, applied)
+        for i, (a, r) in enumerate(zip(column_asked, column_ran)):
+            if r is not None and r != a:
+                changed[i][n] = (a, r)
+        values_of.append([a if r is None else r for a, r in zip(column_asked, column_ran)])
+    configs = list(zip(*values_of))  # each cell's configuration: its values in FACTORS' order
+    derived = [d if isinstance(d, dict) else None for d in map(_json, column(rows, "derived"))]
+    return list(zip([dict(zip(FACTORS, c)) for c in configs], changed, derived, configs))
+
+
+def _ran_values(name: str, rows: list[dict], applied: list[dict]) -> list:
+    """_ran_value of each run, once per distinct record."""
+    where, key = RAN_FROM[name]
+    records = column(rows, key) if where == "column" else [a.get(key) for a in applied]
+    values = _each(functools.partial(_ran_record, name), records)
+    if name == "allocator":  # a run that records its allocator but not which library: the default
+        return [v if r is not None or key not in a else "default" for v, r, a in zip(values, records, applied)]
+    return values
+
+
+def _ran_record(name: str, raw):
+    """What a run's record `raw` says it ran with for `name` (_ran_value's, where raw is not None), or None."""
+    if raw is None:
+        return None
+    if name == "allocator":
+        return allocator_of(str(raw))
+    try:
+        return BY_NAME[name].parse(raw)
+    except Exception:  # an unreadable record says nothing
+        return None
+
+
+def _each(f, values) -> list:
+    """[f(v) for v in values], f called once per distinct value. Equal values may differ in f where
+    they differ in type (1, 1.0, True) or sign (0.0, -0.0): values of more than one type, a float
+    zero among them or an unhashable value are mapped value by value."""
+    kinds = set(map(type, values))
+    kinds.discard(NoneType)
+    try:
+        distinct = dict.fromkeys(values)
+    except TypeError:
+        return list(map(f, values))
+    if len(kinds) > 1 or (float in kinds and 0.0 in distinct):
+        return list(map(f, values))
+    for v in distinct:
+        distinct[v] = f(v)
+    return list(map(distinct.__getitem__, values))
 
 
 def _cell_of(row: dict, applied: dict) -> tuple:
