@@ -9,7 +9,7 @@ import json
 import math
 from collections import Counter
 from dataclasses import dataclass
-from itertools import count, repeat
+from itertools import chain, count, repeat
 from operator import itemgetter, ne
 from types import NoneType
 
@@ -252,7 +252,8 @@ def _cells_of(rows: list[dict], applied: list[dict], raw: list[tuple]) -> list[t
     """_cell_of of each of these runs (each a cell's first run), variable by variable: each variable's
     asked and read-back values worked out once per distinct raw value (_each). raw: each run's job
     values of FACTORS (conf_values)."""
-    asked = dict(zip(FACTORS, zip(*raw))) if raw else {n: () for n in FACTORS}
+    flat = list(chain.from_iterable(raw))  # (cells x FACTORS), cell after cell
+    asked = {n: flat[k::len(FACTORS)] for k, n in enumerate(FACTORS)}
     values_of, changed = [], [{} for _ in rows]
     for n in FACTORS:  # not repeat and block: the run's own (Run.pass_, row["block"])
         column_asked = _each(functools.partial(value_of, n), asked[n])
@@ -379,10 +380,22 @@ def _parsed(text: str):
         return None
 
 
+def _columns(values: list[dict], names: tuple) -> list[list]:
+    """Each name's values over these values dicts, a column per name. Read a dict at a time into one
+    list, row after row, then sliced: a dict's entries lie together in memory, where a name at a time
+    (or zip's transposition) would fetch all 100k dicts again for each name."""
+    if not names:
+        return []
+    if len(names) == 1:
+        return [list(map(itemgetter(names[0]), values))]
+    flat = list(chain.from_iterable(map(itemgetter(*names), values)))
+    return [flat[k::len(names)] for k in range(len(names))]
+
+
 def varied_variables(runs: list[Run]) -> list[str]:
     """Variables that ran with more than one value among these runs, in catalogue order."""
     distinct = list({r.cell if r.cell is not None else id(r): r.values for r in runs}.values())  # (as_ran)
-    return [n for n in FACTORS if len({v[n] for v in distinct}) > 1]
+    return [n for n, values in zip(FACTORS, _columns(distinct, FACTORS)) if len(set(values)) > 1]
 
 
 def _configs(runs: list[Run]) -> list[Run]:
@@ -395,9 +408,9 @@ def modal_config(runs: list[Run], names) -> dict:
     """Per variable, the value most configurations share, counting each configuration once however
     many runs it has (ties: the catalogue default, then the lowest)."""
     out = {}
-    configs = _configs(runs)
-    for n in names:
-        counts = Counter(r.values[n] for r in configs)
+    names = tuple(names)
+    for n, values in zip(names, _columns([r.values for r in _configs(runs)], names)):
+        counts = Counter(values)
         top = max(counts.values())
         tied = sorted((v for v, c in counts.items() if c == top), key=lambda v: sort_key(n, v))
         default = BY_NAME[n].default
