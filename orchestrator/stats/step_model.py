@@ -587,22 +587,20 @@ def _same_matrix(a, b) -> bool:
             and np.array_equal(a.indices, b.indices) and np.array_equal(a.data, b.data))
 
 
-def _runs_of(ci, n_configs: int) -> list[np.ndarray]:
+def _runs_of(ci, n_configs: int, configs=None) -> list[np.ndarray]:
     """Each configuration's runs (indices, in run order: what the mask ci == c selects), from one
-    stable sort rather than a scan of every run per configuration."""
+    stable sort rather than a scan of every run per configuration; of `configs` only, where given."""
     order = np.argsort(ci, kind="stable")
     bounds = np.searchsorted(ci[order], np.arange(n_configs + 1))
-    return [order[bounds[c]:bounds[c + 1]] for c in range(n_configs)]
+    return [order[bounds[c]:bounds[c + 1]] for c in (range(n_configs) if configs is None else configs)]
 
 
 def _robust_weights(y, ci, n_configs: int) -> np.ndarray:
     """Per run: 1 / its configuration's own variance of y, never above 1 / the median one's."""
     var = np.full(n_configs, np.nan)
-    runs_of = _runs_of(ci, n_configs)
-    for c in range(n_configs):
-        yc = y[runs_of[c]]
-        if len(yc) >= 2:
-            var[c] = float(np.var(yc, ddof=1))
+    several = np.flatnonzero(np.bincount(ci, minlength=n_configs) >= 2).tolist()  # (one run: no variance)
+    for c, runs in zip(several, _runs_of(ci, n_configs, several)):
+        var[c] = float(np.var(y[runs], ddof=1))
     ok = np.isfinite(var) & (var > 0)
     floor = float(np.median(var[ok])) if ok.any() else 1.0
     v = np.where(ok, np.maximum(var, floor), floor)
@@ -684,11 +682,16 @@ def _noisy_configs(r, ci, s_of_run, lev, n_configs: int, *, trim: float = 0.2, t
     own_rss, own_dof = np.zeros(n_configs), np.zeros(n_configs)
     rest_rss, rest_dof = np.zeros(n_configs), np.zeros(n_configs)
     stratum_of_config = np.full(n_configs, -1)
-    runs_of = _runs_of(ci, n_configs)
-    for c in range(n_configs):
-        m = runs_of[c]  # its runs in run order, as a mask ci == c would give them
-        if not len(m):
-            continue
+    runs = np.bincount(ci, minlength=n_configs)
+    # A configuration of one run (a grid's are all of one), all at once: what the loop below gives it,
+    # untrimmed and uncentred, its residual squared with one less its leverage degrees of freedom.
+    alone = np.flatnonzero(runs[ci] == 1)  # the runs alone in their configuration
+    c1, r1 = ci[alone], r[alone]
+    own_rss[c1] = rest_rss[c1] = r1 * r1
+    own_dof[c1] = rest_dof[c1] = 1 - lev[alone]
+    stratum_of_config[c1] = s_of_run[alone]
+    several = np.flatnonzero(runs >= 2).tolist()
+    for c, m in zip(several, _runs_of(ci, n_configs, several)):  # its runs in run order, as ci == c gives them
         dof_c = float(len(m) - lev[m].sum())
         rm = r[m]
         rc = np.sort(np.abs(rm - (np.median(rm) if centre and len(m) >= 5 else 0.0)))
@@ -701,9 +704,8 @@ def _noisy_configs(r, ci, s_of_run, lev, n_configs: int, *, trim: float = 0.2, t
     for s in set(stratum_of_config[stratum_of_config >= 0].tolist()):
         mine = stratum_of_config == s
         rss_s, dof_s = float(rest_rss[mine].sum()), float(rest_dof[mine].sum())
-        for c in np.nonzero(mine)[0].tolist():
-            if own_dof[c] < NOISY_MIN_DOF:  # two runs: a variance of one degree of freedom would starve its comparisons
-                continue
+        # (two runs: a variance of one degree of freedom would starve its comparisons)
+        for c in np.nonzero(mine & ~(own_dof < NOISY_MIN_DOF))[0].tolist():
             # against the rest of its stratum (leave it out: a noisy value must not set its own yardstick)
             dof_rest, rss_rest = dof_s - rest_dof[c], rss_s - rest_rss[c]
             if dof_rest < 0.9 or rss_rest <= 0:
