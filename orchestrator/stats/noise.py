@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import attrgetter, itemgetter
 
 import numpy as np
@@ -24,6 +25,7 @@ class Model:
     fit: sm.Fit
     config_index: dict  # config key -> index in the fit
     block_index: dict  # (pass, block) -> index in the fit
+    run_configs: list[int]  # each of its runs' configuration index in the fit, in the runs' order
 
     def weights(self, levels: list[list[Run]], coefs: list[float]) -> dict[int, float]:
         """The contrast sum_k coefs[k] * (mean effect of the configurations of level k): each
@@ -32,13 +34,34 @@ class Model:
                                coefs)
 
     def weights_of(self, levels: list[set[int]], coefs: list[float]) -> dict[int, float]:
-        """weights() of levels given as their sets of configuration indices."""
-        out: dict[int, float] = defaultdict(float)
-        for configs, c in zip(levels, coefs):
-            idx = sorted(configs)
-            for i in idx:
-                out[i] += c / len(idx)
-        return dict(out)
+        """weights() of levels given as their sets of configuration indices: each level's configurations
+        in order, each given its level's coefficient over the level's size (added up where levels
+        share a configuration). All levels at once where they share none and the coefficients are of
+        one type, float or numpy's (a slope by group has thousands of levels of a configuration or two)."""
+        n = min(len(levels), len(coefs))  # (as zip pairs them)
+        levels, coefs = levels[:n], coefs[:n]
+        sizes = np.fromiter(map(len, levels), dtype=np.intp, count=n)
+        config = np.fromiter(chain.from_iterable(levels), dtype=np.intp, count=int(sizes.sum()))
+        in_order = np.sort(config)
+        kind = set(map(type, coefs))
+        if not (kind <= {float} or kind == {np.float64}) or np.any(in_order[1:] == in_order[:-1]):
+            return _weights_added(levels, coefs)
+        level = np.repeat(np.arange(n), sizes)  # each member's level
+        order = np.lexsort((config, level))  # level by level, each level's configurations sorted
+        level = level[order]
+        share = np.array(coefs, dtype=float)[level] / sizes[level]  # (c / len(level): the same division)
+        share = 0.0 + share  # (a share of -0.0 adds up to 0.0)
+        return dict(zip(config[order].tolist(), share.tolist() if kind <= {float} else list(share)))  # (c's type)
+
+
+def _weights_added(levels: list[set[int]], coefs: list) -> dict[int, float]:
+    """Model.weights_of level by level, adding up the shares of a configuration in several levels."""
+    out: dict[int, float] = defaultdict(float)
+    for configs, c in zip(levels, coefs):
+        idx = sorted(configs)
+        for i in idx:
+            out[i] += c / len(idx)
+    return dict(out)
 
 
 def block_of(r: Run) -> tuple:
@@ -78,15 +101,22 @@ def model_inputs(runs: list[Run], probe_cv: float | None = None) -> tuple[dict, 
     -> index), and step_model.fit's arguments as plain lists (fit_inputs: picklable, so that
     effects.analyse can have a child fit one machine while this process fits another). probe_cv: the
     machine probe's noise, the prior of the residual variance (probe_prior)."""
-    configs: dict = {}
+    configs, config_idx = _config_numbers(runs)
     blocks: dict = {}
-    config_idx = [configs.setdefault(k, len(configs)) for k in map(attrgetter("_key"), runs)]  # (config_key()'s cache)
     raw = column(list(map(attrgetter("row"), runs)), "block")
     stretch = {b: stretch_of(b) for b in set(raw)}  # block_of, once per distinct jobs.block
     block_idx = [blocks.setdefault((p, stretch[b]), len(blocks)) for p, b in zip(map(attrgetter("pass_"), runs), raw)]
     log_ms = [r.log_ms for r in runs]
     return configs, blocks, (log_ms, config_idx, block_idx, [stratum_of(r) for r in runs], len(configs),
                              len(blocks), [r.pass_ for r in runs], probe_prior(probe_cv))
+
+
+def _config_numbers(runs: list[Run]) -> tuple[dict, list[int]]:
+    """The runs' configurations numbered in the order they first ran: (config key -> number, each
+    run's number)."""
+    configs: dict = {}
+    numbers = [configs.setdefault(k, len(configs)) for k in map(attrgetter("_key"), runs)]  # (_key: config_key()'s)
+    return configs, numbers
 
 
 def fit_inputs(inputs: tuple) -> sm.Fit:
@@ -110,7 +140,7 @@ def fit_model(runs: list[Run], fitted: tuple | None = None, probe_cv: float | No
     for r, a, slow in zip(runs, adj, np.asarray(f.slow_prob, dtype=float).tolist()):
         r.adj = a
         r.slow = slow
-    return Model(f, configs, blocks)
+    return Model(f, configs, blocks, inputs[1])
 
 
 @dataclass
@@ -128,6 +158,7 @@ class Drift:
 
 
 def pass_drift(runs: list[Run], model: Model) -> Drift:
+    """model: the fit of these runs (fit_model's)."""
     f = model.fit
     by_pass: dict[int, list[int]] = defaultdict(list)
     for (p, _), b in model.block_index.items():
@@ -135,11 +166,11 @@ def pass_drift(runs: list[Run], model: Model) -> Drift:
     passes = sorted(by_pass)
     if not passes:
         return Drift({}, {}, [])
-    keys = list(map(attrgetter("pass_", "_key"), runs))  # (pass, configuration) per run (_key: config_key()'s cache)
+    keys = list(zip(map(attrgetter("pass_"), runs), model.run_configs))  # (pass, configuration index) per run
     seen = Counter(map(itemgetter(0), set(keys)))  # configurations per pass
     configs = {p: seen[p] for p in passes}
     first = dict(reversed(keys))  # each pass's first run's configuration
-    part = {p: int(f.component[model.config_index[k]]) for p, k in first.items()}
+    part = {p: int(f.component[c]) for p, c in first.items()}
     shift = {p: float(np.mean(f.gamma[by_pass[p]])) for p in passes}
     return Drift({p: v - shift[passes[0]] for p, v in shift.items()}, configs,
                  [p for p in passes if part.get(p) != part.get(passes[0])])
@@ -213,10 +244,11 @@ def cv_of(var: float | None) -> float | None:
 
 def machine_noise(runs: list[Run], varied: list[str], model: Model | None, probe_cv: float | None = None,
                   modal: dict | None = None) -> Noise:
-    """`modal`: modal_config(runs, varied), where the caller has it."""
-    by_config: dict[tuple, list[Run]] = defaultdict(list)
-    for k, r in zip(map(attrgetter("_key"), runs), runs):  # (_key: config_key()'s cache)
-        by_config[k].append(r)
+    """model: the fit of these runs (fit_model's), or None. `modal`: modal_config(runs, varied), where the
+    caller has it."""
+    by_config: dict[int, list[Run]] = defaultdict(list)
+    for c, r in zip(model.run_configs if model else _config_numbers(runs)[1], runs):
+        by_config[c].append(r)
     repeated = [rs for rs in by_config.values() if len(rs) >= 2]
     raw = _typical_variance([np.array([r.log_ms for r in rs]) for rs in repeated])
     modal = modal if modal is not None else modal_config(runs, varied) if runs else {}
