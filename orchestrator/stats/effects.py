@@ -47,8 +47,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from itertools import compress, repeat
-from operator import attrgetter, itemgetter, not_
+from itertools import compress, count, repeat
+from operator import attrgetter, itemgetter, ne, not_
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -359,13 +359,43 @@ class Grid:
 
 def _distinct_sorted(a: np.ndarray) -> np.ndarray:
     """np.unique(a) of a fresh 1-D array (sorted in place): each value once, in order, from one sort and one
-    comparison (np.unique's own work costs a few times more on the few hundred job ids of a comparison)."""
+    comparison (np.unique's own work costs a few times more, on the few hundred job ids of a comparison as on
+    the hundred thousand cells of a grid's groups)."""
     a.sort()
     if a.size > 1:
         step = a[1:] != a[:-1]
         if not step.all():
             a = a[np.concatenate(([True], step))]
     return a
+
+
+def _codes(values: list) -> tuple[np.ndarray, list]:
+    """Each value's number among the distinct values (equal values one number, as a dict's keys are one),
+    numbered in the order of their first appearance; and the distinct values in that order. One pass of
+    hashing (a configuration's key is a tuple of some 50 values, hashed anew at each look-up)."""
+    first: dict = {}
+    at = np.fromiter(map(first.setdefault, values, count()), dtype=np.intp, count=len(values))  # (first position)
+    number = np.zeros(len(values), np.intp)
+    number[at == np.arange(len(values))] = np.arange(len(first))
+    return number[at], list(first)
+
+
+def _first_seen(columns: list[np.ndarray], n: int) -> np.ndarray:
+    """Each of n rows' number among the distinct rows of these columns of codes, numbered in the order of
+    their first row (as the keys of a dict filled row by row)."""
+    combined = np.zeros(n, np.int64)
+    for codes in columns:
+        width = int(codes.max()) + 1 if n else 1
+        if int(combined.max(initial=0)) >= (1 << 62) // width:  # the next column would overflow: renumber first
+            combined = np.unique(combined, return_inverse=True)[1]
+        combined = combined * width + codes
+    _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)  # (first: a stable sort's)
+    number = np.empty(len(first), np.intp)
+    number[np.argsort(first)] = np.arange(len(first))
+    return number[inverse]
+
+
+MANY_CELLS = 256  # from this many cells on, their runs are found by one pass over the runs, not a slice per cell
 
 
 class Cells:
@@ -379,20 +409,28 @@ class Cells:
     def __init__(self, runs: list[Run]):
         self.runs = runs
         index: dict = {}
-        of_run = np.fromiter((index.setdefault(r.cell if r.cell is not None else id(r), len(index)) for r in runs),
-                             dtype=np.intp, count=len(runs))
-        self.n = np.bincount(of_run, minlength=len(index)).tolist()  # runs per cell
-        self.pos = np.split(np.argsort(of_run, kind="stable"), np.cumsum(self.n)[:-1]) if runs else []
-        self.rep = [runs[int(p[0])] for p in self.pos]  # each cell's first run: its values, changed, derived
+        self.of_run = np.fromiter((index.setdefault(r.cell if r.cell is not None else id(r), len(index))
+                                   for r in runs), dtype=np.intp, count=len(runs))
+        self.counts = np.bincount(self.of_run, minlength=len(index))  # runs per cell
+        self.n = self.counts.tolist()
+        self._by_cell = np.argsort(self.of_run, kind="stable")  # the runs cell after cell, each cell's in run order
+        self._start = np.concatenate(([0], np.cumsum(self.counts)))
+        self.rep = list(map(runs.__getitem__, self._by_cell[self._start[:-1]].tolist()))  # each cell's first run
         self.all = range(len(self.rep))
+
+    def _positions(self, cells) -> np.ndarray:
+        """Where these cells' runs are in `runs` (cell after cell; with MANY_CELLS or more, in run order)."""
+        if len(cells) >= MANY_CELLS:
+            chosen = np.zeros(len(self.n), bool)
+            chosen[cells] = True
+            return np.flatnonzero(chosen[self.of_run])
+        start = self._start
+        return np.concatenate([self._by_cell[start[c]:start[c + 1]] for c in cells] or [np.empty(0, np.intp)])
 
     def runs_of(self, cells) -> list[Run]:
         """The runs of these cells, in run order."""
-        if len(cells) == 1:
-            return list(map(self.runs.__getitem__, self.pos[cells[0]].tolist()))
-        if not cells:
-            return []
-        return list(map(self.runs.__getitem__, np.sort(np.concatenate([self.pos[c] for c in cells])).tolist()))
+        at = self._positions(cells)
+        return list(map(self.runs.__getitem__, (at if len(cells) == 1 else np.sort(at)).tolist()))
 
     def values(self, cells, name: str) -> set:
         return set(map(self.column(name).__getitem__, cells))
@@ -411,68 +449,88 @@ class Cells:
             flags = self._columns[(name, DERIVED_MARK)] = [r.at_derived(name) for r in self.rep]
         return flags
 
+    def key_column(self, name: str, derived: bool = False) -> list:
+        """Each cell's value of `name` as a comparison group's key holds it: derived=True (a follower of the
+        free variables) DERIVED_MARK where at its derived value."""
+        if not derived:
+            return self.column(name)
+        col = self._columns.get((name, "key"))
+        if col is None:
+            col = self._columns[(name, "key")] = [DERIVED_MARK if at else v for at, v in
+                                                  zip(self.at_derived(name), self.column(name))]
+        return col
+
+    def codes(self, name: str, derived: bool = False) -> tuple[np.ndarray, list]:
+        """key_column(name, derived) as _codes: each cell's value as a number, and the distinct values."""
+        got = self._columns.get((name, "codes", derived))
+        if got is None:
+            got = self._columns[(name, "codes", derived)] = _codes(self.key_column(name, derived))
+        return got
+
     @cached_property
     def _columns(self) -> dict:
         return {}
 
     def n_runs(self, cells) -> int:
-        return sum(map(self.n.__getitem__, cells))
+        return int(self.counts[cells].sum())
 
     def n_configs(self, cells) -> int:
         """Distinct configurations among these cells (each counted once, however many runs it has)."""
-        keys = self._keys
-        if keys is None:  # every cell a configuration of its own
+        configs = self.config_codes
+        if configs is None:  # every cell a configuration of its own
             return len(set(cells))
-        return len(set(map(keys.__getitem__, cells)))
+        return len(set(map(configs.__getitem__, cells)))
+
+    @property
+    def config_codes(self) -> np.ndarray | None:
+        """Each cell's configuration as a number; None where no two cells share one (a grid run once each:
+        then the cells are the configurations)."""
+        codes, distinct = self._configurations
+        return None if len(distinct) == len(codes) else codes
 
     @cached_property
-    def _keys(self) -> list[tuple] | None:
-        """Each cell's configuration (_key: config_key()'s cache, read without the call); None where no two
-        cells share one (a grid run once each: then the cells are the configurations)."""
-        keys = [r._key for r in self.rep]
-        return None if len(set(keys)) == len(keys) else keys
+    def _configurations(self) -> tuple[np.ndarray, list]:
+        """_codes of the cells' configurations (_key: config_key()'s cache, read without the call)."""
+        return _codes(list(map(attrgetter("_key"), self.rep)))
 
     def passes(self, cells) -> set:
-        return set().union(*map(self._passes.__getitem__, cells))
+        return set(map(self._passes.__getitem__, self._positions(cells).tolist()))
 
     def job_ids(self, cells) -> np.ndarray | tuple:
         """The cells' distinct job ids, sorted: an int64 array where every job id is an int64, as a store's
         are (8 bytes a job: a tuple of ints took 36, and at a million runs each effect rests on up to
         half a million jobs), else a tuple."""
-        jobs = self._jobs
+        jobs, at = self._jobs, self._positions(cells)
         if isinstance(jobs, list):
-            return tuple(sorted(set().union(*map(jobs.__getitem__, cells))))
-        if len(cells) == 1:
-            return jobs[cells[0]]
-        return _distinct_sorted(np.concatenate([jobs[c] for c in cells] or [np.empty(0, np.int64)]))
+            return tuple(sorted(set(map(jobs.__getitem__, at.tolist()))))
+        return _distinct_sorted(jobs[at])
 
     @cached_property
-    def _passes(self) -> list[frozenset]:
-        passes = [r.pass_ for r in self.runs]
-        return [frozenset(map(passes.__getitem__, p.tolist())) for p in self.pos]
+    def _passes(self) -> list[int]:
+        return [r.pass_ for r in self.runs]
 
     @cached_property
-    def _jobs(self) -> tuple[np.ndarray, ...] | list[frozenset]:
-        """Each cell's job ids: sorted distinct int64 arrays (a tuple of them), else frozensets (a list)."""
-        jobs = [r.row["job_id"] for r in self.runs]
+    def _jobs(self) -> np.ndarray | list:
+        """Each run's job id: an int64 array where every one is an int64, else a list."""
+        jobs = list(map(itemgetter("job_id"), map(attrgetter("row"), self.runs)))
         if all(type(j) is int for j in jobs):
             try:
-                ids = np.array(jobs, dtype=np.int64)
+                return np.array(jobs, dtype=np.int64)
             except OverflowError:
-                ids = None
-            if ids is not None:  # (a cell of one run: its one job id as it is)
-                return tuple(ids[p] if len(p) == 1 else np.unique(ids[p]) for p in self.pos)
-        return [frozenset(map(jobs.__getitem__, p.tolist())) for p in self.pos]
+                pass
+        return jobs
 
     def drop_counts(self) -> None:
-        """Let go of the per-cell passes and job ids (tens of MB at a million runs) once the effects are made."""
+        """Let go of the runs' passes and job ids (tens of MB at a million runs) once the effects are made."""
         self.__dict__.pop("_passes", None)
         self.__dict__.pop("_jobs", None)
 
     def configs(self, model: Model) -> list[int]:
         """Each cell's configuration index in the model."""
         if getattr(self, "_model", None) is not model:
-            self._model, self._configs = model, [model.config_index[r._key] for r in self.rep]
+            codes, distinct = self._configurations  # (each configuration looked up once)
+            self._config_array = np.array(list(map(model.config_index.__getitem__, distinct)), np.int64)[codes]
+            self._model, self._configs = model, self._config_array.tolist()
         return self._configs
 
     def weights(self, model: Model, levels: list, coefs: list[float]) -> dict[int, float]:
@@ -480,56 +538,100 @@ class Cells:
         config = self.configs(model)
         return model.weights_of([set(map(config.__getitem__, cells)) for cells in levels], coefs)
 
+    def level_weights(self, model: Model, cells: np.ndarray, level: np.ndarray, coefs: np.ndarray) -> dict[int, float]:
+        """weights() of levels given flat, to the last digit: cells and the level of each (levels numbered from
+        0 in order), coefs per level. Each level's distinct configurations in ascending order, level after
+        level, each given its level's coefficient over their number, summed per configuration in that order."""
+        self.configs(model)
+        width = len(model.config_index)
+        pairs = _distinct_sorted(level.astype(np.int64) * width + self._config_array[cells])
+        level_of, config = np.divmod(pairs, width)
+        share = coefs[level_of] / np.bincount(level_of, minlength=len(coefs))[level_of]
+        keys, first, inverse = np.unique(config, return_index=True, return_inverse=True)
+        total = np.zeros(len(keys))
+        np.add.at(total, inverse, share)  # (in order, from 0.0: weights_of's sums)
+        seen = np.argsort(first)  # the configurations in the order weights_of meets them
+        return dict(zip(keys[seen].tolist(), total[seen].tolist()))
+
     def mean_adj(self, cells) -> float:
         return np.mean([r.adj for r in self.runs_of(cells)])
 
 
-def _group_keys(cells: Cells, free: set[str], varied: list[str]) -> tuple[list[str], list[tuple]]:
-    """The key of each cell's comparison group: the varied variables outside `free` at their values,
-    the followers of the free variables as DERIVED_MARK when at their derived value."""
-    follow = set().union(*(followers_of(n) for n in free)) - free
-    keys = [n for n in varied if n not in free]
-    if not keys:
-        return keys, [()] * len(cells.rep)
-    values = list(map(attrgetter("values"), cells.rep))
-    columns = []  # key by key over the cells, then zipped: each cell's key as the row-wise tuple made it
-    for n in keys:
-        col = list(map(itemgetter(n), values))
-        if n in follow:
-            col = [DERIVED_MARK if at else v for at, v in zip(cells.at_derived(n), col)]
-        columns.append(col)
-    return keys, list(zip(*columns))
+class Groups:
+    """The comparison groups of some free variables: the cells by their key, the other varied variables
+    at their values and the free ones' followers as DERIVED_MARK where at their derived value; numbered in
+    the order of their first cells, as a dict filled cell by cell holds them. Worked out on whole columns
+    of codes (Cells.codes, shared by every grouping), not a key tuple per cell."""
+
+    def __init__(self, cells: Cells, free: set[str], varied: list[str]):
+        follow = set().union(*(followers_of(n) for n in free)) - free
+        self.cells = cells
+        self.keys = [n for n in varied if n not in free]
+        self._derived = [n in follow for n in self.keys]
+        self._codes = [cells.codes(n, d) for n, d in zip(self.keys, self._derived)]
+        self.of_cell = _first_seen([codes for codes, _ in self._codes], len(cells.rep))
+        self.n_cells = np.bincount(self.of_cell)
+        self.size = len(self.n_cells)
+        self._by_group = np.argsort(self.of_cell, kind="stable")  # the cells group after group, each group's in order
+        self._start = np.concatenate(([0], np.cumsum(self.n_cells)))
+        self.first = self._by_group[self._start[:-1]]  # each group's first cell: its key
+
+    def members(self, g: int) -> list[int]:
+        return self.cells_of(g).tolist()
+
+    def cells_of(self, g: int) -> np.ndarray:
+        return self._by_group[self._start[g]:self._start[g + 1]]
+
+    def key(self, g: int) -> tuple:
+        c = int(self.first[g])
+        return tuple(self.cells.key_column(n, d)[c] for n, d in zip(self.keys, self._derived))
+
+    def key_codes(self) -> list[tuple[np.ndarray, list]]:
+        """Per key variable: each group's value as its code, and the distinct values."""
+        return [(codes[self.first], distinct) for codes, distinct in self._codes]
+
+    def distinct(self, codes: np.ndarray) -> np.ndarray:
+        """Per group, how many distinct codes its cells have."""
+        width = int(codes.max()) + 1 if len(codes) else 1
+        return np.bincount(_distinct_sorted(self.of_cell * width + codes) // width, minlength=self.size)
+
+    def n_runs(self) -> np.ndarray:
+        return np.add.reduceat(self.cells.counts[self._by_group], self._start[:-1]) if self.size else self.n_cells
+
+    def beside(self, g: int) -> np.ndarray:
+        """The other groups whose key is g's but where a follower is at its derived value in one of the two."""
+        alike = np.ones(self.size, bool)
+        for at, distinct in self.key_codes():
+            mark = distinct.index(DERIVED_MARK) if DERIVED_MARK in distinct else -1
+            alike &= (at == at[g]) | (at == mark) | (at[g] == mark)
+        alike[g] = False
+        return alike
+
+    def by_key(self, gs: np.ndarray) -> list[int]:
+        """These groups in the order of their keys (each value's sort_key, a derived follower after every
+        value; ties in the groups' order)."""
+        ranks = []
+        for n, (at, distinct) in zip(self.keys, self.key_codes()):
+            order = [sort_key(n, v) if v != DERIVED_MARK else (2, 0, "") for v in distinct]
+            rank = dict(zip(sorted(set(order)), range(len(order))))
+            ranks.append(np.array([rank[k] for k in order], dtype=np.intp)[at[gs]])
+        return gs[np.lexsort(ranks[::-1])].tolist() if ranks else gs.tolist()  # (lexsort: stable)
 
 
-def _groups(cells: Cells, free: set[str], varied: list[str]) -> tuple[list[str], dict[tuple, list[int]]]:
-    """The comparison groups: key -> its cells (in the order of their first runs)."""
-    keys, cell_keys = _group_keys(cells, free, varied)
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    for c, k in enumerate(cell_keys):
-        groups[k].append(c)
-    return keys, groups
-
-
-def _best_group(cells: Cells, groups: dict[tuple, list[int]], distinct) -> tuple | None:
-    """The group with the most distinct values of the free variables, then closest to the modal key,
-    then with the most configurations (each counted once, so repeats added to some do not move it;
-    ties: the group seen first)."""
-    if not groups:
+def _best_group(cells: Cells, groups: Groups, distinct: np.ndarray) -> int | None:
+    """The group with the most distinct values of the free variables (`distinct`, per group), then closest
+    to the modal key, then with the most configurations (each counted once, so repeats added to some do not
+    move it; ties: the group seen first)."""
+    if not groups.size:
         return None
-    width = len(next(iter(groups)))
-    n_configs = {key: cells.n_configs(members) for key, members in groups.items()}
-    modal = []
-    for i in range(width):
-        counts = Counter()
-        for key in groups:
-            counts[key[i]] += n_configs[key]
-        modal.append(counts.most_common(1)[0][0])
-
-    def score(item):
-        key, members = item
-        return (distinct(members), sum(1 for a, b in zip(key, modal) if a == b), n_configs[key])
-    return max(groups.items(), key=score)[0]
-
+    configs = cells.config_codes
+    n_configs = groups.n_cells if configs is None else groups.distinct(configs)
+    matches = np.zeros(groups.size, np.intp)
+    for at, _ in groups.key_codes():
+        # the modal value: the most configurations, ties to the value seen first (its code is the lowest)
+        matches += at == np.argmax(np.bincount(at, weights=n_configs))
+    # the last of an ascending sort of (distinct, matches, configurations, -group)
+    return int(np.lexsort((-np.arange(groups.size), n_configs, matches, distinct))[-1])
 
 
 def _group_words(keys: list[str], key: tuple) -> str:
@@ -553,9 +655,10 @@ def analyse_variable(cells: Cells, name: str, varied: list[str], modal: dict, ma
                      model: Model) -> VariableEffect | None:
     """The comparison group, levels, ratios, elasticity and interaction of one variable; None when
     no two runs differ in it alone."""
-    keys, groups = _groups(cells, {name}, varied)
-    best = _best_group(cells, groups, lambda ms: len(cells.values(ms, name)))
-    members = groups[best]
+    groups = Groups(cells, {name}, varied)
+    n_values = groups.distinct(cells.codes(name)[0])
+    best = _best_group(cells, groups, n_values)
+    members = groups.members(best)
     by_value = _by_value(cells, members, name)
     if len(by_value) < 2:
         return None
@@ -565,22 +668,19 @@ def analyse_variable(cells: Cells, name: str, varied: list[str], modal: dict, ma
     baseline = next(lv for lv in levels if lv.value == base_value)
     follow = followers_of(name)
     followers = sorted((n for n in follow if n in varied and len(cells.values(members, n)) > 1), key=NAMES.index)
-    fixed = {n: ("follows" if v == DERIVED_MARK else label(n, v)) for n, v in zip(keys, best)}
+    fixed = {n: ("follows" if v == DERIVED_MARK else label(n, v)) for n, v in zip(groups.keys, groups.key(best))}
     fixed = {n: v for n, v in fixed.items() if v != "follows"}
     ve = VariableEffect(machine_id=machine_id, variable=name, size_like=is_size(name, values), baseline=baseline,
                         levels=levels, fixed=fixed, followers=followers,
                         ratios=[ratio(cells, by_value[lv.value], by_value[base_value], lv.label, baseline.label, name,
                                       machine_id, model) for lv in levels if lv is not baseline])
     # Runs at the baseline's other settings that the group leaves out because a follower was set by hand.
-    ve.left_out = sum(cells.n_runs(ms) for k, ms in groups.items() if k != best and all(
-        a == b or DERIVED_MARK in (a, b) for a, b in zip(k, best)))
-    several = {k: ms for k, ms in sorted(groups.items(), key=lambda kv: [
-        sort_key(n, v) if v != DERIVED_MARK else (2, 0, "") for n, v in zip(keys, kv[0])])
-        if len(cells.values(ms, name)) >= 2}
-    if ve.size_like and any(len(cells.values(ms, name)) >= 3 for ms in several.values()):
-        ve.elasticity, ve.n_groups = elasticity(cells, list(several.values()), name, machine_id, model)
+    ve.left_out = int(groups.n_runs()[groups.beside(best)].sum())
+    several = groups.by_key(np.flatnonzero(n_values >= 2))  # the groups it varies in
+    if ve.size_like and (n_values[several] >= 3).any():
+        ve.elasticity, ve.n_groups = elasticity(cells, list(map(groups.cells_of, several)), name, machine_id, model)
     if len(several) >= 2:
-        _interaction(ve, cells, keys, several, model)
+        _interaction(ve, cells, groups, several, model)
     return ve
 
 
@@ -614,47 +714,80 @@ def ratio(cells: Cells, at: list[int], base: list[int], value: str, base_label: 
     return e
 
 
-def _slope_cells(cells: Cells, groups: list[list[int]], name: str) -> list[tuple[int, float, list[int]]]:
-    """(group, log value, its cells) of every value of `name` in every group with two or more values."""
-    out = []
-    col = cells.column(name)
-    for g, members in enumerate(groups):
-        by_value: dict = defaultdict(list)
-        for c in members:
-            by_value[float(col[c])].append(c)
-        if len(by_value) >= 2:
-            out += [(g, math.log(v), cs) for v, cs in by_value.items()]
-    return out
+@dataclass
+class _Slope:
+    """What an elasticity is fitted on: every value of a variable (a level) in every group where it took
+    two or more, group after group, each group's values in the order of their first cells."""
+
+    group: np.ndarray  # each level's group (numbered from 0 among the groups kept)
+    log_value: np.ndarray  # each level's log value
+    cells: np.ndarray  # the levels' cells, level after level (each level's in its group's order)
+    level: np.ndarray  # the level of each of those cells
+    start: np.ndarray  # where each level's cells start in `cells`, and their end
+
+    def level_cells(self) -> list[np.ndarray]:
+        return np.split(self.cells, self.start[1:-1])
 
 
-def elasticity(cells: Cells, groups: list[list[int]], name: str, machine_id: int, model: Model,
+def _slope_cells(cells: Cells, groups: list, name: str) -> _Slope | None:
+    """The levels of `name` (its values as floats) in these groups (each a sequence of cells), those of
+    groups with one value left out; None where no group has two."""
+    members = np.concatenate([np.asarray(ms, np.intp) for ms in groups] or [np.empty(0, np.intp)])
+    group_of = np.repeat(np.arange(len(groups)), [len(ms) for ms in groups])
+    codes, distinct = cells.codes(name)
+    used = _distinct_sorted(codes[members])
+    float_code = np.zeros(len(distinct), np.intp)  # each value's float, as a code among the floats
+    float_code[used], floats = _codes([float(distinct[k]) for k in used.tolist()])
+    at_value = float_code[codes[members]]
+    level = _first_seen([group_of, at_value], len(members))  # (group, value), group after group
+    ordered = np.argsort(level, kind="stable")  # the cells level after level
+    first = ordered[np.concatenate(([0], np.cumsum(np.bincount(level))[:-1]))] if len(members) else ordered
+    level_group = group_of[first]
+    kept = np.bincount(level_group, minlength=len(groups))[level_group] >= 2
+    if not kept.any():
+        return None
+    in_kept = kept[level[ordered]]
+    number = np.cumsum(kept) - 1  # a kept level's number among the kept
+    slope_level = number[level[ordered[in_kept]]]
+    return _Slope(np.unique(level_group[kept], return_inverse=True)[1],
+                  np.array([math.log(v) for v in floats])[at_value[first[kept]]], members[ordered[in_kept]],
+                  slope_level, np.concatenate(([0], np.cumsum(np.bincount(slope_level)))))
+
+
+def _group_means(x: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """float(np.mean(...)) of each group's values (x group after group), to the last digit: the groups of
+    one size as the rows of a matrix, whose row means sum each row as np.mean sums one list."""
+    sizes = np.bincount(group)
+    start = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    means = np.empty(len(sizes))
+    for k in np.unique(sizes).tolist():
+        of_size = np.flatnonzero(sizes == k)
+        means[of_size] = np.mean(x[start[of_size, None] + np.arange(k)], axis=1)
+    return means
+
+
+def elasticity(cells: Cells, groups: list, name: str, machine_id: int, model: Model,
                group: str | None = None) -> tuple[Effect | None, int]:
     """The least-squares slope of the values' effects in the model on log value, within groups (each
-    group its own intercept): a contrast of the one fit."""
+    group, a sequence of cells, its own intercept): a contrast of the one fit."""
     slope = _slope_cells(cells, groups, name)
-    if not slope:
+    if slope is None:
         return None, 0
-    logs: dict[int, list[float]] = defaultdict(list)  # group -> its values' logs, in slope's order
-    for s in slope:
-        logs[s[0]].append(s[1])
-    used = sorted(logs)
-    centre = {g: float(np.mean(logs[g])) for g in used}
-    x = np.array([s[1] - centre[s[0]] for s in slope])
-    sxx = float(x @ x)
-    weights = cells.weights(model, [s[2] for s in slope], list(x / sxx))
-    c = model.fit.contrast(weights)
-    every = [cell for s in slope for cell in s[2]]
-    est = c.estimate if c is not None else float(sum(xi / sxx * cells.mean_adj(s[2]) for xi, s in zip(x, slope)))
-    e = Effect(machine_id, name, "elasticity", None, None, est, None, None, cells.n_runs(every),
-               min_runs=min(cells.n_runs(s[2]) for s in slope), n_passes=len(cells.passes(every)), method=METHOD,
-               job_ids=cells.job_ids(every),
-               log_range=max(s[1] for s in slope) - min(s[1] for s in slope), group=group)
+    logs = slope.log_value
+    x = logs - _group_means(logs, slope.group)[slope.group]
+    coefs = x / float(x @ x)
+    c = model.fit.contrast(cells.level_weights(model, slope.cells, slope.level, coefs))
+    est = c.estimate if c is not None else \
+        float(sum(w * cells.mean_adj(cs) for w, cs in zip(coefs, slope.level_cells())))
+    e = Effect(machine_id, name, "elasticity", None, None, est, None, None, cells.n_runs(slope.cells),
+               min_runs=int(np.add.reduceat(cells.counts[slope.cells], slope.start[:-1]).min()),
+               n_passes=len(cells.passes(slope.cells)), method=METHOD, job_ids=cells.job_ids(slope.cells),
+               log_range=float(logs.max() - logs.min()), group=group)
     _test(e, c, NOT_ESTIMABLE)
-    return e, len(used)
+    return e, int(slope.group[-1]) + 1
 
 
-def _interaction(ve: VariableEffect, cells: Cells, keys: list[str], several: dict[tuple, list[int]],
-                 model: Model) -> None:
+def _interaction(ve: VariableEffect, cells: Cells, groups: Groups, several: list[int], model: Model) -> None:
     """Is the variable's effect the same in every group where it took two or more values? A Wald F
     test on the groups' slopes (sizes) or their log ratios to the baseline value (others), with the
     model's covariance. The per-group effects are kept for the report where the test rejects."""
@@ -662,31 +795,28 @@ def _interaction(ve: VariableEffect, cells: Cells, keys: list[str], several: dic
     base = ve.baseline.value
     per_group: list[tuple[str, list[dict], list[Effect]]] = []
     if ve.size_like:
-        for key, ms in several.items():
-            if len(cells.values(ms, name)) < 2:
-                continue
-            words = _group_words(keys, key)
-            e, _ = elasticity(cells, [ms], name, ve.machine_id, model, group=words)
-            slope = _slope_cells(cells, [ms], name)
-            lx = np.array([s[1] for s in slope])
-            x = lx - lx.mean()
-            per_group.append((words, [cells.weights(model, [s[2] for s in slope], list(x / float(x @ x)))], [e]))
+        for g in several:  # (each with two or more values)
+            words = _group_words(groups.keys, groups.key(g))
+            e, _ = elasticity(cells, [groups.cells_of(g)], name, ve.machine_id, model, group=words)
+            slope = _slope_cells(cells, [groups.cells_of(g)], name)
+            x = slope.log_value - slope.log_value.mean()
+            per_group.append((words, [cells.level_weights(model, slope.cells, slope.level, x / float(x @ x))], [e]))
             if e.se is None:  # no test without every group's interval: the rest need not be made
                 return
     else:
         shared = None
-        for ms in several.values():
-            vals = cells.values(ms, name)
+        for g in several:
+            vals = cells.values(groups.cells_of(g), name)
             if base in vals:
                 shared = vals if shared is None else shared & vals
         shared = sorted((shared or set()) - {base}, key=lambda v: sort_key(name, v))
         if not shared:
             return
-        for key, ms in several.items():
-            by_value = _by_value(cells, ms, name)
+        for g in several:
+            by_value = _by_value(cells, groups.members(g), name)
             if base not in by_value:
                 continue
-            words = _group_words(keys, key)
+            words = _group_words(groups.keys, groups.key(g))
             effects = [ratio(cells, by_value[v], by_value[base], label(name, v), label(name, base), name,
                              ve.machine_id, model, group=words) for v in shared]
             per_group.append((words, [cells.weights(model, [by_value[v], by_value[base]], [1.0, -1.0]) for v in shared],
@@ -783,7 +913,7 @@ def analyse(rows: list[dict], machine_ids: list[int] | None = None, *, probe_cv:
     # An ofat sweep's joint configurations (sweep.JOINT: several sizes at once, for the cost model)
     # belong to no comparison: left out here, they leave every effect and interval as without them
     # (in them, 27 quiet runs more narrowed a noisy level's shared-variance interval: tests/test_synthetic_truth).
-    rows = [r for r in rows if r.get("block") != JOINT]
+    rows = list(compress(rows, map(ne, column(rows, "block"), repeat(JOINT))))
     ids = machine_ids if machine_ids is not None else sorted({r["machine_id"] for r in rows})
     by_machine: dict[int, list[dict]] = defaultdict(list)
     for r in rows:
@@ -1107,14 +1237,14 @@ def grids(analysis: MachineAnalysis) -> list[Grid]:
         for b in names[i + 1:]:
             if b in followers_of(a) or a in followers_of(b):
                 continue
-            keys, groups = _groups(cells, {a, b}, varied)
-            col_a, col_b = cells.column(a), cells.column(b)
-            best = _best_group(cells, groups,
-                               lambda ms: len(set(zip(map(col_a.__getitem__, ms), map(col_b.__getitem__, ms)))))
+            groups = Groups(cells, {a, b}, varied)
+            pairs = _first_seen([cells.codes(a)[0], cells.codes(b)[0]], len(cells.rep))  # each cell's (a, b)
+            best = _best_group(cells, groups, groups.distinct(pairs))
             if best is None:
                 continue
+            col_a, col_b = cells.column(a), cells.column(b)
             at: dict = defaultdict(list)
-            for c in groups[best]:
+            for c in groups.members(best):
                 at[(col_a[c], col_b[c])].append(c)
             av = sorted({k[0] for k in at}, key=lambda v: sort_key(a, v))
             bv = sorted({k[1] for k in at}, key=lambda v: sort_key(b, v))
@@ -1122,7 +1252,7 @@ def grids(analysis: MachineAnalysis) -> list[Grid]:
                 continue
             matrix = [[float(np.median([r.step_ms for r in cells.runs_of(at[(x, y)])])) if (x, y) in at else None
                        for y in bv] for x in av]
-            fixed = {n: label(n, v) for n, v in zip(keys, best) if v != DERIVED_MARK}
+            fixed = {n: label(n, v) for n, v in zip(groups.keys, groups.key(best)) if v != DERIVED_MARK}
             out.append(Grid(analysis.machine_id, a, b, [label(a, v) for v in av], [label(b, v) for v in bv], matrix,
                             drop_derived(fixed, list(together))))
     return out
