@@ -1028,7 +1028,7 @@ def analyse_machine(runs: list[Run], machine_id: int, *, asked: list[dict] = (),
         for ve in found:
             ve.fixed = drop_derived(ve.fixed, together)
     lost, uncompared, base_note = lost_levels(runs, flagged if not kept_all else [], list(asked), found, together,
-                                              cells)
+                                              cells, varied)
     cells.drop_counts()
     return MachineAnalysis(machine_id, found, [n for n in together if n not in uncompared], drift, noise,
                            _identical(runs, asked, cells), _regrouped(runs, cells), runs, varied, flagged, kept_all,
@@ -1063,65 +1063,84 @@ def _status_words(rows: list[dict], disturbed_ids: set) -> str:
     return "; ".join(parts)
 
 
-def lost_levels(runs: list[Run], disturbed: list[Run],  # noqa: F811 - the runs left out, not ran.disturbed
-                asked: list[dict], found: list[VariableEffect], together: list[str],
-                cells: Cells | None = None) -> tuple[list[Lost], dict[str, str], str]:
-    """Values that jobs asked for and that have no usable run, with why; the varied variables that
-    could not be compared, with why (their baseline configuration or their other values lost), as
-    against those that only ever moved with another variable (followers); and, where the baseline
-    configuration itself has no usable run, that said in words ("" otherwise). `cells`: the runs by
-    cell (Cells(runs) when not given)."""
-    cells = cells if cells is not None else Cells(runs)
-    # The asked rows that say something new about the raw job columns: every row without a usable run,
-    # and of those with one, the first of each cell (a cell's runs share their job columns: as_ran).
+def _asked_sample(runs: list[Run], asked: list[dict], cells: Cells) -> list[dict]:
+    """The asked rows that say something new about the raw job columns: every row without a usable run,
+    and of those with one, the first of each cell (a cell's runs share their job columns: as_ran)."""
     ran = set(map(id, map(attrgetter("row"), runs)))
     said = ran - set(map(id, (r.row for r in cells.rep)))
-    sample = asked if not said or not ran <= set(map(id, asked)) else \
-        list(compress(asked, map(not_, map(said.__contains__, map(id, asked)))))  # (in asked order)
-    several = [n for n in FACTORS if len(set(column(sample, n))) > 1]  # (raw values: cheap)
-    # the values asked for that have a usable run (as asked: a value that ran as another, like the hub
-    # dataset as builtin, is said so elsewhere); value_of once per distinct raw value (equal raws: equal values)
-    reps = [r.row for r in cells.rep]
-    usable: dict[str, set] = {n: {value_of(n, raw) for raw in set(column(reps, n))} for n in several if reps}
-    asked_values: dict[str, dict] = {}  # variable -> value -> its raw values, in the order of their rows
-    for n in several:
-        by_value = asked_values[n] = defaultdict(set)
-        for raw in dict.fromkeys(column(sample, n)):
-            by_value[value_of(n, raw)].add(raw)
+    if not said or not ran <= set(map(id, asked)):
+        return asked
+    return list(compress(asked, map(not_, map(said.__contains__, map(id, asked)))))  # (in asked order)
 
-    def rows_at(rows: list[dict], n: str, raws: set) -> list[dict]:  # those of these raw values, in order
-        return list(compress(rows, map(raws.__contains__, column(rows, n))))
-    d_ids = {r.row.get("run_id") for r in disturbed}
-    lost = []
-    for n, by_value in asked_values.items():
-        if len(by_value) < 2:
-            continue
-        for v, raws in sorted(by_value.items(), key=lambda kv: sort_key(n, kv[0])):
-            if v not in usable.get(n, set()):
-                lost.append(Lost(n, label(n, v), _status_words(rows_at(asked, n, raws), d_ids)))
-    # The baseline configuration as asked: per varied variable, the value most asked-for configurations share.
-    varied = [n for n, by_value in asked_values.items() if len(by_value) > 1]
+
+def _asked_values(sample: list[dict], runs: list[Run], cells: Cells, varied: list[str]) -> dict[str, dict]:
+    """Per variable asked for with two or more values: value -> its raw values, in the order of their rows.
+    A row with a usable run asked for its cell's values (as_ran: value_of of its job columns) but where
+    the child's read-back changed them, so only the runs' varied variables, those changed, and those that
+    differ among the rows without a usable run (and one with) can have two (a grid's other 40 columns of
+    100k rows go unread)."""
+    changed = {n for r in {id(r.changed): r for r in cells.rep}.values() for n in r.changed}
+    ran = set(map(id, map(attrgetter("row"), runs)))
+    rest = list(compress(sample, map(not_, map(ran.__contains__, map(id, sample))))) + [r.row for r in cells.rep[:1]]
+    out = {}
+    for n in FACTORS:
+        if n in varied or n in changed or len(set(column(rest, n))) > 1:
+            by_value = defaultdict(set)
+            for raw in dict.fromkeys(column(sample, n)):  # value_of once per distinct raw value
+                by_value[value_of(n, raw)].add(raw)
+            if len(by_value) > 1:
+                out[n] = by_value
+    return out
+
+
+def _asked_baseline(asked: list[dict], asked_values: dict[str, dict]) -> tuple[dict, list[dict]]:
+    """The baseline configuration as asked (per variable asked with several values, the value most asked-for
+    configurations share) and its rows."""
     hashes = column(asked, "config_hash")
     configs = list((dict(zip(hashes, asked)) if all(hashes) else
                     {h or id(row): row for h, row in zip(hashes, asked)}).values())
-    modal = {}
-    for n in varied:
+    modal, base_rows = {}, list(asked)
+    for n, by_value in asked_values.items():
         counts = Counter()
         for raw, k in Counter(column(configs, n)).items():  # value_of once per raw value
             counts[value_of(n, raw)] += k
         modal[n] = counts.most_common(1)[0][0]
-    base_rows = list(asked)
-    for n in varied:
-        base_rows = rows_at(base_rows, n, asked_values[n][modal[n]])
+        base_rows = list(compress(base_rows, map(by_value[modal[n]].__contains__, column(base_rows, n))))
+    return modal, base_rows
+
+
+def lost_levels(runs: list[Run], disturbed: list[Run],  # noqa: F811 - the runs left out, not ran.disturbed
+                asked: list[dict], found: list[VariableEffect], together: list[str],
+                cells: Cells | None = None, varied: list[str] | None = None) -> tuple[list[Lost], dict[str, str], str]:
+    """Values that jobs asked for and that have no usable run, with why; the varied variables that
+    could not be compared, with why (their baseline configuration or their other values lost), as
+    against those that only ever moved with another variable (followers); and, where the baseline
+    configuration itself has no usable run, that said in words ("" otherwise). `cells`: the runs by
+    cell (Cells(runs) when not given); `varied`: the runs' varied variables (varied_variables)."""
+    cells = cells if cells is not None else Cells(runs)
+    asked_values = _asked_values(_asked_sample(runs, asked, cells), runs, cells,
+                                 varied if varied is not None else varied_variables(cells.rep))
+    # the values asked for that have a usable run (as asked: a value that ran as another, like the hub
+    # dataset as builtin, is said so elsewhere); value_of once per distinct raw value (equal raws: equal values)
+    reps = [r.row for r in cells.rep]
+    d_ids = {r.row.get("run_id") for r in disturbed}
+    lost = []
+    for n, by_value in asked_values.items():
+        usable = {value_of(n, raw) for raw in set(column(reps, n))}
+        for v, raws in sorted(by_value.items(), key=lambda kv: sort_key(n, kv[0])):
+            if v not in usable:
+                rows = list(compress(asked, map(raws.__contains__, column(asked, n))))
+                lost.append(Lost(n, label(n, v), _status_words(rows, d_ids)))
+    modal, base_rows = _asked_baseline(asked, asked_values)
     base_ids = {row.get("run_id") for row in base_rows}
     base_lost = bool(base_rows) and base_ids.isdisjoint(map(dict.get, map(attrgetter("row"), runs), repeat("run_id")))
-    base_words = ", ".join(f"{n}={label(n, modal[n])}" for n in varied)
+    base_words = ", ".join(f"{n}={label(n, modal[n])}" for n in asked_values)
     compared = {ve.variable for ve in found}
     lost_by_var = defaultdict(list)
     for x in lost:
         lost_by_var[x.variable].append(x)
     uncompared = {}
-    leaders = set(varied) | compared
+    leaders = set(asked_values) | compared
     for n in sorted(set(together) | (set(lost_by_var) - compared), key=FACTORS.index):
         follows = any(n in followers_of(p) for p in leaders if p != n)
         if base_lost and not follows:
