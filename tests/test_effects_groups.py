@@ -101,8 +101,12 @@ def test_level_weights_are_weights_of_to_the_last_digit_in_its_order():
     rng.shuffle(configs)  # indices in no order of the cells'
     model = Model(None, {k: i for i, k in enumerate(configs)}, {})
     index = cells.configs(model)
-    for _ in range(50):
-        levels = [rng.sample(list(cells.all), rng.randint(1, 12)) for _ in range(rng.randint(1, 8))]  # overlapping
+    for k in range(60):
+        if k % 2:  # levels that overlap, in cells or in configurations
+            levels = [rng.sample(list(cells.all), rng.randint(1, 12)) for _ in range(rng.randint(1, 8))]
+        else:  # each configuration in one level (a grid's)
+            some = rng.sample(sorted({index[c]: c for c in cells.all}.values()), 40)
+            levels = [some[i:i + 5] for i in range(0, 40, 5)]
         coefs = [rng.choice([rng.gauss(0, 1), 1 / 3, -0.0, 0.0]) for _ in levels]
         want = model.weights_of([{index[c] for c in lv} for lv in levels], coefs)
         flat = np.array([c for lv in levels for c in lv])

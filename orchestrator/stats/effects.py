@@ -408,10 +408,10 @@ class Cells:
 
     def __init__(self, runs: list[Run]):
         self.runs = runs
-        index: dict = {}
-        self.of_run = np.fromiter((index.setdefault(r.cell if r.cell is not None else id(r), len(index))
-                                   for r in runs), dtype=np.intp, count=len(runs))
-        self.counts = np.bincount(self.of_run, minlength=len(index))  # runs per cell
+        cell = list(map(attrgetter("cell"), runs))
+        self.of_run, distinct = _codes(cell if None not in cell else [c if c is not None else id(r)
+                                                                       for c, r in zip(cell, runs)])
+        self.counts = np.bincount(self.of_run, minlength=len(distinct))  # runs per cell
         self.n = self.counts.tolist()
         self._by_cell = np.argsort(self.of_run, kind="stable")  # the runs cell after cell, each cell's in run order
         self._start = np.concatenate(([0], np.cumsum(self.counts)))
@@ -547,6 +547,8 @@ class Cells:
         pairs = _distinct_sorted(level.astype(np.int64) * width + self._config_array[cells])
         level_of, config = np.divmod(pairs, width)
         share = coefs[level_of] / np.bincount(level_of, minlength=len(coefs))[level_of]
+        if np.bincount(config).max(initial=0) <= 1:  # each configuration in one level (a grid's): its share
+            return dict(zip(config.tolist(), (0.0 + share).tolist()))  # (added to 0.0, as weights_of: no -0.0)
         keys, first, inverse = np.unique(config, return_index=True, return_inverse=True)
         total = np.zeros(len(keys))
         np.add.at(total, inverse, share)  # (in order, from 0.0: weights_of's sums)
@@ -1232,8 +1234,9 @@ def _identical(runs: list[Run], asked: list[dict], cells: Cells | None = None) -
 def _regrouped(runs: list[Run], cells: Cells | None = None) -> list[str]:
     cells = cells if cells is not None else Cells(runs)
     counts = Counter()
-    for r, k in zip(cells.rep, cells.n):  # (a cell's runs share what changed)
-        for n, (a, b) in r.changed.items():
+    changed = list(map(attrgetter("changed"), cells.rep))
+    for what, k in compress(zip(changed, cells.n), changed):  # (a cell's runs share what changed)
+        for n, (a, b) in what.items():
             if n != "dataset":
                 counts[(n, label(n, a), label(n, b))] += k
     return [f"{k} run(s) asked for {n}={a} ran with {n}={b} (read back in the child) and count under {b}"
