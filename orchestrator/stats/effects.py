@@ -439,7 +439,7 @@ class Cells:
         """Each cell's value of `name` (made once per variable: a grid's groups read it over and over)."""
         col = self._columns.get(name)
         if col is None:
-            col = self._columns[name] = [r.values[name] for r in self.rep]
+            col = self._columns[name] = list(map(itemgetter(name), map(attrgetter("values"), self.rep)))
         return col
 
     def at_derived(self, name: str) -> list[bool]:
@@ -1065,24 +1065,23 @@ def _status_words(rows: list[dict], disturbed_ids: set) -> str:
     return "; ".join(parts)
 
 
-def _asked_sample(runs: list[Run], asked: list[dict], cells: Cells) -> list[dict]:
-    """The asked rows that say something new about the raw job columns: every row without a usable run,
-    and of those with one, the first of each cell (a cell's runs share their job columns: as_ran)."""
-    ran = set(map(id, map(attrgetter("row"), runs)))
+def _asked_sample(ran: set[int], asked: list[dict], cells: Cells) -> list[dict]:
+    """The asked rows that say something new about the raw job columns: every row without a usable run (`ran`:
+    the ids of those with one), and of those with one, the first of each cell (a cell's runs share their job
+    columns: as_ran)."""
     said = ran - set(map(id, (r.row for r in cells.rep)))
     if not said or not ran <= set(map(id, asked)):
         return asked
     return list(compress(asked, map(not_, map(said.__contains__, map(id, asked)))))  # (in asked order)
 
 
-def _asked_values(sample: list[dict], runs: list[Run], cells: Cells, varied: list[str]) -> dict[str, dict]:
+def _asked_values(sample: list[dict], ran: set[int], cells: Cells, varied: list[str]) -> dict[str, dict]:
     """Per variable asked for with two or more values: value -> its raw values, in the order of their rows.
     A row with a usable run asked for its cell's values (as_ran: value_of of its job columns) but where
     the child's read-back changed them, so only the runs' varied variables, those changed, and those that
-    differ among the rows without a usable run (and one with) can have two (a grid's other 40 columns of
-    100k rows go unread)."""
-    changed = {n for r in {id(r.changed): r for r in cells.rep}.values() for n in r.changed}
-    ran = set(map(id, map(attrgetter("row"), runs)))
+    differ among the rows without a usable run (and the first with one) can have two (a grid's other ~40
+    columns of 100k rows go unread)."""
+    changed = {n for what in filter(None, map(attrgetter("changed"), cells.rep)) for n in what}
     rest = list(compress(sample, map(not_, map(ran.__contains__, map(id, sample))))) + [r.row for r in cells.rep[:1]]
     out = {}
     for n in FACTORS:
@@ -1120,7 +1119,8 @@ def lost_levels(runs: list[Run], disturbed: list[Run],  # noqa: F811 - the runs 
     configuration itself has no usable run, that said in words ("" otherwise). `cells`: the runs by
     cell (Cells(runs) when not given); `varied`: the runs' varied variables (varied_variables)."""
     cells = cells if cells is not None else Cells(runs)
-    asked_values = _asked_values(_asked_sample(runs, asked, cells), runs, cells,
+    ran = set(map(id, map(attrgetter("row"), runs)))
+    asked_values = _asked_values(_asked_sample(ran, asked, cells), ran, cells,
                                  varied if varied is not None else varied_variables(cells.rep))
     # the values asked for that have a usable run (as asked: a value that ran as another, like the hub
     # dataset as builtin, is said so elsewhere); value_of once per distinct raw value (equal raws: equal values)
