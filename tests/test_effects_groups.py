@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
+from orchestrator.stats import cells as cl
 from orchestrator.stats import effects as fx
 from orchestrator.stats import ran
 from orchestrator.stats.noise import Model
@@ -29,27 +30,27 @@ def row(run_id: int, rng: random.Random) -> dict:
     return r
 
 
-def cells_of(seed: int, n: int = 300) -> fx.Cells:
+def cells_of(seed: int, n: int = 300) -> cl.Cells:
     rng = random.Random(seed)
     rows = [row(i, rng) for i in range(n)]
     rows += [dict(r, run_id=n + i) for i, r in enumerate(rng.sample(rows, n // 5))]  # repeats of some cells
-    return fx.Cells(ran.as_ran(rows))
+    return cl.Cells(ran.as_ran(rows))
 
 
 VARIED = ["n_layers", "d_model", "n_heads", "head_dim", "batch_size"]
 
 
-def groups_by_dict(cells: fx.Cells, free: set, varied: list) -> tuple[list, dict]:
+def groups_by_dict(cells: cl.Cells, free: set, varied: list) -> tuple[list, dict]:
     """The comparison groups as a dict of key tuples filled cell by cell."""
     follow = set().union(*(ran.followers_of(n) for n in free)) - free
     keys = [n for n in varied if n not in free]
     groups = defaultdict(list)
     for c, r in enumerate(cells.rep):
-        groups[tuple(fx.DERIVED_MARK if n in follow and r.at_derived(n) else r.values[n] for n in keys)].append(c)
+        groups[tuple(cl.DERIVED_MARK if n in follow and r.at_derived(n) else r.values[n] for n in keys)].append(c)
     return keys, groups
 
 
-def best_by_dict(cells: fx.Cells, groups: dict, distinct) -> tuple:
+def best_by_dict(cells: cl.Cells, groups: dict, distinct) -> tuple:
     """The most distinct values, then the most key values at the modal ones, then the most configurations;
     ties: the group seen first."""
     n_configs = {k: len({cells.rep[c]._key for c in ms}) for k, ms in groups.items()}
@@ -67,7 +68,7 @@ def test_groups_are_the_dict_of_keys_filled_cell_by_cell_in_its_order():
         cells = cells_of(seed)
         for free in ({"d_model"}, {"n_heads"}, {"batch_size"}, {"d_model", "n_layers"}):
             keys, want = groups_by_dict(cells, free, VARIED)
-            got = fx.Groups(cells, free, VARIED)
+            got = cl.Groups(cells, free, VARIED)
             assert got.keys == keys and got.size == len(want)
             assert [got.key(g) for g in range(got.size)] == list(want)
             assert [got.members(g) for g in range(got.size)] == list(want.values())
@@ -81,16 +82,16 @@ def test_the_best_group_and_the_groups_in_key_order_are_those_of_the_cell_by_cel
         for free in ({"d_model"}, {"n_heads"}, {"batch_size"}):
             (name,) = free
             keys, want = groups_by_dict(cells, free, VARIED)
-            groups = fx.Groups(cells, free, VARIED)
+            groups = cl.Groups(cells, free, VARIED)
             n_values = groups.distinct(cells.codes(name)[0])
             assert n_values.tolist() == [len(cells.values(ms, name)) for ms in want.values()]
-            best = fx._best_group(cells, groups, n_values)
+            best = cl.best_group(cells, groups, n_values)
             assert groups.key(best) == best_by_dict(cells, want, lambda ms: len(cells.values(ms, name)))
-            in_order = sorted(want, key=lambda k: [ran.sort_key(n, v) if v != fx.DERIVED_MARK else (2, 0, "")
+            in_order = sorted(want, key=lambda k: [ran.sort_key(n, v) if v != cl.DERIVED_MARK else (2, 0, "")
                                                    for n, v in zip(keys, k)])
             assert [groups.key(g) for g in groups.by_key(np.arange(groups.size))] == in_order
             beside = [k for k in want if k != groups.key(best) and all(
-                a == b or fx.DERIVED_MARK in (a, b) for a, b in zip(k, groups.key(best)))]
+                a == b or cl.DERIVED_MARK in (a, b) for a, b in zip(k, groups.key(best)))]
             assert [groups.key(g) for g in np.flatnonzero(groups.beside(best))] == beside
 
 
@@ -99,7 +100,7 @@ def test_level_weights_are_weights_of_to_the_last_digit_in_its_order():
     cells = cells_of(3)
     configs = list({r._key: None for r in cells.rep})
     rng.shuffle(configs)  # indices in no order of the cells'
-    model = Model(None, {k: i for i, k in enumerate(configs)}, {})
+    model = Model(None, {k: i for i, k in enumerate(configs)}, {}, [])
     index = cells.configs(model)
     for k in range(60):
         if k % 2:  # levels that overlap, in cells or in configurations
