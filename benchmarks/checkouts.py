@@ -15,6 +15,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+EFFECTS = ("orchestrator/stats/effects.py", "orchestrator/effects.py")  # where effects.py is, now and before the split
+
+
+def effects_module(code: Path):
+    """The effects module of the checkout `code` (put first on sys.path): orchestrator.stats.effects, or
+    orchestrator.effects in a checkout from before orchestrator/ was split by job."""
+    sys.path.insert(0, str(code))
+    import importlib
+
+    name = "orchestrator.stats.effects" if (code / EFFECTS[0]).exists() else "orchestrator.effects"
+    return importlib.import_module(name)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--baseline, and the hidden --evaluate/--code of the step run inside a checkout."""
     parser.add_argument("--baseline", type=Path, default=Path("/work/baseline"),
@@ -28,7 +41,7 @@ def evaluate_in_each(script: str, rows_path: Path, baseline: Path, labels: tuple
     that is missing or whose step failed is left out, saying so."""
     results = {}
     for label, code in zip(labels, (baseline, ROOT)):
-        if not (code / "orchestrator" / "effects.py").exists():
+        if not any((code / path).exists() for path in EFFECTS):
             print(f"{label}: no checkout at {code}, left out")
             continue
         proc = subprocess.run([sys.executable, script, "--evaluate", str(rows_path), "--code", str(code)],

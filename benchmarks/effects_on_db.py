@@ -35,8 +35,7 @@ def rows_of(db: str) -> list[dict]:
 
 
 def evaluate(rows_path: Path, code: Path) -> None:
-    sys.path.insert(0, str(code))
-    from orchestrator.stats import effects as fx
+    fx = checkouts.effects_module(code)
 
     rows = json.loads(rows_path.read_text())
     a = fx.analyse(rows)

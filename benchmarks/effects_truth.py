@@ -56,8 +56,7 @@ def generate(seeds: int, out: Path, drift: tuple[float, ...], sigma: float, repe
 def evaluate(rows_path: Path, code: Path) -> None:
     """Run inside a checkout (`code` first on sys.path): print one JSON list per seed of
     (kind, variable, value, estimate, ci_low, ci_high, called_an_effect)."""
-    sys.path.insert(0, str(code))
-    from orchestrator.stats import effects as fx
+    fx = checkouts.effects_module(code)
 
     data = json.loads(rows_path.read_text())
     out = []
