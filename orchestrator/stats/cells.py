@@ -154,7 +154,10 @@ class Cells:
         return codes_of(list(map(attrgetter("_key"), self.rep)))
 
     def passes(self, cells) -> set:
-        return set(map(self._passes.__getitem__, self._positions(cells).tolist()))
+        at, passes = self._positions(cells), self._passes
+        if isinstance(passes, np.ndarray):  # (every pass an int64: the distinct ones, then a set of ints)
+            return set(distinct_sorted(passes[at]).tolist())
+        return set(map(passes.__getitem__, at.tolist()))
 
     def job_ids(self, cells) -> np.ndarray | tuple:
         """The cells' distinct job ids, sorted: an int64 array where every job id is an int64, as a store's
@@ -166,8 +169,15 @@ class Cells:
         return distinct_sorted(jobs[at])
 
     @cached_property
-    def _passes(self) -> list[int]:
-        return [r.pass_ for r in self.runs]
+    def _passes(self) -> np.ndarray | list[int]:
+        """Each run's pass: an int64 array where every one is an int, else a list."""
+        passes = [r.pass_ for r in self.runs]
+        if all(type(p) is int for p in passes):
+            try:
+                return np.array(passes, dtype=np.int64)
+            except OverflowError:
+                pass
+        return passes
 
     @cached_property
     def _jobs(self) -> np.ndarray | list:

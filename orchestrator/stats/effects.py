@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from itertools import compress, repeat
-from operator import attrgetter, ne, not_
+from operator import attrgetter, is_not, itemgetter, ne, not_
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,7 +58,7 @@ from scipy.special import fdtrc, ndtri, stdtr, stdtrit
 from orchestrator.stats import step_model as sm
 from orchestrator.stats.cells import (DERIVED_MARK, Cells, Groups, best_group, codes_of, distinct_sorted,
                                      first_seen)
-from orchestrator.stats.columns import column, runs_fingerprint
+from orchestrator.stats.columns import column, conf_values, runs_fingerprint
 # What each run ran with and the model's view of a machine live beside this module; their names are
 # re-exported for the report, the adaptive loop and the tests, which read them as effects.*.
 from orchestrator.stats.noise import (Drift, Model, Noise, cv_of, fit_inputs, fit_model, machine_noise,
@@ -489,10 +489,11 @@ def _group_means(x: np.ndarray, group: np.ndarray) -> np.ndarray:
 
 
 def elasticity(cells: Cells, groups: list, name: str, machine_id: int, model: Model,
-               group: str | None = None) -> tuple[Effect | None, int]:
+               group: str | None = None, slope: _Slope | None = None) -> tuple[Effect | None, int]:
     """The least-squares slope of the values' effects in the model on log value, within groups (each
-    group, a sequence of cells, its own intercept): a contrast of the one fit."""
-    slope = _slope_cells(cells, groups, name)
+    group, a sequence of cells, its own intercept): a contrast of the one fit. `slope`: _slope_cells of
+    these groups, where the caller has it."""
+    slope = slope if slope is not None else _slope_cells(cells, groups, name)
     if slope is None:
         return None, 0
     logs = slope.log_value
@@ -519,8 +520,8 @@ def _interaction(ve: VariableEffect, cells: Cells, groups: Groups, several: list
     if ve.size_like:
         for g in several:  # (each with two or more values)
             words = _group_words(groups.keys, groups.key(g))
-            e, _ = elasticity(cells, [groups.cells_of(g)], name, ve.machine_id, model, group=words)
             slope = _slope_cells(cells, [groups.cells_of(g)], name)
+            e, _ = elasticity(cells, [groups.cells_of(g)], name, ve.machine_id, model, group=words, slope=slope)
             x = slope.log_value - slope.log_value.mean()
             per_group.append((words, [cells.level_weights(model, slope.cells, slope.level, x / float(x @ x))], [e]))
             if e.se is None:  # no test without every group's interval: the rest need not be made
@@ -803,9 +804,10 @@ def _asked_values(sample: list[dict], ran: set[int], cells: Cells, varied: list[
     columns of 100k rows go unread)."""
     changed = {n for what in filter(None, map(attrgetter("changed"), cells.rep)) for n in what}
     rest = list(compress(sample, map(not_, map(ran.__contains__, map(id, sample))))) + [r.row for r in cells.rep[:1]]
+    rest = list({id(t): t for t in conf_values(rest, FACTORS)}.values())  # (a configuration's rows share theirs)
     out = {}
-    for n in FACTORS:
-        if n in varied or n in changed or len(set(column(rest, n))) > 1:
+    for k, n in enumerate(FACTORS):
+        if n in varied or n in changed or len(set(map(itemgetter(k), rest))) > 1:
             by_value = defaultdict(set)
             for raw in dict.fromkeys(column(sample, n)):  # value_of once per distinct raw value
                 by_value[value_of(n, raw)].add(raw)
@@ -820,14 +822,28 @@ def _asked_baseline(asked: list[dict], asked_values: dict[str, dict]) -> tuple[d
     hashes = column(asked, "config_hash")
     configs = list((dict(zip(hashes, asked)) if all(hashes) else
                     {h or id(row): row for h, row in zip(hashes, asked)}).values())
-    modal, base_rows = {}, list(asked)
-    for n, by_value in asked_values.items():
+    names = list(asked_values)
+    if not names:
+        return {}, list(asked)
+    # the configurations' raw values of those variables, a tuple per configuration row (conf_values), each
+    # distinct tuple counted once with the configurations that share it (in the order of their first rows)
+    of_config = conf_values(configs, names)
+    weight = Counter(map(id, of_config))
+    distinct = {id(t): t for t in of_config}
+    modal = {}
+    for k, n in enumerate(names):
+        raws = Counter()
+        for i, t in distinct.items():
+            raws[t[k]] += weight[i]
         counts = Counter()
-        for raw, k in Counter(column(configs, n)).items():  # value_of once per raw value
-            counts[value_of(n, raw)] += k
+        for raw, c in raws.items():  # value_of once per raw value
+            counts[value_of(n, raw)] += c
         modal[n] = counts.most_common(1)[0][0]
-        base_rows = list(compress(base_rows, map(by_value[modal[n]].__contains__, column(base_rows, n))))
-    return modal, base_rows
+    # the rows at the modal value of every one of them
+    wanted = [asked_values[n][modal[n]] for n in names]
+    of_row = conf_values(asked, names)
+    at_modal = {i: all(map(set.__contains__, wanted, t)) for i, t in {id(t): t for t in of_row}.items()}
+    return modal, list(compress(asked, map(at_modal.__getitem__, map(id, of_row))))
 
 
 def lost_levels(runs: list[Run], disturbed: list[Run],  # noqa: F811 - the runs left out, not ran.disturbed
@@ -926,15 +942,18 @@ def _identical(runs: list[Run], asked: list[dict], cells: Cells | None = None) -
     """Variables whose asked-for values ran as fewer values (e.g. dataset: both on builtin)."""
     out = []
     changed = {n for r in {id(r.changed): r for r in (cells.rep if cells else runs)}.values() for n in r.changed}
-    done = {r.row["run_id"]: r for r in runs} if changed else {}
+    if changed:  # the asked rows with a run, and that run (by run_id): read once, as columns
+        done = dict(zip(map(itemgetter("run_id"), map(attrgetter("row"), runs)), runs))
+        hit = list(map(done.get, column(asked, "run_id")))
+        with_run = list(map(is_not, hit, repeat(None)))
+        values = list(map(attrgetter("values"), compress(hit, with_run)))
     for n in RAN_FROM:
         if n not in changed:  # every run ran with what it asked for: nothing ran as something else
             continue
         mapping: dict = defaultdict(set)
-        for row in asked:
-            r = done.get(row.get("run_id"))
-            if r is not None:
-                mapping[value_of(n, row[n])].add(r.values[n])
+        # each distinct (asked raw value, value ran) once, in the order of their first rows: the same sets
+        for raw, ran in dict.fromkeys(zip(compress(column(asked, n), with_run), map(itemgetter(n), values))):
+            mapping[value_of(n, raw)].add(ran)
         if len(mapping) < 2:
             continue
         ran_values = set().union(*mapping.values())

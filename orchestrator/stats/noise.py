@@ -5,15 +5,15 @@ fitted model, each pass's drift and the machine's noise in words a report can us
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import chain
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 
 import numpy as np
 
 from orchestrator.stats import step_model as sm
-from orchestrator.stats.ran import Run, label, modal_config
+from orchestrator.stats.ran import Run, label, modal_config, numbered
 from orchestrator.stats.columns import column
 from common.blocks import stretch_of
 
@@ -114,8 +114,7 @@ def model_inputs(runs: list[Run], probe_cv: float | None = None) -> tuple[dict, 
 def _config_numbers(runs: list[Run]) -> tuple[dict, list[int]]:
     """The runs' configurations numbered in the order they first ran: (config key -> number, each
     run's number)."""
-    configs: dict = {}
-    numbers = [configs.setdefault(k, len(configs)) for k in map(attrgetter("_key"), runs)]  # (_key: config_key()'s)
+    numbers, configs = numbered(list(map(attrgetter("_key"), runs)))  # (_key: config_key()'s, shared by a cell's runs)
     return configs, numbers
 
 
@@ -166,14 +165,28 @@ def pass_drift(runs: list[Run], model: Model) -> Drift:
     passes = sorted(by_pass)
     if not passes:
         return Drift({}, {}, [])
-    keys = list(zip(map(attrgetter("pass_"), runs), model.run_configs))  # (pass, configuration index) per run
-    seen = Counter(map(itemgetter(0), set(keys)))  # configurations per pass
-    configs = {p: seen[p] for p in passes}
-    first = dict(reversed(keys))  # each pass's first run's configuration
+    seen, first = _configs_by_pass(list(map(attrgetter("pass_"), runs)), model.run_configs)
+    configs = {p: seen.get(p, 0) for p in passes}
     part = {p: int(f.component[c]) for p, c in first.items()}
     shift = {p: float(np.mean(f.gamma[by_pass[p]])) for p in passes}
     return Drift({p: v - shift[passes[0]] for p, v in shift.items()}, configs,
                  [p for p in passes if part.get(p) != part.get(passes[0])])
+
+
+def _configs_by_pass(passes: list[int], configs: list[int]) -> tuple[dict[int, int], dict[int, int]]:
+    """Per pass of these runs (each run's pass and configuration index): how many distinct configurations
+    it ran, and its first run's configuration; as numpy columns (half a million runs a machine)."""
+    if not passes:
+        return {}, {}
+    at = np.asarray(passes, dtype=np.int64)
+    config = np.asarray(configs, dtype=np.int64)
+    distinct, pass_of = np.unique(at, return_inverse=True)
+    width = int(config.max()) + 1
+    pairs = np.sort(pass_of * width + config)  # (sorted, not np.unique: its hash table is slow on these)
+    pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]  # each (pass, configuration) once
+    counts = np.bincount(pairs // width, minlength=len(distinct))
+    first = np.unique(pass_of, return_index=True)[1]  # each pass's first run
+    return dict(zip(distinct.tolist(), counts.tolist())), dict(zip(distinct.tolist(), config[first].tolist()))
 
 
 @dataclass
@@ -246,18 +259,23 @@ def machine_noise(runs: list[Run], varied: list[str], model: Model | None, probe
                   modal: dict | None = None) -> Noise:
     """model: the fit of these runs (fit_model's), or None. `modal`: modal_config(runs, varied), where the
     caller has it."""
-    by_config: dict[int, list[Run]] = defaultdict(list)
-    for c, r in zip(model.run_configs if model else _config_numbers(runs)[1], runs):
-        by_config[c].append(r)
-    repeated = [rs for rs in by_config.values() if len(rs) >= 2]
-    raw = _typical_variance([np.array([r.log_ms for r in rs]) for rs in repeated])
+    # the runs configuration by configuration (numbered in the order they first ran), each's in run order
+    config = np.asarray(model.run_configs if model else _config_numbers(runs)[1], dtype=np.intp)
+    order = np.argsort(config, kind="stable")
+    sizes = np.bincount(config) if len(config) else np.zeros(0, np.intp)
+    start = np.concatenate(([0], np.cumsum(sizes)))
+    repeated = np.flatnonzero(sizes >= 2).tolist()
+    log_ms = np.array([r.log_ms for r in runs], dtype=float)[order]
+    adj = np.array([r.adj for r in runs], dtype=float)[order]
+    raw = _typical_variance([log_ms[start[c]:start[c + 1]].copy() for c in repeated])
     modal = modal if modal is not None else modal_config(runs, varied) if runs else {}
+    first = order[start[:-1]].tolist() if len(config) else []  # each configuration's first run
 
-    def name(rs):
-        v = rs[0].values
+    def name(c):
+        v = runs[first[c]].values
         differ = [f"{n}={label(n, v[n])}" for n in varied if v[n] != modal.get(n)]
         return ", ".join(differ) or "the baseline"
-    noisiest = sorted(((name(rs), cv_of(float(np.var([r.adj for r in rs], ddof=1)))) for rs in repeated),
+    noisiest = sorted(((name(c), cv_of(float(np.var(adj[start[c]:start[c + 1]].copy(), ddof=1)))) for c in repeated),
                       key=lambda x: -x[1])[:3]
     f = model.fit if model else None
     has = f is not None and f.dof >= 1 and f.sigma2 is not None and math.isfinite(f.sigma2)
