@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from common.variables import NAMES
 from orchestrator.stats.columns import conf_values
+from orchestrator.stats.ran import numbered
 
 NOT_CONFIG = ("repeat",)  # the pass index: not part of what differs between configurations
 CONFIG_NAMES = tuple(n for n in NAMES if n not in NOT_CONFIG)
@@ -21,9 +22,8 @@ def config_index(rows: list[dict]) -> tuple[list[int], list[tuple]]:
     list asked again: the answer kept)."""
     if _last[0] is rows and _last[1] == len(rows):
         return _last[2]
-    number: dict[tuple, int] = {}
-    keys = conf_values(rows, CONFIG_NAMES)  # (once per configuration row where the rows share them)
-    ids = [number.setdefault(k, len(number)) for k in keys]
+    # (the values once per configuration row where the rows share them, each distinct tuple hashed once)
+    ids, number = numbered(conf_values(rows, CONFIG_NAMES))
     _last[:] = [rows, len(rows), (ids, list(number))]
     return _last[2]
 

@@ -822,28 +822,14 @@ def _asked_baseline(asked: list[dict], asked_values: dict[str, dict]) -> tuple[d
     hashes = column(asked, "config_hash")
     configs = list((dict(zip(hashes, asked)) if all(hashes) else
                     {h or id(row): row for h, row in zip(hashes, asked)}).values())
-    names = list(asked_values)
-    if not names:
-        return {}, list(asked)
-    # the configurations' raw values of those variables, a tuple per configuration row (conf_values), each
-    # distinct tuple counted once with the configurations that share it (in the order of their first rows)
-    of_config = conf_values(configs, names)
-    weight = Counter(map(id, of_config))
-    distinct = {id(t): t for t in of_config}
-    modal = {}
-    for k, n in enumerate(names):
-        raws = Counter()
-        for i, t in distinct.items():
-            raws[t[k]] += weight[i]
+    modal, base_rows = {}, list(asked)
+    for n, by_value in asked_values.items():
         counts = Counter()
-        for raw, c in raws.items():  # value_of once per raw value
-            counts[value_of(n, raw)] += c
+        for raw, k in Counter(column(configs, n)).items():  # value_of once per raw value
+            counts[value_of(n, raw)] += k
         modal[n] = counts.most_common(1)[0][0]
-    # the rows at the modal value of every one of them
-    wanted = [asked_values[n][modal[n]] for n in names]
-    of_row = conf_values(asked, names)
-    at_modal = {i: all(map(set.__contains__, wanted, t)) for i, t in {id(t): t for t in of_row}.items()}
-    return modal, list(compress(asked, map(at_modal.__getitem__, map(id, of_row))))
+        base_rows = list(compress(base_rows, map(by_value[modal[n]].__contains__, column(base_rows, n))))
+    return modal, base_rows
 
 
 def lost_levels(runs: list[Run], disturbed: list[Run],  # noqa: F811 - the runs left out, not ran.disturbed

@@ -245,6 +245,8 @@ def numbered(values: list) -> tuple[list[int], dict]:
     object is hashed once: values shared between runs (a cell's tuples) cost a look-up by identity."""
     objects = {id(v): v for v in values}  # (in the order of first appearance)
     number: dict = {}
+    if len(objects) == len(values):  # no object shared: numbered as they come
+        return [number.setdefault(v, len(number)) for v in values], number
     of_object = {i: number.setdefault(v, len(number)) for i, v in objects.items()}
     return list(map(of_object.__getitem__, map(id, values))), number
 
@@ -318,6 +320,8 @@ def _each(f, values) -> list:
         return list(map(f, values))
     if len(kinds) > 1 or (float in kinds and 0.0 in distinct):
         return list(map(f, values))
+    if len(distinct) == 1:  # (a column of one value: most of a sweep's)
+        return [f(values[0])] * len(values)
     for v in distinct:
         distinct[v] = f(v)
     return list(map(distinct.__getitem__, values))
