@@ -256,6 +256,8 @@ def _disturbed_all(done: list[dict], applied: list[dict]) -> list[str | None]:
     other, steal, cores = (column(done, c) for c in ("other_cpu_s", "steal_s", "cores"))
     if all_surely_quiet(other, steal, cores):  # (a run's figures are its own numbers: no call per value)
         return [None] * len(done)
+    if (quiet := surely_quiet_each(other, steal, cores)) is not None:
+        return [None if q else _disturbance(row, a) for q, row, a in zip(quiet, done, applied)]
     figures = list(zip(other, steal, cores))
     try:
         quiet = {f: surely_quiet(*f) for f in set(figures)}
@@ -364,6 +366,24 @@ def all_surely_quiet(others: list, steals: list, cores: list) -> bool:
             return False
     counts = list(filter(None, cores))  # the truthy ones: `not cores` passes the rest
     return set(map(type, counts)) <= {int} and (not counts or min(counts) >= 1)
+
+
+def surely_quiet_each(others: list, steals: list, cores: list) -> list[bool] | None:
+    """surely_quiet of each run, from the runs' columns (a run's figures are its own numbers: a call per run
+    at a million runs), where every figure is None, a float or an int and every cores an int or None (as a
+    store's are; None otherwise): each figure None or at most the floor, each cores None or at least 1."""
+    for column_ in (others, steals):
+        kinds = set(map(type, column_))
+        kinds.discard(NoneType)
+        if not kinds <= {float, int}:
+            return None
+    kinds = set(map(type, cores))
+    kinds.discard(NoneType)
+    if not kinds <= {int}:
+        return None
+    floor = DISTURBED_FLOOR_S
+    return [(o is None or o <= floor) and (s is None or s <= floor) and (c is None or c >= 1 or c == 0)
+            for o, s, c in zip(others, steals, cores)]
 
 
 def surely_quiet(other, steal, cores) -> bool:
