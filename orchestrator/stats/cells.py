@@ -29,6 +29,17 @@ def distinct_sorted(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def distinct_at(coded: tuple[np.ndarray, np.ndarray], at: np.ndarray) -> np.ndarray:
+    """distinct_sorted(column[at]) of a column given as (its distinct values sorted, each row's code among them):
+    where `at` is many rows, a mark per distinct value rather than a sort of every row's."""
+    distinct, code = coded
+    if len(at) * 8 < len(distinct):
+        return distinct_sorted(distinct[code[at]])
+    seen = np.zeros(len(distinct), bool)
+    seen[code[at]] = True
+    return distinct[seen]
+
+
 def codes_of(values: list) -> tuple[np.ndarray, list]:
     """Each value's number among the distinct values (equal values one number, as a dict's keys are one),
     numbered in the order of their first appearance; and the distinct values in that order. One pass of
@@ -156,7 +167,7 @@ class Cells:
     def passes(self, cells) -> set:
         at, passes = self._positions(cells), self._passes
         if isinstance(passes, np.ndarray):  # (every pass an int64: the distinct ones, then a set of ints)
-            return set(distinct_sorted(passes[at]).tolist())
+            return set(distinct_at(self._coded("_passes"), at).tolist())
         return set(map(passes.__getitem__, at.tolist()))
 
     def job_ids(self, cells) -> np.ndarray | tuple:
@@ -166,7 +177,19 @@ class Cells:
         jobs, at = self._jobs, self._positions(cells)
         if isinstance(jobs, list):
             return tuple(sorted(set(map(jobs.__getitem__, at.tolist()))))
-        return distinct_sorted(jobs[at])
+        return distinct_at(self._coded("_jobs"), at)
+
+    def _coded(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """An int64 column of the runs (_passes, _jobs) as its distinct values, sorted, and each run's code among
+        them (made once: every effect asks for its runs' distinct ones)."""
+        got = self._coded_columns.get(name)
+        if got is None:
+            got = self._coded_columns[name] = np.unique(getattr(self, name), return_inverse=True)
+        return got
+
+    @cached_property
+    def _coded_columns(self) -> dict:
+        return {}
 
     @cached_property
     def _passes(self) -> np.ndarray | list[int]:
@@ -192,8 +215,8 @@ class Cells:
 
     def drop_counts(self) -> None:
         """Let go of the runs' passes and job ids (tens of MB at a million runs) once the effects are made."""
-        self.__dict__.pop("_passes", None)
-        self.__dict__.pop("_jobs", None)
+        for name in ("_passes", "_jobs", "_coded_columns"):
+            self.__dict__.pop(name, None)
 
     def configs(self, model: Model) -> list[int]:
         """Each cell's configuration index in the model."""

@@ -77,7 +77,8 @@ def is_size(name: str, values) -> bool:
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values))
 
 
-def followers_of(name: str) -> set[str]:
+@functools.lru_cache(maxsize=None)  # (the derivations are fixed; a grid's groups ask again and again)
+def followers_of(name: str) -> frozenset[str]:
     """The variables that follow `name` when left on "auto", directly or through another."""
     out, todo = set(), [name]
     while todo:
@@ -86,7 +87,7 @@ def followers_of(name: str) -> set[str]:
             if parent in d.parents and d.name not in out:
                 out.add(d.name)
                 todo.append(d.name)
-    return out
+    return frozenset(out)
 
 
 def _ran_value(name: str, row: dict, applied: dict):
