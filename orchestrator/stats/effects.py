@@ -928,18 +928,19 @@ def _identical(runs: list[Run], asked: list[dict], cells: Cells | None = None) -
     """Variables whose asked-for values ran as fewer values (e.g. dataset: both on builtin)."""
     out = []
     changed = {n for r in {id(r.changed): r for r in (cells.rep if cells else runs)}.values() for n in r.changed}
-    if changed:  # the asked rows with a run, and that run (by run_id): read once, as columns
+    names = [n for n in RAN_FROM if n in changed]  # (if none, every run ran with what it asked for)
+    if names:  # the asked rows with a run, and that run (by run_id): read once, as columns
         done = dict(zip(map(itemgetter("run_id"), map(attrgetter("row"), runs)), runs))
         hit = list(map(done.get, column(asked, "run_id")))
         with_run = list(map(is_not, hit, repeat(None)))
-        values = list(map(attrgetter("values"), compress(hit, with_run)))
-    for n in RAN_FROM:
-        if n not in changed:  # every run ran with what it asked for: nothing ran as something else
-            continue
+        # each distinct pair of (the row's raw values, as conf_values shares them; its run's values) once, in
+        # the order of their first rows: each variable's (asked raw value, value ran) pairs in the same order
+        pairs = {(id(j), id(v)): (j, v) for j, v in zip(compress(conf_values(asked, names), with_run),
+                                                       map(attrgetter("values"), compress(hit, with_run)))}
+    for k, n in enumerate(names):
         mapping: dict = defaultdict(set)
-        # each distinct (asked raw value, value ran) once, in the order of their first rows: the same sets
-        for raw, ran in dict.fromkeys(zip(compress(column(asked, n), with_run), map(itemgetter(n), values))):
-            mapping[value_of(n, raw)].add(ran)
+        for raw, values in pairs.values():
+            mapping[value_of(n, raw[k])].add(values[n])
         if len(mapping) < 2:
             continue
         ran_values = set().union(*mapping.values())
