@@ -13,6 +13,7 @@ from pathlib import Path
 
 from orchestrator.stats.effects import Analysis, Effect, Grid
 from common.variables import NAMES
+from orchestrator.stats.columns import column
 
 SELECT_MACHINES = "SELECT * FROM machines"
 SELECT_SWEEP_NOTES = "SELECT name, notes FROM sweeps ORDER BY sweep_id"
@@ -94,7 +95,7 @@ class Context:
     @cached_property
     def sweeps(self) -> list[str]:
         """The sweeps the runs came from, by name: both writers' first lines say them (one scan of the rows)."""
-        return sorted({r["sweep"] for r in self.rows if r.get("sweep")})
+        return sorted(filter(None, set(column(self.rows, "sweep"))))
 
 
 def effect_row(e: Effect) -> dict:

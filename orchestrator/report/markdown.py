@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 
 import numpy as np
@@ -254,8 +254,7 @@ def disturbed_lines(done: list[dict], analysis: Analysis) -> list[str]:
              f"here). {fate}", ""]
     # only the runs whose applied could hold a provisional peak are parsed (none is, where every applied is NULL)
     applied = column(done, "applied")
-    provisional = 0 if applied.count(None) == len(applied) else \
-        sum(1 for r, a in zip(done, applied) if _may_be_provisional(a) and fx.provisional_peak(r))
+    provisional = 0 if applied.count(None) == len(applied) else _provisional_count(done, applied)
     if provisional:
         lines += [f"MFU of {provisional} of {len(done)} done runs is against a provisional GEMM peak (measured under "
                   f"load, or not measured on the run's CPU set: `applied.peak_gflops.basis` says which).", ""]
@@ -265,6 +264,16 @@ def disturbed_lines(done: list[dict], analysis: Analysis) -> list[str]:
         if len(flagged) > len(shown):
             lines += [f"... and {len(flagged) - len(shown)} more (results.csv has other_cpu_s and steal_s).", ""]
     return lines
+
+
+def _provisional_count(done: list[dict], applied: list) -> int:
+    """How many of the runs (`applied`: their applied, column(done, "applied")) have a provisional peak:
+    each distinct applied text asked once (a fleet's runs repeat their texts)."""
+    try:
+        times = Counter(applied)
+    except TypeError:  # a row that holds its applied already parsed (a dict)
+        return sum(1 for r, a in zip(done, applied) if _may_be_provisional(a) and fx.provisional_peak(r))
+    return sum(n for a, n in times.items() if _may_be_provisional(a) and fx.provisional_peak({"applied": a}))
 
 
 def _may_be_provisional(applied) -> bool:

@@ -233,20 +233,7 @@ def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
     counted once), over every claimed run: failed and skipped ones say what differs too."""
     out = {}
     ids, raws = config_index(rows)
-    # a configuration is a config_hash (a run without one: the run itself); its first run's values count
-    machines = list(map(operator.itemgetter("machine_id"), rows))
-    hashes = column(rows, "config_hash")
-    if all(hashes):  # every run has one (the usual case): read at C speed
-        jobs = list(zip(machines, hashes))
-    else:
-        jobs = [(m, h or r["run_id"]) for m, h, r in zip(machines, hashes, rows)]
-    first = dict(zip(reversed(jobs), reversed(ids)))  # the earliest run of each wins
-    by_machine: dict[int, Counter] = {}
-    for job in dict.fromkeys(jobs):  # in the order they first ran
-        c = by_machine.get(job[0])
-        if c is None:
-            c = by_machine[job[0]] = Counter()
-        c[first[job]] += 1
+    by_machine = _configs_by_machine(rows, ids)
     for m, per_id in by_machine.items():
         # Configurations that differ only in their repeat count as many times as they are, once each.
         weights = list(per_id.values())
@@ -260,6 +247,26 @@ def baselines(rows: list[dict]) -> dict[int, dict[str, object]]:
     return out
 
 
+def _configs_by_machine(rows: list[dict], ids: list[int]) -> dict[int, Counter]:
+    """machine -> configuration number (config_index's ids) -> how many of its configurations (a
+    config_hash; a run without one: the run itself) have that number, by their first run; the machines
+    and the numbers in the order they first ran. A machine's configurations found by their first runs
+    (the earliest position of each key, at C speed), taken in the order they ran."""
+    machines = list(map(operator.itemgetter("machine_id"), rows))
+    hashes = column(rows, "config_hash")
+    keys = hashes if all(hashes) else [h or r["run_id"] for h, r in zip(hashes, rows)]
+    number, out = np.array(ids, dtype=np.int64), {}
+    several = len(set(machines)) > 1
+    machine_of = np.array(machines) if several else None
+    for m in dict.fromkeys(machines):
+        at = np.flatnonzero(machine_of == m).tolist() if several else range(len(rows))
+        mine = list(map(keys.__getitem__, at)) if several else keys
+        first = dict(zip(reversed(mine), reversed(at)))  # each key's earliest run
+        firsts = np.sort(np.fromiter(first.values(), dtype=np.int64, count=len(first)))
+        out[m] = Counter(number[firsts].tolist())
+    return out
+
+
 def _label_counts(name: str, values: tuple, weights: list[int]) -> Counter:
     """label -> the summed weights of the values with that label (_val), the labels in the order their
     values first come: each distinct value counted at C speed and labelled once. Equal values of two
@@ -268,10 +275,16 @@ def _label_counts(name: str, values: tuple, weights: list[int]) -> Counter:
     if len(kinds - {NoneType}) > 1 or (float in kinds and 0.0 in values):
         per_value: Iterable = zip(map(_val, repeat(name), values), weights)
     else:
-        if weights.count(1) == len(weights):
+        distinct = dict.fromkeys(values)  # in the order they first come
+        if len(distinct) == 1:  # one value (most columns): its weight is every weight
+            by_value = dict.fromkeys(distinct, sum(weights))
+        elif weights.count(1) == len(weights):
             by_value = Counter(values)
-        else:
-            by_value = Counter(itertools.chain.from_iterable(map(repeat, values, weights)))
+        else:  # each value's number, its weights summed at C speed
+            number = dict(zip(distinct, itertools.count()))
+            codes = np.fromiter(map(number.__getitem__, values), dtype=np.int64, count=len(values))
+            sums = np.bincount(codes, weights=np.asarray(weights, dtype=np.float64), minlength=len(distinct))
+            by_value = dict(zip(distinct, map(int, sums.tolist())))
         per_value = zip(map(_val, repeat(name), by_value), by_value.values())
     counts = Counter()
     for label, k in per_value:

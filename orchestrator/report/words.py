@@ -14,6 +14,7 @@ from orchestrator.queue.progress import short_reason  # a failure's reason in on
 from orchestrator.stats import effects as fx
 from orchestrator.stats.effects import Effect, VariableEffect
 from common.metrics import peak_text
+from orchestrator.stats.columns import column
 
 
 # Machine facts shown side by side, with the words a reader needs.
@@ -58,12 +59,18 @@ def mfu_peak(rows: list[dict]) -> str | None:
     the trainers' libraries there (worker/machine/gemm_peak.py) and the others' figures, from the runs'
     applied.peak_gflops; the probe's torch figure where the runs' peaks were scaled from it (older
     runs, BENCH_PEAK_PER_SET=0); None where no run recorded a peak."""
+    applied, cores = column(rows, "applied"), column(rows, "cores")
+    try:  # each distinct applied text's peak once (a fleet's runs repeat their texts)
+        of_text = {a: fx.peak_of({"applied": a}) for a in dict.fromkeys(applied)}
+        pairs = dict.fromkeys(zip(applied, cores))  # in the order the runs first have them
+    except TypeError:  # a row that holds its applied already parsed (a dict)
+        of_text, pairs = None, zip(rows, cores)
     best, any_peak = None, False
-    for r in rows:
-        peak = fx.peak_of(r)
+    for a, n in pairs:
+        peak = of_text[a] if of_text is not None else fx.peak_of(a)
         any_peak = any_peak or bool(peak.get("fp32"))
-        if peak.get("library") and r.get("cores") and (best is None or r["cores"] > best[0]):
-            best = (r["cores"], peak)
+        if peak.get("library") and n and (best is None or n > best[0]):
+            best = (n, peak)
     if best is None:
         return "torch's GEMM peak (the probe's, scaled to each run's CPUs): `applied.peak_gflops.basis`" if any_peak \
             else None
