@@ -59,23 +59,31 @@ def mfu_peak(rows: list[dict]) -> str | None:
     the trainers' libraries there (worker/machine/gemm_peak.py) and the others' figures, from the runs'
     applied.peak_gflops; the probe's torch figure where the runs' peaks were scaled from it (older
     runs, BENCH_PEAK_PER_SET=0); None where no run recorded a peak."""
-    applied, cores = column(rows, "applied"), column(rows, "cores")
-    try:  # each distinct applied text's peak once (a fleet's runs repeat their texts)
-        of_text = {a: fx.peak_of({"applied": a}) for a in dict.fromkeys(applied)}
-        pairs = dict.fromkeys(zip(applied, cores))  # in the order the runs first have them
-    except TypeError:  # a row that holds its applied already parsed (a dict)
-        of_text, pairs = None, zip(rows, cores)
-    best, any_peak = None, False
-    for a, n in pairs:
-        peak = of_text[a] if of_text is not None else fx.peak_of(a)
-        any_peak = any_peak or bool(peak.get("fp32"))
-        if peak.get("library") and n and (best is None or n > best[0]):
-            best = (n, peak)
+    cores = column(rows, "cores")
+    best = _largest_library_peak(rows, cores)
     if best is None:
+        any_peak = any(bool(fx.peak_of(r).get("fp32")) for r in rows)
         return "torch's GEMM peak (the probe's, scaled to each run's CPUs): `applied.peak_gflops.basis`" if any_peak \
             else None
     cores, peak = best
     return f"{peak_text(peak)} on {cores} CPU(s): the fastest of the trainers' GEMM libraries"
+
+
+def _largest_library_peak(rows: list[dict], cores: list) -> tuple | None:
+    """(cores, peak) of the first run, in the rows' order, with a library's peak on the largest CPU set
+    any such run has (cores: column(rows, "cores")), or None: the runs of each CPU count, largest first,
+    found at C speed (list.index), and only their peaks read until one has a library."""
+    for n in sorted(set(filter(None, cores)), reverse=True):
+        at = -1
+        while True:
+            try:
+                at = cores.index(n, at + 1)
+            except ValueError:
+                break
+            peak = fx.peak_of(rows[at])
+            if peak.get("library"):
+                return cores[at], peak
+    return None
 
 
 # -- numbers ---------------------------------------------------------------------------------------
