@@ -328,18 +328,19 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
     # text made once, in the order the keys first appear (as run by run)
     base_names = {m: tuple(modal.get(m, {})) for m in dict.fromkeys(machines)}
     if index is not None and set().union(*base_names.values()) <= set(CONFIG_NAMES):
-        keys = _keys_by_number(machines, index, base_names)
+        of_run, key_of = _keys_by_number(machines, index, base_names)
     else:
-        keys = list(zip(machines, map(tuple, map(map, map(operator.attrgetter("get"), rows),
-                                                 map(base_names.__getitem__, machines)))))
-    distinct = list(dict.fromkeys(keys))
+        of_run = list(zip(machines, map(tuple, map(map, map(operator.attrgetter("get"), rows),
+                                                   map(base_names.__getitem__, machines)))))
+        key_of = {k: k for k in dict.fromkeys(of_run)}
+    distinct = list(dict.fromkeys(key_of.values()))
     texts, differing = _config_texts(distinct, modal)
     number = interned["config"]
     number.update(zip(dict.fromkeys(texts), itertools.count()))  # (the first texts interned)
     numbers = list(map(number.__getitem__, texts))
     seen = dict(zip(distinct, numbers))
     config_vars.update(zip(reversed(numbers), reversed(differing)))  # a text's first key's variables
-    config = list(map(seen.__getitem__, keys))
+    config = list(map({c: seen[k] for c, k in key_of.items()}.__getitem__, of_run))
     # column by column (each kind's text interned in the order the runs show it, as run by run)
     cols["run_id"] = list(map(operator.itemgetter("run_id"), rows))
     machine = {m: idx("machine", names.get(m, f"machine {m}")) for m in dict.fromkeys(machines)}
@@ -367,16 +368,19 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
             "config_vars": [config_vars[i] for i in range(len(dicts["config"]))]}
 
 
-def _keys_by_number(machines: list, index: tuple[list[int], list[tuple]], base_names: dict) -> list[tuple]:
+def _keys_by_number(machines: list, index: tuple[list[int], list[tuple]], base_names: dict) -> tuple[list, dict]:
     """runs_table's keys (each run's machine and its values of its baseline's variables), made once per
     machine and configuration number (config_index: runs of one number have equal values of every one
-    of those variables, so equal keys)."""
+    of those variables, so equal keys): (each run's (machine, number), or its number where the runs are
+    of one machine; each of those -> its key, in the order the runs first have them)."""
     ids, raws = index
     at = {n: i for i, n in enumerate(CONFIG_NAMES)}
     pick = {m: tuple_getter([at[n] for n in ns]) for m, ns in base_names.items()}
+    if len(base_names) == 1:
+        (m, get), = pick.items()
+        return ids, {i: (m, get(raws[i])) for i in dict.fromkeys(ids)}
     pairs = list(zip(machines, ids))
-    key_of = {p: (p[0], pick[p[0]](raws[p[1]])) for p in dict.fromkeys(pairs)}
-    return list(map(key_of.__getitem__, pairs))
+    return pairs, {p: (p[0], pick[p[0]](raws[p[1]])) for p in dict.fromkeys(pairs)}
 
 
 def _config_texts(keys: list[tuple], modal: dict[int, dict]) -> tuple[list[str], list[list[str]]]:
