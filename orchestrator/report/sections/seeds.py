@@ -192,8 +192,11 @@ def _measured_all(rows: list[dict]) -> dict[str, dict[int, Measured]]:
     for number, raw in enumerate(raws):
         groups.setdefault(shape_of(raw), []).append(number)
     found, numbered = {}, None
+    # matches() of a shape, key by key: each key's distinct values that match the reference's, found once
+    values = [dict.fromkeys(column) for column in zip(*groups)] if groups else [{} for _ in MATCH_KEYS]
     for ref in PUBLISHED:
-        hit = [numbers for shape, numbers in groups.items() if matches(ref, dict(zip(MATCH_KEYS, shape)))]
+        same = [{v for v in vs if _same(v, ref.config[k])} for k, vs in zip(MATCH_KEYS, values)]
+        hit = [numbers for shape, numbers in groups.items() if all(map(operator.contains, same, shape))]
         if not hit:
             found[ref.id] = {}
             continue
