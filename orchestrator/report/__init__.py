@@ -24,6 +24,7 @@ import gc
 import json
 from collections import defaultdict
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -215,7 +216,7 @@ def _plot_jobs(analysis: Analysis, grids, names, plots_dir: Path) -> list[tuple[
             by_variable[ve.variable].append(ve)
     # Plot legends have room for the host only; the summary gives the CPU.
     short = {m: n.split(",")[0] + (")" if "," in n else "") for m, n in names.items()}
-    jobs = [("variable", (series, short), plots_dir / f"{name}.png")
+    jobs = [("variable", ([_drawn(ve) for ve in series], short), plots_dir / f"{name}.png")
             for name, series in sorted(by_variable.items(), key=lambda kv: NAMES.index(kv[0]))]
     several = len(analysis.machines) > 1
     for m, gs in grids.items():
@@ -223,6 +224,34 @@ def _plot_jobs(analysis: Analysis, grids, names, plots_dir: Path) -> list[tuple[
             suffix = f"_machine{m}" if several else ""
             jobs.append(("grid", (g, names[m]), plots_dir / f"grid_{g.rows}_x_{g.cols}{suffix}.png"))
     return jobs
+
+
+@dataclass
+class _DrawnLevel:
+    """A Level as plots.plot_variable reads it: its figures, not its runs (whose rows a drawer would
+    otherwise be sent, every run of the comparison)."""
+
+    value: object
+    label: str
+    step_ms: list[float]
+    tokens_per_s: list[float]
+    median_step_ms: float
+    median_tokens_per_s: float | None
+
+
+def _drawn(ve: VariableEffect) -> VariableEffect:
+    """`ve` as a drawer is sent it: its levels (the baseline one of them, as in `ve`) as _DrawnLevels, its
+    effects without their job ids (plot_variable reads neither the runs nor the jobs)."""
+    def level(lv) -> _DrawnLevel:
+        return _DrawnLevel(lv.value, lv.label, lv.step_ms, lv.tokens_per_s, lv.median_step_ms, lv.median_tokens_per_s)
+
+    def effect(e):  # without the jobs it rests on (an elasticity's: every job of the comparison)
+        return replace(e, job_ids=()) if e is not None else None
+
+    levels = {id(lv): level(lv) for lv in ve.levels}
+    baseline = levels.get(id(ve.baseline)) or level(ve.baseline)
+    return replace(ve, levels=[levels[id(lv)] for lv in ve.levels], baseline=baseline, elasticity=effect(ve.elasticity),
+                   ratios=list(map(effect, ve.ratios)), by_group=list(map(effect, ve.by_group)))
 
 
 def _import_plots() -> None:
