@@ -374,6 +374,11 @@ def grids_section(ctx: Context) -> list[str]:
     return lines
 
 
+def _median(xs: list[float]):
+    """np.median(xs) (a configuration's step times on one machine): a single run's own time without the call."""
+    return xs[0] if len(xs) == 1 else np.median(xs)
+
+
 def shared_section(ctx: Context) -> list[str]:
     """Side by side on the configurations several machines ran: median step time and the ratio."""
     if not ctx.several:
@@ -388,7 +393,7 @@ def shared_section(ctx: Context) -> list[str]:
     # Geometric mean of the per-configuration ratios: one number per machine.
     overall = []
     for m in machines[1:]:
-        logs = [math.log(np.median(v[m]) / np.median(v[ref])) for v in shared.values() if m in v and ref in v]
+        logs = [math.log(_median(v[m]) / _median(v[ref])) for v in shared.values() if m in v and ref in v]
         if logs:
             overall.append(f"{names[m]} takes {math.exp(np.mean(logs)):.2f}x the step time of {names[ref]} "
                            f"(geometric mean over {len(logs)} shared configurations)")

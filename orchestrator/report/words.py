@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from itertools import compress
+from operator import itemgetter
 
 from orchestrator.queue.progress import short_reason  # a failure's reason in one line, as the progress says it
 from orchestrator.stats import effects as fx
@@ -31,8 +33,8 @@ FACTS = (
 
 
 def _failures(rows: list[dict]) -> list[tuple[str, str, int]]:
-    counted = Counter((r["status"], short_reason(r.get("reason")))
-                      for r in rows if r["status"] in ("failed", "skipped"))
+    stopped = compress(rows, map(("failed", "skipped").__contains__, map(itemgetter("status"), rows)))  # at C speed
+    counted = Counter((r["status"], short_reason(r.get("reason"))) for r in stopped)
     return [(s, why, n) for (s, why), n in sorted(counted.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
