@@ -357,8 +357,10 @@ def runs_table(rows: list[dict], modal: dict[int, dict], names: dict[int, str], 
     reasons = [""] * len(rows)
     stopped = [status[s] for s in ("failed", "skipped") if s in status]
     if stopped:
+        why_of: dict = {}  # each distinct reason's line, made once
         for i in np.flatnonzero(np.isin(np.array(cols["status"], dtype=np.int64), stopped)).tolist():
-            reasons[i] = short_reason(rows[i].get("reason"))
+            reason = rows[i].get("reason")
+            reasons[i] = why_of[reason] if reason in why_of else why_of.setdefault(reason, short_reason(reason))
     for text in dict.fromkeys(reasons):
         idx("reason", text)
     cols["reason"] = list(map(interned["reason"].__getitem__, reasons))
@@ -437,10 +439,14 @@ def lost_values(rows: list[dict], modal: dict[int, dict]) -> dict[tuple[int, str
     a run that did not finish is charged to every variable where it differs from the baseline."""
     counted: dict[tuple[int, str], Counter] = defaultdict(Counter)
     stopped = map(("failed", "skipped").__contains__, map(operator.itemgetter("status"), rows))
+    why_of: dict = {}  # each distinct reason's line, made once
     for r in itertools.compress(rows, stopped):  # only the runs that did not finish (picked at C speed)
         diff = config_difference(r, modal.get(r["machine_id"], {})) or {"(baseline)": "baseline"}
+        reason = r.get("reason")
+        why = why_of[reason] if reason in why_of else why_of.setdefault(reason, short_reason(reason))
+        machine, status = r["machine_id"], r["status"]
         for n, v in diff.items():
-            counted[(r["machine_id"], n)][(v, r["status"], short_reason(r.get("reason")))] += 1
+            counted[(machine, n)][(v, status, why)] += 1
     return {k: [{"value": v, "status": s, "why": why, "runs": n} for (v, s, why), n in c.most_common()]
             for k, c in counted.items()}
 

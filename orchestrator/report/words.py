@@ -34,7 +34,9 @@ FACTS = (
 
 def _failures(rows: list[dict]) -> list[tuple[str, str, int]]:
     stopped = compress(rows, map(("failed", "skipped").__contains__, map(itemgetter("status"), rows)))  # at C speed
-    counted = Counter((r["status"], short_reason(r.get("reason"))) for r in stopped)
+    counted = Counter()
+    for (status, reason), n in Counter((r["status"], r.get("reason")) for r in stopped).items():
+        counted[(status, short_reason(reason))] += n  # each distinct reason's line made once
     return [(s, why, n) for (s, why), n in sorted(counted.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
