@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from itertools import compress
-from operator import itemgetter
 
 from orchestrator.queue.progress import short_reason  # a failure's reason in one line, as the progress says it
 from orchestrator.stats import effects as fx
@@ -33,9 +31,9 @@ FACTS = (
 
 
 def _failures(rows: list[dict]) -> list[tuple[str, str, int]]:
-    stopped = compress(rows, map(("failed", "skipped").__contains__, map(itemgetter("status"), rows)))  # at C speed
     counted = Counter()
-    for (status, reason), n in Counter((r["status"], r.get("reason")) for r in stopped).items():
+    stopped = Counter((r["status"], r.get("reason")) for r in rows if r["status"] in ("failed", "skipped"))
+    for (status, reason), n in stopped.items():
         counted[(status, short_reason(reason))] += n  # each distinct reason's line made once
     return [(s, why, n) for (s, why), n in sorted(counted.items(), key=lambda kv: (-kv[1], kv[0]))]
 
