@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import csv
 import io
+import os
+import tempfile
+from array import array
 from itertools import chain
 from operator import add, itemgetter
 from pathlib import Path
@@ -40,7 +43,8 @@ QUOTED = ("CASE typeof({c}) WHEN 'null' THEN '' WHEN 'text' THEN CASE WHEN instr
 QUOTED_PG = ("CASE WHEN {c} IS NULL THEN '' WHEN strpos({c}, '\"') > 0 OR strpos({c}, ',') > 0 "
              "OR strpos({c}, chr(13)) > 0 OR strpos({c}, chr(10)) > 0 THEN '\"' || replace({c}, '\"', '\"\"') || '\"' "
              "ELSE {c} END")  # (PostgreSQL's applied is TEXT: no other type to fall back from)
-JOBS_KEPT = 1 << 16  # job texts kept for later runs (~0.5 kB each)
+JOBS_KEPT = 1 << 16  # job texts kept in memory for later runs (~0.5 kB each)
+SPILL_IDS = 1 << 26  # the highest job_id whose text is kept on disk once let go (an array entry each: 16 bytes)
 CHUNK = 5_000  # runs fetched at a time
 
 
@@ -103,12 +107,14 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
     try:
         machines = _texts(raw.execute(machine_query).fetchall(), len(machine_segments)) if machine_segments else {}
         jobs: dict = {}
+        last_job = raw.execute("SELECT MAX(job_id) FROM jobs").fetchone()[0] if job_segments else None
         cursor = raw.execute(run_query, params)
         try:
-            with csv_path.open("w", newline="") as f:
+            with csv_path.open("w", newline="") as f, _Spill(csv_path.parent, last_job) as spill:
                 csv.writer(f).writerow(columns)
                 while chunk := cursor.fetchmany(CHUNK):
-                    f.write(_lines(raw, chunk, jobs, job_query, job_segments, machines, fill, len(order), own))
+                    f.write(_lines(raw, chunk, (jobs, spill), job_query, job_segments, machines, fill, len(order),
+                                   own))
                     del chunk
         finally:
             cursor.close()
@@ -164,23 +170,29 @@ def _segments(columns: list[str], known: dict[str, str]) -> list[tuple[str, list
     return out
 
 
-def _lines(raw, chunk, jobs: dict, job_query: str, job_segments, machines: dict, fill, marks: int,
+def _lines(raw, chunk, jobs: tuple[dict, _Spill], job_query: str, job_segments, machines: dict, fill, marks: int,
            own: int = 0) -> str:
     """A chunk of runs (job_id, machine_id, the run's fields and markers, then its `own` texts quoted by
-    SQLite) as the file's lines."""
+    SQLite) as the file's lines; jobs: the job texts kept in memory, and those kept on disk."""
     job_ids = list(map(_KEY, chunk))
+    jobs, spill = jobs
     if job_segments:
         missing = set(job_ids).difference(jobs)
         if missing:
             if len(jobs) + len(missing) > JOBS_KEPT:
                 jobs.clear()
                 missing = set(job_ids)
+            jobs.update(spill.read(missing))
+            missing.difference_update(jobs)
+        if missing:
             low, high = min(missing), max(missing)
             if high - low < 2 * len(missing):  # most of a range (a machine's runs in job order): read it all
                 where = f"BETWEEN {low} AND {high}"  # integers: safe in the query's text
             else:
                 where = f"IN ({','.join(map(str, sorted(missing)))})"
-            jobs.update(_texts(raw.execute(job_query.format(where=where)).fetchall(), len(job_segments)))
+            made = _texts(raw.execute(job_query.format(where=where)).fetchall(), len(job_segments))
+            jobs.update(made)
+            spill.write(made)
         job_texts = map(jobs.__getitem__, job_ids)
     else:
         job_texts = map(_NOTHING, job_ids)
@@ -194,6 +206,46 @@ def _lines(raw, chunk, jobs: dict, job_query: str, job_segments, machines: dict,
             raise NotHere
         outside = map(add, outside, quoted)
     return _filled(buf.getvalue(), marks * len(chunk), map(fill, outside))
+
+
+class _Spill:
+    """Each job's text once made, in an unnamed temporary file beside results.csv, read back where a later run
+    of the job wants it after the memory let it go (a machine's runs of jobs another machine ran long
+    before): reading it back is ~1 us, making it again ~20 us. Where job ids go beyond SPILL_IDS nothing is
+    kept (each text is made again)."""
+
+    def __init__(self, folder: Path, last_job: int | None):
+        self.keep = last_job is not None and 0 <= last_job < SPILL_IDS
+        self.file = tempfile.TemporaryFile(dir=folder) if self.keep else None
+        size = last_job + 1 if self.keep else 0
+        self.start, self.length = array("q", bytes(8 * size)), array("q", bytes(8 * size))  # length + 1: 0 none
+        self.end = 0
+
+    def __enter__(self) -> _Spill:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def write(self, texts: dict) -> None:
+        if not self.keep or not texts:
+            return
+        ids = [i for i in texts if 0 <= i < len(self.start)]
+        data = [MARK.join(texts[i]).encode() for i in ids]
+        start, length, at = self.start, self.length, self.end
+        for i, b in zip(ids, data):
+            start[i], length[i] = at, len(b) + 1
+            at += len(b)
+        os.pwrite(self.file.fileno(), b"".join(data), self.end)
+        self.end = at
+
+    def read(self, ids) -> dict:
+        if not self.keep:
+            return {}
+        fd, start, length, size = self.file.fileno(), self.start, self.length, len(self.start)
+        return {i: tuple(os.pread(fd, length[i] - 1, start[i]).decode().split(MARK)) for i in ids
+                if 0 <= i < size and length[i]}
 
 
 def _fields(expr: dict, prefix: str, q, cols: list[str]) -> str:
