@@ -7,8 +7,9 @@ A run's row is its own columns and, between them, runs of its job's columns (its
 block) and its machine's. Each run is fetched as its own values with a marker (MARK) in the place of each
 such run of columns, and written by csv.writer, so that every field is quoted and printed by csv.writer
 itself; the markers are then filled with the text csv.writer wrote for the job's and the machine's fields.
-A job's text is kept for the runs that follow it (at most JOBS_KEPT jobs: a fleet's machines run the same
-job at about the same time), and fetched again where it was let go.
+A job's text is kept in memory for the runs that follow it (at most JOBS_KEPT jobs: a fleet's machines run
+the same job at about the same time), and on disk once let go (_Spill: read back, not made again, where a
+machine runs a job another ran long before).
 
 A run's long texts (QUOTED_IN_SQL: applied, ~3 KB of JSON a real run) take csv.writer ~30 us each (1M
 runs: 30 s); SQLite quotes them as csv.writer would (QUOTED: quoted where they hold a comma, a quote or a
@@ -43,9 +44,9 @@ QUOTED = ("CASE typeof({c}) WHEN 'null' THEN '' WHEN 'text' THEN CASE WHEN instr
 QUOTED_PG = ("CASE WHEN {c} IS NULL THEN '' WHEN strpos({c}, '\"') > 0 OR strpos({c}, ',') > 0 "
              "OR strpos({c}, chr(13)) > 0 OR strpos({c}, chr(10)) > 0 THEN '\"' || replace({c}, '\"', '\"\"') || '\"' "
              "ELSE {c} END")  # (PostgreSQL's applied is TEXT: no other type to fall back from)
-JOBS_KEPT = 1 << 16  # job texts kept in memory for later runs (~0.5 kB each)
+JOBS_KEPT = 1 << 12  # job texts kept in memory for later runs (~0.6 kB each; the rest on disk: _Spill)
 SPILL_IDS = 1 << 26  # the highest job_id whose text is kept on disk once let go (an array entry each: 16 bytes)
-CHUNK = 5_000  # runs fetched at a time
+CHUNK = 1_000  # runs fetched at a time (~4 kB each, held 3-4 times over while written)
 
 
 def _NOTHING(_) -> tuple:
