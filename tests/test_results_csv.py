@@ -68,7 +68,7 @@ def _awkward(store) -> None:
 def test_results_csv_is_the_views_csv_writer_bytes_on_awkward_values(tmp_path, monkeypatch):
     store = build(str(tmp_path / "r.db"), 600, machines=2, shape="small", quiet=True)
     _awkward(store)
-    # small chunks and few jobs kept: jobs are let go and fetched again, and chunks end mid-job
+    # small chunks and few jobs kept: jobs are let go and read back from disk (_Spill), and chunks end mid-job
     monkeypatch.setattr(results_csv, "CHUNK", 37)
     monkeypatch.setattr(results_csv, "JOBS_KEPT", 50)
     for machine_id in (None, 2):
