@@ -19,9 +19,10 @@ object) is left whole: ran.py reads it as it always did.
 from __future__ import annotations
 
 from itertools import repeat
+from operator import attrgetter
 
 import msgspec
-from msgspec import UNSET, Raw, UnsetType
+from msgspec import Raw
 
 from orchestrator.stats.ran import RAN_FROM, surely_quiet
 
@@ -29,15 +30,18 @@ READ_KEYS = tuple(dict.fromkeys([key for where, key in RAN_FROM.values() if wher
                                 + ["affinity", "peak_gflops"]))
 WINDOW = "timed_window"
 
-_Read = msgspec.defstruct("_Read", [(k, Raw | UnsetType, UNSET) for k in (*READ_KEYS, WINDOW)])
+# a key the text does not hold reads as an empty Raw (a JSON value is never empty)
+_Read = msgspec.defstruct("_Read", [(k, Raw, Raw(b"")) for k in (*READ_KEYS, WINDOW)])
 _decode = msgspec.json.Decoder(_Read).decode
+_read_keys = attrgetter(*READ_KEYS)
+_NAMES = (*READ_KEYS, WINDOW)
 
 
 def cut(texts, others=None, steals=None, cores=None) -> list:
     """Each run's `applied` (texts: a column of a chunk of runs, None where NULL) cut to READ_KEYS, and
     WINDOW where the run's other_cpu_s, steal_s and cores do not pass ran.surely_quiet. Equal cuts are
     one str object."""
-    made: dict[tuple, str] = {}
+    made: dict[bytes, str] = {}
     out = []
     append = out.append
     for text, other, steal, cpus in zip(texts, others or repeat(None), steals or repeat(None), cores or repeat(None)):
@@ -49,15 +53,14 @@ def cut(texts, others=None, steals=None, cores=None) -> list:
         except (msgspec.DecodeError, msgspec.ValidationError):
             append(text)  # not a JSON object msgspec reads: whole, for ran.py to read as before
             continue
-        key = tuple(getattr(read, k) for k in READ_KEYS)
+        # the keys' texts in one bytes, apart by NUL (which msgspec reads nowhere in a JSON text)
+        key = b"\0".join(_read_keys(read))
         window = read.timed_window
-        if window is not UNSET and not surely_quiet(other, steal, cpus):
-            key += (window,)
-        key = tuple(None if raw is UNSET else bytes(raw) for raw in key)
+        if window and not surely_quiet(other, steal, cpus):
+            key = b"\0".join((key, window))
         got = made.get(key)
         if got is None:
-            names = [*READ_KEYS, WINDOW][:len(key)]
-            got = made[key] = "{" + ", ".join(f'"{name}": {raw.decode()}' for name, raw in zip(names, key)
-                                              if raw is not None) + "}"
+            got = made[key] = "{" + ", ".join(f'"{name}": {raw.decode()}' for name, raw
+                                              in zip(_NAMES, key.split(b"\0")) if raw) + "}"
         append(got)
     return out
