@@ -274,7 +274,6 @@ def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: 
     runs, jobs, machines = ([c for c in columns if known[c] == s] for s in "rjm")
     conf = [c for c in jobs if c not in PER_RUN_JOB]  # every configuration column, NULL everywhere or not
     Row, Conf = joined_row_class(columns, conf), row_class(conf)
-    runs, jobs = _holding_values(conn, runs, jobs, mine, params)
     parts = [runs, [c for c in jobs if c in PER_RUN_JOB], machines]
     rows: list[dict] = []
     append = rows.append
@@ -293,24 +292,6 @@ def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: 
             row.conf = of
             append(row)
     return rows
-
-
-def _holding_values(conn, run_cols: list[str], job_cols: list[str], mine: str, params: dict) -> list[list[str]]:
-    """The runs' and the jobs' columns less those NULL in every row of their table (of the report's runs;
-    of every job): a compact row leaves a NULL column out, so one never fetched leaves the rows as they
-    were, and a sweep's many unmeasured or unvaried columns cost one scan instead of a value per run."""
-    out = []
-    for cols, source, table in ((run_cols, "r", f"FROM runs r WHERE r.status <> 'queued'{mine}"),
-                                (job_cols, "j", "FROM jobs j")):
-        plain = [c for c in cols if c not in RUN_EXPR and c not in JOB_EXPR]
-        if not plain:
-            out.append(cols)
-            continue
-        counts = conn.execute(text(f"SELECT {', '.join(f'COUNT({source}.{quoted(conn, c)})' for c in plain)} {table}"),
-                              params).one()
-        empty = {c for c, n in zip(plain, counts) if not n}
-        out.append([c for c in cols if c not in empty])
-    return out
 
 
 def _template(columns: list[str], parts: list[list[str]], values: tuple) -> tuple:
