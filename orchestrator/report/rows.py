@@ -348,9 +348,12 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, mine: 
         return zip(repeat(None, length), zip(*by_column) if by_column else repeat(()))
 
     q = quoted
+    # the jobs that have a run (of the machine): one whose runs were all taken back ('queued') is read for
+    # nothing (the runs' read never asks for it), but the probe reads the runs' (job_id, pool_id) index alone,
+    # not each job's run row for its status
     jobs = table(f"SELECT j.job_id, {', '.join(JOB_EXPR.get(c) or 'j.' + q(conn, c) for c in job_cols + conf_cols)} "
                  f"FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id WHERE EXISTS (SELECT 1 FROM runs r "
-                 f"WHERE r.job_id = j.job_id AND r.status <> 'queued'{mine})", job_of)
+                 f"WHERE r.job_id = j.job_id{mine})", job_of)
     machines = table(f"SELECT m.machine_id, {', '.join('m.' + q(conn, c) for c in machine_cols)} FROM machines m",
                      machine_of)
     plan: dict = {}
