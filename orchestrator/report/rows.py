@@ -46,6 +46,7 @@ CHUNK = 20_000  # rows fetched at a time
 # two chunks of the view's ~120 values a row are alive while the next is fetched (20k: ~300 MB at 1M runs)
 CSV_CHUNK = 2_000
 NONES = repeat(None)
+ALL_NULL = (True,)  # _nulls: the flags of a column NULL throughout, read only as f[0]
 
 
 def read_rows(conn, query: str, params: dict, csv_path: Path | None = None) -> tuple[list[str], list[dict]]:
@@ -459,9 +460,11 @@ def _conf_parts(key_columns: list, by_column: list, length: int, names: list[str
 
 def _nulls(by_column: list, kinds: dict) -> list:
     """Each row's NULL pattern (which of `by_column`'s columns are NULL in it) as a number from `kinds`,
-    found column by column: a column NULL in every row of the chunk, or in none, is the same for all."""
-    flags = [list(map(is_, col, NONES)) for col in by_column]
-    mixed = [i for i, f in enumerate(flags) if any(f) and not all(f)]
+    found column by column: a column NULL in every row of the chunk, or in none, is the same for all. A
+    column NULL throughout (a sweep's unmeasured ones) is found by a count of None, its flags never listed."""
+    flags = [ALL_NULL if col and col[0] is None and col.count(None) == len(col) else list(map(is_, col, NONES))
+             for col in by_column]
+    mixed = [i for i, f in enumerate(flags) if f is not ALL_NULL and any(f) and not all(f)]
     whole = tuple((i, f[0]) for i, f in enumerate(flags) if i not in mixed and f)
     number = kinds.setdefault
     head = number((whole, tuple(mixed)), len(kinds))  # the chunk's columns NULL throughout, and those that vary
