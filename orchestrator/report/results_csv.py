@@ -45,7 +45,8 @@ QUOTED_PG = ("CASE WHEN {c} IS NULL THEN '' WHEN strpos({c}, '\"') > 0 OR strpos
              "OR strpos({c}, chr(13)) > 0 OR strpos({c}, chr(10)) > 0 THEN '\"' || replace({c}, '\"', '\"\"') || '\"' "
              "ELSE {c} END")  # (PostgreSQL's applied is TEXT: no other type to fall back from)
 JOBS_KEPT = 1 << 12  # job texts kept in memory for later runs (~0.6 kB each; the rest on disk: _Spill)
-SPILL_IDS = 1 << 26  # the highest job_id whose text is kept on disk once let go (an array entry each: 16 bytes)
+SPILL_IDS = 1 << 21  # job ids below this have their texts kept on disk once let go: two array entries of 8
+# bytes per id, made for every id up to the database's last (32 MB at most; above it each text is made again)
 CHUNK = 1_000  # runs fetched at a time (~4 kB each, held 3-4 times over while written)
 
 
