@@ -66,6 +66,16 @@ def first_seen(columns: list[np.ndarray], n: int) -> np.ndarray:
     return number[inverse]
 
 
+def _int64_or_list(values: list) -> np.ndarray | list:
+    """The values as an int64 array where every one is an int that fits, else as they are."""
+    if all(type(v) is int for v in values):
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            pass
+    return values
+
+
 MANY_CELLS = 256  # from this many cells on, their runs are found by one pass over the runs, not a slice per cell
 
 
@@ -193,25 +203,13 @@ class Cells:
 
     @cached_property
     def _passes(self) -> np.ndarray | list[int]:
-        """Each run's pass: an int64 array where every one is an int, else a list."""
-        passes = [r.pass_ for r in self.runs]
-        if all(type(p) is int for p in passes):
-            try:
-                return np.array(passes, dtype=np.int64)
-            except OverflowError:
-                pass
-        return passes
+        """Each run's pass (_int64_or_list)."""
+        return _int64_or_list([r.pass_ for r in self.runs])
 
     @cached_property
     def _jobs(self) -> np.ndarray | list:
-        """Each run's job id: an int64 array where every one is an int64, else a list."""
-        jobs = list(map(itemgetter("job_id"), map(attrgetter("row"), self.runs)))
-        if all(type(j) is int for j in jobs):
-            try:
-                return np.array(jobs, dtype=np.int64)
-            except OverflowError:
-                pass
-        return jobs
+        """Each run's job id (_int64_or_list)."""
+        return _int64_or_list(list(map(itemgetter("job_id"), map(attrgetter("row"), self.runs))))
 
     def drop_counts(self) -> None:
         """Let go of the runs' passes and job ids (tens of MB at a million runs) once the effects are made."""
