@@ -115,3 +115,24 @@ def test_the_column_check_of_quiet_runs_says_yes_exactly_where_every_run_is_sure
         assert ran.all_surely_quiet(o, s, c) == every, (o, s, c)
         said_yes += every
     assert said_yes > 100
+
+
+def test_each_runs_quiet_check_says_what_surely_quiet_says_of_that_run():
+    """quiet_runs (what as_ran and cost_model.usable ask before parsing a run's applied) gives each run
+    what surely_quiet (the reference) gives it, column by column or per distinct figures: None only where
+    every run is surely quiet, and never quiet where surely_quiet would leave the run to disturbed()."""
+    floor = DISTURBED_FLOOR_S
+    figures = [None, 0, 0.0, -0.0, 0.5 * floor, floor, floor * 1.001, -1.0, math.nan, math.inf, 3, True, False,
+               "0.1", 10 ** 400]
+    cores = [None, 0, 0.0, False, "", 1, 16, -1, 2.0, True, "4", math.nan]
+    rng = random.Random(11)
+    mixed = 0
+    for _ in range(3000):
+        n = rng.randint(1, 5)
+        o, s, c = ([rng.choice(pool) for _ in range(n)] for pool in (figures, figures, cores))
+        each = [ran.surely_quiet(*f) for f in zip(o, s, c)]
+        got = ran.quiet_runs(o, s, c)
+        assert (got if got is not None else [True] * n) == each, (o, s, c)
+        mixed += any(each) and not all(each)
+    assert mixed > 100
+    assert ran.quiet_runs([0.0, None], [None, [1]], [1, 2]) == [False, False]  # unhashable: every run asked

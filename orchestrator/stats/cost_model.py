@@ -410,19 +410,12 @@ def usable(rows: list[dict]) -> list[dict]:
     """The done runs a fit may use: disturbed ones (another process or the hypervisor took a share of
     the job's CPUs, orchestrator/ran.disturbed) are left out, as the report's effects leave them out,
     unless every run was."""
-    from orchestrator.stats.ran import all_surely_quiet, disturbed, surely_quiet, surely_quiet_each
+    from orchestrator.stats.ran import disturbed, quiet_runs
     done = _done(rows)
-    # disturbed() parses a run's applied: only where its figures could pass a limit (surely_quiet: for
-    # every run at once from its columns, else run by run from them, else once per distinct (other_cpu_s,
-    # steal_s, cores))
-    others, steals, cores = (column(done, c) for c in ("other_cpu_s", "steal_s", "cores"))
-    if all_surely_quiet(others, steals, cores):
-        return list(done)
-    sure = surely_quiet_each(others, steals, cores)
+    # disturbed() parses a run's applied: only where its figures could pass a limit (ran.quiet_runs)
+    sure = quiet_runs(*(column(done, c) for c in ("other_cpu_s", "steal_s", "cores")))
     if sure is None:
-        figures = list(zip(others, steals, cores))
-        seen = {f: surely_quiet(*f) for f in dict.fromkeys(figures)}
-        sure = map(seen.__getitem__, figures)
+        return list(done)
     quiet = [r for r, q in zip(done, sure) if q or not disturbed(r)]
     return quiet or done
 

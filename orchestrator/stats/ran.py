@@ -254,17 +254,10 @@ def numbered(values: list) -> tuple[list[int], dict]:
 
 def _disturbed_all(done: list[dict], applied: list[dict]) -> list[str | None]:
     """_disturbance of each run, asked only where its figures are not surely_quiet."""
-    other, steal, cores = (column(done, c) for c in ("other_cpu_s", "steal_s", "cores"))
-    if all_surely_quiet(other, steal, cores):  # (a run's figures are its own numbers: no call per value)
+    quiet = quiet_runs(*(column(done, c) for c in ("other_cpu_s", "steal_s", "cores")))
+    if quiet is None:
         return [None] * len(done)
-    if (quiet := surely_quiet_each(other, steal, cores)) is not None:
-        return [None if q else _disturbance(row, a) for q, row, a in zip(quiet, done, applied)]
-    figures = list(zip(other, steal, cores))
-    try:
-        quiet = {f: surely_quiet(*f) for f in set(figures)}
-    except TypeError:  # an unhashable figure: ask every run
-        return list(map(_disturbance, done, applied))
-    return [None if q else _disturbance(row, a) for q, row, a in zip(map(quiet.__getitem__, figures), done, applied)]
+    return [None if q else _disturbance(row, a) for q, row, a in zip(quiet, done, applied)]
 
 
 def _cells_of(rows: list[dict], applied: list[dict], raw: list[tuple]) -> list[tuple]:
@@ -367,6 +360,25 @@ def all_surely_quiet(others: list, steals: list, cores: list) -> bool:
             return False
     counts = list(filter(None, cores))  # the truthy ones: `not cores` passes the rest
     return set(map(type, counts)) <= {int} and (not counts or min(counts) >= 1)
+
+
+def quiet_runs(others: list, steals: list, cores: list) -> list[bool] | None:
+    """surely_quiet of each run, from the runs' columns (a run's figures are its own numbers: no call per run
+    where the columns allow): None where every run is (all_surely_quiet); else each run's, column by column
+    (surely_quiet_each), or once per distinct (other, steal, cores) and their types (surely_quiet tells
+    0 from False, which are equal); where a figure is unhashable, no run is taken as surely quiet (each is
+    asked whether it was disturbed)."""
+    if all_surely_quiet(others, steals, cores):
+        return None
+    each = surely_quiet_each(others, steals, cores)
+    if each is not None:
+        return each
+    keys = list(zip(others, steals, cores, map(type, others), map(type, steals), map(type, cores)))
+    try:
+        seen = {k: surely_quiet(*k[:3]) for k in set(keys)}
+    except TypeError:
+        return [False] * len(keys)
+    return list(map(seen.__getitem__, keys))
 
 
 def surely_quiet_each(others: list, steals: list, cores: list) -> list[bool] | None:
