@@ -379,6 +379,8 @@ class Store:
         self._driver_errors = _driver_errors(self.dialect)
         if self.dialect == "sqlite":
             self._sqlite_setup(busy_timeout_s)
+        else:
+            self._postgresql_setup()
         try:
             try:
                 self.migrated = migrations.upgrade(self)
@@ -418,6 +420,21 @@ class Store:
         if self.url.startswith("sqlite"):
             return {"timeout": busy_timeout_s, "isolation_level": None}
         return {"connect_timeout": 10}
+
+    def _postgresql_setup(self) -> None:
+        # The server-side cursors (the report's streamed reads: stream_results) fetch in PostgreSQL's binary
+        # format: the same values, without each number printed by the server and parsed again here
+        import psycopg
+        from psycopg.pq import Format
+
+        class BinaryServerCursor(psycopg.ServerCursor):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.format = Format.BINARY
+
+        @event.listens_for(self.engine, "connect")
+        def _on_connect(dbapi_conn, _record):
+            dbapi_conn.server_cursor_factory = BinaryServerCursor
 
     def _sqlite_setup(self, busy_timeout_s: float) -> None:
         # pysqlite's own transaction handling would defer BEGIN; we emit it ourselves so that
