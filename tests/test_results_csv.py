@@ -38,6 +38,8 @@ def _view_csv(store, machine_id) -> bytes:
 def _awkward(store) -> None:
     """Awkward values in the runs', jobs', machines', sweeps' and pools' columns of the view."""
     with store.transaction() as conn:
+        if store.dialect == "postgresql":  # psycopg's placeholders, and no value of another type than its column's
+            conn = _PsycopgMarks(conn)
         run_ids = [r[0] for r in conn.exec_driver_sql("SELECT run_id FROM runs ORDER BY run_id")]
         job_ids = [r[0] for r in conn.exec_driver_sql("SELECT job_id FROM jobs ORDER BY job_id")]
         for i, s in enumerate(TEXTS):
@@ -51,9 +53,9 @@ def _awkward(store) -> None:
         for i, n in enumerate(INTS):
             conn.exec_driver_sql("UPDATE runs SET params = ? WHERE run_id = ?", (n, run_ids[i * 13 + 2]))
             conn.exec_driver_sql("UPDATE jobs SET seed = ? WHERE job_id = ?", (n, job_ids[i * 13 + 2]))
-        # SQLite keeps what it cannot convert: text in a REAL column, a float in an INTEGER one
-        conn.exec_driver_sql("UPDATE runs SET step_ms_p10 = 'n/a, \"none\"' WHERE run_id = ?", (run_ids[3],))
-        conn.exec_driver_sql("UPDATE jobs SET seq_len = 2.5 WHERE job_id = ?", (job_ids[4],))
+        if store.dialect == "sqlite":  # SQLite keeps what it cannot convert: text in a REAL column, a float in INTEGER
+            conn.exec_driver_sql("UPDATE runs SET step_ms_p10 = 'n/a, \"none\"' WHERE run_id = ?", (run_ids[3],))
+            conn.exec_driver_sql("UPDATE jobs SET seq_len = 2.5 WHERE job_id = ?", (job_ids[4],))
         conn.exec_driver_sql("UPDATE runs SET applied = ? WHERE run_id = ?",
                              ('{"a": [1, 2], "b": "x\\"y", "c": "\u00e9\u0002"}', run_ids[6]))
         conn.exec_driver_sql("UPDATE runs SET status = 'queued' WHERE run_id IN (?, ?)", (run_ids[5], run_ids[-1]))
@@ -65,8 +67,20 @@ def _awkward(store) -> None:
                              "WHERE pool_id = (SELECT MIN(pool_id) FROM pools)")
 
 
-def test_results_csv_is_the_views_csv_writer_bytes_on_awkward_values(tmp_path, monkeypatch):
-    store = build(str(tmp_path / "r.db"), 600, machines=2, shape="small", quiet=True)
+class _PsycopgMarks:
+    """A connection whose exec_driver_sql takes SQLite's ? placeholders (and a literal %) as psycopg does."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def exec_driver_sql(self, sql: str, params=()):
+        return self.conn.exec_driver_sql(sql.replace("%", "%%").replace("?", "%s"), params)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_results_csv_is_the_views_csv_writer_bytes_on_awkward_values(tmp_path, monkeypatch, request, backend):
+    url = str(tmp_path / "r.db") if backend == "sqlite" else request.getfixturevalue("pg_db")
+    store = build(url, 600, machines=2, shape="small", quiet=True)
     _awkward(store)
     # small chunks and few jobs kept: jobs are let go and read back from disk (_Spill), and chunks end mid-job
     monkeypatch.setattr(results_csv, "CHUNK", 37)
@@ -74,8 +88,9 @@ def test_results_csv_is_the_views_csv_writer_bytes_on_awkward_values(tmp_path, m
     for machine_id in (None, 2):
         expected = _view_csv(store, machine_id)
         assert expected.count(b"\n") > 300
-        for seen in (b'"a,b"', b'"say ""hi"""', b',1e-05,', b',-inf,', b',9223372036854775807,', b',2.5,', b',5e-324,',
-                     b'"n/a, ""none"""', b'"sweep, ""one""\n"', b"100% %s %(x)s %%", b"\xc3\xbcn", b'"p\r\nq"'):
+        for seen in (b'"a,b"', b'"say ""hi"""', b',1e-05,', b',-inf,', b',9223372036854775807,', b',5e-324,',
+                     b'"sweep, ""one""\n"', b"100% %s %(x)s %%", b"\xc3\xbcn", b'"p\r\nq"',
+                     *((b',2.5,', b'"n/a, ""none"""') if backend == "sqlite" else ())):
             assert machine_id or seen in expected, seen  # the awkward values are in the view
         with store.transaction() as conn:
             assert results_csv.write(conn, machine_id, tmp_path / "new.csv"), "written from the tables"
@@ -106,14 +121,14 @@ def test_a_value_holding_the_marker_is_written_from_the_view(tmp_path):
 
 
 @pytest.mark.postgres
-def test_on_postgresql_the_view_is_written_with_its_applied_quoted_by_the_database(tmp_path, pg_db):
-    """On PostgreSQL results.csv is the view's rows (no tables path), each run's applied quoted by the
-    database (results_csv.view_query, own_lines): the bytes csv.writer writes, for every machine and
-    one; a value holding the marker makes it write the view as it is."""
+def test_on_postgresql_applied_is_quoted_by_the_database_and_a_marker_elsewhere_writes_the_view(tmp_path, pg_db):
+    """On PostgreSQL each run's applied is quoted by the database (QUOTED_PG), a marker inside it too: the
+    bytes csv.writer writes, for every machine and one; a marker in another value makes write() say so,
+    and the view is written as it is."""
     from orchestrator.report.rows import _results_query
 
     store = build(pg_db, 300, machines=2, shape="small", quiet=True)
-    values = [*TEXTS, '{"a": [1, 2], "b": "x\\"y", "c": "\\u00e9"}', "ünïcødé, \"q\"\r\n"]
+    values = [*TEXTS, '{"a": [1, 2], "b": "x\\"y", "c": "\\u00e9"}', "ünïcødé, \"q\"\r\n", f"a{results_csv.MARK}b"]
     with store.transaction() as conn:
         run_ids = [r[0] for r in conn.execute(text("SELECT run_id FROM runs ORDER BY run_id"))]
         for i, value in enumerate(values):
@@ -121,11 +136,11 @@ def test_on_postgresql_the_view_is_written_with_its_applied_quoted_by_the_databa
     for machine_id, marker in ((None, False), (2, False), (None, True)):
         if marker:
             with store.transaction() as conn:
-                conn.execute(text("UPDATE runs SET applied = :v WHERE run_id = :r"),
+                conn.execute(text("UPDATE runs SET reason = :v WHERE run_id = :r"),
                              {"v": f"a{results_csv.MARK}b", "r": run_ids[2]})
         expected = _view_csv(store, machine_id)
         assert machine_id or b'"say ""hi"""' in expected
         with store.transaction() as conn:
-            assert results_csv.view_query(conn, machine_id) is not None
+            assert results_csv.write(conn, machine_id, tmp_path / "new.csv") is not marker
             _write_csv(conn, _results_query(machine_id), {"machine_id": machine_id}, tmp_path / "new.csv", True)
         assert (tmp_path / "new.csv").read_bytes() == expected, (machine_id, marker)

@@ -13,11 +13,12 @@ machine runs a job another ran long before).
 
 A run's long texts (QUOTED_IN_SQL: applied, ~3 KB of JSON a real run) take csv.writer ~30 us each (1M
 runs: 30 s); SQLite quotes them as csv.writer would (QUOTED: quoted where they hold a comma, a quote or a
-line break, quotes doubled; NULL empty) and they fill a marker of their own. On PostgreSQL, where the
-view itself is written (rows._write_csv), the database quotes them the same way (view_query, own_lines).
+line break, quotes doubled; NULL empty) and they fill a marker of their own; PostgreSQL the same way
+(QUOTED_PG), its values read in its binary format (_Driver).
 
-Where that cannot give the view's bytes (another database than SQLite, a view column this does not know,
-a value that holds the marker), write() says so and the caller writes the view itself (rows._write_csv).
+Where that cannot give the view's bytes (another database than SQLite and PostgreSQL, a view column this does
+not know, a value that holds the marker), write() says so and the caller writes the view itself
+(rows._write_csv).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ QUOTED = ("CASE typeof({c}) WHEN 'null' THEN '' WHEN 'text' THEN CASE WHEN instr
 QUOTED_PG = ("CASE WHEN {c} IS NULL THEN '' WHEN strpos({c}, '\"') > 0 OR strpos({c}, ',') > 0 "
              "OR strpos({c}, chr(13)) > 0 OR strpos({c}, chr(10)) > 0 THEN '\"' || replace({c}, '\"', '\"\"') || '\"' "
              "ELSE {c} END")  # (PostgreSQL's applied is TEXT: no other type to fall back from)
+MARK_SQL = {"sqlite": f"char({ord(MARK)})", "postgresql": f"chr({ord(MARK)})"}  # the databases written this way
 JOBS_KEPT = 1 << 12  # job texts kept in memory for later runs (~0.6 kB each; the rest on disk: _Spill)
 SPILL_IDS = 1 << 21  # job ids below this have their texts kept on disk once let go: two array entries of 8
 # bytes per id, made for every id up to the database's last (32 MB at most; above it each text is made again)
@@ -61,7 +63,8 @@ class NotHere(Exception):
 def write(conn, machine_id: int | None, csv_path: Path) -> bool:
     """Write results.csv (every run of v_results, or one machine's) as csv.writer writes the view's rows;
     False where this way does not apply (nothing useful written: the caller writes it from the view)."""
-    if conn.dialect.name != "sqlite":
+    dialect = conn.dialect.name
+    if dialect not in MARK_SQL:
         return False
     columns = list(conn.execute(text(VIEW_COLUMNS)).keys())
     known = sources(conn)
@@ -82,13 +85,13 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
         if source == "r":
             for c in cols:
                 if c in QUOTED_IN_SQL and c not in RUN_EXPR:
-                    run_select.append(f"char({ord(MARK)})")
-                    quoted_texts.append(QUOTED.format(c="r." + q(c)))
+                    run_select.append(MARK_SQL[dialect])
+                    quoted_texts.append((QUOTED if dialect == "sqlite" else QUOTED_PG).format(c="r." + q(c)))
                     order.append(len(job_segments) + len(machine_segments) + len(quoted_texts) - 1)
                 else:
                     run_select.append(RUN_EXPR.get(c) or "r." + q(c))
             continue
-        run_select.append(f"char({ord(MARK)})")
+        run_select.append(MARK_SQL[dialect])
         if source == "j":
             order.append(j)
             j += 1
@@ -96,7 +99,7 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
             order.append(len(job_segments) + m)
             m += 1
     fill = tuple_getter(order)
-    mark = f", char({ord(MARK)})"
+    mark = ", " + MARK_SQL[dialect]
     job_fields = ", ".join(_fields(JOB_EXPR, "j.", q, cols) + mark for cols in job_segments)
     job_query = (f"SELECT j.job_id, {job_fields} FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id "
                  f"WHERE j.job_id {{where}}")
@@ -105,12 +108,12 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
     run_query = (f"SELECT r.job_id, r.machine_id, {', '.join(run_select + quoted_texts)} {JOINS.format(mine=mine)} "
                  f"ORDER BY r.run_id")
     own = len(quoted_texts)
-    raw = conn.connection.dbapi_connection  # SQLite's own cursor: no row objects made on the way
+    raw = _Driver(conn)
     try:
-        machines = _texts(raw.execute(machine_query).fetchall(), len(machine_segments)) if machine_segments else {}
+        machines = _texts(raw.all(machine_query), len(machine_segments)) if machine_segments else {}
         jobs: dict = {}
-        last_job = raw.execute("SELECT MAX(job_id) FROM jobs").fetchone()[0] if job_segments else None
-        cursor = raw.execute(run_query, params)
+        last_job = raw.all("SELECT MAX(job_id) FROM jobs")[0][0] if job_segments else None
+        cursor = raw.streamed(run_query, params)
         try:
             with csv_path.open("w", newline="") as f, _Spill(csv_path.parent, last_job) as spill:
                 csv.writer(f).writerow(columns)
@@ -123,30 +126,6 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
     except NotHere:
         return False
     return True
-
-
-def view_query(conn, machine_id: int | None) -> tuple[list[str], str, int] | None:
-    """On PostgreSQL: (the view's columns, a query of its rows (SELECT_RESULTS's) that gives each
-    QUOTED_IN_SQL column as a marker and, after the row, as PostgreSQL quoted it, how many such columns),
-    for own_lines; None where that does not apply (another database, no such column)."""
-    if conn.dialect.name != "postgresql":
-        return None
-    columns = list(conn.execute(text(VIEW_COLUMNS)).keys())
-    own = [c for c in columns if c in QUOTED_IN_SQL]
-    if not own or len(set(columns)) != len(columns):
-        return None
-    select = [f"chr({ord(MARK)})" if c in own else quoted(conn, c) for c in columns]
-    select += [QUOTED_PG.format(c=quoted(conn, c)) for c in own]
-    where = "WHERE machine_id = :machine_id" if machine_id is not None else ""
-    return columns, f"SELECT {', '.join(select)} FROM v_results {where} ORDER BY run_id", len(own)
-
-
-def own_lines(chunk: list[tuple], own: int) -> str:
-    """A chunk of view_query's rows as the file's lines: each row as csv.writer writes it, its markers
-    filled with its last `own` values (quoted already). NotHere where a value holds the marker."""
-    buf = io.StringIO(newline="")
-    csv.writer(buf).writerows(map(itemgetter(slice(0, -own)), chunk))
-    return _filled(buf.getvalue(), own * len(chunk), map(itemgetter(slice(-own, None)), chunk))
 
 
 def _filled(written: str, marks: int, texts) -> str:
@@ -192,7 +171,7 @@ def _lines(raw, chunk, jobs: tuple[dict, _Spill], job_query: str, job_segments, 
                 where = f"BETWEEN {low} AND {high}"  # integers: safe in the query's text
             else:
                 where = f"IN ({','.join(map(str, sorted(missing)))})"
-            made = _texts(raw.execute(job_query.format(where=where)).fetchall(), len(job_segments))
+            made = _texts(raw.all(job_query.format(where=where)), len(job_segments))
             jobs.update(made)
             spill.write(made)
         job_texts = map(jobs.__getitem__, job_ids)
@@ -208,6 +187,33 @@ def _lines(raw, chunk, jobs: tuple[dict, _Spill], job_query: str, job_segments, 
             raise NotHere
         outside = map(add, outside, quoted)
     return _filled(buf.getvalue(), marks * len(chunk), map(fill, outside))
+
+
+class _Driver:
+    """The database's own (DBAPI) connection under `conn`, read without SQLAlchemy's row objects: SQLite's, or
+    psycopg's with its values in PostgreSQL's binary format (the same values, none printed by the server and
+    parsed again here), the runs on a server-side cursor (a million runs are never all held)."""
+
+    def __init__(self, conn):
+        self.dialect = conn.dialect
+        self.raw = conn.connection.dbapi_connection
+
+    def _sql(self, query: str) -> str:  # SQLAlchemy's :name parameters as the driver takes them
+        return query if self.dialect.name == "sqlite" else str(text(query).compile(dialect=self.dialect))
+
+    def all(self, query: str) -> list[tuple]:
+        if self.dialect.name == "sqlite":
+            return self.raw.execute(query).fetchall()
+        with self.raw.cursor(binary=True) as cursor:
+            return cursor.execute(self._sql(query)).fetchall()
+
+    def streamed(self, query: str, params: dict):
+        """A cursor of the query's rows, read with fetchmany (close it)."""
+        if self.dialect.name == "sqlite":
+            return self.raw.execute(query, params)
+        cursor = self.raw.cursor(name="results_csv", binary=True)
+        cursor.execute(self._sql(query), params)
+        return cursor
 
 
 class _Spill:

@@ -102,28 +102,13 @@ def _write_csv(conn, query: str, params: dict, csv_path: Path, results: bool = F
     bytes results_csv writes from the tables where it can (each job's and machine's fields once)."""
     if results and results_csv.write(conn, params["machine_id"], csv_path):
         return
-    quoting = results_csv.view_query(conn, params["machine_id"]) if results else None
-    if quoting is not None:  # PostgreSQL: the view, its runs' applied quoted by the database
-        columns, quoting_query, own = quoting
-        try:
-            _stream_csv(conn, quoting_query, params, csv_path, columns,
-                        lambda f, writer, chunk: f.write(results_csv.own_lines(chunk, own)))
-            return
-        except results_csv.NotHere:  # a value holds the marker: the view as it is, below
-            pass
-    _stream_csv(conn, query, params, csv_path, None, lambda f, writer, chunk: writer.writerows(chunk))
-
-
-def _stream_csv(conn, query: str, params: dict, csv_path: Path, header: list[str] | None, write_chunk) -> None:
-    """csv_path: a header (the query's columns unless given), then write_chunk(file, its csv.writer, chunk)
-    for each CSV_CHUNK rows of the query."""
     result = conn.execution_options(stream_results=True, yield_per=CSV_CHUNK).execute(text(query), params)
     try:
         with csv_path.open("w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(header if header is not None else list(result.keys()))
+            writer.writerow(list(result.keys()))
             for chunk in _chunks(result, CSV_CHUNK):
-                write_chunk(f, writer, chunk)
+                writer.writerows(chunk)
     finally:
         result.close()
 
@@ -140,8 +125,11 @@ def _csv_child(conn, query: str, params: dict, csv_path: Path, results: bool = F
 
     def write() -> None:
         engine.dispose(close=False)
-        with engine.connect() as own, own.begin():
-            _write_csv(own, query, params, csv_path, results)
+        with engine.connect() as own:
+            if own.dialect.name == "postgresql":  # results_csv reads the tables by several statements: one snapshot
+                own = own.execution_options(isolation_level="REPEATABLE READ")
+            with own.begin():
+                _write_csv(own, query, params, csv_path, results)
 
     return fork_child(write, nice=nice, die_with_parent=True)
 
