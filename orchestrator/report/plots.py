@@ -192,6 +192,7 @@ def plot_grid(grid: Grid, machine: str, path: Path) -> Path:
     ax = fig.subplots()
     from matplotlib import colormaps
     from matplotlib.colors import LogNorm
+    from matplotlib.transforms import TransformedPatchPath
 
     cmap = colormaps["viridis"].with_extremes(bad="#dddddd")
     finite = values[np.isfinite(values)]
@@ -202,11 +203,15 @@ def plot_grid(grid: Grid, machine: str, path: Path) -> Path:
     ax.set_xlabel(axis_label(grid.cols))
     ax.set_ylabel(axis_label(grid.rows))
     mid = math.sqrt(finite.min() * finite.max())
+    # The cells' labels are not clipped (ax.text's clip_on=False): the clip path ax.text would give each
+    # one (its own transforms, each kept by the axes' transforms and walked whenever they change) is
+    # never read, so the labels share one.
+    unread = TransformedPatchPath(ax.patch)
     for i, row in enumerate(values):
         for j, v in enumerate(row):
             text = "no run" if math.isnan(v) else f"{v:.3g} ms"
             colour = "black" if math.isnan(v) or v > mid else "white"
-            ax.text(j, i, text, ha="center", va="center", fontsize=9, color=colour)
+            ax.text(j, i, text, ha="center", va="center", fontsize=9, color=colour, clip_path=unread)
     bar = fig.colorbar(image, ax=ax, label="median step time (ms, lower is faster)")
     bar.ax.yaxis.set_major_formatter(lambda v, _pos: f"{v:g}")
     bar.ax.yaxis.set_minor_formatter(lambda v, _pos: f"{v:g}" if str(f"{v:g}")[0] in "25" else "")
