@@ -143,6 +143,7 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
                           beside=workers.beside if workers is not None else None,
                           meanwhile=send_fitter if fitter is not None else None)
     grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
+    gc.freeze()  # the analysis too: it lives as long as the rows, and the pages' collections need not walk it
 
     # The PNGs are drawn by two children while this process writes the effects and the pages (three
     # processes on two CPUs until the last PNG: one drawer would finish well after the pages).
