@@ -275,8 +275,11 @@ def _label_counts(name: str, values: tuple, weights: list[int]) -> Counter:
     if len(kinds - {NoneType}) > 1 or (float in kinds and 0.0 in values):
         per_value: Iterable = zip(map(_val, repeat(name), values), weights)
     else:
-        distinct = dict.fromkeys(values)  # in the order they first come
-        if len(distinct) == 1:  # one value (most columns): its weight is every weight
+        # one value (most columns): its weight is every weight. (Every value equal to the first: of one
+        # type, as kinds holds one besides None, which equals only None.)
+        if values and values.count(values[0]) == len(values):
+            by_value = {values[0]: sum(weights)}
+        elif len(distinct := dict.fromkeys(values)) == 1:  # (in the order they first come)
             by_value = dict.fromkeys(distinct, sum(weights))
         elif weights.count(1) == len(weights):
             by_value = Counter(values)
