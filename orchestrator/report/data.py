@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from orchestrator.stats.effects import Analysis, Effect, Grid
+from orchestrator.stats.effects import FACTORS, Analysis, Effect, Grid, modal_config
 from common.variables import NAMES
 from orchestrator.stats.columns import column
 
@@ -70,6 +70,14 @@ class Context:
     @property
     def together(self) -> list[str]:
         return sorted({n for m in self.analysis.machines.values() for n in m.together}, key=NAMES.index)
+
+    @cached_property
+    def modal(self) -> dict:
+        """fx.modal_config of every machine's fitted runs over every variable (FACTORS): summary.md's
+        baseline, and where the report has one machine that machine's own (a variable's modal value is
+        its own, whatever else is asked with it)."""
+        runs = [r for m in self.analysis.machines.values() for r in m.runs]
+        return modal_config(runs, list(FACTORS)) if runs else {}
 
     @cached_property
     def budget_spending(self) -> list[tuple[int, str, dict]]:

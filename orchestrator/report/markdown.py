@@ -66,7 +66,7 @@ def baseline_section(ctx: Context) -> list[str]:
     if not runs:
         return []
     varied = ctx.varied
-    modal = fx.modal_config(runs, list(fx.FACTORS))
+    modal = ctx.modal
     shape = ", ".join(f"{n}={fx.label(n, modal[n])}" for n in SHAPE if n not in varied)
     base = ", ".join(f"{n}={fx.label(n, modal[n])}" for n in varied)
     lines = [f"**Baseline**: {base or '(nothing varied)'}.", ""]
@@ -293,8 +293,9 @@ def variables_section(ctx: Context) -> list[str]:
     for ves in by_variable.values():
         for ve in ves:
             held_names[ve.machine_id].update(dict.fromkeys(ve.fixed))
-    modal = {m: fx.modal_config(ctx.analysis.machines[m].runs, list(names))
-             for m, names in held_names.items() if names}
+    machines = ctx.analysis.machines
+    modal = {m: ctx.modal if len(machines) == 1 and set(names) <= set(ctx.modal)
+             else fx.modal_config(machines[m].runs, list(names)) for m, names in held_names.items() if names}
     lines = ["## Each variable", ""]
     for name, ves in by_variable.items():  # clearest first
         lines += [f"### {name}", "", f"*{BY_NAME[name].doc}.*", ""]
