@@ -191,6 +191,28 @@ def test_a_two_variable_grid_gets_a_heat_map(store, tmp_path):
     assert "## Two variables varied together" in report.summary_path.read_text()
 
 
+def test_the_collector_is_as_it_was_after_a_report_and_after_one_whose_analysis_failed(store, tmp_path, monkeypatch):
+    """write_report pauses the cyclic collector while it analyses and freezes what it keeps: afterwards the
+    collector runs again and nothing stays frozen (report --watch's garbage must be collected), also where
+    the analysis raised."""
+    import gc
+
+    from orchestrator.stats import effects as fx
+
+    sweep_db(store)
+    frozen = gc.get_freeze_count()
+    write_report(store, tmp_path / "result", plots=False)
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+
+    def fails(*_args, **_kwargs):
+        raise RuntimeError("the analysis failed")
+
+    monkeypatch.setattr(fx, "analyse", fails)
+    with pytest.raises(RuntimeError, match="the analysis failed"):
+        write_report(store, tmp_path / "again", plots=False)
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+
+
 def test_an_empty_database_gives_a_report_that_says_nothing_finished(store, tmp_path):
     report = write_report(store, tmp_path / "result")
     assert report.plot_paths == [] and report.top_effects == [] and report.machines == 0
