@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import io
+import random
+import struct
 
 import pytest
 from sqlalchemy import text
@@ -20,7 +22,7 @@ from tests.scaledb import build
 TEXTS = ["a,b", 'say "hi"', "line1\nline2", "cr\ronly", "crlf\r\nend", "", " lead and trail ", "100% %s %(x)s %%",
          "ünïcødé €", '"', ",", "\t"]
 FLOATS = [1e-05, 1e16, 1e22, 123456789012345.6, -0.0, 0.0, float("inf"), float("-inf"), 5e-324, 0.1 + 0.2,
-          1795673557.1659863, -1.5e-300]
+          1795673557.1659863, -1.5e-300, 1e15, 9999999999999998.0, 1e-4, 9.99e-05, -1e-07, 10.00001, 12345.678]
 INTS = [2**63 - 1, -(2**63), 0, -1]
 
 
@@ -46,7 +48,7 @@ def _awkward(store) -> None:
             conn.exec_driver_sql("UPDATE runs SET reason = ?, worker_host = ?, applied = ? WHERE run_id = ?",
                                  (s, s, s, run_ids[i * 7]))  # (applied: quoted by SQLite, QUOTED_IN_SQL)
             conn.exec_driver_sql("UPDATE jobs SET dataset = ?, derived = ? WHERE job_id = ?", (s, s, job_ids[i * 5]))
-        for i, x in enumerate(FLOATS):
+        for i, x in enumerate(FLOATS):  # (step_ms_median: among a run's numbers, written by msgspec)
             conn.exec_driver_sql("UPDATE runs SET step_ms_median = ?, load_before = ? WHERE run_id = ?",
                                  (x, x, run_ids[i * 11 + 1]))
             conn.exec_driver_sql("UPDATE jobs SET dropout = ? WHERE job_id = ?", (x, job_ids[i * 3 + 1]))
@@ -108,6 +110,34 @@ def test_an_applied_neither_text_nor_null_is_written_from_the_view(tmp_path):
             assert not results_csv.write(conn, None, tmp_path / "new.csv")
             _write_csv(conn, SELECT_RESULTS.format(where=""), {"machine_id": None}, tmp_path / "new.csv", True)
         assert (tmp_path / "new.csv").read_bytes() == _view_csv(store, None)
+
+
+def _csv_writers(rows) -> list[str]:
+    out = []
+    for row in rows:
+        buf = io.StringIO(newline="")
+        csv.writer(buf).writerow(row)
+        out.append(buf.getvalue().removesuffix("\r\n"))
+    return out
+
+
+def test_a_runs_numbers_are_csv_writers_text_whether_msgspec_or_csv_writer_writes_them(monkeypatch):
+    """_numbers gives each row's numbers as csv.writer does: msgspec's JSON where it prints them as repr
+    does (a plain chunk never reaches csv.writer), csv.writer where it would not (any float of any
+    magnitude, each alone in a chunk; an infinite one; text)."""
+    rng = random.Random(46)
+    plain = [(rng.uniform(0, 1e6), rng.randrange(10**12), None, -rng.random(), 0.0, -0.0, 1e-4, 10.00001)
+             for _ in range(300)]
+    written = results_csv._written
+    monkeypatch.setattr(results_csv, "_written", lambda rows: pytest.fail("a plain chunk went to csv.writer"))
+    assert results_csv._numbers(plain) == _csv_writers(plain)
+    monkeypatch.setattr(results_csv, "_written", written)
+    odd = [(x, None) for x in FLOATS + INTS] + [(1.5, "n/a, \"none\""), (None, b"\x01"), (float("nan"), 2)]
+    odd += [(struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0],) for _ in range(20_000)]
+    odd += [(rng.choice((1, -1)) * 10 ** rng.uniform(-9, 20),) for _ in range(20_000)]
+    for row in odd:
+        assert results_csv._numbers([row]) == _csv_writers([row]), row
+    assert results_csv._numbers(odd[:500]) == _csv_writers(odd[:500])
 
 
 def test_a_value_holding_the_marker_is_written_from_the_view(tmp_path):

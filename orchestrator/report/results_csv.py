@@ -14,10 +14,16 @@ machine runs a job another ran long before).
 A run's long texts (QUOTED_IN_SQL: applied, ~3 KB of JSON a real run) take csv.writer ~30 us each (1M
 runs: 30 s); SQLite quotes them as csv.writer would (QUOTED: quoted where they hold a comma, a quote or a
 line break, quotes doubled; NULL empty) and they fill a marker of their own; PostgreSQL the same way
-(QUOTED_PG), its values read in its binary format (_Driver).
+(QUOTED_PG). PostgreSQL's values are read in its binary format (_Driver).
 
-Where that cannot give the view's bytes (another database than SQLite and PostgreSQL, a view column this does
-not know, a value that holds the marker), write() says so and the caller writes the view itself
+A run's measurements (each stretch of NUMBERS_MIN or more columns of a numeric type) are floats that
+csv.writer prints by repr, ~0.25 us each (a real run has ~25: 1M runs ~7 s); msgspec's JSON encoder
+writes a chunk of them at once with the same digits, several times faster, and each stretch fills a
+marker of its own. Where its text would not be repr's (an exponent, a float below 1e-4, an infinite one,
+a value that is not a number) the chunk's stretch is written by csv.writer (_numbers).
+
+Where that cannot give the view's bytes (another database than SQLite and PostgreSQL, a view column this
+does not know, a value that holds the marker), write() says so and the caller writes the view itself
 (rows._write_csv).
 """
 
@@ -28,10 +34,11 @@ import io
 import os
 import tempfile
 from array import array
-from itertools import chain
+from itertools import chain, repeat
 from operator import add, itemgetter
 from pathlib import Path
 
+import msgspec
 from sqlalchemy import text
 
 from orchestrator.report.view_sql import JOB_EXPR, JOINS, MINE, RUN_EXPR, VIEW_COLUMNS, quoted, sources, tuple_getter
@@ -46,14 +53,12 @@ QUOTED_PG = ("CASE WHEN {c} IS NULL THEN '' WHEN strpos({c}, '\"') > 0 OR strpos
              "OR strpos({c}, chr(13)) > 0 OR strpos({c}, chr(10)) > 0 THEN '\"' || replace({c}, '\"', '\"\"') || '\"' "
              "ELSE {c} END")  # (PostgreSQL's applied is TEXT: no other type to fall back from)
 MARK_SQL = {"sqlite": f"char({ord(MARK)})", "postgresql": f"chr({ord(MARK)})"}  # the databases written this way
+QUOTED_BY = {"sqlite": QUOTED, "postgresql": QUOTED_PG}
 JOBS_KEPT = 1 << 12  # job texts kept in memory for later runs (~0.6 kB each; the rest on disk: _Spill)
 SPILL_IDS = 1 << 21  # job ids below this have their texts kept on disk once let go: two array entries of 8
 # bytes per id, made for every id up to the database's last (32 MB at most; above it each text is made again)
+NUMBERS_MIN = 4  # a run of this many numeric columns (a run's measurements) is written by msgspec (_numbers)
 CHUNK = 1_000  # runs fetched at a time (~4 kB each, held 3-4 times over while written)
-
-
-def _NOTHING(_) -> tuple:
-    return ()
 
 
 class NotHere(Exception):
@@ -63,69 +68,102 @@ class NotHere(Exception):
 def write(conn, machine_id: int | None, csv_path: Path) -> bool:
     """Write results.csv (every run of v_results, or one machine's) as csv.writer writes the view's rows;
     False where this way does not apply (nothing useful written: the caller writes it from the view)."""
-    dialect = conn.dialect.name
-    if dialect not in MARK_SQL:
+    if conn.dialect.name not in MARK_SQL:
         return False
     columns = list(conn.execute(text(VIEW_COLUMNS)).keys())
     known = sources(conn)
     if set(columns) - set(known) or len(set(columns)) != len(columns) or len(columns) < 2:
         return False
-    segments = _segments(columns, known)  # [(source, columns)] in the view's order
-    q = lambda c: quoted(conn, c)  # noqa: E731 - one letter inside the SQL below
-    params = {"machine_id": machine_id}
-    mine = MINE if machine_id is not None else ""
-    run_select, quoted_texts = [], []
-    job_segments = [cols for source, cols in segments if source == "j"]
-    machine_segments = [cols for source, cols in segments if source == "m"]
-    # a run's markers, in order, filled from its job's texts (one per job segment) + its machine's + its own
-    # columns quoted by SQLite (fetched after its fields)
-    order = []
-    j = m = 0
-    for source, cols in segments:
-        if source == "r":
-            for c in cols:
-                if c in QUOTED_IN_SQL and c not in RUN_EXPR:
-                    run_select.append(MARK_SQL[dialect])
-                    quoted_texts.append((QUOTED if dialect == "sqlite" else QUOTED_PG).format(c="r." + q(c)))
-                    order.append(len(job_segments) + len(machine_segments) + len(quoted_texts) - 1)
-                else:
-                    run_select.append(RUN_EXPR.get(c) or "r." + q(c))
-            continue
-        run_select.append(MARK_SQL[dialect])
-        if source == "j":
-            order.append(j)
-            j += 1
-        else:
-            order.append(len(job_segments) + m)
-            m += 1
-    fill = tuple_getter(order)
-    mark = ", " + MARK_SQL[dialect]
-    job_fields = ", ".join(_fields(JOB_EXPR, "j.", q, cols) + mark for cols in job_segments)
-    job_query = (f"SELECT j.job_id, {job_fields} FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id "
-                 f"WHERE j.job_id {{where}}")
-    machine_fields = ", ".join(_fields({}, "m.", q, cols) + mark for cols in machine_segments)
-    machine_query = f"SELECT m.machine_id, {machine_fields} FROM machines m"
-    run_query = (f"SELECT r.job_id, r.machine_id, {', '.join(run_select + quoted_texts)} {JOINS.format(mine=mine)} "
-                 f"ORDER BY r.run_id")
-    own = len(quoted_texts)
     raw = _Driver(conn)
+    plan = _Plan(_segments(columns, known), lambda c: quoted(conn, c), raw.numeric("runs"), machine_id is not None,
+                 conn.dialect.name)
     try:
-        machines = _texts(raw.all(machine_query), len(machine_segments)) if machine_segments else {}
+        machines = _texts(raw.all(plan.machine_query), plan.machines) if plan.machines else {}
         jobs: dict = {}
-        last_job = raw.all("SELECT MAX(job_id) FROM jobs")[0][0] if job_segments else None
-        cursor = raw.streamed(run_query, params)
+        last_job = raw.all("SELECT MAX(job_id) FROM jobs")[0][0] if plan.jobs else None
+        cursor = raw.streamed(plan.run_query, {"machine_id": machine_id})
         try:
             with csv_path.open("w", newline="") as f, _Spill(csv_path.parent, last_job) as spill:
                 csv.writer(f).writerow(columns)
                 while chunk := cursor.fetchmany(CHUNK):
-                    f.write(_lines(raw, chunk, (jobs, spill), job_query, job_segments, machines, fill, len(order),
-                                   own))
+                    f.write(_lines(raw, chunk, (jobs, spill), machines, plan))
                     del chunk
         finally:
             cursor.close()
     except NotHere:
         return False
     return True
+
+
+class _Plan:
+    """The queries of write() and where each part of a run's row comes from. A run's row (run_query) is
+    its job_id and machine_id, its fields for csv.writer (`fields`) with a marker in the place of each of
+    its job's segments, its machine's, each run of NUMBERS_MIN or more columns of a numeric type
+    (`numbers`: fetched after the fields) and each QUOTED_IN_SQL column (`own`: the database's quoted
+    text, last). `fill(texts)` orders a run's texts (its job's, machine's, numbers', own) as its markers."""
+
+    def __init__(self, segments: list[tuple[str, list[str]]], q, numeric: set[str], mine: bool, dialect: str):
+        job_segments = [cols for source, cols in segments if source == "j"]
+        machine_segments = [cols for source, cols in segments if source == "m"]
+        self.jobs, self.machines = len(job_segments), len(machine_segments)
+        fields, numbers, own, order = self._runs(segments, q, numeric, dialect)
+        at = {"j": 0, "m": self.jobs, "n": self.jobs + self.machines, "q": self.jobs + self.machines + len(numbers)}
+        self.fill = tuple_getter([at[kind] + k for kind, k in order])
+        self.marks = len(order)
+        start = 2 + len(fields)
+        self.fields = slice(2, start)
+        self.numbers = []
+        for group in numbers:
+            self.numbers.append(slice(start, start + len(group)))
+            start += len(group)
+        self.own = len(own)
+        mark = ", " + MARK_SQL[dialect]
+        job_fields = ", ".join(_fields(JOB_EXPR, "j.", q, cols) + mark for cols in job_segments)
+        self.job_query = (f"SELECT j.job_id, {job_fields} FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id "
+                          f"WHERE j.job_id {{where}}")
+        machine_fields = ", ".join(_fields({}, "m.", q, cols) + mark for cols in machine_segments)
+        self.machine_query = f"SELECT m.machine_id, {machine_fields} FROM machines m"
+        self.run_query = (f"SELECT r.job_id, r.machine_id, {', '.join(fields + sum(numbers, []) + own)} "
+                          f"{JOINS.format(mine=MINE if mine else '')} ORDER BY r.run_id")
+
+    @staticmethod
+    def _runs(segments, q, numeric: set[str], dialect: str) -> tuple[list[str], list[list[str]], list[str],
+                                                                    list[tuple[str, int]]]:
+        """The run query's parts: its fields, its numbers' groups of columns, its own quoted texts, and
+        its markers in order ((kind, number): 'j' a job's segment, 'm' a machine's, 'n' numbers, 'q' own)."""
+        fields: list[str] = []
+        numbers: list[list[str]] = []
+        own: list[str] = []
+        order: list[tuple[str, int]] = []
+        marker = MARK_SQL[dialect]
+        counts = {"j": 0, "m": 0}
+        for source, cols in segments:
+            if source != "r":
+                fields.append(marker)
+                order.append((source, counts[source]))
+                counts[source] += 1
+                continue
+            group: list[str] = []
+            for c in [*cols, None]:  # (None: the segment's end)
+                if c is not None and c in numeric and c not in RUN_EXPR and c not in QUOTED_IN_SQL:
+                    group.append("r." + q(c))
+                    continue
+                if len(group) >= NUMBERS_MIN:
+                    fields.append(marker)
+                    order.append(("n", len(numbers)))
+                    numbers.append(group)
+                else:
+                    fields.extend(group)
+                group = []
+                if c is None:
+                    continue
+                if c in QUOTED_IN_SQL and c not in RUN_EXPR:
+                    fields.append(marker)
+                    order.append(("q", len(own)))
+                    own.append(QUOTED_BY[dialect].format(c="r." + q(c)))
+                else:
+                    fields.append(RUN_EXPR.get(c) or "r." + q(c))
+        return fields, numbers, own, order
 
 
 def _filled(written: str, marks: int, texts) -> str:
@@ -151,42 +189,71 @@ def _segments(columns: list[str], known: dict[str, str]) -> list[tuple[str, list
     return out
 
 
-def _lines(raw, chunk, jobs: tuple[dict, _Spill], job_query: str, job_segments, machines: dict, fill, marks: int,
-           own: int = 0) -> str:
-    """A chunk of runs (job_id, machine_id, the run's fields and markers, then its `own` texts quoted by
-    SQLite) as the file's lines; jobs: the job texts kept in memory, and those kept on disk."""
+def _lines(raw, chunk, jobs: tuple[dict, _Spill], machines: dict, plan: _Plan) -> str:
+    """A chunk of runs (plan.run_query's rows) as the file's lines; jobs: the job texts kept in memory, and
+    those kept on disk."""
     job_ids = list(map(_KEY, chunk))
-    jobs, spill = jobs
-    if job_segments:
-        missing = set(job_ids).difference(jobs)
-        if missing:
-            if len(jobs) + len(missing) > JOBS_KEPT:
-                jobs.clear()
-                missing = set(job_ids)
-            jobs.update(spill.read(missing))
-            missing.difference_update(jobs)
-        if missing:
-            low, high = min(missing), max(missing)
-            if high - low < 2 * len(missing):  # most of a range (a machine's runs in job order): read it all
-                where = f"BETWEEN {low} AND {high}"  # integers: safe in the query's text
-            else:
-                where = f"IN ({','.join(map(str, sorted(missing)))})"
-            made = _texts(raw.all(job_query.format(where=where)), len(job_segments))
-            jobs.update(made)
-            spill.write(made)
-        job_texts = map(jobs.__getitem__, job_ids)
-    else:
-        job_texts = map(_NOTHING, job_ids)
-    machine_texts = map(machines.__getitem__, map(_MACHINE, chunk)) if machines else map(_NOTHING, chunk)
-    buf = io.StringIO(newline="")
-    csv.writer(buf).writerows(map(itemgetter(slice(2, -own)), chunk) if own else map(_FIELDS, chunk))
+    job_texts = map(_job_texts(raw, job_ids, jobs, plan).__getitem__, job_ids) if plan.jobs else repeat((), len(chunk))
+    machine_texts = map(machines.__getitem__, map(_MACHINE, chunk)) if machines else repeat((), len(chunk))
     outside = map(add, job_texts, machine_texts)
-    if own:
-        quoted = list(map(itemgetter(slice(-own, None)), chunk))
+    if plan.numbers:
+        outside = map(add, outside, zip(*(_numbers(list(map(itemgetter(at), chunk))) for at in plan.numbers)))
+    if plan.own:
+        quoted = list(map(itemgetter(slice(-plan.own, None)), chunk))
         if NOT_TEXT in chain.from_iterable(quoted):  # a value neither text nor NULL (or the sentinel itself)
             raise NotHere
         outside = map(add, outside, quoted)
-    return _filled(buf.getvalue(), marks * len(chunk), map(fill, outside))
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerows(map(itemgetter(plan.fields), chunk))
+    return _filled(buf.getvalue(), plan.marks * len(chunk), map(plan.fill, outside))
+
+
+def _job_texts(raw, job_ids: list[int], jobs: tuple[dict, _Spill], plan: _Plan) -> dict:
+    """The texts of the jobs of `job_ids` (and maybe others): kept in memory, read back from disk, or made
+    (then kept in both)."""
+    jobs, spill = jobs
+    missing = set(job_ids).difference(jobs)
+    if missing:
+        if len(jobs) + len(missing) > JOBS_KEPT:
+            jobs.clear()
+            missing = set(job_ids)
+        jobs.update(spill.read(missing))
+        missing.difference_update(jobs)
+    if missing:
+        low, high = min(missing), max(missing)
+        if high - low < 2 * len(missing):  # most of a range (a machine's runs in job order): read it all
+            where = f"BETWEEN {low} AND {high}"  # integers: safe in the query's text
+        else:
+            where = f"IN ({','.join(map(str, sorted(missing)))})"
+        made = _texts(raw.all(plan.job_query.format(where=where)), plan.jobs)
+        jobs.update(made)
+        spill.write(made)
+    return jobs
+
+
+def _numbers(rows: list[tuple]) -> list[str]:
+    """Each row's values (numbers of a run's numeric columns, or NULL) as csv.writer writes them, the
+    line's end left out. msgspec's JSON of them gives each number as repr does, except a float it writes
+    with an exponent or below 1e-4 in magnitude ('0.00001' where repr gives '1e-05') and one infinite or
+    NaN (null, as NULL is): such rows, and any value not a number (text, a blob: a JSON string), are
+    written by csv.writer (_written)."""
+    s = _JSON(rows)
+    if (b'"' in s or b"e" in s or (b"0.0000" in s and any(small in s for small in _SMALL))
+            or s.count(b"null") != sum(map(tuple.count, rows, repeat(None)))):
+        return _written(rows)
+    return s[2:-2].decode().replace("null", "").split("],[")
+
+
+def _written(rows: list[tuple]) -> list[str]:
+    """Each row's values as csv.writer writes them, the line's end left out; NotHere where a value holds
+    the marker."""
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerows(map(add, rows, repeat((MARK,))))
+    pieces = buf.getvalue().split(MARK)  # row i's: "\r\n" (the line before's end), its fields, ","
+    if len(pieces) != len(rows) + 1:
+        raise NotHere
+    pieces[0] = "\r\n" + pieces[0]
+    return list(map(_FIRST, pieces[:-1]))
 
 
 class _Driver:
@@ -197,23 +264,42 @@ class _Driver:
     def __init__(self, conn):
         self.dialect = conn.dialect
         self.raw = conn.connection.dbapi_connection
+        self.sqlite = conn.dialect.name == "sqlite"
 
     def _sql(self, query: str) -> str:  # SQLAlchemy's :name parameters as the driver takes them
-        return query if self.dialect.name == "sqlite" else str(text(query).compile(dialect=self.dialect))
+        return query if self.sqlite else str(text(query).compile(dialect=self.dialect))
 
     def all(self, query: str) -> list[tuple]:
-        if self.dialect.name == "sqlite":
+        if self.sqlite:
             return self.raw.execute(query).fetchall()
         with self.raw.cursor(binary=True) as cursor:
             return cursor.execute(self._sql(query)).fetchall()
 
     def streamed(self, query: str, params: dict):
         """A cursor of the query's rows, read with fetchmany (close it)."""
-        if self.dialect.name == "sqlite":
+        if self.sqlite:
             return self.raw.execute(query, params)
         cursor = self.raw.cursor(name="results_csv", binary=True)
         cursor.execute(self._sql(query), params)
         return cursor
+
+    def numeric(self, table: str) -> set[str]:
+        """`table`'s columns of a numeric type whose values come back as int or float: SQLite's column
+        affinity (not text, not a blob); PostgreSQL's integers and floating-point types (not NUMERIC:
+        Decimal; not boolean)."""
+        if not self.sqlite:
+            return {name for name, kind in self.all(
+                f"SELECT column_name, data_type FROM information_schema.columns WHERE table_name = '{table}' "
+                f"AND table_schema = current_schema()") if kind in _PG_NUMBERS}
+        out = set()
+        for _, name, declared, *_ in self.raw.execute(f"PRAGMA table_info({table})"):
+            declared = (declared or "").upper()
+            if declared and not any(word in declared for word in ("CHAR", "CLOB", "TEXT", "BLOB")):
+                out.add(name)
+        return out
+
+
+_PG_NUMBERS = frozenset({"smallint", "integer", "bigint", "real", "double precision"})
 
 
 class _Spill:
@@ -260,8 +346,10 @@ def _fields(expr: dict, prefix: str, q, cols: list[str]) -> str:
     return ", ".join(expr.get(c) or prefix + q(c) for c in cols)
 
 
-_KEY, _REST, _MACHINE, _FIELDS = itemgetter(0), itemgetter(slice(1, None)), itemgetter(1), itemgetter(slice(2, None))
+_KEY, _REST, _MACHINE = itemgetter(0), itemgetter(slice(1, None)), itemgetter(1)
 _FIRST, _INNER = itemgetter(slice(2, -1)), itemgetter(slice(1, -1))
+_JSON = msgspec.json.Encoder().encode
+_SMALL = (b",0.0000", b",-0.0000", b"[0.0000", b"[-0.0000")  # a float below 1e-4 as msgspec writes it (repr: 1e-05)
 
 
 def _texts(rows: list[tuple], n: int) -> dict:
