@@ -251,8 +251,10 @@ def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_ro
     import os
 
     from orchestrator.report import SELECT_RESULTS
+    from orchestrator.report import rows as rows_module
     from orchestrator.report.rows import column, conf_values, present, read_results, read_rows
 
+    monkeypatch.setattr(rows_module, "CHUNK", 97)  # several chunks (PostgreSQL: fetched ahead, FetchAhead)
     url = str(tmp_path / "r.db") if backend == "sqlite" else request.getfixturevalue("pg_db")
     store = build(url, 1200, machines=2, shape="small", disturbed=23, read_back=17, quiet=True)
     with store.transaction() as conn:

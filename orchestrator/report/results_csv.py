@@ -33,7 +33,6 @@ import csv
 import io
 import os
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from array import array
 from itertools import chain, repeat
 from operator import add, itemgetter
@@ -42,7 +41,8 @@ from pathlib import Path
 import msgspec
 from sqlalchemy import text
 
-from orchestrator.report.view_sql import JOB_EXPR, JOINS, MINE, RUN_EXPR, VIEW_COLUMNS, quoted, sources, tuple_getter
+from orchestrator.report.view_sql import (JOB_EXPR, JOINS, MINE, RUN_EXPR, VIEW_COLUMNS, FetchAhead, quoted, sources,
+                                          tuple_getter)
 
 MARK = "\x02"  # stands for a job's or machine's text in a run's line: no value of a real sweep holds it
 QUOTED_IN_SQL = ("applied",)  # a run's columns SQLite writes as csv.writer would
@@ -282,7 +282,7 @@ class _Driver:
             return self.raw.execute(query, params)
         cursor = self.raw.cursor(name="results_csv", binary=True)
         cursor.execute(self._sql(query), params)
-        return _Ahead(cursor)
+        return FetchAhead(cursor)
 
     def numeric(self, table: str) -> set[str]:
         """`table`'s columns of a numeric type whose values come back as int or float: SQLite's column
@@ -298,26 +298,6 @@ class _Driver:
             if declared and not any(word in declared for word in ("CHAR", "CLOB", "TEXT", "BLOB")):
                 out.add(name)
         return out
-
-
-class _Ahead:
-    """A server-side cursor whose next chunk is fetched by a thread while this one is written: the server
-    makes the rows of one FETCH while the child writes the last (psycopg serialises the job queries on the
-    connection with it, and waits for the server without the GIL)."""
-
-    def __init__(self, cursor):
-        self.cursor = cursor
-        self.pool = ThreadPoolExecutor(1)
-        self.next = None
-
-    def fetchmany(self, size: int) -> list[tuple]:
-        rows = (self.next or self.pool.submit(self.cursor.fetchmany, size)).result()
-        self.next = self.pool.submit(self.cursor.fetchmany, size) if len(rows) == size else None
-        return rows
-
-    def close(self) -> None:
-        self.pool.shutdown()
-        self.cursor.close()
 
 
 _PG_NUMBERS = frozenset({"smallint", "integer", "bigint", "real", "double precision"})

@@ -38,8 +38,8 @@ from common.processes import fork_child
 from orchestrator.stats.columns import (CompactRow, JoinedRow, PER_RUN_JOB, column, conf_values, gc_paused,  # noqa: F401
                                          joined_row_class, present, row_class, runs_fingerprint)
 from orchestrator.report import results_csv
-from orchestrator.report.view_sql import (JOB_EXPR, JOINS, MINE, RUN_EXPR, SELECT_RESULTS, VIEW_COLUMNS, quoted,
-                                          sources, tuple_getter)
+from orchestrator.report.view_sql import (JOB_EXPR, JOINS, MINE, RUN_EXPR, SELECT_RESULTS, VIEW_COLUMNS, FetchAhead,
+                                          quoted, sources, tuple_getter)
 
 CHUNK = 20_000  # rows fetched at a time
 # rows fetched at a time where they are only written out (results.csv from the view, as on PostgreSQL):
@@ -82,19 +82,26 @@ def read_rows(conn, query: str, params: dict, csv_path: Path | None = None) -> t
     return columns, rows
 
 
-def _chunks(result, size: int = CHUNK) -> Iterator[list[tuple]]:
+def _chunks(result, size: int | None = None) -> Iterator[list[tuple]]:
     """The query's rows in chunks of `size` tuples, read from the DBAPI cursor itself: an untyped text()
     query's values come back as the driver gives them, without SQLAlchemy's Row objects. The first
     chunk is taken through the result: on PostgreSQL's server-side cursor SQLAlchemy has already
     read the first row into its own buffer, and a read of the DBAPI cursor alone would lose it."""
+    size = size or CHUNK
     first = [tuple(r) for r in result.fetchmany(size)]
     if first:
         yield first
     if len(first) < size:  # the result is spent (and may be closed)
         return
     cursor = result.cursor
-    while chunk := cursor.fetchmany(size):
-        yield chunk
+    if result.context.dialect.name == "postgresql":  # the server makes the next chunk while this one is read
+        cursor = FetchAhead(cursor)
+    try:
+        while chunk := cursor.fetchmany(size):
+            yield chunk
+    finally:
+        if isinstance(cursor, FetchAhead):
+            cursor.stop()  # (the result, which the caller closes, closes the cursor)
 
 
 def _write_csv(conn, query: str, params: dict, csv_path: Path, results: bool = False) -> None:

@@ -7,6 +7,7 @@ per run. Imports nothing of the report: both depend on it.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from operator import itemgetter
 
 from sqlalchemy import text
@@ -62,3 +63,29 @@ def tuple_getter(indices: list[int]):
         i, = indices
         return lambda values: (values[i],)
     return lambda values: ()
+
+
+class FetchAhead:
+    """A PostgreSQL server-side cursor whose next chunk is fetched by a thread while the reader works on
+    this one: each FETCH otherwise kept the reader waiting while the server made its rows, and the server
+    waiting while the reader worked (psycopg waits for the server without the GIL, and serialises any other
+    statement on the connection with the fetch)."""
+
+    def __init__(self, cursor):
+        self.cursor = cursor
+        self.pool = ThreadPoolExecutor(1)
+        self.next = None
+
+    def fetchmany(self, size: int) -> list[tuple]:
+        rows = (self.next or self.pool.submit(self.cursor.fetchmany, size)).result()
+        self.next = self.pool.submit(self.cursor.fetchmany, size) if len(rows) == size else None
+        return rows
+
+    def stop(self) -> None:
+        """No more fetches: the one under way (if any) ends first."""
+        self.next = None
+        self.pool.shutdown()
+
+    def close(self) -> None:
+        self.stop()
+        self.cursor.close()
