@@ -250,8 +250,11 @@ def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_ro
     import io
     import os
 
+    import pickle
+
     from orchestrator.report import SELECT_RESULTS
     from orchestrator.report import rows as rows_module
+    from orchestrator.report.forked import _dumps
     from orchestrator.report.rows import column, conf_values, present, read_results, read_rows
 
     monkeypatch.setattr(rows_module, "CHUNK", 97)  # several chunks (PostgreSQL: fetched ahead, FetchAhead)
@@ -270,14 +273,22 @@ def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_ro
             viewed = read_rows(conn, SELECT_RESULTS.format(where=where), {"machine_id": machine_id})[1]
             assert viewed == plain
         # each row's dict as read_rows builds it of the row's own columns, to its size (read_results copies a
-        # template per NULL pattern), and its configuration's columns in one row its configuration's runs share
-        conf = type(rows[0])._CONF
-        own = [{k: v for k, v in dict.items(r) if k not in conf} for r in viewed]
-        assert [(list(dict.keys(c)), sys.getsizeof(c)) for c in rows] == [(list(o), sys.getsizeof(o) + 8) for o in own]
-        assert [list(dict.items(c.conf)) for c in rows] == [[(k, v) for k, v in dict.items(r) if k in conf]
-                                                            for r in viewed]
+        # template per NULL pattern; two slots), its configuration's columns in one row its configuration's runs
+        # share, and its machine's and COMMON_RUN's in one its machine's runs alike in those share
+        conf, common = type(rows[0])._CONF, type(rows[0])._COMMON
+        assert {"hostname", "pool", "worker_host", "gemm_format"} <= common and "machine_id" not in common
+        own = [{k: v for k, v in dict.items(r) if k not in conf and k not in common} for r in viewed]
+        assert [(list(dict.keys(c)), sys.getsizeof(c)) for c in rows] == [(list(o), sys.getsizeof(o) + 16) for o in own]
+        for part, names in (("conf", conf), ("common", common)):
+            assert [list(dict.items(getattr(c, part))) for c in rows] == [
+                [(k, v) for k, v in dict.items(r) if k in names] for r in viewed]
         configurations = {tuple((k, repr(v)) for k, v in dict.items(c.conf)) for c in rows}
         assert len({id(c.conf) for c in rows}) == len(configurations) < len({c["job_id"] for c in rows})
+        alike = {(c["machine_id"], tuple((k, repr(v)) for k, v in dict.items(c.common))) for c in rows}
+        assert len({id(c.common) for c in rows}) == len(alike) < len(rows) / 100
+        # sent to a forked child (packed as a table, or alone) they arrive whole
+        assert pickle.loads(_dumps({"rows": rows[:300], "alone": (rows[7], rows[-1])})) == {
+            "rows": plain[:300], "alone": (plain[7], plain[-1])}
         # 38 of 80 keys: 832 of 1,584 bytes
         assert sum(map(sys.getsizeof, rows)) < 0.6 * sum(map(sys.getsizeof, viewed))
         assert columns == list(plain[0]) and len(rows) == len(plain) > 500
@@ -335,6 +346,32 @@ def test_jobs_share_a_configurations_row_only_where_its_values_print_alike():
         assert chunk(job)[0] is not first[0]  # each alone in a chunk: a row of its own values (chunk() checks them)
     empty = _conf_rows([], 3, [], row_class([]), {})
     assert empty == [{}, {}, {}] and empty[0] is empty[2]
+
+
+def test_runs_share_a_common_row_only_where_their_machine_and_values_print_alike():
+    """rows._common_rows: runs of one machine whose common columns hold the same values share one row
+    (in a later chunk too), with their machine's values; another machine's, or values that are equal but
+    print apart (1, 1.0 and True; 0.0 and -0.0), have rows of their own; NULLs are left out of the row."""
+    from orchestrator.report.rows import _common_rows, row_class
+
+    Common = row_class(["hostname", "world_size", "pool"])  # the view's order: the machine's, then the runs'
+    machines = {1: ((1,), ("alpha",)), 2: ((2,), ("beta",))}  # id -> (its own values, its common values)
+    made: dict = {}
+
+    def chunk(*runs):  # (machine, world_size, pool)
+        got = _common_rows([m for m, *_ in runs], [list(c) for c in zip(*(r[1:] for r in runs))], machines,
+                           ["world_size", "pool"], Common, made)
+        assert [repr(list(dict.items(r))) for r in got] == [
+            repr([(n, v) for n, v in zip(Common.COLUMNS, (machines[m][1][0], w, p)) if v is not None])
+            for m, w, p in runs]
+        return got
+    first = chunk((1, 1, "a"), (2, 1, "a"), (1, 1, "a"), (1, None, "a"))
+    assert first[0] is first[2] and len({id(r) for r in first}) == 3 and first[3]["world_size"] is None
+    assert list(map(id, chunk((1, 1, "a"), (2, 1, "a")))) == list(map(id, first[:2]))  # a later chunk
+    apart = chunk((1, 1, "a"), (1, 1.0, "a"), (1, True, "a"), (1, 0.0, "a"), (1, -0.0, "a"), (1, 1, "a"))
+    assert apart[0] is apart[5] and len({id(r) for r in apart}) == 5
+    zeros = chunk((1, 0.0, "a"), (1, -0.0, "a"), (1, 0.0, "a"))
+    assert zeros[0] is zeros[2] is not zeros[1]
 
 
 def test_the_pages_run_table_is_bounded_and_keeps_every_failure_and_every_drawn_run(tmp_path):

@@ -83,10 +83,11 @@ class _RowTable:
     def __reduce__(self):
         names = {}.setdefault  # one tuple per set of columns: pickled once, then referred to
         keys, values = list(map(tuple, map(dict.keys, self.rows))), list(map(tuple, map(dict.values, self.rows)))
-        if issubclass(self.cls, JoinedRow):  # its configuration's columns too: the child's rows are whole
-            confs = list(map(attrgetter("conf"), self.rows))
-            keys = list(map(add, keys, map(tuple, map(dict.keys, confs))))
-            values = list(map(add, values, map(tuple, map(dict.values, confs))))
+        if issubclass(self.cls, JoinedRow):  # its shared rows' columns too: the child's rows are whole
+            for part in self.cls.PARTS:
+                shared = list(map(attrgetter(part), self.rows))
+                keys = list(map(add, keys, map(tuple, map(dict.keys, shared))))
+                values = list(map(add, values, map(tuple, map(dict.values, shared))))
         return _unpack_table, (self.cls.COLUMNS, [names(k, k) for k in keys], values)
 
 

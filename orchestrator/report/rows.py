@@ -15,9 +15,11 @@ fetched; the view's parts: view_sql.py); read_rows reads any query as it is. A r
 a JoinedRow: its configuration's columns (its job's but job_id, config_hash and repeat) are one compact
 row that every run of that configuration shares, so that a million runs of a few thousand
 configurations hold a 21-key dict each, not a 66-key one (docs/measurements.md: a third less peak
-memory at 1M runs). Unbound dict methods see a JoinedRow's own columns only: readers of every run's
-value of a column use `column` and `conf_values`. The report has each run's `applied` (~3 KB, its own
-in every run) cut to the keys it reads as each chunk is read (read_results' cut_applied: applied_cut.py).
+memory at 1M runs); its machine's columns (but machine_id) and the run's COMMON_RUN ones are another,
+shared by its machine's runs alike in those (stats/columns.py). Unbound dict methods see a JoinedRow's
+own columns only: readers of every run's value of a column use `column` and `conf_values`. The report
+has each run's `applied` (~3 KB, its own in every run) cut to the keys it reads as each chunk is read
+(read_results' cut_applied: applied_cut.py).
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from types import NoneType
 from sqlalchemy import text
 
 from common.processes import fork_child
-from orchestrator.stats.columns import (CompactRow, JoinedRow, PER_RUN_JOB, column, conf_values, gc_paused,  # noqa: F401
-                                         joined_row_class, present, row_class, runs_fingerprint)
+from orchestrator.stats.columns import (COMMON_RUN, CompactRow, JoinedRow, PER_RUN_JOB, PER_RUN_MACHINE,  # noqa: F401
+                                         column, conf_values, gc_paused, joined_row_class, present, row_class,
+                                         runs_fingerprint)
 from orchestrator.report import results_csv
 from orchestrator.report.view_sql import (JOB_EXPR, JOINS, MINE, RUN_EXPR, SELECT_RESULTS, VIEW_COLUMNS, FetchAhead,
                                           quoted, sources, tuple_getter)
@@ -263,21 +266,25 @@ def _cut_rows(rows: list[dict], cut_applied) -> None:
 def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: dict,
             cut_applied=None) -> list[dict]:
     """The view's rows as JoinedRows (read_results): each row's non-NULL columns, the same as _append_compact
-    makes of the view's tuples, its configuration's in one row shared by its configuration's runs. Rows
-    whose own, job's and machine's NULLs fall alike share a template: a dict of those columns in the view's
-    order, which each of them copies (a copy of a fresh dict's table, with no insertion and no resize) and
-    then fills with its values (a key already there keeps its place)."""
+    makes of the view's tuples, its configuration's in one row shared by its configuration's runs, its
+    machine's and COMMON_RUN's in one shared by its machine's runs alike in those. Rows whose own, job's and
+    machine's NULLs fall alike share a template: a dict of those columns in the view's order, which each of
+    them copies (a copy of a fresh dict's table, with no insertion and no resize) and then fills with its
+    values (a key already there keeps its place)."""
     runs, jobs, machines = ([c for c in columns if known[c] == s] for s in "rjm")
     conf = [c for c in jobs if c not in PER_RUN_JOB]  # every configuration column, NULL everywhere or not
-    Row, Conf = joined_row_class(columns, conf), row_class(conf)
-    parts = [runs, [c for c in jobs if c in PER_RUN_JOB], machines]
+    common = [c for c in columns if c in COMMON_RUN and known[c] == "r" or known[c] == "m" and c not in PER_RUN_MACHINE]
+    Row, Conf, Common = joined_row_class(columns, conf, common), row_class(conf), row_class(common)
+    parts = [[c for c in runs if c not in common], [c for c in jobs if c in PER_RUN_JOB],
+             [c for c in machines if c not in common]]
     rows: list[dict] = []
     append = rows.append
     update = dict.update
     templates: dict = {}
-    for own, job_parts, machine_parts, keys in _view_parts(conn, parts, [c for c in jobs if c not in PER_RUN_JOB],
-                                                           Conf, mine, params, cut_applied):
-        for values, (job, of), machine, key in zip(own, job_parts, machine_parts, keys):
+    common_parts = [[c for c in common if known[c] == s] for s in "rm"]
+    for own, job_parts, machine_parts, commons, keys in _view_parts(conn, parts, conf, Conf, (common_parts, Common),
+                                                                    mine, params, cut_applied):
+        for values, (job, of), machine, shared, key in zip(own, job_parts, machine_parts, commons, keys):
             try:
                 template, own_of, job_of = templates[key]
             except KeyError:
@@ -286,6 +293,7 @@ def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: 
             update(row, own_of(values))
             update(row, job_of(job))
             row.conf = of
+            row.common = shared
             append(row)
     return rows
 
@@ -311,16 +319,19 @@ def _pairs(names: list[str], keep: list[int]):
     return lambda vals: zip(names, get(vals))
 
 
-def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, mine: str, params: dict,
+def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, common: tuple, mine: str, params: dict,
                 cut_applied=None) -> Iterator:
     """The view's rows a chunk at a time (run order), in parts: each run's own values, its job's (its
     PER_RUN_JOB values, and its configuration's Conf row: one per distinct configuration), its machine's
-    (fetched once each; the tuples shared between their runs), and a key per run that is the same for
+    own (fetched once each; the tuples shared between their runs), its common row (common: the run's and
+    its machine's columns it holds, and its class: _common_rows), and a key per run that is the same for
     two runs exactly where the same of their columns are NULL. The values shared as read_rows shares them."""
     run_cols, job_cols, machine_cols = parts
+    (common_runs, common_machines), Common = common
     shared: dict = {}  # one copy of each text value, across every column and table
     kinds: dict = {}  # a NULL pattern -> its number
     confs: dict = {}  # a configuration's values (as they print) -> its row
+    commons: dict = {}  # a machine and its runs' common values (as they print) -> their row
 
     def table(query: str, row_of) -> dict:
         """key (the first value) -> row_of(the rest, column by column; the number of rows)."""
@@ -340,8 +351,11 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, mine: 
         return zip(_nulls(by_column[:k], kinds), zip(*by_column[:k]) if k else repeat(()),
                    _conf_rows(by_column[k:], length, conf_cols, Conf, confs))
 
+    # (its own values, its common values)
     def machine_of(by_column: list, length: int) -> Iterator[tuple]:
-        return zip(repeat(None, length), zip(*by_column) if by_column else repeat(()))
+        k = len(machine_cols)
+        return zip(zip(*by_column[:k]) if k else repeat((), length),
+                   zip(*by_column[k:]) if len(by_column) > k else repeat((), length))
 
     q = quoted
     # the jobs that have a run (of the machine): one whose runs were all taken back ('queued') is read for
@@ -350,45 +364,64 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, mine: 
     jobs = table(f"SELECT j.job_id, {', '.join(JOB_EXPR.get(c) or 'j.' + q(conn, c) for c in job_cols + conf_cols)} "
                  f"FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id WHERE EXISTS (SELECT 1 FROM runs r "
                  f"WHERE r.job_id = j.job_id{mine})", job_of)
-    machines = table(f"SELECT m.machine_id, {', '.join('m.' + q(conn, c) for c in machine_cols)} FROM machines m",
-                     machine_of)
+    machines = table(f"SELECT m.machine_id{''.join(', m.' + q(conn, c) for c in machine_cols + common_machines)} "
+                     f"FROM machines m", machine_of)
     plan: dict = {}
-    query = (f"SELECT {', '.join(RUN_EXPR.get(c) or 'r.' + q(conn, c) for c in run_cols)}, r.job_id, r.machine_id "
+    fetched = run_cols + common_runs
+    query = (f"SELECT {', '.join(RUN_EXPR.get(c) or 'r.' + q(conn, c) for c in fetched)}, r.job_id, r.machine_id "
              f"{JOINS.format(mine=mine)} ORDER BY r.run_id")
     result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
-    n = len(run_cols)
+    n, k = len(run_cols), len(common_runs)
     cut = None
-    if cut_applied is not None and "applied" in run_cols:
-        at = run_cols.index("applied")
-        figures = [run_cols.index(c) if c in run_cols else None for c in ("other_cpu_s", "steal_s")]
+    if cut_applied is not None and "applied" in fetched:
+        at = fetched.index("applied")
+        figures = [fetched.index(c) if c in fetched else None for c in ("other_cpu_s", "steal_s")]
 
         def cut(by_column: list) -> None:  # (before the chunk's values are shared)
-            cores = [conf.get("cores") for _, _, conf in map(jobs.__getitem__, by_column[n])]
+            cores = [conf.get("cores") for _, _, conf in map(jobs.__getitem__, by_column[n + k])]
             by_column[at] = cut_applied(by_column[at], *(by_column[i] if i is not None else None for i in figures),
                                         cores)
     try:
         for chunk in _chunks(result):
             by_column = _shared_columns(chunk, plan, shared, cut)
             del chunk
-            job_nulls, job_values, job_confs = zip(*map(jobs.__getitem__, by_column[n]))
-            machine_values = [m for _, m in map(machines.__getitem__, by_column[n + 1])]
-            # a machine's values are in its templates
-            keys = zip(_nulls(by_column[:n], kinds), job_nulls, by_column[n + 1])
-            yield zip(*by_column[:n]), zip(job_values, job_confs), machine_values, keys
+            job_nulls, job_values, job_confs = zip(*map(jobs.__getitem__, by_column[n + k]))
+            machine_ids = by_column[n + k + 1]
+            machine_values = [m for m, _ in map(machines.__getitem__, machine_ids)]
+            rows = _common_rows(machine_ids, by_column[n:n + k], machines, common_runs, Common, commons)
+            # a machine's own values are in its templates
+            keys = zip(_nulls(by_column[:n], kinds), job_nulls, machine_ids)
+            yield zip(*by_column[:n]), zip(job_values, job_confs), machine_values, rows, keys
     finally:
         result.close()
 
 
-def _conf_rows(by_column: list, length: int, names: list[str], Conf, confs: dict) -> list:
-    """The configuration row of each of a chunk's `length` jobs (`by_column`: their configuration
-    columns' values): one Conf row (its non-NULL columns) per distinct configuration, kept in `confs`
-    across chunks. Two jobs share one only where their values print alike: a column of one type (per
-    chunk, and the type is part of the key) is compared by value, except floats where it holds a zero
-    (0.0 and -0.0 are equal); any other column by type and repr (1, 1.0 and True are equal too).
-    A grid's jobs differ in a few columns: the columns that hold one value throughout the chunk are
-    read once, and each key and row is made once per distinct values of the others (_conf_parts)."""
-    if not by_column:  # no configuration column holds a value: one empty row for every job
-        return [confs.get(()) or confs.setdefault((), Conf())] * length
+def _common_rows(machine_ids: list, by_column: list, machines: dict, names: list[str], Common, made: dict) -> list:
+    """Each of a chunk's runs' common row: its machine's common values (machines: id -> (own, common))
+    and its own values of `names` (by_column), its non-NULL columns in Common's order; one row per machine
+    and distinct values as they print (_print_keys), kept in `made` across chunks."""
+    key_columns, kinds_of = _print_keys(by_column)
+    made = made.setdefault(kinds_of, {})
+    keys = list(zip(machine_ids, *key_columns))
+    rows = list(map(made.get, keys))
+    missing = list(map(is_, rows, NONES))
+    if any(missing):
+        machine_names = [c for c in Common.COLUMNS if c not in names]
+        for at in compress(range(len(keys)), missing):
+            row = made.get(keys[at])
+            if row is None:
+                values = dict(zip(machine_names, machines[machine_ids[at]][1]))
+                values.update(zip(names, (col[at] for col in by_column)))
+                row = made[keys[at]] = Common((c, values[c]) for c in Common.COLUMNS if values[c] is not None)
+            rows[at] = row
+    return rows
+
+
+def _print_keys(by_column: list) -> tuple[list, tuple]:
+    """A chunk's columns as keys that are equal where their values print alike: a column of one type
+    (per chunk; its type is the other part of the key) as it is, except floats where it holds a zero
+    (0.0 and -0.0 are equal); any other column as each value's (type, repr) (1, 1.0 and True are equal
+    too). (The columns as keys, their types: "repr" for a column of (type, repr) pairs.)"""
     kinds_of, key_columns = [], []
     for col in by_column:
         kinds = set(map(type, col))
@@ -400,8 +433,19 @@ def _conf_rows(by_column: list, length: int, names: list[str], Conf, confs: dict
         else:
             key_columns.append(list(zip(map(type, col), map(repr, col))))
             kinds_of.append("repr")
+    return key_columns, tuple(kinds_of)
+
+
+def _conf_rows(by_column: list, length: int, names: list[str], Conf, confs: dict) -> list:
+    """The configuration row of each of a chunk's `length` jobs (`by_column`: their configuration
+    columns' values): one Conf row (its non-NULL columns) per distinct configuration, kept in `confs`
+    across chunks. Two jobs share one only where their values print alike (_print_keys). A grid's jobs
+    differ in a few columns: the columns that hold one value throughout the chunk are read once, and each
+    key and row is made once per distinct values of the others (_conf_parts)."""
+    if not by_column:  # no configuration column holds a value: one empty row for every job
+        return [confs.get(()) or confs.setdefault((), Conf())] * length
+    key_columns, kinds_of = _print_keys(by_column)
     whole, keys_of, row_of = _conf_parts(key_columns, by_column, length, names, Conf)
-    kinds_of = tuple(kinds_of)
     own: dict = {}  # the chunk's varied values -> their row
     out = []
     append = out.append

@@ -1,7 +1,7 @@
 """The runs as rows: compact rows (a dict of a run's non-NULL columns; the others read as None) and
-joined rows (a run's own columns, and its configuration's shared by every run of it), with readers of
-every row's value of a column at C speed. The report's reader (orchestrator/report/rows.py) makes them;
-the statistics read them.
+joined rows (a run's own columns, its configuration's shared by every run of it, and its machine's and
+the like shared by its machine's runs), with readers of every row's value of a column at C speed. The
+report's reader (orchestrator/report/rows.py) makes them; the statistics read them.
 """
 
 from __future__ import annotations
@@ -68,26 +68,38 @@ def row_class(columns) -> type[CompactRow]:
     return type("Row", (CompactRow,), {"__slots__": (), "COLUMNS": tuple(columns), "_HAS": frozenset(columns)})
 
 
-# -- a run's row and its configuration's ---------------------------------------------------------------
-# A million runs of a fleet have a few thousand configurations. A run's row holds its own columns, its
-# job's identity and pass (PER_RUN_JOB) and its machine's; the rest of its job's columns (the variables,
-# the sweep, the block, the derivations) are one compact row shared by every run of that configuration
-# (JoinedRow.conf). A synthetic run's row is then 21 keys, a 464-byte table, instead of 66 in 1,584 bytes.
+# -- a run's row, its configuration's and its machine's -------------------------------------------------
+# A million runs of a fleet have a few thousand configurations. A run's row holds its own columns and its
+# job's identity and pass (PER_RUN_JOB); the rest of its job's columns (the variables, the sweep, the
+# block, the derivations) are one compact row shared by every run of that configuration (JoinedRow.conf).
+# A synthetic run's row is then 21 keys, a 464-byte table, instead of 66 in 1,584 bytes. Its machine's
+# columns (but its id: readers take it per run at C speed) and the run's columns that its machine's runs
+# mostly have alike (COMMON_RUN: its pool and host, what its trainer reports of its setup) are another
+# shared row (JoinedRow.common), one per machine and distinct values of those: a fleet's run then keeps
+# 19 keys in a 32-slot table, not 28 in a 64-slot one.
 PER_RUN_JOB = ("job_id", "config_hash", "repeat")
+PER_RUN_MACHINE = ("machine_id",)
+COMMON_RUN = ("pool_id", "pool", "worker_host", "world_size", "global_batch", "gemm_format", "dataset_used")
 
 
 class JoinedRow(CompactRow):
-    """A run's row (read_results): a compact row of its own columns, and `conf`, the compact row of its
-    configuration's (_CONF) that its configuration's runs share. It reads as a compact row of all of
-    them, but through `dict.get`, `dict.items` and the like unbound, which see its own columns only:
-    `column` and `conf_values` read a list of rows at C speed."""
+    """A run's row (read_results): a compact row of its own columns, `conf`, the compact row of its
+    configuration's (_CONF) that its configuration's runs share, and `common`, the compact row of its
+    machine's and COMMON_RUN's columns (_COMMON) that its machine's runs with the same values of those
+    share. It reads as a compact row of all of them, but through `dict.get`, `dict.items` and the like
+    unbound, which see its own columns only: `column` and `conf_values` read a list of rows at C speed.
+    PARTS: the shared rows' attributes (a class made without common columns has `conf` only)."""
 
-    __slots__ = ("conf",)
+    __slots__ = ("conf", "common")
     _CONF: frozenset = frozenset()
+    _COMMON: frozenset = frozenset()
+    PARTS: tuple[str, ...] = ("conf",)
 
     def __missing__(self, key):
         if key in self._CONF:
             return self.conf[key]
+        if key in self._COMMON:
+            return self.common[key]
         if key in self._HAS:
             return None
         raise KeyError(key)
@@ -95,6 +107,8 @@ class JoinedRow(CompactRow):
     def get(self, key, default=None):
         if key in self._CONF:
             return self.conf.get(key, default)
+        if key in self._COMMON:
+            return self.common.get(key, default)
         return dict.get(self, key, default)
 
     def items(self):
@@ -108,15 +122,17 @@ class JoinedRow(CompactRow):
         return {c: v for c, v in self.items() if v is not None}
 
 
-def joined_row_class(columns, conf_columns) -> type[JoinedRow]:
+def joined_row_class(columns, conf_columns, common_columns=()) -> type[JoinedRow]:
+    common = frozenset(common_columns)
     return type("Row", (JoinedRow,), {"__slots__": (), "COLUMNS": tuple(columns), "_HAS": frozenset(columns),
-                                      "_CONF": frozenset(conf_columns)})
+                                      "_CONF": frozenset(conf_columns), "_COMMON": common,
+                                      "PARTS": ("conf", "common") if common else ("conf",)})
 
 
 def present(row: dict) -> list[tuple]:
-    """A compact row's non-NULL (column, value) pairs: a JoinedRow's own, then its configuration's."""
+    """A compact row's non-NULL (column, value) pairs: a JoinedRow's own, then its shared rows' (PARTS)."""
     if isinstance(row, JoinedRow):
-        return [*dict.items(row), *dict.items(row.conf)]
+        return [*dict.items(row), *(pair for part in row.PARTS for pair in dict.items(getattr(row, part)))]
     return list(dict.items(row))
 
 
@@ -130,13 +146,17 @@ def _joined_class(rows: list) -> type[JoinedRow] | None:
 
 def column(rows: list[dict], name: str) -> list:
     """Each row's value of `name` (None where NULL), as row.get(name) gives it, read at C speed: from
-    each row, or (a configuration's column of JoinedRows) from its configuration's row."""
+    each row, or (a shared column of JoinedRows) from its configuration's or common row."""
     if not rows or not isinstance(rows[0], JoinedRow):
         return list(map(dict.get, rows, repeat(name)))
     cls = _joined_class(rows)
     if cls is None:
         return list(map(methodcaller("get", name), rows))
-    return list(map(dict.get, map(attrgetter("conf"), rows) if name in cls._CONF else rows, repeat(name)))
+    if name in cls._CONF:
+        rows = map(attrgetter("conf"), rows)
+    elif name in cls._COMMON:
+        rows = map(attrgetter("common"), rows)
+    return list(map(dict.get, rows, repeat(name)))
 
 
 def conf_values(rows: list[dict], names) -> list[tuple]:
