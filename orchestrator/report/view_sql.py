@@ -25,12 +25,13 @@ MINE = " AND r.machine_id = :machine_id"
 # The columns of v_results the report's rows leave out (write_report: read_results(leave_out=REPORT_LEAVES)):
 # a run's measurements only results.csv shows, and the machine's facts, which the report takes once per
 # machine, from its machines row (the rows keep its id, hostname and L3 size: readers take them per run).
-# A real run's row then keeps 75 of its 112 non-NULL columns (a quick sweep's): CPython's dict doubles its
+# A real run's row then keeps 72 of its 112 non-NULL columns (a quick sweep's): CPython's dict doubles its
 # table past 85 keys (1,584 -> 3,328 bytes), so that a fleet's rows take half the memory.
 CSV_ONLY = ("claimed", "setup_s", "first_step_s", "step_ms_mean", "step_ms_std", "wall_s", "samples_per_s",
             "loss_first", "loss_last", "peak_rss_mb", "cpu_user_s", "cpu_sys_s", "ctx_switches", "freq_mhz_avg",
             "energy_j", "temp_c_max", "gflops", "output_path", "torch_version", "python_version", "load_before",
-            "val_loss", "steps_to_target")  # a learning run's: its section reads the others
+            "val_loss", "steps_to_target",  # a learning run's: its section reads the others
+            "params", "trainable_params", "flops_per_step")  # the cost model counts them from the configuration
 MACHINE_ONLY = ("fingerprint", "cpu_model", "vendor", "sockets", "physical_cores", "logical_cores", "numa_nodes",
                 "smt", "isa_flags", "l1d_kb", "l2_kb", "mem_total_gb", "mem_bw_gbs_1t", "mem_bw_gbs_all",
                 "gemm_gflops_fp32_1c", "gemm_gflops_fp32_all", "gemm_gflops_bf16_1c", "gemm_gflops_bf16_all",
