@@ -33,6 +33,7 @@ from threadpoolctl import threadpool_limits
 
 from orchestrator.stats import effects as fx
 from orchestrator.stats.effects import Analysis, VariableEffect
+from orchestrator.stats.columns import gc_paused
 from orchestrator.report.forked import Family, Worker
 from orchestrator.report.rows import read_results, start_results_csv
 from orchestrator.report import applied_cut
@@ -214,13 +215,8 @@ def _collector_paused():
     again (~0.3 CPU-s at 100k runs, ~1.4 at 1M). One collection once it is made frees any cycle it left
     (none in the reports measured); what is left lives as long as the rows, and the pages' collections
     skip it as they skip the rows."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         yield
-    finally:
-        if was:
-            gc.enable()
     gc.collect()
     gc.freeze()
 
