@@ -41,11 +41,11 @@ def _stored_ratio(vocab_size: int, data_dir=None) -> tuple[float, str]:
     only a missed cache)."""
     import hashlib
     import json
-    import os
     import tempfile
     from pathlib import Path
     import tokenizers
     from common.corpus import TRAIN_FILE, builtin_rows, split_rows
+    from common.files import write_atomic
     folder = Path(data_dir or REPO / "data") / "builtin"
     corpus = folder / TRAIN_FILE
     text = corpus.read_text() if corpus.exists() else "\n".join(split_rows(builtin_rows())[0])
@@ -62,10 +62,7 @@ def _stored_ratio(vocab_size: int, data_dir=None) -> tuple[float, str]:
     ratio, where = tokens_per_word_uncached(vocab_size, data_dir)
     stored[entry] = [ratio, where]
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=RATIOS_FILE)
-        with os.fdopen(fd, "w") as f:
-            json.dump(stored, f)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(stored))
     except OSError:
         pass
     return ratio, where

@@ -59,6 +59,7 @@ import numpy as np
 from common.corpus import (BUILTIN_ROWS, TRAIN_FILE, VAL_FILE, builtin_rows, split_rows,  # noqa: F401 (BUILTIN_ROWS: served here too)
                            tokenizer_path)
 from common.datasets import DATASET_BUILTIN, DATASET_HUB, DATASET_SHAKESPEARE, FALLBACK  # the names this module serves
+from common.files import write_atomic
 from common.tokens import new_bpe
 from common.variables import is_learning
 
@@ -85,19 +86,6 @@ def slug(dataset: str) -> str:
     return dataset.replace("/", "__")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _lines(rows: list[str]) -> list[str]:
     lines = [" ".join(r.split()) for r in rows]
     return [line for line in lines if line]
@@ -111,9 +99,9 @@ def _write_split(folder: Path, train_rows: list[str], val_rows: list[str], sourc
     part = lambda lines: {"rows": len(lines), "chars": sum(map(len, lines))}  # noqa: E731 - a one-line helper
     source = {**source, "rows": len(train) + len(val), "chars": sum(map(len, train + val)),
               "split": {"held_out": held_out, "train": part(train), "val": part(val)}, "written": time.time()}
-    _write_atomic(folder / VAL_FILE, ("\n".join(val) + "\n").encode())
-    _write_atomic(folder / "source.json", json.dumps(source, indent=1).encode())
-    _write_atomic(folder / TRAIN_FILE, ("\n".join(train) + "\n").encode())
+    write_atomic(folder / VAL_FILE, ("\n".join(val) + "\n").encode())
+    write_atomic(folder / "source.json", json.dumps(source, indent=1).encode())
+    write_atomic(folder / TRAIN_FILE, ("\n".join(train) + "\n").encode())
     return folder / TRAIN_FILE
 
 
@@ -317,7 +305,7 @@ def prepare(data_dir: str | os.PathLike, dataset: str) -> tuple[Path, str]:
         train, used = prepare(data_dir, fallback)
         _warn(f"{dataset} unavailable: training on the {'BUILT-IN' if used == DATASET_BUILTIN else used.upper()} "
               f"corpus instead. Every run records dataset_used='{used}'.")
-        _write_atomic(folder / "unreachable.json", json.dumps(
+        write_atomic(folder / "unreachable.json", json.dumps(
             {"dataset": dataset, "reason": str(e), "used": used, "when": time.time()}).encode())
         return train, used
     with contextlib.suppress(FileNotFoundError):
@@ -353,7 +341,7 @@ def train_tokenizer(train: Path, vocab_size: int):
         return Tokenizer.from_file(str(path))
     tok, trainer = new_bpe(vocab_size)
     tok.train([str(train)], trainer)
-    _write_atomic(path, tok.to_str().encode())
+    write_atomic(path, tok.to_str().encode())
     return tok
 
 
@@ -409,7 +397,7 @@ def _ids(train: Path, part: str, vocab_size: int) -> np.ndarray:
     arr = np.asarray(ids, dtype=np.uint16 if vocab_size <= 1 << 16 else np.uint32)
     buf = io.BytesIO()  # np.save into memory, so the .npy is written atomically like the rest
     np.save(buf, arr)
-    _write_atomic(npy, buf.getvalue())
+    write_atomic(npy, buf.getvalue())
     return arr
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from common.files import write_atomic
 
 
 def read(file: Path) -> dict:
@@ -20,13 +20,4 @@ def write(file: Path, data: dict) -> None:
     """Write through a temporary file of this writer's own and a rename: a killed process never leaves half a
     cache, and workers that write the same cache at once (a SLURM array's tasks on one machine) never take
     each other's temporary file away."""
-    file.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name + ".", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # as a plain write would leave it (mkstemp's is 0600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, file)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(file, json.dumps(data, indent=1, sort_keys=True), mode=0o644)  # (as a plain write leaves it)

@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 
 from common.errors import DatabaseUnavailable
+from common.files import write_atomic
 from common.patience import DB_RETRY_S, Patience
 from common.processes import Child, fork_child, set_parent_death_signal
 from orchestrator.queue.progress import Progress, ago, clock, eta_words, progress, queued_words
@@ -103,13 +104,6 @@ def first_page() -> str:
             f"<style>{CSS}</style></head><body><main><p class='meta'>The first report of this database is being "
             "written (at low priority: the workers come first); the effects appear here when it is done.</p>"
             "</main></body></html>")
-
-
-def write_atomic(path: Path, content: str) -> None:
-    """Write so that a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(content, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # -- the watcher --------------------------------------------------------------------------------
@@ -193,7 +187,7 @@ def watch(store: Store, out_dir: Path, *, every_s: float = 10.0, rounds: int | N
     def show(pr: Progress) -> None:
         shown[:] = [pr]
         write_atomic(out_dir / "index.html", live_page(page or first_page(), progress_html(
-            pr, every_s=every_s, analysed=analysed_at, outage=outage[0] if outage else None), every_s))
+            pr, every_s=every_s, analysed=analysed_at, outage=outage[0] if outage else None), every_s), mode=0o644)
 
     def noted(text: str) -> None:  # an outage begins (the page says so) or ends
         outage[:] = [f"The database has not answered since {clock(time.time())} UTC ({text})"] \
