@@ -76,7 +76,7 @@ def row_class(columns) -> type[CompactRow]:
 # columns (but its id: readers take it per run at C speed) and the run's columns that its machine's runs
 # mostly have alike (COMMON_RUN: its pool and host, what its trainer reports of its setup) are another
 # shared row (JoinedRow.common), one per machine and distinct values of those: a fleet's run then keeps
-# 19 keys in a 32-slot table, not 28 in a 64-slot one.
+# 16 keys in a 32-slot table, not 28 in a 64-slot one (view_sql.CSV_ONLY leaves out three more).
 PER_RUN_JOB = ("job_id", "config_hash", "repeat")
 PER_RUN_MACHINE = ("machine_id",)
 COMMON_RUN = ("pool_id", "pool", "worker_host", "world_size", "global_batch", "gemm_format", "dataset_used")
