@@ -287,7 +287,11 @@ def pg_schema(url: str) -> dict:
                                    "ORDER BY 1, 2").fetchall()
         indexes = conn.execute("SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' "
                                "ORDER BY 1, 2").fetchall()
-    return {"columns": columns, "constraints": constraints, "indexes": indexes}
+        storage = conn.execute("SELECT attrelid::regclass::text, attname, attstorage FROM pg_attribute "
+                               "WHERE attnum > 0 AND NOT attisdropped AND attrelid IN (SELECT oid FROM pg_class "
+                               "WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace) ORDER BY 1, 2"
+                               ).fetchall()
+    return {"columns": columns, "constraints": constraints, "indexes": indexes, "storage": storage}
 
 
 @pytest.mark.postgres
@@ -307,6 +311,38 @@ def test_a_version_1_postgresql_database_migrates_keeps_its_runs_and_matches_a_f
     fresh = create_database(postgres_url, pg_db.rsplit("/", 1)[1] + "f")
     Store(fresh)
     assert pg_schema(pg_db) == pg_schema(fresh)
+    assert ("runs", "applied", "e") in pg_schema(fresh)["storage"]  # out of line, uncompressed (PG_STORAGE)
+
+
+@pytest.mark.postgres
+def test_a_version_9_postgresql_database_stores_applied_uncompressed_from_then_on(pg_db):
+    import psycopg
+
+    store = Store(pg_db)
+    with store.transaction() as conn:  # as the release before left it: compressed, and at version 9
+        conn.exec_driver_sql("ALTER TABLE runs ALTER COLUMN applied SET STORAGE EXTENDED")
+        conn.exec_driver_sql("UPDATE schema_version SET version = 9 WHERE version = 10")
+    plain = pg_db.replace("postgresql+psycopg://", "postgresql://")
+    applied = '"' + "x" * 4000 + '"'
+    run = _a_claimed_run(store, "before")
+    with psycopg.connect(plain) as conn:
+        conn.execute("UPDATE runs SET applied = %s WHERE run_id = %s", (applied, run))
+    assert Store(pg_db).migrated == "migrated from version 9"
+    after = _a_claimed_run(store, "after")
+    with psycopg.connect(plain) as conn:
+        conn.execute("UPDATE runs SET applied = %s WHERE run_id = %s", (applied, after))
+        stored = dict(conn.execute("SELECT run_id, pg_column_size(applied) FROM runs").fetchall())
+        assert conn.execute("SELECT attstorage FROM pg_attribute WHERE attrelid = 'runs'::regclass "
+                            "AND attname = 'applied'").fetchone() == ("e",)
+    assert stored[run] < 200 and stored[after] >= len(applied)  # the old run's as written: compressed
+
+
+def _a_claimed_run(store: Store, host: str) -> int:
+    from tests.reportdb import configs, enqueue
+
+    machine = store.register_machine(machine_facts(host))
+    enqueue(store, configs({"seed": len(host)}, {}, repeats=1), sweep=host)
+    return store.claim(machine, pid=1, host=host, max_cores=8).run_id
 
 
 @pytest.mark.postgres

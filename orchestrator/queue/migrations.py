@@ -50,6 +50,12 @@ PG_SCHEMA_LOCK = 0x63707562656E6368 >> 1  # "cpubench", halved to fit a signed b
 
 CONSTRAINT_WORDS = ("UNIQUE", "PRIMARY KEY", "CHECK", "FOREIGN KEY", "CONSTRAINT")
 
+# How PostgreSQL stores the columns schema.sql cannot say (SQLite has no such setting): each run's `applied`
+# (~3 KB of JSON, its own in every run) out of line and uncompressed (EXTERNAL, every server version),
+# rather than pglz-compressed: the report reads every run's whole, twice, and the server then decompresses
+# none of them, for ~12% more space on disk.
+PG_STORAGE = ("ALTER TABLE runs ALTER COLUMN applied SET STORAGE EXTERNAL",)
+
 SELECT_VERSION = "SELECT MAX(version) FROM schema_version"
 INSERT_VERSION = "INSERT INTO schema_version (version, applied, note) VALUES (:version, {now}, :note)"
 SQLITE_TABLES = "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
@@ -192,6 +198,7 @@ def upgrade(store) -> str | None:
         if version is None:
             for statement in parse_schema(store.dialect).statements:
                 conn.exec_driver_sql(statement)
+            _storage(conn, store.dialect)
             conn.execute(text(INSERT_VERSION.format(now=now)), {"version": LATEST, "note": "created"})
             return "created"
         for step in range(version + 1, LATEST + 1):
@@ -469,6 +476,22 @@ def _to_9(conn: Connection, dialect: str) -> str:
     return "from version 8: " + ("; ".join(done) or "views remade")
 
 
+def _to_10(conn: Connection, dialect: str) -> str:
+    """Version 9 -> 10: on PostgreSQL, runs.applied is stored uncompressed (PG_STORAGE). The runs written
+    before keep their values as they were written (compressed): only the runs written from now on are
+    read without decompressing. SQLite: nothing changes."""
+    if dialect != "postgresql":
+        return "from version 9: nothing on SQLite"
+    _storage(conn, dialect)
+    return "from version 9: runs.applied stored uncompressed from now on"
+
+
+def _storage(conn: Connection, dialect: str) -> None:
+    if dialect == "postgresql":
+        for statement in PG_STORAGE:
+            conn.exec_driver_sql(statement)
+
+
 MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3, 4: _to_4, 5: _to_5, 6: _to_6,
-                                                            7: _to_7, 8: _to_8, 9: _to_9}
+                                                            7: _to_7, 8: _to_8, 9: _to_9, 10: _to_10}
 LATEST = max(MIGRATIONS)
