@@ -41,8 +41,8 @@ from orchestrator.stats.columns import (COMMON_RUN, CompactRow, JoinedRow, PER_R
                                          column, conf_values, gc_paused, joined_row_class, present, row_class,
                                          runs_fingerprint)
 from orchestrator.report import results_csv
-from orchestrator.report.view_sql import (JOB_EXPR, JOINS, MINE, RUN_EXPR, SELECT_RESULTS, VIEW_COLUMNS, FetchAhead,
-                                          quoted, sources, tuple_getter)
+from orchestrator.report.view_sql import (JOB_EXPR, MINE, RUN_EXPR, SELECT_RESULTS, VIEW_COLUMNS, FetchAhead, quoted,
+                                          run_joins, sources, tuple_getter)
 
 CHUNK = 20_000  # rows fetched at a time
 # rows fetched at a time where they are only written out (results.csv from the view, as on PostgreSQL):
@@ -369,7 +369,7 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, common
     plan: dict = {}
     fetched = run_cols + common_runs
     query = (f"SELECT {', '.join(RUN_EXPR.get(c) or 'r.' + q(conn, c) for c in fetched)}, r.job_id, r.machine_id "
-             f"{JOINS.format(mine=mine)} ORDER BY r.run_id")
+             f"{run_joins(conn).format(mine=mine)} ORDER BY r.run_id")
     result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
     n, k = len(run_cols), len(common_runs)
     cut = None

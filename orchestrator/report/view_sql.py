@@ -21,6 +21,9 @@ JOINS = ("FROM runs r JOIN jobs j ON j.job_id = r.job_id JOIN sweeps s ON s.swee
          "JOIN machines m ON m.machine_id = r.machine_id JOIN pools p ON p.pool_id = r.pool_id "
          "WHERE r.status <> 'queued'{mine}")
 MINE = " AND r.machine_id = :machine_id"
+# PostgreSQL's foreign keys always hold: every run has its one job, sweep and machine (NOT NULL REFERENCES), so
+# a read of the runs by parts there joins pools alone (the pool's name), not a probe of jobs' index per run.
+JOINS_PG = "FROM runs r JOIN pools p ON p.pool_id = r.pool_id WHERE r.status <> 'queued'{mine}"
 
 # The columns of v_results the report's rows leave out (write_report: read_results(leave_out=REPORT_LEAVES)):
 # a run's measurements only results.csv shows, and the machine's facts, which the report takes once per
@@ -49,6 +52,11 @@ def sources(conn) -> dict[str, str]:
     known["sweep"], known["pool"] = "j", "r"
     known["job_id"], known["machine_id"] = "j", "m"  # the view takes them from jobs and machines
     return known
+
+
+def run_joins(conn) -> str:
+    """The FROM and WHERE of a read of the runs by parts, {mine} to fill: JOINS, or JOINS_PG on PostgreSQL."""
+    return JOINS_PG if conn.dialect.name == "postgresql" else JOINS
 
 
 def quoted(conn, column: str) -> str:
