@@ -129,3 +129,53 @@ def test_a_sampled_fit_says_it_rests_on_a_sample_of_the_configurations():
     assert "refused" not in entry, entry
     assert entry["basis"].startswith(f"{most} of {most + 100} runs (an even sample of {most} of its "
                                      f"{most + 100} configurations, their first passes)"), entry["basis"]
+
+
+def test_as_ran_takes_config_indexs_values_where_it_read_them_and_finds_the_same():
+    """as_ran's job values from config_index (values_of: the very tuples it numbered, of a subsequence of its
+    rows) give the runs as_ran reads itself; rows that are not a subsequence get None (read again)."""
+    from orchestrator.stats import ran
+
+    rows = _rows(900, 6)
+    config_index._last[:] = [None, 0, None]
+    config_index.config_index(rows)
+    for m in (1, 2):
+        mine = [r for r in rows if r["machine_id"] == m]
+        done = ran.done_runs(mine)
+        assert config_index.values_of(done, config_index.CONFIG_NAMES) == [tuple(map(r.get, ran.FACTORS)) for r in done]
+        read, plain = ran.as_ran(mine, read=config_index.values_of), ran.as_ran(mine)
+        assert [(r.row, r.values, r.changed, r.disturbed, r.config_key()) for r in read] == \
+               [(r.row, r.values, r.changed, r.disturbed, r.config_key()) for r in plain]
+        assert [r.cell for r in read].count(read[0].cell) == [r.cell for r in plain].count(plain[0].cell)
+    assert config_index.values_of(rows[::-1], config_index.CONFIG_NAMES) is None
+    assert config_index.values_of(rows[:3], ("d_model",)) is None
+    config_index.forget()
+    assert config_index.values_of(rows[:3], config_index.CONFIG_NAMES) is None
+
+
+def test_modal_config_and_varied_variables_from_the_configurations_are_those_from_the_values():
+    """modal_config and varied_variables read the runs' configuration tuples: the same answers as from
+    each run's values dict, for every factor and for a few."""
+    from collections import Counter
+
+    from orchestrator.stats import ran
+
+    runs = ran.as_ran(_rows(900, 7))
+    configs = ran._configs(runs)
+
+    def plain_modal(names):
+        out = {}
+        for n in names:
+            counts = Counter(r.values[n] for r in configs)
+            top = max(counts.values())
+            tied = sorted((v for v, c in counts.items() if c == top), key=lambda v: ran.sort_key(n, v))
+            default = ran.BY_NAME[n].default
+            default = default if isinstance(default, str) else ran.value_of(n, default)
+            out[n] = default if default in tied else tied[0]
+        return out
+
+    varied = [n for n in ran.FACTORS if len({r.values[n] for r in runs}) > 1]
+    assert ran.varied_variables(runs) == varied and len(varied) > 1 and ran.varied_variables([]) == []
+    for names in (ran.FACTORS, varied, varied[:1]):
+        assert ran.modal_config(runs, names) == plain_modal(names)
+

@@ -15,6 +15,7 @@ from orchestrator.stats.ran import numbered
 NOT_CONFIG = ("repeat",)  # the pass index: not part of what differs between configurations
 CONFIG_NAMES = tuple(n for n in NAMES if n not in NOT_CONFIG)
 _last: list = [None, 0, None]  # (rows, their number, config_index(rows)): one report's rows, kept for its parts
+_values: list = [None]  # each of those rows' values (conf_values, a configuration's rows sharing one tuple)
 
 
 def config_index(rows: list[dict]) -> tuple[list[int], list[tuple]]:
@@ -23,12 +24,31 @@ def config_index(rows: list[dict]) -> tuple[list[int], list[tuple]]:
     if _last[0] is rows and _last[1] == len(rows):
         return _last[2]
     # (the values once per configuration row where the rows share them, each distinct tuple hashed once)
-    ids, number = numbered(conf_values(rows, CONFIG_NAMES))
+    values = conf_values(rows, CONFIG_NAMES)
+    ids, number = numbered(values)
     _last[:] = [rows, len(rows), (ids, list(number))]
+    _values[0] = values
     return _last[2]
+
+
+def values_of(rows: list[dict], names: tuple[str, ...]) -> list[tuple] | None:
+    """conf_values(rows, names), the very tuples, where `names` are CONFIG_NAMES and `rows` some of the rows
+    config_index last numbered, in their order (a machine's done runs: as_ran's job values, not read
+    again); None otherwise."""
+    every, values = _last[0], _values[0]
+    if names != CONFIG_NAMES or every is None or values is None or not len(values) == len(every) == _last[1]:
+        return None
+    out, pending = [], iter(rows)
+    nxt = next(pending, None)
+    for row, v in zip(every, values):
+        if row is nxt:
+            out.append(v)
+            nxt = next(pending, None)
+    return out if len(out) == len(rows) else None
 
 
 def forget() -> None:
     """Drop the answer kept (write_report, when done): a report's rows must not outlive it (report --watch
     would hold the last report's million rows while it reads the next one's)."""
     _last[:] = [None, 0, None]
+    _values[0] = None

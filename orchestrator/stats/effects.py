@@ -59,12 +59,13 @@ from orchestrator.stats import step_model as sm
 from orchestrator.stats.cells import (DERIVED_MARK, Cells, Groups, best_group, codes_of, distinct_sorted,
                                      first_seen)
 from orchestrator.stats.columns import column, conf_values, runs_fingerprint
+from orchestrator.stats.config_index import values_of
 # What each run ran with and the model's view of a machine live beside this module; their names are
 # re-exported for the report, the adaptive loop and the tests, which read them as effects.*.
 from orchestrator.stats.noise import (Drift, Model, Noise, cv_of, fit_inputs, fit_model, machine_noise,
                                model_inputs, pass_drift)
 from orchestrator.stats.ran import (FACTORS, METRIC, NOT_FACTORS, NOT_SIZES, RAN_FROM, Run, as_ran,  # noqa: F401
-                              disturbed, done_runs, followers_of, is_size, label, modal_config,
+                              disturbed, disturbed_run_ids, done_runs, followers_of, is_size, label, modal_config,
                               peak_of, provisional_peak, sort_key, value_of, varied_variables, _configs)
 from common.variables import NAMES
 from common.blocks import JOINT
@@ -682,7 +683,7 @@ def _analysed(memo: dict | None, by_machine: dict, ids: list[int], probe_cv: dic
     inputs: dict = {}  # machine -> model_inputs() of its runs the fit uses
     if beside is not None and len(todo) > 1:
         for m in todo[1:]:
-            ran[m] = as_ran(by_machine[m], share=not per_run)
+            ran[m] = as_ran(by_machine[m], share=not per_run, read=values_of)
             if used := _undisturbed(ran[m])[2]:
                 inputs[m] = model_inputs(used, probe_cv.get(m))
     if inputs:
@@ -691,7 +692,7 @@ def _analysed(memo: dict | None, by_machine: dict, ids: list[int], probe_cv: dic
         meanwhile()
     fits = None  # machine -> the child's fit, taken when the first of them is needed
     for m in todo:
-        runs = ran[m] if m in ran else as_ran(by_machine[m], share=not per_run)
+        runs = ran[m] if m in ran else as_ran(by_machine[m], share=not per_run, read=values_of)
         if m in inputs and fits is None:
             fits = dict(zip(inputs, beside.result()))
         ma = analyse_machine(runs, m, asked=by_machine[m], probe_cv=probe_cv.get(m),

@@ -10,7 +10,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from itertools import chain, count, repeat
-from operator import itemgetter, ne
+from operator import attrgetter, itemgetter, ne
 from types import NoneType
 
 from common.variables import BY_NAME, CATALOGUE, DERIVATIONS, DERIVED_BY_NAME, NAMES, allocator_of
@@ -174,7 +174,7 @@ def peak_of(row: dict) -> dict:
 _APPLIED_KEYS = tuple(key for where, key in RAN_FROM.values() if where == "applied")
 
 
-def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
+def as_ran(rows: list[dict], *, share: bool = True, read=None) -> list[Run]:
     """The done runs, each with the values it really ran with. Runs whose job columns (but their
     place in the run order), read-backs and derivations are the same share a cell: the report's
     comparisons group on it, so they are worked out once per configuration, not once per run.
@@ -182,11 +182,13 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
     Built column by column (for a million runs): each distinct `applied` text is parsed once,
     the cells' values are worked out variable by variable over their first runs (_cells_of), and
     disturbed() is asked only where a run's figures could pass a limit (surely_quiet, once per
-    distinct figures)."""
+    distinct figures). `read(runs, names)`: conf_values(runs, names) where the caller holds them already
+    (config_index.values_of), else None."""
     with gc_paused():  # a million Runs and no cycle among them: no collection pass over the rows meanwhile
         done = done_runs(rows)
         applied = _applied_of(column(done, "applied"))
-        raw = conf_values(done, FACTORS) if share else None  # each run's job values of every factor
+        # each run's job values of every factor (where `read` has them: not read again)
+        raw = ((read and read(done, FACTORS)) or conf_values(done, FACTORS)) if share else None
         ids, firsts = _cells(done, applied, raw) if share else ([None] * len(done), [])
         known = _cells_of([done[i] for i in firsts], [applied[i] for i in firsts], [raw[i] for i in firsts])
         if None in ids:  # a cell of its own: values of its own, and a cell object no other run has
@@ -199,6 +201,12 @@ def as_ran(rows: list[dict], *, share: bool = True) -> list[Run]:
                         [int(p or 0) for p in column(done, "repeat")], map(itemgetter(2), per_run),
                         repeat(0.0), repeat(0.0), _disturbed_all(done, applied), ids,
                         map(itemgetter(3), per_run)))  # (_key: the cell's configuration)
+
+
+def disturbed_run_ids(rows: list[dict]) -> set:
+    """The run ids of the done runs among `rows` whose timed window was disturbed, as as_ran marks them."""
+    done = done_runs(rows)
+    return {r.get("run_id") for r, why in zip(done, _disturbed_all(done, _applied_of(column(done, "applied")))) if why}
 
 
 def _cells(done: list[dict], applied: list[dict], raw: list[tuple]) -> tuple[list[int | None], list[int]]:
@@ -445,8 +453,9 @@ def _columns(values: list[dict], names: tuple) -> list[list]:
 
 def varied_variables(runs: list[Run]) -> list[str]:
     """Variables that ran with more than one value among these runs, in catalogue order."""
-    distinct = list({r.cell if r.cell is not None else id(r): r.values for r in runs}.values())  # (as_ran)
-    return [n for n, values in zip(FACTORS, _columns(distinct, FACTORS)) if len(set(values)) > 1]
+    distinct = list({r.cell if r.cell is not None else id(r): r for r in runs}.values())  # (as_ran)
+    return [n for n, values in zip(FACTORS, _config_columns(distinct, FACTORS))
+            if values and values.count(values[0]) != len(values) and len(set(values)) > 1]
 
 
 def _configs(runs: list[Run]) -> list[Run]:
@@ -455,15 +464,34 @@ def _configs(runs: list[Run]) -> list[Run]:
     return list({r._key: r for r in runs}.values())  # (_key: config_key()'s cache, read without the call)
 
 
+def _config_columns(configs: list[Run], names: tuple) -> list:
+    """Each name's values over these runs: from their configurations (config_key's tuples, in FACTORS'
+    order: one list of all their values, then sliced) where every run holds its own, else from their
+    values dicts (_columns)."""
+    keys = list(map(attrgetter("_key"), configs))
+    if None in keys or not set(names) <= set(FACTORS):
+        return _columns([r.values for r in configs], names)
+    if names != FACTORS:
+        at = [FACTORS.index(n) for n in names]
+        if len(at) == 1:
+            return [list(map(itemgetter(at[0]), keys))]
+        keys = map(itemgetter(*at), keys)
+    flat = list(chain.from_iterable(keys))
+    return [flat[k::len(names)] for k in range(len(names))]
+
+
 def modal_config(runs: list[Run], names) -> dict:
     """Per variable, the value most configurations share, counting each configuration once however
     many runs it has (ties: the catalogue default, then the lowest)."""
     out = {}
     names = tuple(names)
-    for n, values in zip(names, _columns([r.values for r in _configs(runs)], names)):
-        counts = Counter(values)
-        top = max(counts.values())
-        tied = sorted((v for v, c in counts.items() if c == top), key=lambda v: sort_key(n, v))
+    for n, values in zip(names, _config_columns(_configs(runs), names)):
+        if values.count(values[0]) == len(values):  # one value (most columns), found at C speed
+            tied = [values[0]]
+        else:
+            counts = Counter(values)
+            top = max(counts.values())
+            tied = sorted((v for v, c in counts.items() if c == top), key=lambda v: sort_key(n, v))
         default = BY_NAME[n].default
         default = default if isinstance(default, str) else value_of(n, default)
         out[n] = default if default in tied else tied[0]
