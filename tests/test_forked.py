@@ -169,3 +169,33 @@ def test_leaving_a_familys_block_stops_its_workers_still_running_or_still_waitin
             raise RuntimeError("the parent failed first")
     assert not any(psutil.pid_exists(pid) for pid in pids)
     assert _children() == before
+
+
+def _pid_and_sum(values):
+    return os.getpid(), sum(values)
+
+
+def _sends(worker, values):
+    worker.submit(_pid_and_sum, values)
+    return os.getpid()
+
+
+def test_a_task_given_at_the_fork_runs_at_once_on_what_the_parent_held_and_may_send_another_its_task():
+    """Worker(task=...) runs the callable in the child with no pickling of its arguments (a closure, a
+    lambda's data); that child can send a worker forked before it its task (sent_elsewhere: this process
+    closes its end), whose result comes back here."""
+    values = list(range(1000))
+    with Worker() as later, Worker(task=lambda: _sends(later, values)) as sender:
+        later.sent_elsewhere()
+        sender_pid = sender.result()
+        pid, total = later.result()
+    assert sender_pid not in (os.getpid(), pid) and total == sum(values)
+
+
+def test_a_worker_whose_sender_fails_first_ends_without_a_result():
+    with Worker() as later, Worker(task=_fails) as sender:
+        later.sent_elsewhere()
+        with pytest.raises(ChildFailed, match="a reason only the child knows"):
+            sender.result()
+        with pytest.raises(ChildFailed, match="without a result"):
+            later.result()

@@ -179,3 +179,19 @@ def test_modal_config_and_varied_variables_from_the_configurations_are_those_fro
     for names in (ran.FACTORS, varied, varied[:1]):
         assert ran.modal_config(runs, names) == plain_modal(names)
 
+
+def test_the_pages_parts_worked_out_ahead_are_the_pages_own():
+    """ahead_of_analysis (a child's, before the analysis) finds the disturbed runs as as_ran marks them, and
+    its parts are those page() works out itself with them."""
+    from orchestrator.stats import ran
+
+    rows = _rows(700, 8)
+    names = {1: "one", 2: "two"}
+    config_index._last[:] = [None, 0, None]
+    disturbed = {r.row["run_id"] for r in ran.as_ran(rows) if r.disturbed}
+    assert disturbed and ran.disturbed_run_ids(rows) == disturbed
+    ahead = page_data.ahead_of_analysis(rows, names)
+    own = page_data.rows_part(rows, names, disturbed, None, ran.done_runs(rows))
+    assert ahead == own and ahead["runs"]["n"] == len(rows)
+    assert page_data.ahead_of_analysis(rows, names) is not None
+    config_index.forget()

@@ -8,7 +8,9 @@ both CPUs of a small machine: children forked before the runs are read (orchestr
 the cost model's section on the share of the runs it uses while this process analyses, fit the step
 model of every machine but the first while this process analyses that one, and draw the PNGs while it
 writes the pages; results.csv is written by a child forked before the read (rows.start_results_csv),
-waited for only before write_report returns.
+waited for only before write_report returns. Where the runs are at most a page's (RUNS_ON_PAGE), a child
+forked after the read sends the cost model's fitter its share and works out the page's parts that follow
+from the runs alone (the runs table, packed) while this process analyses.
 
 The package's parts depend one way (tests/test_layers.py reads their imports):
 - data.py: the data a report shows, no text (the SQL, Context, Report, the effects table's rows);
@@ -25,6 +27,7 @@ import json
 from collections import defaultdict
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -45,6 +48,7 @@ from orchestrator.stats.noise import quiet_probe_cv
 from orchestrator.queue.store import ReadOnlyDatabase, Store
 from orchestrator.report.view_sql import MACHINE_ONLY, REPORT_LEAVES, SELECT_RESULTS
 from orchestrator.report import html as html_report
+from orchestrator.report.page_data import RUNS_ON_PAGE
 from orchestrator.report.data import (SELECT_MACHINES, SELECT_SWEEP_NOTES, SELECT_TARGETS,
                                       Context, Report, _probe_facts, effect_row)
 from orchestrator.report.markdown import SECTIONS
@@ -138,12 +142,26 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
             rows=rows, names=names, facts=facts, sweep_texts=sweep_texts, check_predictions=plots, memo=None)),
             SimpleNamespace(names=names, out_dir=out_dir))
 
+    # The page's parts that follow from the runs alone, worked out by a child on the other CPU while this
+    # process analyses: forked now, it reads the rows as they are here (copying the pages it touches: a
+    # page's worth of runs at most, RUNS_ON_PAGE; beyond, the statistics pick the runs the page shows).
+    # It sends the cost model's fitter its share first. The runs' configuration numbers are made here
+    # before it forks: the child's parts and this process's analysis both read them.
+    meanwhile = send_fitter if fitter is not None else None
+    ahead = None
+    if workers is not None and len(rows) <= RUNS_ON_PAGE:
+        config_index.config_index(rows)
+        ahead = children.enter_context(Worker(task=partial(_ahead, rows, names, meanwhile)))
+        if fitter is not None:
+            fitter.sent_elsewhere()
+        meanwhile = None
+
     with _collector_paused():  # (the analysis: made without collections, then frozen as the rows are)
         analysis = fx.analyse(rows, machine_ids, probe_cv=probe_cv,
                               target_ci={m: t for m, (t, _) in targets.items()} or None,
                               memo=memo.setdefault("effects", {}) if memo is not None else None,
                               beside=workers.beside if workers is not None else None,
-                              meanwhile=send_fitter if fitter is not None else None)
+                              meanwhile=meanwhile)
         grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
 
     # The PNGs are drawn by two children while this process writes the effects and the pages (three
@@ -174,7 +192,7 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
         prediction_report.adopt(ctx, fitter.result)
     # The page first: its cost model's section comes near its end, after most of its work, so that a
     # fitter still running overlaps the page rather than holding up both files.
-    html_path = html_report.write_page(ctx, out_dir / "index.html")
+    html_path = html_report.write_page(ctx, out_dir / "index.html", ahead.result() if ahead is not None else None)
     summary_path = out_dir / "summary.md"
     summary_path.write_text("\n".join(line for section in SECTIONS for line in section(ctx)))
     for drawer in drawing:
@@ -183,6 +201,14 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     return Report(csv_path=csv_path, summary_path=summary_path, plot_paths=plot_paths, top_effects=top,
                   counts=counts, failures=failures, machines=len({r["machine_id"] for r in rows}),
                   effects=all_effects, analysis=analysis, html_path=html_path, effects_not_written=not_written)
+
+
+def _ahead(rows: list[dict], names: dict[int, str], send_fitter) -> dict | None:
+    """The page's child (forked after the read): the cost model's fitter sent its share (send_fitter,
+    where there is one), then the page's parts that follow from the runs alone."""
+    if send_fitter is not None:
+        send_fitter()
+    return html_report.ahead_of_analysis(rows, names)
 
 
 def _facts(row: dict, machine: dict) -> dict:

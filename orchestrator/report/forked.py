@@ -11,7 +11,9 @@ of every page it touches itself), which doubles the report's memory; this one ho
 sent. Leaving the Worker's `with` block stops a child that is still running. The child touches no
 database connection and exits with os._exit, running none of the parent's finalizers. Where the
 platform cannot fork, the work runs in the caller when result() is asked for. `Family` forks several
-such workers from one child that made their shared imports once.
+such workers from one child that made their shared imports once. `Worker(task=fn)` instead forks a
+child that runs fn at once on what the parent holds (nothing sent); such a child may send a worker
+forked before it that worker's task (`sent_elsewhere`).
 """
 
 from __future__ import annotations
@@ -168,15 +170,18 @@ def _receive(fd: int) -> bytes:
         return payload if len(payload) == size else b""
 
 
-def _serve(task_fd: int, result_fd: int, warm) -> None:
-    """The child: one task in, its result (or its failure) out."""
+def _serve(task_fd: int, result_fd: int, warm, task=None) -> None:
+    """The child: one task in (or `task`, given at the fork), its result (or its failure) out."""
     try:
         if warm is not None:  # while the parent reads the runs: imports its task will need
             warm()
-        payload = _receive(task_fd)
-        if not payload:  # the parent went on without it
-            return
-        fn, args = pickle.loads(payload)
+        if task is None:
+            payload = _receive(task_fd)
+            if not payload:  # the parent went on without it
+                return
+            fn, args = pickle.loads(payload)
+        else:
+            fn, args = task, ()
         out = _dumps(("ok", fn(*args)))
     except BaseException:  # every failure goes back to the parent
         out = _dumps(("error", traceback.format_exc()))
@@ -186,11 +191,14 @@ def _serve(task_fd: int, result_fd: int, warm) -> None:
 class Worker:
     """A child forked now that runs one task given later (submit), in parallel with this process."""
 
-    def __init__(self, warm=None, nice: int = 0):
+    def __init__(self, warm=None, nice: int = 0, task=None):
         """warm: called in the child as soon as it is forked, before it waits for its task (imports);
         nice: how much lower the child's scheduling priority is than this process's (os.nice), for work
-        whose answer is wanted late: it then takes what CPU the others leave."""
-        self._task = None  # (fn, args) where there is no child
+        whose answer is wanted late: it then takes what CPU the others leave. task: a callable the child
+        runs at once, on what this process holds now (not sent: the child has its own copy of every page,
+        so it suits a small report's rows, whose pages it then copies as it reads them); submit is then
+        not called."""
+        self._task = (task, ()) if task is not None else None  # (fn, args) where there is no child
         self._forked = hasattr(os, "fork")
         self._pid = None  # this process's child, until reaped
         self._family = None  # (Family, index): a worker a Family forked, reaped there
@@ -199,9 +207,12 @@ class Worker:
             return
         task_r, task_w = os.pipe()
         result_r, result_w = _result_pipe()
-        pid = fork_child(lambda: _serve(task_r, result_w, warm), close=(task_w, result_r), nice=nice)
+        pid = fork_child(lambda: _serve(task_r, result_w, warm, task), close=(task_w, result_r), nice=nice)
         os.close(task_r)
         os.close(result_w)
+        if task is not None:  # nothing to send
+            os.close(task_w)
+            task_w = None
         self._pid, self._task_w, self._result_r = pid, task_w, result_r
 
     @classmethod
@@ -225,6 +236,13 @@ class Worker:
         task_w, self._task_w = self._task_w, None
         _send(task_w, _dumps((fn, args)))  # the child reads it whole, then works
         return self
+
+    def sent_elsewhere(self) -> None:
+        """Its task is sent by a child forked since (which holds the task pipe's end too): this process's
+        end closed, so that the worker sees the pipe end should that child never send it."""
+        if self._forked and self._task_w is not None:
+            os.close(self._task_w)
+            self._task_w = None
 
     def result(self):
         if not self._forked:  # no fork here: the work runs now, in the caller

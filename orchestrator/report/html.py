@@ -317,13 +317,31 @@ def _jsonable(x):
     return str(x)
 
 
-def write_page(ctx, path: Path) -> Path:
-    """Write the page for a report's Context (orchestrator/report/data.py) to `path`."""
+def ahead_of_analysis(rows: list[dict], names: dict[int, str]) -> dict | None:
+    """page_data.ahead_of_analysis, its runs table packed as the page carries it ("packed") and of the
+    table itself only what the page's text reads (_runs_section: its count and statuses): what a child
+    forked after the read works out while the report's process analyses (write_page's `ahead`)."""
+    part = page_data.ahead_of_analysis(rows, names)
+    if part is not None:
+        runs = part["runs"]
+        part["packed"] = _packed_runs(runs)
+        part["runs"] = {"n": runs["n"], "dicts": {"status": runs["dicts"]["status"]}}
+    return part
+
+
+def _packed_runs(runs: dict) -> str:
+    """The runs table as the page carries it: its JSON, gzipped, in base64 (the page inflates it)."""
+    return base64.b64encode(gzip.compress(json.dumps(runs, separators=(",", ":")).encode(), 6)).decode()
+
+
+def write_page(ctx, path: Path, ahead: dict | None = None) -> Path:
+    """Write the page for a report's Context (orchestrator/report/data.py) to `path`. `ahead`: what
+    ahead_of_analysis worked out of its rows, or None."""
     import plotly.offline
 
     path = Path(path)
     several = ctx.several
-    pg = page_data.page(ctx)
+    pg = page_data.page(ctx, ahead)
     st, runs = pg.stats, pg.runs
     var_html = "".join(_variable_section(pg.variables.get(k), k[1], k[0], ctx, st, pg.lost.get(k, []),
                                          pg.grids.get(k, []), several) for k in pg.order)
@@ -340,7 +358,7 @@ def write_page(ctx, path: Path) -> Path:
              + (" Learning runs train to a validation-loss target instead: their time to a trained model comes "
                 "first." if ctx.learning and ctx.learning["runs"] else ""))
     # the runs need no cleaning: their floats come from page_data's rounding, which gives None for NaN and infinities
-    packed = base64.b64encode(gzip.compress(json.dumps(runs, separators=(",", ":")).encode(), 6)).decode()
+    packed = ahead["packed"] if ahead is not None and runs is ahead["runs"] else _packed_runs(runs)
     generated = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = "".join([
         _head("cpubench report"), _nav(), '<main>',

@@ -58,14 +58,14 @@ class Page:
     data: dict  # the page's JSON (page-data): effects, variables, grids, machines side by side, names
 
 
-def page(ctx) -> Page:
-    """All the page draws, from a report's Context (data.py)."""
+def page(ctx, ahead: dict | None = None) -> Page:
+    """All the page draws, from a report's Context (data.py). `ahead`: rows_part() of its rows, worked
+    out before the analysis (by a child, ahead_of_analysis), used where its disturbed runs are the analysis's."""
     st = _clean(analysis_dicts(ctx.analysis, ctx.grids, ctx.names))
-    modal = baselines(ctx.rows)
     disturbed = {r.row["run_id"] for ma in ctx.analysis.machines.values() for r in ma.disturbed}
-    shown = page_runs(ctx.rows, st)
-    runs = runs_table(shown, modal, ctx.names, disturbed, config_index(ctx.rows) if shown is ctx.rows else None)
-    lost = lost_values(ctx.rows, modal)
+    part = (ahead if ahead is not None and ahead["disturbed"] == disturbed else
+            rows_part(ctx.rows, ctx.names, disturbed, st, ctx.done))
+    modal, runs, lost = part["modal"], part["runs"], part["lost"]
     # Every variable varied on a machine (done or not) gets a section, clearest first, then the rest.
     by_key = {(v["machine_id"], v["variable"]): v for v in st["variables"]}
     asked = sorted({(m, n) for m, vs in modal.items() for n in vs}, key=lambda k: (k[0], NAMES.index(k[1])))
@@ -82,11 +82,30 @@ def page(ctx) -> Page:
     for m, n in order:
         first_section.setdefault(n, m)
     data = {"effects": st["effects"], "variables": st["variables"], "grids": st["grids"],
-            "shared": shared_configs(ctx.rows, ctx.done), "names": {str(k): v for k, v in ctx.names.items()},
+            "shared": part["shared"], "names": {str(k): v for k, v in ctx.names.items()},
             "per_page": RUNS_PER_PAGE, "several": ctx.several}
     # the queues by id, then name (as summary.md lists them)
     pools = sorted(ctx.queues, key=lambda q: (q["pool_id"], q["pool"]))
     return Page(st, runs, lost, by_key, order, grid_by_var, varied, first_section, pools, data)
+
+
+def rows_part(rows: list[dict], names: dict[int, str], disturbed: set, st: dict | None = None,
+              done: list[dict] | None = None) -> dict:
+    """What the page takes from the runs alone, given the disturbed runs' ids: each machine's baseline
+    ("modal"), the runs table ("runs"), the values lost ("lost") and the machines side by side ("shared").
+    `st` (the statistics' dicts) is read only beyond RUNS_ON_PAGE runs (page_runs); `done`: fx.done_runs(rows)."""
+    modal = baselines(rows)
+    shown = page_runs(rows, st)
+    return {"disturbed": disturbed, "modal": modal,
+            "runs": runs_table(shown, modal, names, disturbed, config_index(rows) if shown is rows else None),
+            "lost": lost_values(rows, modal), "shared": shared_configs(rows, done)}
+
+
+def ahead_of_analysis(rows: list[dict], names: dict[int, str]) -> dict | None:
+    """rows_part() before the analysis, with the disturbed runs as as_ran marks them (page() checks that
+    they are the analysis's), where the runs are at most RUNS_ON_PAGE (more: the statistics pick the
+    runs shown); None otherwise."""
+    return rows_part(rows, names, fx.disturbed_run_ids(rows)) if len(rows) <= RUNS_ON_PAGE else None
 
 
 # -- the adapter: effects.py's objects -> plain dicts --------------------------------------------
