@@ -163,12 +163,12 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
                               beside=workers.beside if workers is not None else None,
                               meanwhile=meanwhile)
         grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
-
-    # The PNGs are drawn by two children while this process writes the effects and the pages (three
-    # processes on two CPUs until the last PNG: one drawer would finish well after the pages).
-    jobs = _plot_jobs(analysis, grids, names, out_dir / "plots") if plots else []
+        # The PNGs are drawn by two children while this process writes the effects and the pages (three
+        # processes on two CPUs until the last PNG: one drawer would finish well after the pages); sent
+        # before the collection that ends the analysis.
+        jobs = _plot_jobs(analysis, grids, names, out_dir / "plots") if plots else []
+        drawing = [w.submit(_draw, jobs[k::2]) for k, w in enumerate(workers.drawers) if jobs[k::2]] if jobs else []
     plot_paths = [path for _, _, path in jobs]
-    drawing = [w.submit(_draw, jobs[k::2]) for k, w in enumerate(workers.drawers) if jobs[k::2]] if jobs else []
     all_effects = analysis.effects
     try:
         effects_table.replace(store, machine_ids, [effect_row(e) for e in all_effects])
