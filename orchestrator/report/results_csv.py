@@ -43,6 +43,7 @@ from sqlalchemy import text
 
 from orchestrator.report.view_sql import (JOB_EXPR, JOINS, MINE, RUN_EXPR, VIEW_COLUMNS, FetchAhead, quoted, sources,
                                           tuple_getter)
+from orchestrator.stats.columns import gc_paused
 
 MARK = "\x02"  # stands for a job's or machine's text in a run's line: no value of a real sweep holds it
 QUOTED_IN_SQL = ("applied",)  # a run's columns SQLite writes as csv.writer would
@@ -84,7 +85,7 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
         last_job = raw.all("SELECT MAX(job_id) FROM jobs")[0][0] if plan.jobs else None
         cursor = raw.streamed(plan.run_query, {"machine_id": machine_id})
         try:
-            with csv_path.open("w", newline="") as f, _Spill(csv_path.parent, last_job) as spill:
+            with csv_path.open("w", newline="") as f, _Spill(csv_path.parent, last_job) as spill, gc_paused():
                 csv.writer(f).writerow(columns)
                 while chunk := cursor.fetchmany(CHUNK):
                     f.write(_lines(raw, chunk, (jobs, spill), machines, plan))
