@@ -140,6 +140,14 @@ def test_a_runs_numbers_are_csv_writers_text_whether_msgspec_or_csv_writer_write
     assert results_csv._numbers(odd[:500]) == _csv_writers(odd[:500])
 
 
+def test_quoted_is_csv_writers_text_of_a_text_or_null_and_refuses_any_other_value():
+    for value in [*TEXTS, None, '{"a": [1, 2], "b": "x\\"y"}', "no quotes here", f"a{results_csv.MARK}b"]:
+        assert results_csv._quoted(value) == _csv_writers([(value, "")])[0][:-1], value
+    for value in (1, 2.5, b"a,b", True):
+        with pytest.raises(results_csv.NotHere):
+            results_csv._quoted(value)
+
+
 def test_a_value_holding_the_marker_is_written_from_the_view(tmp_path):
     store = build(str(tmp_path / "r.db"), 200, machines=2, shape="small", quiet=True)
     with store.transaction() as conn:
@@ -151,10 +159,10 @@ def test_a_value_holding_the_marker_is_written_from_the_view(tmp_path):
 
 
 @pytest.mark.postgres
-def test_on_postgresql_applied_is_quoted_by_the_database_and_a_marker_elsewhere_writes_the_view(tmp_path, pg_db):
-    """On PostgreSQL each run's applied is quoted by the database (QUOTED_PG), a marker inside it too: the
-    bytes csv.writer writes, for every machine and one; a marker in another value makes write() say so,
-    and the view is written as it is."""
+def test_on_postgresql_applied_is_quoted_as_csv_writer_does_and_a_marker_elsewhere_writes_the_view(tmp_path, pg_db):
+    """On PostgreSQL each run's applied is read as it is and quoted here (_quoted), a marker inside it too:
+    the bytes csv.writer writes, for every machine and one; a marker in another value makes write() say
+    so, and the view is written as it is."""
     from orchestrator.report.rows import _results_query
 
     store = build(pg_db, 300, machines=2, shape="small", quiet=True)
