@@ -31,6 +31,7 @@ does not know, a value that holds the marker), write() says so and the caller wr
 from __future__ import annotations
 
 import csv
+import ctypes
 import io
 import os
 import tempfile
@@ -59,6 +60,20 @@ SPILL_IDS = 1 << 21  # job ids below this have their texts kept on disk once let
 # bytes per id, made for every id up to the database's last (32 MB at most; above it each text is made again)
 NUMBERS_MIN = 4  # a run of this many numeric columns (a run's measurements) is written by msgspec (_numbers)
 CHUNK = 1_000  # runs fetched at a time (~4 kB each, held 3-4 times over while written)
+FREED_KEPT = 32 << 20  # bytes of freed memory a writer's process keeps for its next allocations (keep_freed_memory)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+def keep_freed_memory() -> None:
+    """This process's freed memory kept for its next allocations, up to FREED_KEPT (glibc's malloc; for a
+    process that writes results.csv and exits): each chunk's few MB of text were otherwise given back to
+    the system when freed and taken again as fresh pages, each zeroed by the kernel on its first touch."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except AttributeError:  # not glibc's
+        return
+    mallopt(M_MMAP_THRESHOLD, FREED_KEPT)
+    mallopt(M_TRIM_THRESHOLD, FREED_KEPT)
 
 
 class NotHere(Exception):

@@ -134,6 +134,7 @@ def _csv_child(conn, query: str, params: dict, csv_path: Path, results: bool = F
     engine = conn.engine
 
     def write() -> None:
+        results_csv.keep_freed_memory()
         engine.dispose(close=False)
         with engine.connect() as own:
             if own.dialect.name == "postgresql":  # results_csv reads the tables by several statements: one snapshot
