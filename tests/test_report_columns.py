@@ -176,7 +176,7 @@ def test_modal_config_and_varied_variables_from_the_configurations_are_those_fro
 
     varied = [n for n in ran.FACTORS if len({r.values[n] for r in runs}) > 1]
     assert ran.varied_variables(runs) == varied and len(varied) > 1 and ran.varied_variables([]) == []
-    for names in (ran.FACTORS, varied, varied[:1]):
+    for names in (ran.FACTORS, varied, varied[:1], ()):  # (): a machine whose runs vary no variable
         assert ran.modal_config(runs, names) == plain_modal(names)
 
 

@@ -468,6 +468,8 @@ def _config_columns(configs: list[Run], names: tuple) -> list:
     """Each name's values over these runs: from their configurations (config_key's tuples, in FACTORS'
     order: one list of all their values, then sliced) where every run holds its own, else from their
     values dicts (_columns)."""
+    if not names:
+        return []
     keys = list(map(attrgetter("_key"), configs))
     if None in keys or not set(names) <= set(FACTORS):
         return _columns([r.values for r in configs], names)
@@ -486,7 +488,7 @@ def modal_config(runs: list[Run], names) -> dict:
     out = {}
     names = tuple(names)
     for n, values in zip(names, _config_columns(_configs(runs), names)):
-        if values.count(values[0]) == len(values):  # one value (most columns), found at C speed
+        if values and values.count(values[0]) == len(values):  # one value (most columns), found at C speed
             tied = [values[0]]
         else:
             counts = Counter(values)
