@@ -153,6 +153,17 @@ def test_as_ran_takes_config_indexs_values_where_it_read_them_and_finds_the_same
     assert config_index.values_of(rows[:3], config_index.CONFIG_NAMES) is None
 
 
+def test_positions_finds_a_subsequence_by_identity_and_nothing_else():
+    """positions: where each of some items of a list is, where they are some of its very objects in its
+    order; None for equal copies, a reordering, or an item twice."""
+    items = [{"i": i % 3} for i in range(7)]
+    assert config_index.positions(items, items[1::2]) == [1, 3, 5]
+    assert config_index.positions(items, []) == []
+    assert config_index.positions(items, [dict(items[0])]) is None
+    assert config_index.positions(items, [items[4], items[2]]) is None
+    assert config_index.positions(items, [items[2], items[2]]) is None
+
+
 def test_modal_config_and_varied_variables_from_the_configurations_are_those_from_the_values():
     """modal_config and varied_variables read the runs' configuration tuples: the same answers as from
     each run's values dict, for every factor and for a few."""

@@ -480,10 +480,9 @@ def _to_10(conn: Connection, dialect: str) -> str:
     """Version 9 -> 10: on PostgreSQL, runs.applied is stored uncompressed (PG_STORAGE). The runs written
     before keep their values as they were written (compressed): only the runs written from now on are
     read without decompressing. SQLite: nothing changes."""
-    if dialect != "postgresql":
-        return "from version 9: nothing on SQLite"
     _storage(conn, dialect)
-    return "from version 9: runs.applied stored uncompressed from now on"
+    return ("from version 9: runs.applied stored uncompressed from now on" if dialect == "postgresql"
+            else "from version 9: nothing on SQLite")
 
 
 def _storage(conn: Connection, dialect: str) -> None:

@@ -33,7 +33,7 @@ from orchestrator.queue.progress import short_reason
 from orchestrator.report.view_sql import tuple_getter
 from orchestrator.stats import effects as fx
 from orchestrator.stats.columns import column
-from orchestrator.stats.config_index import CONFIG_NAMES, config_index
+from orchestrator.stats.config_index import CONFIG_NAMES, config_index, positions
 
 RUNS_ON_PAGE = 200_000  # runs the page's table carries: beyond it, a sample (every run in results.csv)
 DOTS_PER_LEVEL = 300  # runs drawn per value of a variable (evenly sampled beyond it; the table has them all)
@@ -482,15 +482,12 @@ def shared_configs(rows: list[dict], done: list[dict] | None = None) -> dict:
     if len(machines) < 2:
         return {"machines": machines, "pairs": []}
     # each finished run's configuration number (done is in the rows' order: one walk along both)
-    ids, config, pending = config_index(rows)[0], [], iter(done)
-    nxt = next(pending, None)
-    for i, r in zip(ids, rows):
-        if r is nxt:
-            config.append(i)
-            nxt = next(pending, None)
-    if len(config) != len(done):  # not a subsequence of the rows: look each one up
+    ids, at = config_index(rows)[0], positions(rows, done)
+    if at is None:  # not a subsequence of the rows: look each one up
         number = dict(zip(map(id, rows), ids))
         config = [number[id(r)] for r in done]
+    else:
+        config = list(map(ids.__getitem__, at))
     # the runs sorted into (configuration, machine) cells; the configurations in the order they first finished
     n_machines, column = len(machines), {m: j for j, m in enumerate(machines)}
     config_array = np.array(config, dtype=np.int64)

@@ -43,8 +43,8 @@ from pathlib import Path
 import msgspec
 from sqlalchemy import text
 
-from orchestrator.report.view_sql import (JOB_EXPR, JOINS, MINE, RUN_EXPR, VIEW_COLUMNS, FetchAhead, quoted, sources,
-                                          tuple_getter)
+from orchestrator.report.view_sql import (JOB_EXPR, MINE, RUN_EXPR, VIEW_COLUMNS, FetchAhead, quoted, run_joins,
+                                          sources, tuple_getter)
 from orchestrator.stats.columns import gc_paused
 
 MARK = "\x02"  # stands for a job's or machine's text in a run's line: no value of a real sweep holds it
@@ -140,7 +140,7 @@ class _Plan:
         machine_fields = ", ".join(_fields({}, "m.", q, cols) + mark for cols in machine_segments)
         self.machine_query = f"SELECT m.machine_id, {machine_fields} FROM machines m"
         self.run_query = (f"SELECT r.job_id, r.machine_id, {', '.join(fields + sum(numbers, []) + own)} "
-                          f"{JOINS.format(mine=MINE if mine else '')} ORDER BY r.run_id")
+                          f"{run_joins(dialect).format(mine=MINE if mine else '')} ORDER BY r.run_id")
 
     @staticmethod
     def _runs(segments, q, numeric: set[str], dialect: str) -> tuple[list[str], list[list[str]], list[str],

@@ -370,7 +370,7 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, common
     plan: dict = {}
     fetched = run_cols + common_runs
     query = (f"SELECT {', '.join(RUN_EXPR.get(c) or 'r.' + q(conn, c) for c in fetched)}, r.job_id, r.machine_id "
-             f"{run_joins(conn).format(mine=mine)} ORDER BY r.run_id")
+             f"{run_joins(conn.dialect.name).format(mine=mine)} ORDER BY r.run_id")
     result = conn.execution_options(stream_results=True, yield_per=CHUNK).execute(text(query), params)
     n, k = len(run_cols), len(common_runs)
     cut = None

@@ -54,9 +54,9 @@ def sources(conn) -> dict[str, str]:
     return known
 
 
-def run_joins(conn) -> str:
+def run_joins(dialect: str) -> str:
     """The FROM and WHERE of a read of the runs by parts, {mine} to fill: JOINS, or JOINS_PG on PostgreSQL."""
-    return JOINS_PG if conn.dialect.name == "postgresql" else JOINS
+    return JOINS_PG if dialect == "postgresql" else JOINS
 
 
 def quoted(conn, column: str) -> str:

@@ -38,13 +38,20 @@ def values_of(rows: list[dict], names: tuple[str, ...]) -> list[tuple] | None:
     every, values = _last[0], _values[0]
     if names != CONFIG_NAMES or every is None or values is None or not len(values) == len(every) == _last[1]:
         return None
-    out, pending = [], iter(rows)
+    at = positions(every, rows)
+    return None if at is None else list(map(values.__getitem__, at))
+
+
+def positions(every: list, some: list) -> list[int] | None:
+    """Where in `every` each of `some` is (the very objects), where `some` is a subsequence of `every` (some
+    of its items in its order, as a filter keeps them): one walk along both; None where it is not."""
+    out, pending = [], iter(some)
     nxt = next(pending, None)
-    for row, v in zip(every, values):
-        if row is nxt:
-            out.append(v)
+    for i, item in enumerate(every):
+        if item is nxt:
+            out.append(i)
             nxt = next(pending, None)
-    return out if len(out) == len(rows) else None
+    return out if len(out) == len(some) else None
 
 
 def forget() -> None:
