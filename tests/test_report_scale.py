@@ -558,15 +558,15 @@ def test_the_reports_read_sees_one_state_of_a_database_that_a_worker_writes_betw
     store.enqueue(name="later", source="test", sweep_text="later", jobs=fresh)  # queued: no run yet
     with store.transaction() as conn:
         before = conn.execute(text("SELECT COUNT(*) FROM v_results")).scalar()
-    chunks = rows_module._chunks
+    reads = rows_module._read
     calls = []
 
-    def claim_between(result):  # the jobs' statement has run, the runs' has not: a worker claims
+    def claim_between(conn, query, params):  # the jobs' statement has run, the runs' has not: a worker claims
         calls.append(1)
         if len(calls) == 2:
             assert store.claim(1, pid=1, host="elsewhere", max_cores=64) is not None
-        return chunks(result)
-    monkeypatch.setattr(rows_module, "_chunks", claim_between)
+        return reads(conn, query, params)
+    monkeypatch.setattr(rows_module, "_read", claim_between)
     with store.transaction(snapshot=True) as conn:
         _, rows = rows_module.read_results(conn, None)
     assert len(calls) >= 3 and len(rows) == before

@@ -43,8 +43,8 @@ from pathlib import Path
 import msgspec
 from sqlalchemy import text
 
-from orchestrator.report.view_sql import (JOB_EXPR, MINE, RUN_EXPR, VIEW_COLUMNS, FetchAhead, quoted, run_joins,
-                                          sources, tuple_getter)
+from orchestrator.report.view_sql import (JOB_EXPR, MINE, RUN_EXPR, VIEW_COLUMNS, binary_cursor, quoted,
+                                          run_joins, sources, tuple_getter)
 from orchestrator.stats.columns import gc_paused
 
 MARK = "\x02"  # stands for a job's or machine's text in a run's line: no value of a real sweep holds it
@@ -296,7 +296,7 @@ class _Driver:
     parsed again here), the runs on a server-side cursor (a million runs are never all held)."""
 
     def __init__(self, conn):
-        self.dialect = conn.dialect
+        self.conn, self.dialect = conn, conn.dialect
         self.raw = conn.connection.dbapi_connection
         self.sqlite = conn.dialect.name == "sqlite"
 
@@ -313,9 +313,7 @@ class _Driver:
         """A cursor of the query's rows, read with fetchmany (close it)."""
         if self.sqlite:
             return self.raw.execute(query, params)
-        cursor = self.raw.cursor(name="results_csv", binary=True)
-        cursor.execute(self._sql(query), params)
-        return FetchAhead(cursor)
+        return binary_cursor(self.conn, query, params)
 
     def numeric(self, table: str) -> set[str]:
         """`table`'s columns of a numeric type whose values come back as int or float: SQLite's column

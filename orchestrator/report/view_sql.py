@@ -8,6 +8,7 @@ per run. Imports nothing of the report: both depend on it.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from itertools import count
 from operator import itemgetter
 
 from sqlalchemy import text
@@ -98,3 +99,16 @@ class FetchAhead:
     def close(self) -> None:
         self.stop()
         self.cursor.close()
+
+
+_CURSORS = count()  # a server-side cursor's name: unique in its connection
+
+
+def binary_cursor(conn, query: str, params: dict) -> FetchAhead:
+    """A PostgreSQL server-side cursor of `query` (SQLAlchemy's :name parameters) on `conn`'s connection and
+    transaction, its values in PostgreSQL's binary format (the same Python values: no number printed by
+    the server and parsed again here), fetched ahead (close it)."""
+    cursor = conn.connection.dbapi_connection.cursor(name=f"cpubench_{next(_CURSORS)}", binary=True)
+    cursor.execute(str(text(query).compile(dialect=conn.dialect)), params)
+    return FetchAhead(cursor)
+
