@@ -87,7 +87,12 @@ def test_results_csv_is_the_views_csv_writer_bytes_on_awkward_values(tmp_path, m
     # small chunks and few jobs kept: jobs are let go and read back from disk (_Spill), and chunks end mid-job
     monkeypatch.setattr(results_csv, "CHUNK", 37)
     monkeypatch.setattr(results_csv, "JOBS_KEPT", 50)
-    for machine_id in (None, 2):
+    # the configurations' stretches written once each, and given up on past a few (jobs then written whole)
+    stretched, made = results_csv._stretched, []
+    monkeypatch.setattr(results_csv, "_stretched", lambda rows, plan: made.append(stretched(rows, plan)) or made[-1])
+    for machine_id, kept in ((None, 20_000), (2, 20_000), (None, 60)):
+        monkeypatch.setattr(results_csv, "STRETCHES_KEPT", kept)
+        made.clear()
         expected = _view_csv(store, machine_id)
         assert expected.count(b"\n") > 300
         for seen in (b'"a,b"', b'"say ""hi"""', b',1e-05,', b',-inf,', b',9223372036854775807,', b',5e-324,',
@@ -97,6 +102,29 @@ def test_results_csv_is_the_views_csv_writer_bytes_on_awkward_values(tmp_path, m
         with store.transaction() as conn:
             assert results_csv.write(conn, machine_id, tmp_path / "new.csv"), "written from the tables"
         assert (tmp_path / "new.csv").read_bytes() == expected
+        assert made and (None in made) == (kept == 60) and any(made), made[-3:]
+
+
+def test_a_jobs_configuration_stretch_is_its_columns_but_the_jobs_own(monkeypatch):
+    """_stretch: the longest stretch of a job's columns that its configuration's repeats share (no
+    PER_RUN_JOB column), as positions in the job query's row (its key, each segment's columns, a marker)."""
+    conf = [f"v{i}" for i in range(12)]
+    assert results_csv._stretch([["sweep"], ["job_id", "config_hash", *conf, "repeat", "block"]]) == slice(5, 17)
+    assert results_csv._stretch([["job_id", *conf[:3], "repeat", *conf]]) == slice(6, 18)
+    assert results_csv._stretch([["job_id", *conf[:7], "repeat"]]) is None  # too short to be worth it
+    assert results_csv._stretch([]) is None
+
+
+def test_a_jobs_own_value_holding_the_stretchs_marker_is_written_from_the_view(tmp_path):
+    """A job's own text holding PLACE (what stands for its configuration's stretch) makes write() say so, and
+    the view is written as it is."""
+    store = build(str(tmp_path / "r.db"), 100, machines=1, shape="small", quiet=True)
+    with store.transaction() as conn:
+        conn.exec_driver_sql("UPDATE jobs SET config_hash = ? WHERE job_id = 3", (f"x{results_csv.PLACE}y",))
+    with store.transaction() as conn:
+        assert not results_csv.write(conn, None, tmp_path / "new.csv")
+        _write_csv(conn, SELECT_RESULTS.format(where=""), {"machine_id": None}, tmp_path / "new.csv", True)
+    assert (tmp_path / "new.csv").read_bytes() == _view_csv(store, None)
 
 
 def test_an_applied_neither_text_nor_null_is_written_from_the_view(tmp_path):

@@ -9,7 +9,10 @@ such run of columns, and written by csv.writer, so that every field is quoted an
 itself; the markers are then filled with the text csv.writer wrote for the job's and the machine's fields.
 A job's text is kept in memory for the runs that follow it (at most JOBS_KEPT jobs: a fleet's machines run
 the same job at about the same time), and on disk once let go (_Spill: read back, not made again, where a
-machine runs a job another ran long before).
+machine runs a job another ran long before). Most of a job's columns are its configuration's, the same
+for each of its repeats (all but PER_RUN_JOB): their longest stretch is written once per configuration and
+put in its place in each job's text (_stretched: ~4 us of a job's ~10 kept; past STRETCHES_KEPT
+configurations, as in a grid of one run each, the jobs are written whole).
 
 A run's long texts (QUOTED_IN_SQL: applied, ~3 KB of JSON a real run) take csv.writer ~30 us each (1M
 runs: 30 s); SQLite quotes them as csv.writer would (QUOTED: quoted where they hold a comma, a quote or a
@@ -45,7 +48,7 @@ from sqlalchemy import text
 
 from orchestrator.report.view_sql import (JOB_EXPR, MINE, RUN_EXPR, VIEW_COLUMNS, binary_cursor, quoted,
                                           run_joins, sources, tuple_getter)
-from orchestrator.stats.columns import gc_paused
+from orchestrator.stats.columns import PER_RUN_JOB, gc_paused, print_keys
 
 MARK = "\x02"  # stands for a job's or machine's text in a run's line: no value of a real sweep holds it
 QUOTED_IN_SQL = ("applied",)  # a run's columns quoted as csv.writer would by SQLite, here on PostgreSQL
@@ -55,6 +58,9 @@ QUOTED = ("CASE typeof({c}) WHEN 'null' THEN '' WHEN 'text' THEN CASE WHEN instr
           "ELSE {c} END ELSE char(3) END")
 MARK_SQL = {"sqlite": f"char({ord(MARK)})", "postgresql": f"chr({ord(MARK)})"}  # the databases written this way
 QUOTED_BY = {"sqlite": QUOTED, "postgresql": "{c}"}  # (PostgreSQL's: _quoted)
+PLACE = "\x04"  # stands for a job's configuration stretch in its text (_stretched)
+STRETCH_MIN = 8  # columns of a configuration's stretch written once (_stretch): fewer are written per job
+STRETCHES_KEPT = 20_000  # configurations' texts kept (~0.6 kB each with their values); past it, jobs written whole
 JOBS_KEPT = 1 << 12  # job texts kept in memory for later runs (~0.6 kB each; the rest on disk: _Spill)
 SPILL_IDS = 1 << 21  # job ids below this have their texts kept on disk once let go: two array entries of 8
 # bytes per id, made for every id up to the database's last (32 MB at most; above it each text is made again)
@@ -121,6 +127,8 @@ class _Plan:
         job_segments = [cols for source, cols in segments if source == "j"]
         machine_segments = [cols for source, cols in segments if source == "m"]
         self.jobs, self.machines = len(job_segments), len(machine_segments)
+        self.stretch = _stretch(job_segments)
+        self.stretches: dict = {}  # the stretch's columns' kinds -> a configuration's key -> its text (_stretched)
         fields, numbers, own, order = self._runs(segments, q, numeric, dialect)
         at = {"j": 0, "m": self.jobs, "n": self.jobs + self.machines, "q": self.jobs + self.machines + len(numbers)}
         self.fill = tuple_getter([at[kind] + k for kind, k in order])
@@ -244,7 +252,8 @@ def _job_texts(raw, job_ids: list[int], jobs: tuple[dict, _Spill], plan: _Plan) 
             where = f"BETWEEN {low} AND {high}"  # integers: safe in the query's text
         else:
             where = f"IN ({','.join(map(str, sorted(missing)))})"
-        made = _texts(raw.all(plan.job_query.format(where=where)), plan.jobs)
+        rows = raw.all(plan.job_query.format(where=where))
+        made = _texts(rows, plan.jobs, _stretched(rows, plan) if plan.stretch else None)
         jobs.update(made)
         spill.write(made)
     return jobs
@@ -384,17 +393,66 @@ _JSON = msgspec.json.Encoder().encode
 _SMALL = (b",0.0000", b",-0.0000", b"[0.0000", b"[-0.0000")  # a float below 1e-4 as msgspec writes it (repr: 1e-05)
 
 
-def _texts(rows: list[tuple], n: int) -> dict:
+def _texts(rows: list[tuple], n: int, written: str | None = None) -> dict:
     """key (each row's first value) -> the text csv.writer writes for each of the row's n segments (each
-    segment's fields followed by a marker)."""
+    segment's fields followed by a marker). `written`: csv.writer's text of the rows but their keys, where
+    made already (_stretched)."""
     if not rows:
         return {}
-    buf = io.StringIO(newline="")
-    csv.writer(buf).writerows(map(_REST, rows))
+    if written is None:
+        buf = io.StringIO(newline="")
+        csv.writer(buf).writerows(map(_REST, rows))
+        written = buf.getvalue()
     # row i's text: "a,M,b,M\r\n": its pieces "a," and ",b," (the first after the last row's "\r\n")
-    pieces = buf.getvalue().split(MARK)
+    pieces = written.split(MARK)
     if len(pieces) != n * len(rows) + 1:  # a value holds the marker
         raise NotHere
     del pieces[-1]
     pieces[0] = "\r\n" + pieces[0]
     return dict(zip(map(_KEY, rows), zip(*(map(_INNER if k else _FIRST, pieces[k::n]) for k in range(n)))))
+
+
+def _stretch(job_segments: list[list[str]]) -> slice | None:
+    """Where in a job's row (plan.job_query's: its key, then each segment's columns and a marker) the
+    longest stretch of its configuration's columns is (none of PER_RUN_JOB: the same for every repeat of
+    a configuration); None where no stretch is long enough to be worth writing once."""
+    stretches, at = [], 1
+    for cols in job_segments:
+        start = None
+        for k, c in enumerate([*cols, PER_RUN_JOB[0]]):  # (the segment's end closes a stretch)
+            if c not in PER_RUN_JOB:
+                start = at + k if start is None else start
+            elif start is not None:
+                stretches.append((start, at + k))
+                start = None
+        at += len(cols) + 1
+    start, end = max(stretches, key=lambda s: s[1] - s[0], default=(0, 0))
+    return slice(start, end) if end - start >= STRETCH_MIN else None
+
+
+def _stretched(rows: list[tuple], plan: _Plan) -> str | None:
+    """csv.writer's text of the job rows but their keys, each configuration's stretch (plan.stretch) written
+    once and kept (plan.stretches: a configuration's repeats are jobs of their own); two stretches share a
+    text only where their values print alike (print_keys). None where there are more configurations than
+    STRETCHES_KEPT (then plan.stretch is dropped: the jobs are written whole)."""
+    stretches = list(map(itemgetter(plan.stretch), rows))
+    key_columns, kinds = print_keys(list(zip(*stretches)))
+    keys = list(zip(*key_columns)) if "repr" in kinds else stretches
+    kept = plan.stretches.setdefault(kinds, {})
+    texts = list(map(kept.get, keys))
+    if None in texts:
+        new = list({k: s for k, s, t in zip(keys, stretches, texts) if t is None}.items())
+        if sum(map(len, plan.stretches.values())) + len(new) > STRETCHES_KEPT:
+            plan.stretch, plan.stretches = None, {}
+            return None
+        kept.update(zip([k for k, _ in new], _written([s for _, s in new])))
+        texts = list(map(kept.__getitem__, keys))
+    at = plan.stretch
+    before, after = itemgetter(slice(1, at.start)), itemgetter(slice(at.stop, None))
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerows(map(add, map(add, map(before, rows), repeat((PLACE,))), map(after, rows)))
+    pieces = buf.getvalue().split(PLACE)
+    if len(pieces) != len(rows) + 1:  # a value holds PLACE
+        raise NotHere
+    texts.append("")
+    return "".join(chain.from_iterable(zip(pieces, texts)))

@@ -38,8 +38,8 @@ from sqlalchemy import text
 
 from common.processes import fork_child
 from orchestrator.stats.columns import (COMMON_RUN, CompactRow, JoinedRow, PER_RUN_JOB, PER_RUN_MACHINE,  # noqa: F401
-                                         column, conf_values, gc_paused, joined_row_class, present, row_class,
-                                         runs_fingerprint)
+                                         column, conf_values, gc_paused, joined_row_class, present, print_keys,
+                                         row_class, runs_fingerprint)
 from orchestrator.report import results_csv
 from orchestrator.report.view_sql import (JOB_EXPR, MINE, RUN_EXPR, SELECT_RESULTS, VIEW_COLUMNS, FetchAhead,
                                           binary_cursor, quoted, run_joins, sources, tuple_getter)
@@ -410,8 +410,8 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, common
 def _common_rows(machine_ids: list, by_column: list, machines: dict, names: list[str], Common, made: dict) -> list:
     """Each of a chunk's runs' common row: its machine's common values (machines: id -> (own, common))
     and its own values of `names` (by_column), its non-NULL columns in Common's order; one row per machine
-    and distinct values as they print (_print_keys), kept in `made` across chunks."""
-    key_columns, kinds_of = _print_keys(by_column)
+    and distinct values as they print (print_keys), kept in `made` across chunks."""
+    key_columns, kinds_of = print_keys(by_column)
     made = made.setdefault(kinds_of, {})
     keys = list(zip(machine_ids, *key_columns))
     rows = list(map(made.get, keys))
@@ -428,34 +428,15 @@ def _common_rows(machine_ids: list, by_column: list, machines: dict, names: list
     return rows
 
 
-def _print_keys(by_column: list) -> tuple[list, tuple]:
-    """A chunk's columns as keys that are equal where their values print alike: a column of one type
-    (per chunk; its type is the other part of the key) as it is, except floats where it holds a zero
-    (0.0 and -0.0 are equal); any other column as each value's (type, repr) (1, 1.0 and True are equal
-    too). (The columns as keys, their types: "repr" for a column of (type, repr) pairs.)"""
-    kinds_of, key_columns = [], []
-    for col in by_column:
-        kinds = set(map(type, col))
-        kinds.discard(NoneType)
-        kind = next(iter(kinds)) if len(kinds) == 1 else None
-        if not kinds or kind in (str, int, bool) or (kind is float and 0.0 not in col):
-            key_columns.append(col)
-            kinds_of.append(kind)
-        else:
-            key_columns.append(list(zip(map(type, col), map(repr, col))))
-            kinds_of.append("repr")
-    return key_columns, tuple(kinds_of)
-
-
 def _conf_rows(by_column: list, length: int, names: list[str], Conf, confs: dict) -> list:
     """The configuration row of each of a chunk's `length` jobs (`by_column`: their configuration
     columns' values): one Conf row (its non-NULL columns) per distinct configuration, kept in `confs`
-    across chunks. Two jobs share one only where their values print alike (_print_keys). A grid's jobs
+    across chunks. Two jobs share one only where their values print alike (print_keys). A grid's jobs
     differ in a few columns: the columns that hold one value throughout the chunk are read once, and each
     key and row is made once per distinct values of the others (_conf_parts)."""
     if not by_column:  # no configuration column holds a value: one empty row for every job
         return [confs.get(()) or confs.setdefault((), Conf())] * length
-    key_columns, kinds_of = _print_keys(by_column)
+    key_columns, kinds_of = print_keys(by_column)
     whole, keys_of, row_of = _conf_parts(key_columns, by_column, length, names, Conf)
     own: dict = {}  # the chunk's varied values -> their row
     out = []

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import repeat
 from operator import attrgetter, is_, methodcaller
+from types import NoneType
 
 class CompactRow(dict):
     """One row: its non-NULL columns; the others read as None. COLUMNS: set per query (row_class)."""
@@ -177,3 +178,22 @@ def runs_fingerprint(rows: list[dict]) -> int:
     it is unchanged): a run's row changes only as its status, attempts and end time do, and a new or
     deleted run changes the list of ids."""
     return hash(tuple((r.get("run_id"), r["status"], r.get("attempts"), r.get("finished")) for r in rows))
+
+
+def print_keys(by_column: list) -> tuple[list, tuple]:
+    """A chunk's columns as keys that are equal where their values print alike: a column of one type
+    (per chunk; its type is the other part of the key) as it is, except floats where it holds a zero
+    (0.0 and -0.0 are equal); any other column as each value's (type, repr) (1, 1.0 and True are equal
+    too). (The columns as keys, their types: "repr" for a column of (type, repr) pairs.)"""
+    kinds_of, key_columns = [], []
+    for col in by_column:
+        kinds = set(map(type, col))
+        kinds.discard(NoneType)
+        kind = next(iter(kinds)) if len(kinds) == 1 else None
+        if not kinds or kind in (str, int, bool) or (kind is float and 0.0 not in col):
+            key_columns.append(col)
+            kinds_of.append(kind)
+        else:
+            key_columns.append(list(zip(map(type, col), map(repr, col))))
+            kinds_of.append("repr")
+    return key_columns, tuple(kinds_of)
