@@ -11,7 +11,7 @@ A job's text is kept in memory for the runs that follow it (at most JOBS_KEPT jo
 the same job at about the same time), and on disk once let go (_Spill: read back, not made again, where a
 machine runs a job another ran long before). Most of a job's columns are its configuration's, the same
 for each of its repeats (all but PER_RUN_JOB): their longest stretch is written once per configuration and
-put in its place in each job's text (_stretched: ~4 us of a job's ~10 kept; past STRETCHES_KEPT
+put in its place in each job's text (_stretched: ~6.5 us a job where ~9 were; past STRETCHES_KEPT
 configurations, as in a grid of one run each, the jobs are written whole).
 
 A run's long texts (QUOTED_IN_SQL: applied, ~3 KB of JSON a real run) take csv.writer ~30 us each (1M
