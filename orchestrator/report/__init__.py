@@ -303,7 +303,7 @@ def _import_plots() -> None:
 
 def _import_fitting() -> None:
     _import_plots()
-    from scipy import optimize, stats  # noqa: F401 - the cost model's fits (cost_model imports them where it fits)
+    from scipy import optimize  # noqa: F401 - the cost model's fits (cost_model imports it where it fits)
 
 
 def _draw(jobs: list[tuple[str, tuple, Path]]) -> None:

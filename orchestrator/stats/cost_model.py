@@ -327,14 +327,15 @@ def _matters(name: str, config: dict) -> bool:
     return True
 
 
-# SCIPY_WHERE_USED: scipy.optimize and scipy.stats are imported by the functions that fit, not with the
-# module: the report's own process reads the cost model's shares (usable, thin) but its child fits, and
-# the two imports are 0.37 s of every report's start (`python -X importtime`).
+# SCIPY_WHERE_USED: scipy.optimize is imported by the functions that fit, not with the module: the
+# report's own process reads the cost model's shares (usable, thin) but its child fits. No module imports
+# scipy.stats (~0.4 s of a start, `python -X importtime`): its t and F quantiles are scipy.special's
+# stdtrit and fdtri, which its ppf calls.
 def _t_quantile(dof: float) -> float:
     """Student's t quantile of the interval's LEVEL at dof (at least 1) degrees of freedom."""
-    from scipy import stats
+    from scipy.special import stdtrit
 
-    return stats.t.ppf(0.5 + LEVEL / 2, max(dof, 1))
+    return stdtrit(max(dof, 1), 0.5 + LEVEL / 2)
 
 
 def _gradient(fn, p: np.ndarray, h: float = 1e-6) -> np.ndarray:

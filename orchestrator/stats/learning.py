@@ -23,7 +23,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from scipy import stats
+from scipy.special import stdtrit
 
 from common.variables import DERIVED_BY_NAME
 
@@ -198,7 +198,7 @@ def _ratio(base: list[float], other: list[float]) -> Factor:
     if se == 0:
         return Factor(math.exp(est), math.exp(est), math.exp(est))
     dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    q = stats.t.ppf(0.975, dof)
+    q = stdtrit(dof, 0.975)
     return Factor(math.exp(est), math.exp(est - q * se), math.exp(est + q * se))
 
 
@@ -210,7 +210,7 @@ def geomean(xs: list[float]) -> Factor:
     est = statistics.fmean(logs)
     if len(logs) < 2:
         return Factor(math.exp(est), None, None)
-    half = float(stats.t.ppf(0.975, len(logs) - 1)) * statistics.stdev(logs) / math.sqrt(len(logs))
+    half = float(stdtrit(len(logs) - 1, 0.975)) * statistics.stdev(logs) / math.sqrt(len(logs))
     return Factor(math.exp(est), math.exp(est - half), math.exp(est + half))
 
 
@@ -354,7 +354,7 @@ class Law:
         x = np.array(self.features(values))
         mean = float(x @ self.coef)
         se = math.sqrt(self.s2 * (1.0 + float(x @ self.cov @ x)))
-        q = float(stats.t.ppf(0.975, self.dof))
+        q = float(stdtrit(self.dof, 0.975))
         extrapolated = {k: {"value": float(values[k]), "measured_min": lo, "measured_max": hi}
                         for k, (lo, hi) in self.ranges.items() if not lo <= float(values[k]) <= hi}
         return {"tokens_to_target": math.exp(mean), "tokens_to_target_low": math.exp(mean - q * se),

@@ -1076,10 +1076,10 @@ def _disagrees(s2: float, dof: float, p_s2: float, p_dof: float) -> bool:
     one noise: a two-sided F test at PRIOR_ALPHA. Borrowing from a prior the data reject would move a
     quiet sweep's variance up to a busy probe's (a variance 30x the sweep's, at even one degree of
     freedom, triples it), or a noisy sweep's down."""
-    from scipy.stats import f as f_dist
+    from scipy.special import fdtri  # F's quantile, as scipy.stats.f.ppf computes it
 
     ratio = s2 / p_s2
-    return bool(ratio < f_dist.ppf(PRIOR_ALPHA / 2, dof, p_dof) or ratio > f_dist.ppf(1 - PRIOR_ALPHA / 2, dof, p_dof))
+    return bool(ratio < fdtri(dof, p_dof, PRIOR_ALPHA / 2) or ratio > fdtri(dof, p_dof, 1 - PRIOR_ALPHA / 2))
 
 
 def _blocks_cost_too_much(ci, bi, n_configs: int, n_blocks: int) -> bool:
