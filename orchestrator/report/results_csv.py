@@ -46,8 +46,8 @@ from pathlib import Path
 import msgspec
 from sqlalchemy import text
 
-from orchestrator.report.view_sql import (JOB_EXPR, MINE, RUN_EXPR, VIEW_COLUMNS, binary_cursor, quoted,
-                                          run_joins, sources, tuple_getter)
+from orchestrator.report.view_sql import (JOB_EXPR, MINE, RUN_EXPR, VIEW_COLUMNS, binary_cursor, driver_sql,
+                                          quoted, run_joins, sources, tuple_getter)
 from orchestrator.stats.columns import PER_RUN_JOB, gc_paused, print_keys
 
 MARK = "\x02"  # stands for a job's or machine's text in a run's line: no value of a real sweep holds it
@@ -305,18 +305,15 @@ class _Driver:
     parsed again here), the runs on a server-side cursor (a million runs are never all held)."""
 
     def __init__(self, conn):
-        self.conn, self.dialect = conn, conn.dialect
+        self.conn = conn
         self.raw = conn.connection.dbapi_connection
         self.sqlite = conn.dialect.name == "sqlite"
-
-    def _sql(self, query: str) -> str:  # SQLAlchemy's :name parameters as the driver takes them
-        return query if self.sqlite else str(text(query).compile(dialect=self.dialect))
 
     def all(self, query: str) -> list[tuple]:
         if self.sqlite:
             return self.raw.execute(query).fetchall()
         with self.raw.cursor(binary=True) as cursor:
-            return cursor.execute(self._sql(query)).fetchall()
+            return cursor.execute(driver_sql(self.conn, query)).fetchall()
 
     def streamed(self, query: str, params: dict):
         """A cursor of the query's rows, read with fetchmany (close it)."""
@@ -441,11 +438,11 @@ def _stretched(rows: list[tuple], plan: _Plan) -> str | None:
     kept = plan.stretches.setdefault(kinds, {})
     texts = list(map(kept.get, keys))
     if None in texts:
-        new = list({k: s for k, s, t in zip(keys, stretches, texts) if t is None}.items())
+        new = {k: s for k, s, t in zip(keys, stretches, texts) if t is None}  # key -> its stretch
         if sum(map(len, plan.stretches.values())) + len(new) > STRETCHES_KEPT:
             plan.stretch, plan.stretches = None, {}
             return None
-        kept.update(zip([k for k, _ in new], _written([s for _, s in new])))
+        kept.update(zip(new, _written(list(new.values()))))
         texts = list(map(kept.__getitem__, keys))
     at = plan.stretch
     before, after = itemgetter(slice(1, at.start)), itemgetter(slice(at.stop, None))

@@ -109,6 +109,10 @@ def binary_cursor(conn, query: str, params: dict) -> FetchAhead:
     transaction, its values in PostgreSQL's binary format (the same Python values: no number printed by
     the server and parsed again here), fetched ahead (close it)."""
     cursor = conn.connection.dbapi_connection.cursor(name=f"cpubench_{next(_CURSORS)}", binary=True)
-    cursor.execute(str(text(query).compile(dialect=conn.dialect)), params)
+    cursor.execute(driver_sql(conn, query), params)
     return FetchAhead(cursor)
 
+
+def driver_sql(conn, query: str) -> str:
+    """`query` with SQLAlchemy's :name parameters as `conn`'s driver takes them (psycopg's %(name)s)."""
+    return str(text(query).compile(dialect=conn.dialect))
