@@ -21,7 +21,8 @@ The report runs twice: once timed, with only its tree's summed RSS polled (cheap
 memory, the peak PSS of its process tree sampled every half second beside the summed RSS. Reading a 2 GB
 process's PSS walks its page tables (~45 ms of kernel time), so a sampler every half second takes several
 CPU-seconds from a 1M-run report on 2 CPUs: the time of that second run is printed beside, not as the
-report's. --one-run times the sampled run alone.
+report's. --one-run times the sampled run alone. The machine's speed (machine_speed.py) is printed before and
+after the cases: a timing from another VM, or from this one an hour before, compares only beside it.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from machine_speed import describe, machine_speed  # noqa: E402
 from realistic import copy_sqlite, fill  # noqa: E402
 from tests.scaledb import SHAPES, build  # noqa: E402
 
@@ -158,6 +160,8 @@ def main() -> None:
         shape, n_configs = grid_shape(args.grid)
         args.sizes, args.backends = str(n_configs), "sqlite"
     results = []
+    speed = {"before": machine_speed()}  # the VM's own speed, which moves (machine_speed.py): beside the timings
+    print(describe(speed["before"]), flush=True)
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         keep = args.keep or tmp
@@ -225,7 +229,10 @@ def main() -> None:
                           f"(child wall {case['wall_s']:.1f} s{sampled}), peak PSS {case['peak_pss_mb']:,.0f} MB "
                           f"(RSS summed "
                           f"{case['peak_rss_mb']:,.0f} MB); page {case['page_mb']:.1f} MB{loads}", flush=True)
-    print(json.dumps({"machine": os.uname().nodename, "cpus": os.cpu_count(), "results": results}, default=str))
+    speed["after"] = machine_speed()
+    print(describe(speed["after"]), flush=True)
+    print(json.dumps({"machine": os.uname().nodename, "cpus": os.cpu_count(), "speed": speed, "results": results},
+                     default=str))
 
 
 if __name__ == "__main__":
