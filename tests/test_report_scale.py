@@ -20,7 +20,7 @@ from orchestrator.report import effect_row, write_report
 from orchestrator.queue.store import Store
 from tests import scenarios
 from tests.conftest import ROOT, wait_until
-from tests.scaledb import build
+from tests.scaledb import build, configurations_a_float_apart
 
 
 def _rows(store: Store) -> list[dict]:
@@ -260,6 +260,7 @@ def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_ro
     monkeypatch.setattr(rows_module, "CHUNK", 97)  # several chunks (PostgreSQL: fetched ahead, FetchAhead)
     url = str(tmp_path / "r.db") if backend == "sqlite" else request.getfixturevalue("pg_db")
     store = build(url, 1200, machines=2, shape="small", disturbed=23, read_back=17, quiet=True)
+    configurations_a_float_apart(store)  # (PostgreSQL's jobs keyed by their configuration's text: exact)
     with store.transaction() as conn:
         conn.execute(text("UPDATE runs SET status = 'queued' WHERE run_id IN (3, 700)"))  # not in the view
     for machine_id in (None, 2):
@@ -318,6 +319,35 @@ def test_the_reports_read_joins_each_job_and_machine_once_and_gives_the_views_ro
             patch.delattr(os, "fork")
             assert read_results(conn, machine_id, tmp_path / "here.csv")[1] == rows
         assert (tmp_path / "here.csv").read_bytes() == expected.getvalue().encode()
+
+
+@pytest.mark.postgres
+def test_on_postgresql_the_reports_read_keys_configurations_by_their_text_only_where_floats_print_exactly(
+        pg_db, monkeypatch):
+    """read_results on PostgreSQL reads a job's configuration as its row's text, and each configuration's
+    values once (rows._view_parts: view_sql.row_text), only where the server prints each float to its last
+    digit (floats_exact); with extra_float_digits at 0 it reads every job's values. The same rows either way,
+    and configurations a float's last digit or 0.0's sign apart stay apart."""
+    from orchestrator.report import SELECT_RESULTS
+    from orchestrator.report import rows as rows_module
+    from orchestrator.report.rows import read_results
+
+    store = build(pg_db, 300, machines=2, shape="small", quiet=True)
+    configurations_a_float_apart(store)
+    keyed, text_of = [], rows_module.row_text
+    monkeypatch.setattr(rows_module, "row_text", lambda exprs: keyed.append(1) or text_of(exprs))
+    with store.transaction() as conn:
+        plain = [dict(r._mapping) for r in conn.execute(text(SELECT_RESULTS.format(where="")))]
+    for digits, is_keyed in ((0, False), (1, True)):
+        keyed.clear()
+        with store.transaction() as conn:
+            conn.exec_driver_sql(f"SET LOCAL extra_float_digits = {digits}")
+            rows = read_results(conn, None)[1]
+        assert bool(keyed) is is_keyed
+        assert [dict(r) for r in rows] == plain
+        dropouts = {repr(r["dropout"]) for r in rows}
+        assert {"0.3", "0.30000000000000004", "0.0", "-0.0"} <= dropouts
+        assert len({id(r.conf) for r in rows}) == len({tuple(map(repr, r.conf.values())) for r in rows})
 
 
 def test_jobs_share_a_configurations_row_only_where_its_values_print_alike():

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from orchestrator.report import results_csv
 from orchestrator.report.rows import _write_csv
 from orchestrator.report.view_sql import SELECT_RESULTS
-from tests.scaledb import build
+from tests.scaledb import build, configurations_a_float_apart
 
 # text that csv.writer quotes or passes through as it is
 TEXTS = ["a,b", 'say "hi"', "line1\nline2", "cr\ronly", "crlf\r\nend", "", " lead and trail ", "100% %s %(x)s %%",
@@ -84,12 +84,19 @@ def test_results_csv_is_the_views_csv_writer_bytes_on_awkward_values(tmp_path, m
     url = str(tmp_path / "r.db") if backend == "sqlite" else request.getfixturevalue("pg_db")
     store = build(url, 600, machines=2, shape="small", quiet=True)
     _awkward(store)
+    configurations_a_float_apart(store)
     # small chunks and few jobs kept: jobs are let go and read back from disk (_Spill), and chunks end mid-job
     monkeypatch.setattr(results_csv, "CHUNK", 37)
     monkeypatch.setattr(results_csv, "JOBS_KEPT", 50)
-    # the configurations' stretches written once each, and given up on past a few (jobs then written whole)
-    stretched, made = results_csv._stretched, []
-    monkeypatch.setattr(results_csv, "_stretched", lambda rows, plan: made.append(stretched(rows, plan)) or made[-1])
+    # the configurations' stretches written once each (PostgreSQL's keyed by their row's text: _keyed), and
+    # given up on past a few (jobs then written whole)
+    made, ways = [], set()
+
+    def recorded(name):
+        way = getattr(results_csv, name)
+        return lambda *args: ways.add(name) or made.append(way(*args)) or made[-1]
+    for name in ("_stretched", "_keyed"):
+        monkeypatch.setattr(results_csv, name, recorded(name))
     for machine_id, kept in ((None, 20_000), (2, 20_000), (None, 60)):
         monkeypatch.setattr(results_csv, "STRETCHES_KEPT", kept)
         made.clear()
@@ -103,6 +110,8 @@ def test_results_csv_is_the_views_csv_writer_bytes_on_awkward_values(tmp_path, m
             assert results_csv.write(conn, machine_id, tmp_path / "new.csv"), "written from the tables"
         assert (tmp_path / "new.csv").read_bytes() == expected
         assert made and (None in made) == (kept == 60) and any(made), made[-3:]
+        assert ways == {"_keyed" if backend == "postgresql" else "_stretched"}
+        ways.clear()
 
 
 def test_a_jobs_configuration_stretch_is_its_columns_but_the_jobs_own(monkeypatch):
@@ -210,3 +219,21 @@ def test_on_postgresql_applied_is_quoted_as_csv_writer_does_and_a_marker_elsewhe
             assert results_csv.write(conn, machine_id, tmp_path / "new.csv") is not marker
             _write_csv(conn, _results_query(machine_id), {"machine_id": machine_id}, tmp_path / "new.csv", True)
         assert (tmp_path / "new.csv").read_bytes() == expected, (machine_id, marker)
+
+
+@pytest.mark.postgres
+def test_on_postgresql_a_server_printing_floats_short_of_their_last_digit_has_its_jobs_read_whole(
+        tmp_path, pg_db, monkeypatch):
+    """A job's configuration stretch is keyed by its row's text only where the server prints each float to
+    its last digit (view_sql.floats_exact): with extra_float_digits at 0, 0.1 + 0.2 prints as 0.3 does, and
+    the jobs are read whole, to the same bytes."""
+    store = build(pg_db, 100, machines=1, shape="small", quiet=True)
+    keyed, way = [], results_csv._keyed
+    monkeypatch.setattr(results_csv, "_keyed", lambda *args: keyed.append(1) or way(*args))
+    with store.transaction() as conn:
+        conn.exec_driver_sql("SET LOCAL extra_float_digits = 0")
+        assert results_csv.write(conn, None, tmp_path / "new.csv")
+    assert not keyed and (tmp_path / "new.csv").read_bytes() == _view_csv(store, None)
+    with store.transaction() as conn:
+        assert results_csv.write(conn, None, tmp_path / "new.csv")
+    assert keyed and (tmp_path / "new.csv").read_bytes() == _view_csv(store, None)

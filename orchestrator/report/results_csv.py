@@ -12,7 +12,9 @@ the same job at about the same time), and on disk once let go (_Spill: read back
 machine runs a job another ran long before). Most of a job's columns are its configuration's, the same
 for each of its repeats (all but PER_RUN_JOB): their longest stretch is written once per configuration and
 put in its place in each job's text (_stretched: ~6.5 us a job where ~9 were; past STRETCHES_KEPT
-configurations, as in a grid of one run each, the jobs are written whole).
+configurations, as in a grid of one run each, the jobs are written whole). PostgreSQL gives a job's
+stretch as one text, its row's (view_sql.row_text: the same text exactly where the values are the same),
+and each configuration's values are read once (_keyed): half the CPU of making the jobs' texts.
 
 A run's long texts (QUOTED_IN_SQL: applied, ~3 KB of JSON a real run) take csv.writer ~30 us each (1M
 runs: 30 s); SQLite quotes them as csv.writer would (QUOTED: quoted where they hold a comma, a quote or a
@@ -47,7 +49,7 @@ import msgspec
 from sqlalchemy import text
 
 from orchestrator.report.view_sql import (JOB_EXPR, MINE, RUN_EXPR, VIEW_COLUMNS, binary_cursor, driver_sql,
-                                          quoted, run_joins, sources, tuple_getter)
+                                          floats_exact, quoted, row_text, run_joins, sources, tuple_getter)
 from orchestrator.stats.columns import PER_RUN_JOB, gc_paused, print_keys
 
 MARK = "\x02"  # stands for a job's or machine's text in a run's line: no value of a real sweep holds it
@@ -98,6 +100,8 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
     raw = _Driver(conn)
     plan = _Plan(_segments(columns, known), lambda c: quoted(conn, c), raw.numeric("runs"), machine_id is not None,
                  conn.dialect.name)
+    if plan.keyed_query is not None and not floats_exact(conn):
+        plan.keyed_query = None
     try:
         machines = _texts(raw.all(plan.machine_query), plan.machines) if plan.machines else {}
         jobs: dict = {}
@@ -128,7 +132,8 @@ class _Plan:
         machine_segments = [cols for source, cols in segments if source == "m"]
         self.jobs, self.machines = len(job_segments), len(machine_segments)
         self.stretch = _stretch(job_segments)
-        self.stretches: dict = {}  # the stretch's columns' kinds -> a configuration's key -> its text (_stretched)
+        # the stretch's columns' kinds (or "keyed") -> a configuration's key -> its text (_stretched, _keyed)
+        self.stretches: dict = {}
         fields, numbers, own, order = self._runs(segments, q, numeric, dialect)
         at = {"j": 0, "m": self.jobs, "n": self.jobs + self.machines, "q": self.jobs + self.machines + len(numbers)}
         self.fill = tuple_getter([at[kind] + k for kind, k in order])
@@ -142,9 +147,20 @@ class _Plan:
         self.own = len(own)
         self.quote = dialect != "sqlite"  # own values quoted here (_quoted)
         mark = ", " + MARK_SQL[dialect]
-        job_fields = ", ".join(_fields(JOB_EXPR, "j.", q, cols) + mark for cols in job_segments)
-        self.job_query = (f"SELECT j.job_id, {job_fields} FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id "
-                          f"WHERE j.job_id {{where}}")
+        job_exprs = [e for cols in job_segments for e in [*(JOB_EXPR.get(c) or "j." + q(c) for c in cols),
+                                                          MARK_SQL[dialect]]]
+        from_jobs = "FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id WHERE j.job_id"
+        self.job_query = f"SELECT j.job_id, {', '.join(job_exprs)} {from_jobs} {{where}}"
+        # PostgreSQL: a job's stretch read as its row's text (the key: _keyed), its values once per configuration
+        self.keyed_query = self.stretch_query = None
+        if self.stretch is not None and dialect == "postgresql":
+            at = self.stretch
+            plain = {e: e.rsplit(" AS ", 1)[0] for e in JOB_EXPR.values()}  # (without its name)
+            inner = [plain.get(e, e) for e in job_exprs[at.start - 1:at.stop - 1]]
+            key = row_text(inner)
+            keyed = [*job_exprs[:at.start - 1], key, *job_exprs[at.stop - 1:]]
+            self.keyed_query = f"SELECT j.job_id, {', '.join(keyed)} {from_jobs} {{where}}"
+            self.stretch_query = f"SELECT {key}, {', '.join(inner)} {from_jobs} IN ({{ids}})"
         machine_fields = ", ".join(_fields({}, "m.", q, cols) + mark for cols in machine_segments)
         self.machine_query = f"SELECT m.machine_id, {machine_fields} FROM machines m"
         self.run_query = (f"SELECT r.job_id, r.machine_id, {', '.join(fields + sum(numbers, []) + own)} "
@@ -252,8 +268,14 @@ def _job_texts(raw, job_ids: list[int], jobs: tuple[dict, _Spill], plan: _Plan) 
             where = f"BETWEEN {low} AND {high}"  # integers: safe in the query's text
         else:
             where = f"IN ({','.join(map(str, sorted(missing)))})"
-        rows = raw.all(plan.job_query.format(where=where))
-        made = _texts(rows, plan.jobs, _stretched(rows, plan) if plan.stretch else None)
+        written = None
+        if plan.keyed_query is not None:
+            rows = raw.all(plan.keyed_query.format(where=where))
+            written = _keyed(raw, rows, plan)
+        if written is None:  # (no stretch, SQLite's, or past STRETCHES_KEPT configurations: then written whole)
+            rows = raw.all(plan.job_query.format(where=where))
+            written = _stretched(rows, plan) if plan.stretch else None
+        made = _texts(rows, plan.jobs, written)
         jobs.update(made)
         spill.write(made)
     return jobs
@@ -445,7 +467,35 @@ def _stretched(rows: list[tuple], plan: _Plan) -> str | None:
         kept.update(zip(new, _written(list(new.values()))))
         texts = list(map(kept.__getitem__, keys))
     at = plan.stretch
-    before, after = itemgetter(slice(1, at.start)), itemgetter(slice(at.stop, None))
+    return _placed(rows, slice(1, at.start), slice(at.stop, None), texts)
+
+
+def _keyed(raw, rows: list[tuple], plan: _Plan) -> str | None:
+    """_stretched's text of plan.keyed_query's job rows, whose stretch is one value: its columns' row as
+    PostgreSQL prints it (view_sql.row_text), the same text exactly where the values are the same. The
+    stretch of each key not yet kept is read once (plan.stretch_query) and kept. None where that would keep
+    more than STRETCHES_KEPT (then plan.stretch and plan.keyed_query are dropped: the jobs are read and
+    written whole)."""
+    at = plan.stretch.start
+    keys = list(map(itemgetter(at), rows))
+    kept = plan.stretches.setdefault("keyed", {})
+    texts = list(map(kept.get, keys))
+    if None in texts:
+        new = {k: job for k, job, t in zip(keys, map(_KEY, rows), texts) if t is None}  # key -> one of its jobs
+        if sum(map(len, plan.stretches.values())) + len(new) > STRETCHES_KEPT:
+            plan.stretch, plan.stretches, plan.keyed_query = None, {}, None
+            return None
+        read = raw.all(plan.stretch_query.format(ids=",".join(map(str, new.values()))))
+        kept.update(zip(map(_KEY, read), _written(list(map(_REST, read)))))
+        if not kept.keys() >= new.keys():  # (one snapshot: never)
+            raise NotHere
+        texts = list(map(kept.__getitem__, keys))
+    return _placed(rows, slice(1, at), slice(at + 1, None), texts)
+
+
+def _placed(rows: list[tuple], before: slice, after: slice, texts: list[str]) -> str:
+    """csv.writer's text of each row's `before` and `after` values with its stretch's text (`texts`) between."""
+    before, after = itemgetter(before), itemgetter(after)
     buf = io.StringIO(newline="")
     csv.writer(buf).writerows(map(add, map(add, map(before, rows), repeat((PLACE,))), map(after, rows)))
     pieces = buf.getvalue().split(PLACE)
@@ -453,3 +503,4 @@ def _stretched(rows: list[tuple], plan: _Plan) -> str | None:
         raise NotHere
     texts.append("")
     return "".join(chain.from_iterable(zip(pieces, texts)))
+

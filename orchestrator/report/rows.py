@@ -17,9 +17,10 @@ row that every run of that configuration shares, so that a million runs of a few
 configurations hold a 21-key dict each, not a 66-key one (docs/measurements.md: a third less peak
 memory at 1M runs); its machine's columns (but machine_id) and the run's COMMON_RUN ones are another,
 shared by its machine's runs alike in those (stats/columns.py). Unbound dict methods see a JoinedRow's
-own columns only: readers of every run's value of a column use `column` and `conf_values`. The report
-has each run's `applied` (~3 KB, its own in every run) cut to the keys it reads as each chunk is read
-(read_results' cut_applied: applied_cut.py).
+own columns only: readers of every run's value of a column use `column` and `conf_values`. PostgreSQL
+gives each job's configuration as one text, its row's (view_sql.row_text), and each configuration's values
+once: not ~50 values a job to fetch, share and key. The report has each run's `applied` (~3 KB, its own
+in every run) cut to the keys it reads as each chunk is read (read_results' cut_applied: applied_cut.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import os
 import signal
 from contextlib import nullcontext
 from collections.abc import Iterator
+from functools import partial
 from itertools import compress, repeat
 from operator import is_, is_not
 from pathlib import Path
@@ -42,7 +44,8 @@ from orchestrator.stats.columns import (COMMON_RUN, CompactRow, JoinedRow, PER_R
                                          row_class, runs_fingerprint)
 from orchestrator.report import results_csv
 from orchestrator.report.view_sql import (JOB_EXPR, MINE, RUN_EXPR, SELECT_RESULTS, VIEW_COLUMNS, FetchAhead,
-                                          binary_cursor, quoted, run_joins, sources, tuple_getter)
+                                          binary_cursor, floats_exact, quoted, row_text, run_joins, sources,
+                                          tuple_getter)
 
 CHUNK = 20_000  # rows fetched at a time
 # rows fetched at a time where they are only written out (results.csv from the view, as on PostgreSQL):
@@ -352,10 +355,10 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, common
     confs: dict = {}  # a configuration's values (as they print) -> its row
     commons: dict = {}  # a machine and its runs' common values (as they print) -> their row
 
-    def table(query: str, row_of) -> dict:
+    def table(query: str, row_of, values: dict = params) -> dict:
         """key (the first value) -> row_of(the rest, column by column; the number of rows)."""
         out, plan = {}, {}
-        for chunk in _read(conn, query, params):
+        for chunk in _read(conn, query, values):
             by_column = _shared_columns(chunk, plan, shared)
             out.update(zip(by_column[0], row_of(by_column[1:], len(by_column[0]))))
         return out
@@ -366,6 +369,11 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, common
         return zip(_nulls(by_column[:k], kinds), zip(*by_column[:k]) if k else repeat(()),
                    _conf_rows(by_column[k:], length, conf_cols, Conf, confs))
 
+    # (its NULL pattern's number, its values, its configuration's text: view_sql.row_text)
+    def job_keyed(by_column: list, length: int) -> Iterator[tuple]:
+        k = len(job_cols)
+        return zip(_nulls(by_column[:k], kinds), zip(*by_column[:k]) if k else repeat(()), by_column[k])
+
     # (its own values, its common values)
     def machine_of(by_column: list, length: int) -> Iterator[tuple]:
         k = len(machine_cols)
@@ -373,12 +381,27 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, common
                    zip(*by_column[k:]) if len(by_column) > k else repeat((), length))
 
     q = quoted
+    job_exprs, conf_exprs = ([JOB_EXPR.get(c) or "j." + q(conn, c) for c in cols] for cols in (job_cols, conf_cols))
+    from_jobs = "FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id"
     # the jobs that have a run (of the machine): one whose runs were all taken back ('queued') is read for
     # nothing (the runs' read never asks for it), but the probe reads the runs' (job_id, pool_id) index alone,
     # not each job's run row for its status
-    jobs = table(f"SELECT j.job_id, {', '.join(JOB_EXPR.get(c) or 'j.' + q(conn, c) for c in job_cols + conf_cols)} "
-                 f"FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id WHERE EXISTS (SELECT 1 FROM runs r "
-                 f"WHERE r.job_id = j.job_id{mine})", job_of)
+    having_runs = f"WHERE EXISTS (SELECT 1 FROM runs r WHERE r.job_id = j.job_id{mine})"
+    if conf_cols and conn.dialect.name == "postgresql" and floats_exact(conn):
+        # a job's configuration read as its row's text (one value, not ~50), its values once per configuration
+        plain = [e.rsplit(" AS ", 1)[0] if e in JOB_EXPR.values() else e for e in conf_exprs]
+        keyed = table(f"SELECT j.job_id, {', '.join([*job_exprs, row_text(plain)])} {from_jobs} {having_runs}",
+                      job_keyed)
+        first = {}  # a configuration's text -> one of its jobs
+        for job_id, (_, _, key) in keyed.items():
+            first.setdefault(key, job_id)
+        conf_of = table(f"SELECT {row_text(plain)}, {', '.join(conf_exprs)} {from_jobs} "
+                        f"WHERE j.job_id = ANY(:ids)", partial(_conf_rows, names=conf_cols, Conf=Conf, confs=confs),
+                        {"ids": list(first.values())})
+        jobs = {job_id: (nulls, values, conf_of[key]) for job_id, (nulls, values, key) in keyed.items()}
+        del keyed, first, conf_of
+    else:
+        jobs = table(f"SELECT j.job_id, {', '.join(job_exprs + conf_exprs)} {from_jobs} {having_runs}", job_of)
     machines = table(f"SELECT m.machine_id{''.join(', m.' + q(conn, c) for c in machine_cols + common_machines)} "
                      f"FROM machines m", machine_of)
     plan: dict = {}

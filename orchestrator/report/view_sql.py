@@ -113,6 +113,21 @@ def binary_cursor(conn, query: str, params: dict) -> FetchAhead:
     return FetchAhead(cursor)
 
 
+def row_text(exprs: list[str]) -> str:
+    """PostgreSQL's text of a row of `exprs` (their values, each as its type prints it): the same text exactly
+    where the values are the same, given floats_exact(). The readers key a job's configuration by it, and
+    read the values once per configuration (rows._view_parts, results_csv._keyed)."""
+    return f"ROW({', '.join(exprs)})::text"
+
+
+def floats_exact(conn) -> bool:
+    """Whether the PostgreSQL server of `conn` prints each float to its last digit, so that two floats
+    print alike only where they are equal: PostgreSQL 12 on with extra_float_digits above 0 (its default,
+    1), or any server with 3."""
+    digits = int(conn.exec_driver_sql("SHOW extra_float_digits").scalar())
+    return digits >= 3 or (digits > 0 and conn.connection.dbapi_connection.info.server_version >= 120000)
+
+
 def driver_sql(conn, query: str) -> str:
     """`query` with SQLAlchemy's :name parameters as `conn`'s driver takes them (psycopg's %(name)s)."""
     return str(text(query).compile(dialect=conn.dialect))
