@@ -398,7 +398,9 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, common
         conf_of = table(f"SELECT {row_text(plain)}, {', '.join(conf_exprs)} {from_jobs} "
                         f"WHERE j.job_id = ANY(:ids)", partial(_conf_rows, names=conf_cols, Conf=Conf, confs=confs),
                         {"ids": list(first.values())})
-        jobs = {job_id: (nulls, values, conf_of[key]) for job_id, (nulls, values, key) in keyed.items()}
+        jobs = keyed  # each job's text replaced in place by its configuration's row (no second dict held)
+        for job_id, (nulls, values, key) in keyed.items():
+            jobs[job_id] = nulls, values, conf_of[key]
         del keyed, first, conf_of
     else:
         jobs = table(f"SELECT j.job_id, {', '.join(job_exprs + conf_exprs)} {from_jobs} {having_runs}", job_of)
