@@ -48,8 +48,9 @@ from pathlib import Path
 import msgspec
 from sqlalchemy import text
 
-from orchestrator.report.view_sql import (JOB_EXPR, MINE, RUN_EXPR, VIEW_COLUMNS, binary_cursor, driver_sql,
-                                          floats_exact, quoted, row_text, run_joins, sources, tuple_getter)
+from orchestrator.report.view_sql import (FROM_JOBS, JOB_EXPR, JOB_VALUE, MINE, RUN_EXPR, VIEW_COLUMNS, binary_cursor,
+                                          driver_sql, floats_exact, quoted, row_text, run_joins, sources,
+                                          tuple_getter)
 from orchestrator.stats.columns import PER_RUN_JOB, gc_paused, print_keys
 
 MARK = "\x02"  # stands for a job's or machine's text in a run's line: no value of a real sweep holds it
@@ -99,9 +100,7 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
         return False
     raw = _Driver(conn)
     plan = _Plan(_segments(columns, known), lambda c: quoted(conn, c), raw.numeric("runs"), machine_id is not None,
-                 conn.dialect.name)
-    if plan.keyed_query is not None and not floats_exact(conn):
-        plan.keyed_query = None
+                 conn.dialect.name, keyed=conn.dialect.name == "postgresql" and floats_exact(conn))
     try:
         machines = _texts(raw.all(plan.machine_query), plan.machines) if plan.machines else {}
         jobs: dict = {}
@@ -127,7 +126,8 @@ class _Plan:
     (`numbers`: fetched after the fields) and each QUOTED_IN_SQL column (`own`: SQLite's quoted
     text, last). `fill(texts)` orders a run's texts (its job's, machine's, numbers', own) as its markers."""
 
-    def __init__(self, segments: list[tuple[str, list[str]]], q, numeric: set[str], mine: bool, dialect: str):
+    def __init__(self, segments: list[tuple[str, list[str]]], q, numeric: set[str], mine: bool, dialect: str,
+                 keyed: bool = False):
         job_segments = [cols for source, cols in segments if source == "j"]
         machine_segments = [cols for source, cols in segments if source == "m"]
         self.jobs, self.machines = len(job_segments), len(machine_segments)
@@ -147,20 +147,19 @@ class _Plan:
         self.own = len(own)
         self.quote = dialect != "sqlite"  # own values quoted here (_quoted)
         mark = ", " + MARK_SQL[dialect]
-        job_exprs = [e for cols in job_segments for e in [*(JOB_EXPR.get(c) or "j." + q(c) for c in cols),
-                                                          MARK_SQL[dialect]]]
-        from_jobs = "FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id WHERE j.job_id"
-        self.job_query = f"SELECT j.job_id, {', '.join(job_exprs)} {from_jobs} {{where}}"
-        # PostgreSQL: a job's stretch read as its row's text (the key: _keyed), its values once per configuration
+        job_columns = [c for cols in job_segments for c in [*cols, None]]  # (None: a segment's marker)
+        job_exprs = [MARK_SQL[dialect] if c is None else JOB_EXPR.get(c) or "j." + q(c) for c in job_columns]
+        self.job_query = f"SELECT j.job_id, {', '.join(job_exprs)} {FROM_JOBS} WHERE j.job_id {{where}}"
+        # keyed (PostgreSQL with view_sql.floats_exact): a job's stretch read as its row's text (_keyed), its
+        # values once per configuration
         self.keyed_query = self.stretch_query = None
-        if self.stretch is not None and dialect == "postgresql":
-            at = self.stretch
-            plain = {e: e.rsplit(" AS ", 1)[0] for e in JOB_EXPR.values()}  # (without its name)
-            inner = [plain.get(e, e) for e in job_exprs[at.start - 1:at.stop - 1]]
-            key = row_text(inner)
-            keyed = [*job_exprs[:at.start - 1], key, *job_exprs[at.stop - 1:]]
-            self.keyed_query = f"SELECT j.job_id, {', '.join(keyed)} {from_jobs} {{where}}"
-            self.stretch_query = f"SELECT {key}, {', '.join(inner)} {from_jobs} IN ({{ids}})"
+        if self.stretch is not None and keyed:
+            at = slice(self.stretch.start - 1, self.stretch.stop - 1)  # (the row's key is not an expression)
+            values = [JOB_VALUE.get(c) or "j." + q(c) for c in job_columns[at]]
+            key = row_text(values)
+            self.keyed_query = (f"SELECT j.job_id, {', '.join([*job_exprs[:at.start], key, *job_exprs[at.stop:]])} "
+                                f"{FROM_JOBS} WHERE j.job_id {{where}}")
+            self.stretch_query = f"SELECT {key}, {', '.join(values)} {FROM_JOBS} WHERE j.job_id IN ({{ids}})"
         machine_fields = ", ".join(_fields({}, "m.", q, cols) + mark for cols in machine_segments)
         self.machine_query = f"SELECT m.machine_id, {machine_fields} FROM machines m"
         self.run_query = (f"SELECT r.job_id, r.machine_id, {', '.join(fields + sum(numbers, []) + own)} "

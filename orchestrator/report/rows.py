@@ -43,9 +43,9 @@ from orchestrator.stats.columns import (COMMON_RUN, CompactRow, JoinedRow, PER_R
                                          column, conf_values, gc_paused, joined_row_class, present, print_keys,
                                          row_class, runs_fingerprint)
 from orchestrator.report import results_csv
-from orchestrator.report.view_sql import (JOB_EXPR, MINE, RUN_EXPR, SELECT_RESULTS, VIEW_COLUMNS, FetchAhead,
-                                          binary_cursor, floats_exact, quoted, row_text, run_joins, sources,
-                                          tuple_getter)
+from orchestrator.report.view_sql import (FROM_JOBS, JOB_EXPR, JOB_VALUE, MINE, RUN_EXPR, SELECT_RESULTS,
+                                          VIEW_COLUMNS, FetchAhead, binary_cursor, floats_exact, quoted, row_text,
+                                          run_joins, sources, tuple_getter)
 
 CHUNK = 20_000  # rows fetched at a time
 # rows fetched at a time where they are only written out (results.csv from the view, as on PostgreSQL):
@@ -382,28 +382,26 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, common
 
     q = quoted
     job_exprs, conf_exprs = ([JOB_EXPR.get(c) or "j." + q(conn, c) for c in cols] for cols in (job_cols, conf_cols))
-    from_jobs = "FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id"
     # the jobs that have a run (of the machine): one whose runs were all taken back ('queued') is read for
     # nothing (the runs' read never asks for it), but the probe reads the runs' (job_id, pool_id) index alone,
     # not each job's run row for its status
     having_runs = f"WHERE EXISTS (SELECT 1 FROM runs r WHERE r.job_id = j.job_id{mine})"
     if conf_cols and conn.dialect.name == "postgresql" and floats_exact(conn):
         # a job's configuration read as its row's text (one value, not ~50), its values once per configuration
-        plain = [e.rsplit(" AS ", 1)[0] if e in JOB_EXPR.values() else e for e in conf_exprs]
-        keyed = table(f"SELECT j.job_id, {', '.join([*job_exprs, row_text(plain)])} {from_jobs} {having_runs}",
-                      job_keyed)
+        key = row_text([JOB_VALUE.get(c) or "j." + q(conn, c) for c in conf_cols])
+        keyed = table(f"SELECT j.job_id, {', '.join([*job_exprs, key])} {FROM_JOBS} {having_runs}", job_keyed)
         first = {}  # a configuration's text -> one of its jobs
-        for job_id, (_, _, key) in keyed.items():
-            first.setdefault(key, job_id)
-        conf_of = table(f"SELECT {row_text(plain)}, {', '.join(conf_exprs)} {from_jobs} "
+        for job_id, (_, _, conf_text) in keyed.items():
+            first.setdefault(conf_text, job_id)
+        conf_of = table(f"SELECT {key}, {', '.join(conf_exprs)} {FROM_JOBS} "
                         f"WHERE j.job_id = ANY(:ids)", partial(_conf_rows, names=conf_cols, Conf=Conf, confs=confs),
                         {"ids": list(first.values())})
         jobs = keyed  # each job's text replaced in place by its configuration's row (no second dict held)
-        for job_id, (nulls, values, key) in keyed.items():
-            jobs[job_id] = nulls, values, conf_of[key]
+        for job_id, (nulls, values, conf_text) in keyed.items():
+            jobs[job_id] = nulls, values, conf_of[conf_text]
         del keyed, first, conf_of
     else:
-        jobs = table(f"SELECT j.job_id, {', '.join(job_exprs + conf_exprs)} {from_jobs} {having_runs}", job_of)
+        jobs = table(f"SELECT j.job_id, {', '.join(job_exprs + conf_exprs)} {FROM_JOBS} {having_runs}", job_of)
     machines = table(f"SELECT m.machine_id{''.join(', m.' + q(conn, c) for c in machine_cols + common_machines)} "
                      f"FROM machines m", machine_of)
     plan: dict = {}

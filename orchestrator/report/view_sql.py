@@ -42,7 +42,9 @@ MACHINE_ONLY = ("fingerprint", "cpu_model", "vendor", "sockets", "physical_cores
                 "freq_driver", "freq_min_mhz", "freq_max_mhz", "kernel")
 REPORT_LEAVES = frozenset(CSV_ONLY + MACHINE_ONLY)
 RUN_EXPR = {"pool": "COALESCE(p.name, 'machine ' || r.machine_id) AS pool"}  # the rest: r.<column>
-JOB_EXPR = {"sweep": "s.name AS sweep"}  # the rest: j.<column>
+JOB_VALUE = {"sweep": "s.name"}  # a job's column from another table than jobs (the rest: j.<column>)
+JOB_EXPR = {c: f"{v} AS {c}" for c, v in JOB_VALUE.items()}  # the same, named in a SELECT's list
+FROM_JOBS = "FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id"  # the jobs read by parts, with JOB_VALUE's
 
 
 def sources(conn) -> dict[str, str]:
