@@ -6,6 +6,8 @@ from the project but common/.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from common.paths import REPO
 
 RATIOS_FILE = "cpubench-tokens-per-word.json"
@@ -44,11 +46,11 @@ def _stored_ratio(vocab_size: int, data_dir=None) -> tuple[float, str]:
     import tempfile
     from pathlib import Path
     import tokenizers
-    from common.corpus import TRAIN_FILE, builtin_rows, split_rows
+    from common.corpus import TRAIN_FILE
     from common.files import write_atomic
     folder = Path(data_dir or REPO / "data") / "builtin"
     corpus = folder / TRAIN_FILE
-    text = corpus.read_text() if corpus.exists() else "\n".join(split_rows(builtin_rows())[0])
+    text = corpus.read_text() if corpus.exists() else builtin_text()
     digest = hashlib.sha256(text.encode()).hexdigest()
     entry = f"{digest}:{vocab_size}:{tokenizers.__version__}"
     path = Path(tempfile.gettempdir()) / RATIOS_FILE
@@ -68,6 +70,15 @@ def _stored_ratio(vocab_size: int, data_dir=None) -> tuple[float, str]:
     return ratio, where
 
 
+@lru_cache(maxsize=1)
+def builtin_text() -> str:
+    """The built-in corpus's training text where no corpus file was written (common.corpus: the same
+    rows each time), made once per process: a report asks for four vocabularies' ratios, and making
+    the rows takes ~0.2 s."""
+    from common.corpus import builtin_rows, split_rows
+    return "\n".join(split_rows(builtin_rows())[0])
+
+
 def tokens_per_word_uncached(vocab_size: int, data_dir=None) -> tuple[float, str]:
     """Tokens per whitespace-separated word of the project's corpus (its training text) under the run's
     tokenizer (new_bpe() of vocab_size trained on that text, as worker/data.py trains it), and where
@@ -75,10 +86,10 @@ def tokens_per_word_uncached(vocab_size: int, data_dir=None) -> tuple[float, str
     memory (nothing is written)."""
     from pathlib import Path
     from tokenizers import Tokenizer
-    from common.corpus import TRAIN_FILE, builtin_rows, split_rows, tokenizer_path
+    from common.corpus import TRAIN_FILE, tokenizer_path
     folder = Path(data_dir or REPO / "data") / "builtin"
     corpus = folder / TRAIN_FILE
-    text = corpus.read_text() if corpus.exists() else "\n".join(split_rows(builtin_rows())[0])
+    text = corpus.read_text() if corpus.exists() else builtin_text()
     cached = tokenizer_path(corpus, vocab_size)
     if cached.exists():
         tok = Tokenizer.from_file(str(cached))

@@ -211,7 +211,7 @@ def plot_grid(grid: Grid, machine: str, path: Path) -> Path:
         for j, v in enumerate(row):
             text = "no run" if math.isnan(v) else f"{v:.3g} ms"
             colour = "black" if math.isnan(v) or v > mid else "white"
-            ax.text(j, i, text, ha="center", va="center", fontsize=9, color=colour, clip_path=unread)
+            ax.text(j, i, text, ha="center", va="center", fontsize=9, color=colour, clip_path=unread, in_layout=False)
     bar = fig.colorbar(image, ax=ax, label="median step time (ms, lower is faster)")
     bar.ax.yaxis.set_major_formatter(lambda v, _pos: f"{v:g}")
     bar.ax.yaxis.set_minor_formatter(lambda v, _pos: f"{v:g}" if str(f"{v:g}")[0] in "25" else "")

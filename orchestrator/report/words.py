@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from itertools import compress, repeat
+from operator import is_not
 
 from orchestrator.queue.progress import short_reason  # a failure's reason in one line, as the progress says it
 from orchestrator.stats import effects as fx
@@ -60,11 +62,13 @@ def mfu_peak(rows: list[dict]) -> str | None:
     """The GEMM peak MFU is taken against on the machine's largest CPU set, in words: the fastest of
     the trainers' libraries there (worker/machine/gemm_peak.py) and the others' figures, from the runs'
     applied.peak_gflops; the probe's torch figure where the runs' peaks were scaled from it (older
-    runs, BENCH_PEAK_PER_SET=0); None where no run recorded a peak."""
-    cores = column(rows, "cores")
-    best = _largest_library_peak(rows, cores)
+    runs, BENCH_PEAK_PER_SET=0); None where no run recorded a peak. Only runs with an `applied` are
+    read (a run without one has no peak)."""
+    applied = column(rows, "applied")
+    held = [rows[i] for i in compress(range(len(rows)), map(is_not, applied, repeat(None)))]
+    best = _largest_library_peak(held, column(held, "cores"))
     if best is None:
-        any_peak = any(bool(fx.peak_of(r).get("fp32")) for r in rows)
+        any_peak = any(bool(fx.peak_of(r).get("fp32")) for r in held)
         return "torch's GEMM peak (the probe's, scaled to each run's CPUs): `applied.peak_gflops.basis`" if any_peak \
             else None
     cores, peak = best
