@@ -106,13 +106,17 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     with store.transaction(snapshot=True) as conn:
         csv_child = start_results_csv(conn, machine_id, csv_path, nice=CSV_NICE)
         children.callback(csv_child.stop)
-        # (the machine's facts: below; of each run's applied, what the report reads: applied_cut)
-        _, rows = read_results(conn, machine_id, leave_out=REPORT_LEAVES, cut_applied=applied_cut.cut)
-        machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
-        curves = learning_report.read_curves(conn, rows)  # learning runs' final curves ({} without any)
-        targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
-        budgets = budget.decisions(conn) if "budget_decisions" in table_names(conn, store.engine.dialect.name) else {}
-    gc.freeze()  # the rows: never traversed again by the collections of the analysis that follows
+        with gc_paused():  # (the rows: no cycle among them)
+            # (the machine's facts: below; of each run's applied, what the report reads: applied_cut)
+            _, rows = read_results(conn, machine_id, leave_out=REPORT_LEAVES, cut_applied=applied_cut.cut)
+            machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
+            curves = learning_report.read_curves(conn, rows)  # learning runs' final curves ({} without any)
+            targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
+            tables = table_names(conn, store.engine.dialect.name)
+            budgets = budget.decisions(conn) if "budget_decisions" in tables else {}
+            # the rows: never traversed again by the collections of the analysis that follows (frozen before
+            # the collector is on again, whose first collection would otherwise walk every row made meanwhile)
+            gc.freeze()
 
     by_machine = defaultdict(list)  # the rows of each machine, in their order (one pass over the rows)
     for r in rows:
@@ -243,8 +247,8 @@ def _collector_paused():
     skip it as they skip the rows."""
     with gc_paused():
         yield
-    gc.collect()
-    gc.freeze()
+        gc.collect()  # (before the collector is on again: its first collection would walk all of it)
+        gc.freeze()
 
 
 # -- files --------------------------------------------------------------------------------------
