@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 from collections import defaultdict
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
@@ -66,6 +67,7 @@ FITTER_NICE = 10
 # results.csv's child likewise: the file is wanted only when the report returns, and at a million runs its
 # ~30 CPU-seconds, waited for after the read, held the report's process up ~15 s (docs/measurements.md).
 CSV_NICE = 10
+DRAWER_NICE = 10
 
 
 def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, plots: bool = True,
@@ -87,7 +89,7 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
             # cost model's fitter come from one child that imported matplotlib and scipy's fitting once.
             fitting = memo is None
             drawn = children.enter_context(Family(_import_fitting if fitting else _import_plots,
-                                                  [0, 0] + ([FITTER_NICE] if fitting else [])))
+                                                  [DRAWER_NICE, DRAWER_NICE] + ([FITTER_NICE] if fitting else [])))
             workers = SimpleNamespace(drawers=drawn.workers[:2], fitter=drawn.workers[2] if fitting else None,
                                       beside=children.enter_context(Worker()))
         return _write(store, Path(out_dir), machine_id, plots, memo, workers, children)
@@ -171,7 +173,7 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
         # processes on two CPUs until the last PNG: one drawer would finish well after the pages); sent
         # before the collection that ends the analysis.
         jobs = _plot_jobs(analysis, grids, names, out_dir / "plots") if plots else []
-        drawing = [w.submit(_draw, jobs[k::2]) for k, w in enumerate(workers.drawers) if jobs[k::2]] if jobs else []
+        drawing = [w.submit(_draw, jobs) for w in workers.drawers[:len(jobs)]] if jobs else []
     plot_paths = [path for _, _, path in jobs]
     all_effects = analysis.effects
     try:
@@ -311,10 +313,18 @@ def _import_fitting() -> None:
 
 
 def _draw(jobs: list[tuple[str, tuple, Path]]) -> None:
+    """Draw the PNGs of `jobs` that no other drawer took: each drawer is sent them all and takes one by
+    creating its file (the plots' folder holds no PNG when they start), so that whichever is done first
+    draws the next (two CPUs are not always alike fast: a fixed half each made one drawer finish ~1 s
+    after the other)."""
     from orchestrator.report import plots  # matplotlib only when there is something to draw
 
     draw = {"variable": plots.plot_variable, "grid": plots.plot_grid}
     for kind, args, path in jobs:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+        except FileExistsError:  # another drawer's
+            continue
         draw[kind](*args, path)
 
 
