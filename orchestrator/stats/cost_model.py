@@ -92,13 +92,14 @@ def _bytes_per_value(config: dict) -> int:
     return 2 if config.get("precision") in ("bf16", "mixed") else 4
 
 
-def beyond_cache(config: dict, llc_kb: float | None) -> float:
+def beyond_cache(config: dict, llc_kb: float | None, ops: list | None = None) -> float:
     """Values one step streams from tensors larger than the last-level cache (`llc_kb` KiB): such a
     tensor cannot stay in the cache between the kernels that write and read it, so each pass over it
     goes to DRAM. GEMM operands (m x k, k x n, m x n, per call); attention's scores (batch x heads x
     attended pairs) and its Q, K, V; the elementwise work's activations (tokens x d_model, tokens x MLP
     hidden); the logits (tokens x vocab); the optimizer's weights. Each counted as often as
-    operations() streams it. 0 where the cache size is unknown."""
+    operations() streams it (`ops`: operations(config), where made already). 0 where the cache size is
+    unknown."""
     if not llc_kb:
         return 0.0
     from common.compute import linear_shapes, mlp_hidden
@@ -108,7 +109,7 @@ def beyond_cache(config: dict, llc_kb: float | None) -> float:
     def big(values: float, times: float) -> float:
         return values * times if values > cap else 0.0
 
-    for op in operations(config):
+    for op in ops if ops is not None else operations(config):
         if op.kind == "gemm":
             total += op.calls * sum(big(s, 1) for s in (op.m * op.k, op.k * op.n, op.m * op.n))
         elif op.kind == "attention":
@@ -129,8 +130,9 @@ def beyond_cache(config: dict, llc_kb: float | None) -> float:
 
 
 def _features_of(config: dict, llc_kb: float | None = None) -> np.ndarray:
-    f = np.zeros(len(TERMS))
-    for op in operations(config):
+    f = [0.0] * len(TERMS)  # (summed as Python floats: the same doubles as a float64 array's, faster)
+    ops = operations(config)
+    for op in ops:
         if op.kind == "gemm":
             f[0] += op.calls * op.flops
             f[1] += op.calls * op.elements
@@ -141,8 +143,8 @@ def _features_of(config: dict, llc_kb: float | None = None) -> np.ndarray:
             f[3] += op.calls * op.elements
         f[4] += op.calls
     f[5] = 1.0
-    f[6] = beyond_cache(config, llc_kb)
-    return f / _SCALE
+    f[6] = beyond_cache(config, llc_kb, ops)
+    return np.array(f) / _SCALE
 
 
 def factor_variables(rows: list[dict]) -> list[str]:
