@@ -107,6 +107,23 @@ def test_plots_are_png_images_matplotlib_can_read_back(report, tmp_path):
         assert width > 800 and height > 300
 
 
+
+def test_each_png_is_drawn_once_and_a_report_into_the_same_folder_draws_them_again(store, report, tmp_path):
+    """The two drawers take a PNG by creating its file: a file left by the last report must not pass
+    for one taken, and no PNG is drawn twice."""
+    from orchestrator.report import _draw  # (the drawers' task, run here)
+
+    stale = report.plot_paths[0]
+    stale.write_bytes(b"not a png")
+    again = write_report(store, tmp_path / "result")
+    assert {p.name for p in again.plot_paths} == {p.name for p in report.plot_paths}
+    for path in again.plot_paths:
+        assert path.read_bytes()[:8] == PNG_SIGNATURE and path.stat().st_size > 20_000
+    # a drawer skips a PNG another took: here every file exists, so nothing is drawn over them
+    before = {p: p.stat().st_mtime_ns for p in again.plot_paths}
+    _draw([("variable", None, p) for p in again.plot_paths])  # (arguments never read: every PNG is taken)
+    assert {p: p.stat().st_mtime_ns for p in again.plot_paths} == before
+
 def test_top_effects_are_ranked_by_p_value_and_carry_the_fitted_numbers(report):
     top = {e.variable: e for e in report.top_effects}
     assert (top["d_model"].kind, top["precision"].kind, top["precision"].value) == ("elasticity", "ratio", "bf16")
@@ -366,3 +383,18 @@ def test_the_machines_table_says_which_library_gave_the_peak_mfu_is_against(stor
     row = next(line for line in md.splitlines() if line.startswith("| MFU is against"))
     assert "fp32 452 (jax; numpy 240, torch 207), bf16 834 (torch; jax 398) on 2 CPU(s)" in row
     assert "| GEMM fp32, torch (GFLOP/s) |" in md
+
+
+@pytest.mark.parametrize("applied, expected", [
+    ({"peak_gflops": {"fp32": 100.0, "basis": "probe"}}, "torch's GEMM peak (the probe's, scaled to each run's CPUs)"),
+    ({"threads": 2}, "not measured"),  # an applied that records no peak
+    (None, "not measured"),  # runs that record no applied at all (only runs with one are read)
+])
+def test_mfu_is_against_the_probes_peak_or_nothing_where_no_run_names_a_library(store, tmp_path, applied, expected):
+    m = store.register_machine(machine_facts("alpha"))
+    enqueue(store, configs({"cores": 2}, {"cores": [1, 2]}, repeats=2))
+    extra = {"applied": applied} if applied else {}
+    run_all(store, m, lambda c: ("done", None, metrics(10.0 / c["cores"], c) | extra))
+    md = write_report(store, tmp_path / "result", plots=False).summary_path.read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| MFU is against"))
+    assert expected in row
