@@ -67,6 +67,8 @@ FITTER_NICE = 10
 # results.csv's child likewise: the file is wanted only when the report returns, and at a million runs its
 # ~30 CPU-seconds, waited for after the read, held the report's process up ~15 s (docs/measurements.md).
 CSV_NICE = 10
+# The PNG drawers too, beside the cost model's child: their PNGs are wanted last, and at the same priority the
+# three share the report's last seconds rather than the fitter running alone after the drawers.
 DRAWER_NICE = 10
 
 
@@ -169,8 +171,8 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
                               beside=workers.beside if workers is not None else None,
                               meanwhile=meanwhile)
         grids = {m: fx.grids(a) for m, a in analysis.machines.items()}
-        # The PNGs are drawn by two children while this process writes the effects and the pages (three
-        # processes on two CPUs until the last PNG: one drawer would finish well after the pages); sent
+        # The PNGs are drawn by two children while this process writes the effects and the pages (one
+        # drawer would finish well after the pages), each taking the next PNG when done (_draw); sent
         # before the collection that ends the analysis.
         jobs = _plot_jobs(analysis, grids, names, out_dir / "plots") if plots else []
         drawing = [w.submit(_draw, jobs) for w in workers.drawers[:len(jobs)]] if jobs else []
