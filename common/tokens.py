@@ -46,11 +46,8 @@ def _stored_ratio(vocab_size: int, data_dir=None) -> tuple[float, str]:
     import tempfile
     from pathlib import Path
     import tokenizers
-    from common.corpus import TRAIN_FILE
     from common.files import write_atomic
-    folder = Path(data_dir or REPO / "data") / "builtin"
-    corpus = folder / TRAIN_FILE
-    text = corpus.read_text() if corpus.exists() else builtin_text()
+    _, text = corpus_text(data_dir)
     digest = hashlib.sha256(text.encode()).hexdigest()
     entry = f"{digest}:{vocab_size}:{tokenizers.__version__}"
     path = Path(tempfile.gettempdir()) / RATIOS_FILE
@@ -70,6 +67,15 @@ def _stored_ratio(vocab_size: int, data_dir=None) -> tuple[float, str]:
     return ratio, where
 
 
+def corpus_text(data_dir=None):
+    """(the project's corpus file, its training text): the file's where a run wrote it, else the built-in
+    rows' (builtin_text)."""
+    from pathlib import Path
+    from common.corpus import TRAIN_FILE
+    corpus = Path(data_dir or REPO / "data") / "builtin" / TRAIN_FILE
+    return corpus, corpus.read_text() if corpus.exists() else builtin_text()
+
+
 @lru_cache(maxsize=1)
 def builtin_text() -> str:
     """The built-in corpus's training text where no corpus file was written (common.corpus: the same
@@ -84,12 +90,9 @@ def tokens_per_word_uncached(vocab_size: int, data_dir=None) -> tuple[float, str
     tokenizer (new_bpe() of vocab_size trained on that text, as worker/data.py trains it), and where
     the corpus came from. Reads the cached tokenizer where a run left one; otherwise trains one in
     memory (nothing is written)."""
-    from pathlib import Path
     from tokenizers import Tokenizer
-    from common.corpus import TRAIN_FILE, tokenizer_path
-    folder = Path(data_dir or REPO / "data") / "builtin"
-    corpus = folder / TRAIN_FILE
-    text = corpus.read_text() if corpus.exists() else builtin_text()
+    from common.corpus import tokenizer_path
+    corpus, text = corpus_text(data_dir)
     cached = tokenizer_path(corpus, vocab_size)
     if cached.exists():
         tok = Tokenizer.from_file(str(cached))

@@ -107,7 +107,6 @@ def test_plots_are_png_images_matplotlib_can_read_back(report, tmp_path):
         assert width > 800 and height > 300
 
 
-
 def test_each_png_is_drawn_once_and_a_report_into_the_same_folder_draws_them_again(store, report, tmp_path):
     """The two drawers take a PNG by creating its file: a file left by the last report must not pass
     for one taken, and no PNG is drawn twice."""
@@ -123,6 +122,7 @@ def test_each_png_is_drawn_once_and_a_report_into_the_same_folder_draws_them_aga
     before = {p: p.stat().st_mtime_ns for p in again.plot_paths}
     _draw([("variable", None, p) for p in again.plot_paths])  # (arguments never read: every PNG is taken)
     assert {p: p.stat().st_mtime_ns for p in again.plot_paths} == before
+
 
 def test_top_effects_are_ranked_by_p_value_and_carry_the_fitted_numbers(report):
     top = {e.variable: e for e in report.top_effects}

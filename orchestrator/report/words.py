@@ -64,8 +64,7 @@ def mfu_peak(rows: list[dict]) -> str | None:
     applied.peak_gflops; the probe's torch figure where the runs' peaks were scaled from it (older
     runs, BENCH_PEAK_PER_SET=0); None where no run recorded a peak. Only runs with an `applied` are
     read (a run without one has no peak)."""
-    applied = column(rows, "applied")
-    held = [rows[i] for i in compress(range(len(rows)), map(is_not, applied, repeat(None)))]
+    held = list(compress(rows, map(is_not, column(rows, "applied"), repeat(None))))
     best = _largest_library_peak(held, column(held, "cores"))
     if best is None:
         any_peak = any(bool(fx.peak_of(r).get("fp32")) for r in held)
