@@ -158,7 +158,9 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     meanwhile = send_fitter if fitter is not None else None
     ahead = None
     if workers is not None and len(rows) <= RUNS_ON_PAGE:
-        config_index.config_index(rows)
+        with gc_paused():  # (a tuple per run and per configuration, no cycle: frozen as the rows are)
+            config_index.config_index(rows)
+            gc.freeze()
         ahead = children.enter_context(Worker(task=partial(_ahead, rows, names, meanwhile)))
         if fitter is not None:
             fitter.sent_elsewhere()
@@ -213,10 +215,12 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
 
 def _ahead(rows: list[dict], names: dict[int, str], send_fitter) -> dict | None:
     """The page's child (forked after the read): the cost model's fitter sent its share (send_fitter,
-    where there is one), then the page's parts that follow from the runs alone."""
-    if send_fitter is not None:
-        send_fitter()
-    return html_report.ahead_of_analysis(rows, names)
+    where there is one), then the page's parts that follow from the runs alone. With the collector off:
+    what it makes holds no cycle, and each full collection walked all of it made so far again."""
+    with gc_paused():
+        if send_fitter is not None:
+            send_fitter()
+        return html_report.ahead_of_analysis(rows, names)
 
 
 def _facts(row: dict, machine: dict) -> dict:
@@ -246,12 +250,12 @@ def _collector_set_aside():
 def _collector_paused():
     """The analysis made with the collector off, then frozen: it builds a Run per run, the cells and the
     comparisons, with no cycle among them, and each full collection walked all of them made so far
-    again (~0.3 CPU-s at 100k runs, ~1.4 at 1M). One collection once it is made frees any cycle it left
-    (none in the reports measured); what is left lives as long as the rows, and the pages' collections
-    skip it as they skip the rows."""
+    again (~0.3 CPU-s at 100k runs, ~1.4 at 1M). It lives as long as the rows, and the pages' collections
+    skip it as they skip the rows. Frozen uncollected (before the collector is on again, whose first
+    collection would walk all of it): a cycle it left (none in the reports measured) is freed once the
+    report unfreezes what it froze (_collector_set_aside)."""
     with gc_paused():
         yield
-        gc.collect()  # (before the collector is on again: its first collection would walk all of it)
         gc.freeze()
 
 
@@ -332,8 +336,10 @@ def _draw(jobs: list[tuple[str, tuple, Path]]) -> None:
 
 def _predictions_drawn(shares: dict, where: SimpleNamespace) -> dict:
     """The cost model's section (prediction_report.fitted) with its predicted-vs-measured plots drawn
-    where the writers draw them (`where`: the report's machine names and folder)."""
-    d = prediction_report.fitted(shares)
+    where the writers draw them (`where`: the report's machine names and folder). The fits with the
+    collector off, as the page's child (_ahead): they make many objects and no cycle."""
+    with gc_paused():
+        d = prediction_report.fitted(shares)
     for machine_id, m in d["machines"].items():
         if "refused" not in m and m["loo"]["predicted"]:
             prediction_report.plot(where, machine_id, m["loo"])
