@@ -230,6 +230,33 @@ def test_the_collector_is_as_it_was_after_a_report_and_after_one_whose_analysis_
     assert gc.isenabled() and gc.get_freeze_count() == frozen
 
 
+def test_a_cycle_the_analysis_leaves_is_freed_once_the_report_is_done(store, tmp_path, monkeypatch):
+    """The analysis is frozen as made, with no collection first: a cycle it leaves (none in the reports
+    measured) outlives the report's collections, and is freed once the report has unfrozen what it froze."""
+    import gc
+    import weakref
+
+    from orchestrator.stats import effects as fx
+
+    class Node:
+        pass
+
+    left = []
+    analyse = fx.analyse
+
+    def leaves_a_cycle(*args, **kwargs):
+        node = Node()
+        node.self = node
+        left.append(weakref.ref(node))
+        return analyse(*args, **kwargs)
+
+    monkeypatch.setattr(fx, "analyse", leaves_a_cycle)
+    sweep_db(store)
+    write_report(store, tmp_path / "result", plots=False)
+    gc.collect()
+    assert left[0]() is None
+
+
 def test_an_empty_database_gives_a_report_that_says_nothing_finished(store, tmp_path):
     report = write_report(store, tmp_path / "result")
     assert report.plot_paths == [] and report.top_effects == [] and report.machines == 0
