@@ -37,7 +37,7 @@ from threadpoolctl import threadpool_limits
 
 from orchestrator.stats import effects as fx
 from orchestrator.stats.effects import Analysis, VariableEffect
-from orchestrator.stats.columns import gc_paused
+from orchestrator.stats.columns import gc_frozen_as_made, gc_paused
 from orchestrator.report.forked import Family, Worker
 from orchestrator.report.rows import read_results, start_results_csv
 from orchestrator.report import applied_cut
@@ -110,7 +110,8 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     with store.transaction(snapshot=True) as conn:
         csv_child = start_results_csv(conn, machine_id, csv_path, nice=CSV_NICE)
         children.callback(csv_child.stop)
-        with gc_paused():  # (the rows: no cycle among them)
+        # the rows: never traversed again by the collections of the analysis that follows
+        with gc_frozen_as_made():
             # (the machine's facts: below; of each run's applied, what the report reads: applied_cut)
             _, rows = read_results(conn, machine_id, leave_out=REPORT_LEAVES, cut_applied=applied_cut.cut)
             machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
@@ -118,9 +119,6 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
             targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}
             tables = table_names(conn, store.engine.dialect.name)
             budgets = budget.decisions(conn) if "budget_decisions" in tables else {}
-            # the rows: never traversed again by the collections of the analysis that follows (frozen before
-            # the collector is on again, whose first collection would otherwise walk every row made meanwhile)
-            gc.freeze()
 
     by_machine = defaultdict(list)  # the rows of each machine, in their order (one pass over the rows)
     for r in rows:
@@ -158,15 +156,18 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
     meanwhile = send_fitter if fitter is not None else None
     ahead = None
     if workers is not None and len(rows) <= RUNS_ON_PAGE:
-        with gc_paused():  # (a tuple per run and per configuration, no cycle: frozen as the rows are)
+        with gc_frozen_as_made():  # (a tuple per run and per configuration: frozen as the rows are)
             config_index.config_index(rows)
-            gc.freeze()
         ahead = children.enter_context(Worker(task=partial(_ahead, rows, names, meanwhile)))
         if fitter is not None:
             fitter.sent_elsewhere()
         meanwhile = None
 
-    with _collector_paused():  # (the analysis: made without collections, then frozen as the rows are)
+    # The analysis made without collections and frozen as the rows are: a Run per run, the cells and the
+    # comparisons (each full collection walked all of them made so far again: ~0.3 CPU-s at 100k runs,
+    # ~1.4 at 1M). A cycle it left (none in the reports measured) is freed once _collector_set_aside
+    # unfreezes.
+    with gc_frozen_as_made():
         analysis = fx.analyse(rows, machine_ids, probe_cv=probe_cv,
                               target_ci={m: t for m, (t, _) in targets.items()} or None,
                               memo=memo.setdefault("effects", {}) if memo is not None else None,
@@ -244,19 +245,6 @@ def _collector_set_aside():
         yield
     finally:
         gc.unfreeze()
-
-
-@contextmanager
-def _collector_paused():
-    """The analysis made with the collector off, then frozen: it builds a Run per run, the cells and the
-    comparisons, with no cycle among them, and each full collection walked all of them made so far
-    again (~0.3 CPU-s at 100k runs, ~1.4 at 1M). It lives as long as the rows, and the pages' collections
-    skip it as they skip the rows. Frozen uncollected (before the collector is on again, whose first
-    collection would walk all of it): a cycle it left (none in the reports measured) is freed once the
-    report unfreezes what it froze (_collector_set_aside)."""
-    with gc_paused():
-        yield
-        gc.freeze()
 
 
 # -- files --------------------------------------------------------------------------------------

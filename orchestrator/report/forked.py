@@ -19,7 +19,6 @@ forked before it that worker's task (`sent_elsewhere`).
 from __future__ import annotations
 
 import fcntl
-import gc
 import io
 import os
 import pickle
@@ -30,7 +29,7 @@ from functools import lru_cache, partial
 from operator import add, attrgetter
 
 from common.processes import fork_child
-from orchestrator.stats.columns import CompactRow, JoinedRow, gc_paused, present, row_class
+from orchestrator.stats.columns import CompactRow, JoinedRow, gc_frozen_as_made, present, row_class
 
 
 class ChildFailed(RuntimeError):
@@ -180,9 +179,8 @@ def _serve(task_fd: int, result_fd: int, warm, task=None) -> None:
             payload = _receive(task_fd)
             if not payload:  # the parent went on without it
                 return
-            with gc_paused():  # (a task's data: no cycle, kept to the child's end, never collected)
+            with gc_frozen_as_made():  # (a task's data: kept to the child's end)
                 fn, args = pickle.loads(payload)
-                gc.freeze()
         else:
             fn, args = task, ()
         out = _dumps(("ok", fn(*args)))

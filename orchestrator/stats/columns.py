@@ -65,6 +65,18 @@ def gc_paused():
             gc.enable()
 
 
+@contextmanager
+def gc_frozen_as_made():
+    """gc_paused, then what exists frozen (gc.freeze) before the collector is on again: for objects with no
+    cycle among them that live on (a report's rows and analysis, a forked child's task), whose first
+    collection after the pause would otherwise walk all of them, and every full one after it again. Frozen
+    objects are never collected: whoever freezes them in a process that lives on unfreezes them when done
+    (the report: its _collector_set_aside); a cycle among them is freed then."""
+    with gc_paused():
+        yield
+        gc.freeze()
+
+
 def row_class(columns) -> type[CompactRow]:
     return type("Row", (CompactRow,), {"__slots__": (), "COLUMNS": tuple(columns), "_HAS": frozenset(columns)})
 
