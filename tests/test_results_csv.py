@@ -114,6 +114,32 @@ def test_results_csv_is_the_views_csv_writer_bytes_on_awkward_values(tmp_path, m
         ways.clear()
 
 
+def test_where_each_job_ran_once_its_columns_are_read_with_its_run_and_give_the_views_bytes(tmp_path, monkeypatch):
+    """On SQLite, a database whose jobs ran once each (one machine) has its jobs' columns read with the runs
+    (no job's text made apart), and results.csv is the view's bytes, awkward values and one machine's file too;
+    where the jobs ran on two machines their texts are made apart."""
+    once = build(str(tmp_path / "once.db"), 300, machines=1, shape="small", quiet=True)
+    twice = build(str(tmp_path / "twice.db"), 300, machines=2, shape="small", quiet=True)
+    for store, joined in ((once, True), (twice, False)):
+        with store.transaction() as conn:
+            assert results_csv._jobs_run_once(results_csv._Driver(conn)) is joined
+    _awkward(once)
+    made_apart = []
+    job_texts = results_csv._job_texts
+    monkeypatch.setattr(results_csv, "_job_texts", lambda *args: made_apart.append(1) or job_texts(*args))
+    monkeypatch.setattr(results_csv, "CHUNK", 37)
+    for machine_id in (None, 1):
+        expected = _view_csv(once, machine_id)
+        assert b'"sweep, ""one""\n"' in expected and b",2.5," in expected and expected.count(b"\n") > 250
+        with once.transaction() as conn:
+            assert results_csv.write(conn, machine_id, tmp_path / "new.csv"), "written from the tables"
+        assert (tmp_path / "new.csv").read_bytes() == expected
+    assert not made_apart
+    with twice.transaction() as conn:
+        assert results_csv.write(conn, None, tmp_path / "new.csv")
+    assert (tmp_path / "new.csv").read_bytes() == _view_csv(twice, None) and made_apart
+
+
 def test_a_jobs_configuration_stretch_is_its_columns_but_the_jobs_own(monkeypatch):
     """_stretch: the longest stretch of a job's columns that its configuration's repeats share (no
     PER_RUN_JOB column), as positions in the job query's row (its key, each segment's columns, a marker)."""
@@ -126,8 +152,8 @@ def test_a_jobs_configuration_stretch_is_its_columns_but_the_jobs_own(monkeypatc
 
 def test_a_jobs_own_value_holding_the_stretchs_marker_is_written_from_the_view(tmp_path):
     """A job's own text holding PLACE (what stands for its configuration's stretch) makes write() say so, and
-    the view is written as it is."""
-    store = build(str(tmp_path / "r.db"), 100, machines=1, shape="small", quiet=True)
+    the view is written as it is (two machines: the jobs' texts are made apart, _jobs_run_once)."""
+    store = build(str(tmp_path / "r.db"), 100, machines=2, shape="small", quiet=True)
     with store.transaction() as conn:
         conn.exec_driver_sql("UPDATE jobs SET config_hash = ? WHERE job_id = 3", (f"x{results_csv.PLACE}y",))
     with store.transaction() as conn:

@@ -12,9 +12,11 @@ the same job at about the same time), and on disk once let go (_Spill: read back
 machine runs a job another ran long before). Most of a job's columns are its configuration's, the same
 for each of its repeats (all but PER_RUN_JOB): their longest stretch is written once per configuration and
 put in its place in each job's text (_stretched: ~6.5 us a job where ~9 were; past STRETCHES_KEPT
-configurations, as in a grid of one run each, the jobs are written whole). PostgreSQL gives a job's
-stretch as one text, its row's (view_sql.row_text: the same text exactly where the values are the same),
-and each configuration's values are read once (_keyed): half the CPU of making the jobs' texts.
+configurations, the jobs are written whole). PostgreSQL gives a job's stretch as one text, its row's
+(view_sql.row_text: the same text exactly where the values are the same), and each configuration's values
+are read once (_keyed): half the CPU of making the jobs' texts. On SQLite, where most jobs ran once (a grid
+of one run each, a sweep on one machine: _jobs_run_once), a job's text made apart would serve one line: its
+columns are then read with its run's own, from the run query's join, and written with them.
 
 A run's long texts (QUOTED_IN_SQL: applied, ~3 KB of JSON a real run) take csv.writer ~30 us each (1M
 runs: 30 s); SQLite quotes them as csv.writer would (QUOTED: quoted where they hold a comma, a quote or a
@@ -67,6 +69,7 @@ STRETCHES_KEPT = 20_000  # configurations' texts kept (~0.6 kB each with their v
 JOBS_KEPT = 1 << 12  # job texts kept in memory for later runs (~0.6 kB each; the rest on disk: _Spill)
 SPILL_IDS = 1 << 21  # job ids below this have their texts kept on disk once let go: two array entries of 8
 # bytes per id, made for every id up to the database's last (32 MB at most; above it each text is made again)
+JOINED_RUNS = 1.25  # runs a job, on average, up to which the jobs' columns are read with the runs (_jobs_run_once)
 NUMBERS_MIN = 4  # a run of this many numeric columns (a run's measurements) is written by msgspec (_numbers)
 CHUNK = 1_000  # runs fetched at a time (~4 kB each, held 3-4 times over while written)
 FREED_KEPT = 32 << 20  # bytes of freed memory a writer's process keeps for its next allocations (keep_freed_memory)
@@ -99,8 +102,11 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
     if set(columns) - set(known) or len(set(columns)) != len(columns) or len(columns) < 2:
         return False
     raw = _Driver(conn)
-    plan = _Plan(_segments(columns, known), lambda c: quoted(conn, c), raw.numeric("runs"), machine_id is not None,
-                 conn.dialect.name, keyed=conn.dialect.name == "postgresql" and floats_exact(conn))
+    # where most jobs ran once, their columns are read with the runs' own, as the runs' are
+    joined = {c for c, source in known.items() if source == "j"} if raw.sqlite and _jobs_run_once(raw) else set()
+    plan = _Plan(_segments(columns, {c: "r" if c in joined else s for c, s in known.items()}),
+                 lambda c: quoted(conn, c), raw.numeric("runs"), machine_id is not None, conn.dialect.name,
+                 keyed=conn.dialect.name == "postgresql" and floats_exact(conn), joined=joined)
     try:
         machines = _texts(raw.all(plan.machine_query), plan.machines) if plan.machines else {}
         jobs: dict = {}
@@ -127,14 +133,16 @@ class _Plan:
     text, last). `fill(texts)` orders a run's texts (its job's, machine's, numbers', own) as its markers."""
 
     def __init__(self, segments: list[tuple[str, list[str]]], q, numeric: set[str], mine: bool, dialect: str,
-                 keyed: bool = False):
+                 keyed: bool = False, joined: set[str] = frozenset()):
         job_segments = [cols for source, cols in segments if source == "j"]
         machine_segments = [cols for source, cols in segments if source == "m"]
         self.jobs, self.machines = len(job_segments), len(machine_segments)
         self.stretch = _stretch(job_segments)
         # the stretch's columns' kinds (or "keyed") -> a configuration's key -> its text (_stretched, _keyed)
         self.stretches: dict = {}
-        fields, numbers, own, order = self._runs(segments, q, numeric, dialect)
+        # joined: the jobs' columns read with the runs (_jobs_run_once), from the run query's join of its job
+        run_expr = {**RUN_EXPR, **{c: JOB_EXPR.get(c) or "j." + q(c) for c in joined}}
+        fields, numbers, own, order = self._runs(segments, q, numeric, dialect, run_expr)
         at = {"j": 0, "m": self.jobs, "n": self.jobs + self.machines, "q": self.jobs + self.machines + len(numbers)}
         self.fill = tuple_getter([at[kind] + k for kind, k in order])
         self.marks = len(order)
@@ -166,10 +174,11 @@ class _Plan:
                           f"{run_joins(dialect).format(mine=MINE if mine else '')} ORDER BY r.run_id")
 
     @staticmethod
-    def _runs(segments, q, numeric: set[str], dialect: str) -> tuple[list[str], list[list[str]], list[str],
-                                                                    list[tuple[str, int]]]:
+    def _runs(segments, q, numeric: set[str], dialect: str, run_expr: dict[str, str]
+              ) -> tuple[list[str], list[list[str]], list[str], list[tuple[str, int]]]:
         """The run query's parts: its fields, its numbers' groups of columns, its own quoted texts, and
-        its markers in order ((kind, number): 'j' a job's segment, 'm' a machine's, 'n' numbers, 'q' own)."""
+        its markers in order ((kind, number): 'j' a job's segment, 'm' a machine's, 'n' numbers, 'q' own).
+        run_expr: a run's field's expression where it is not r.<column>."""
         fields: list[str] = []
         numbers: list[list[str]] = []
         own: list[str] = []
@@ -184,7 +193,7 @@ class _Plan:
                 continue
             group: list[str] = []
             for c in [*cols, None]:  # (None: the segment's end)
-                if c is not None and c in numeric and c not in RUN_EXPR and c not in QUOTED_IN_SQL:
+                if c is not None and c in numeric and c not in run_expr and c not in QUOTED_IN_SQL:
                     group.append("r." + q(c))
                     continue
                 if len(group) >= NUMBERS_MIN:
@@ -196,13 +205,22 @@ class _Plan:
                 group = []
                 if c is None:
                     continue
-                if c in QUOTED_IN_SQL and c not in RUN_EXPR:
+                if c in QUOTED_IN_SQL and c not in run_expr:
                     fields.append(marker)
                     order.append(("q", len(own)))
                     own.append(QUOTED_BY[dialect].format(c="r." + q(c)))
                 else:
-                    fields.append(RUN_EXPR.get(c) or "r." + q(c))
+                    fields.append(run_expr.get(c) or "r." + q(c))
         return fields, numbers, own, order
+
+
+def _jobs_run_once(raw) -> bool:
+    """Whether most jobs have one run (at most JOINED_RUNS runs a job on average: a grid of one run each, a
+    sweep on one machine): then each job's columns are read with its run, in the run query's join, rather
+    than its text made apart and put in the run's line (at 100k jobs of one run each that apart took ~1.5
+    of the child's 4.6 CPU-seconds more)."""
+    (runs, jobs), = raw.all("SELECT (SELECT COUNT(*) FROM runs), (SELECT COUNT(*) FROM jobs)")
+    return runs <= JOINED_RUNS * jobs
 
 
 def _filled(written: str, marks: int, texts) -> str:
