@@ -9,6 +9,7 @@ missing; CI installs both (.ci/apt-packages.txt).
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.report import html as html_report
 from orchestrator.report.html import SECTIONS, var_anchor
 from orchestrator.report import write_report
 from orchestrator.queue.store import Store
@@ -209,3 +211,21 @@ def test_an_empty_database_still_gives_a_page(tmp_path):
     html = report.html_path.read_text()
     assert "No run has finished yet" in html
     assert all(f'id="{s}"' in html for s, _ in SECTIONS)
+
+
+def test_compact_json_is_json_dumps_bytes_whichever_writes_them(monkeypatch):
+    """compact_json: json.dumps' compact bytes, by msgspec where they are the same (a plain table) and by
+    json.dumps where msgspec's would differ: texts past ASCII, DEL, floats it writes with or without an
+    exponent unlike repr, a type it does not write."""
+    rng = random.Random(7)
+    plain = {"n": 3, "cols": {"run_id": [1, 2, 2**63 - 1], "step_ms": [0.0001, 12.5, None], "ok": [True, False, 0]},
+             "dicts": {"status": ["done", 'say "hi"\\/', "a\nb\t\x00\x1f<&>"]},
+             "xs": [rng.random() * 1e3 for _ in range(200)]}
+    awkward = ["ünï €", "\u2028", "\x7f", 1e16, 1.5e300, 1e-05, 9.99e-05, -1e-07, 123456789012345678.0, (1, 2.5)]
+    for value in [plain, *([x] for x in awkward), {"k": awkward}]:
+        assert html_report.compact_json(value) == json.dumps(value, separators=(",", ":")).encode(), value
+    dumped = []
+    real = json.dumps
+    monkeypatch.setattr(html_report.json, "dumps", lambda *a, **k: dumped.append(1) or real(*a, **k))
+    assert html_report.compact_json(plain) == real(plain, separators=(",", ":")).encode() and not dumped
+    assert html_report.compact_json([1e16]) == b"[1e+16]" and dumped
