@@ -18,8 +18,8 @@ PARTS = {"stats": set(), "queue": {"stats"}, "report": {"stats", "queue"}, "docs
 STATS_NEVER = ("sqlalchemy", "matplotlib", "plotly", "rich", "typer")
 REPORT = {"data": set(), "page_data": {"data"}, "words": {"data"}, "markdown": {"data", "words"},
           "html": {"data", "words", "page_data"}}
-WRITERS = {"__init__", "markdown", "html"}
-CORE = set(REPORT) | {"__init__"}
+WRITERS = {"write", "markdown", "html"}
+CORE = set(REPORT) | {"__init__", "write"}
 DRIVERS = {"watch"}  # report --watch: writes the report again as runs finish
 
 
