@@ -454,18 +454,11 @@ def print_fleet(pr) -> None:
 
 def report_and_print(db: str, out_dir: Path) -> None:
     from orchestrator.queue.cli_support import check_out_dir
-    from orchestrator.report.rows import results_csv_ahead
+    from orchestrator.report import write_report
 
     check_out_dir(out_dir)
     store = open_store(db, read_only=True)
-    # results.csv's child started before the statistics are imported: it uses the other CPU meanwhile
-    csv_ahead = results_csv_ahead(store, out_dir)
-    try:
-        from orchestrator.report import write_report
-
-        rep = write_report(store, out_dir, csv_ahead=csv_ahead)
-    finally:
-        csv_ahead.stop()  # (already waited for where the report was written)
+    rep = write_report(store, out_dir)
     if not rep.counts.get("done"):
         note(f"no finished run in {store.where} yet: the report has no effects to show (`bench.py work` runs the "
              f"queue)")

@@ -18,8 +18,8 @@ PARTS = {"stats": set(), "queue": {"stats"}, "report": {"stats", "queue"}, "docs
 STATS_NEVER = ("sqlalchemy", "matplotlib", "plotly", "rich", "typer")
 REPORT = {"data": set(), "page_data": {"data"}, "words": {"data"}, "markdown": {"data", "words"},
           "html": {"data", "words", "page_data"}}
-WRITERS = {"write", "markdown", "html"}
-CORE = set(REPORT) | {"__init__", "write"}
+WRITERS = {"__init__", "markdown", "html"}
+CORE = set(REPORT) | {"__init__"}
 DRIVERS = {"watch"}  # report --watch: writes the report again as runs finish
 
 

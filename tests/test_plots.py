@@ -1,5 +1,5 @@
 """The report's pictures are drawn once each, laid out as fig.tight_layout() lays them out, by children
-that import matplotlib before their pictures come (orchestrator/report/plots.py, write._import_plots)."""
+that import matplotlib before their pictures come (orchestrator/report/plots.py, report._import_plots)."""
 
 import subprocess
 import sys
@@ -57,7 +57,7 @@ def test_the_pngs_are_the_bytes_fig_tight_layout_gives(tmp_path, monkeypatch):
 
 def test_the_drawing_children_import_matplotlib_before_their_pictures_come():
     # A fresh interpreter: this one may have imported matplotlib already.
-    code = ("import sys; from orchestrator.report.write import _import_plots; _import_plots(); "
+    code = ("import sys; from orchestrator.report import _import_plots; _import_plots(); "
             "print(all(m in sys.modules for m in ('matplotlib.figure', 'matplotlib.backends.backend_agg', "
             "'matplotlib.layout_engine', 'matplotlib.ticker')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

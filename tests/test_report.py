@@ -61,35 +61,6 @@ def test_the_report_command_prints_everything_through_a_pipe_and_exits_0(store, 
     assert (tmp_path / "piped" / "index.html").is_file() and (tmp_path / "piped" / "results.csv").is_file()
 
 
-def test_results_csv_started_before_the_statistics_are_imported_is_the_reports(store, tmp_path):
-    """bench.py report starts results.csv's child (rows.results_csv_ahead) before it imports the statistics:
-    the package's reader imports none of them, the report takes that child's file as its own (the same
-    bytes as one it starts itself), and refuses a child writing another report's file."""
-    import subprocess
-    import sys
-
-    from orchestrator.report.rows import results_csv_ahead
-    from tests.conftest import ROOT
-
-    heavy = ("numpy", "scipy", "matplotlib", "orchestrator.stats.effects", "orchestrator.report.write")
-    code = (f"import sys; import orchestrator.queue.store, orchestrator.report.rows; "
-            f"print([m for m in {heavy!r} if m in sys.modules])")
-    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip() == "[]"
-    sweep_db(store)
-    ahead = results_csv_ahead(store, tmp_path / "ahead")
-    write_report(store, tmp_path / "ahead", csv_ahead=ahead)
-    assert ahead.pid is None  # waited for by the report
-    write_report(store, tmp_path / "own")
-    assert (tmp_path / "ahead" / "results.csv").read_bytes() == (tmp_path / "own" / "results.csv").read_bytes()
-    other = results_csv_ahead(store, tmp_path / "other")
-    try:
-        with pytest.raises(ValueError, match="not this report's"):
-            write_report(store, tmp_path / "own", csv_ahead=other)
-    finally:
-        other.stop()
-
-
 def test_csv_has_one_row_per_claimed_run_with_the_columns_of_v_results(store, report):
     with store.transaction() as conn:
         res = conn.execute(text("SELECT * FROM v_results"))
@@ -139,7 +110,7 @@ def test_plots_are_png_images_matplotlib_can_read_back(report, tmp_path):
 def test_each_png_is_drawn_once_and_a_report_into_the_same_folder_draws_them_again(store, report, tmp_path):
     """The two drawers take a PNG by creating its file: a file left by the last report must not pass
     for one taken, and no PNG is drawn twice."""
-    from orchestrator.report.write import _draw  # (the drawers' task, run here)
+    from orchestrator.report import _draw  # (the drawers' task, run here)
 
     stale = report.plot_paths[0]
     stale.write_bytes(b"not a png")

@@ -201,21 +201,6 @@ class ResultsCsv:
         os.waitpid(pid, 0)
 
 
-# results.csv's child yields the CPU: the file is wanted only when the report returns, and at a million runs
-# its ~30 CPU-seconds, waited for after the read, held the report's process up ~15 s (docs/measurements.md).
-CSV_NICE = 10
-
-
-def results_csv_ahead(store, out_dir: Path) -> ResultsCsv:
-    """results.csv of every machine's runs (out_dir made if missing) started now in a forked child at
-    CSV_NICE, for the write_report that follows (its csv_ahead): bench.py report starts it before it imports
-    the report's statistics, ~0.6 s in which the second CPU of a small machine idles otherwise. Importing
-    this module imports no statistics (the package's face imports write_report where it is asked for)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with store.transaction() as conn:
-        return start_results_csv(conn, None, out_dir / "results.csv", nice=CSV_NICE)
-
-
 def start_results_csv(conn, machine_id: int | None, csv_path: Path, nice: int = 0) -> ResultsCsv:
     """results.csv (v_results' rows, every machine's or one's) started in a forked child on its own
     connection, at `nice` (the report wants it only when it returns): fork before read_results, so the
