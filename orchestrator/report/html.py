@@ -25,7 +25,6 @@ import base64
 import gzip
 import html
 import json
-import re
 import time
 from pathlib import Path
 
@@ -336,7 +335,7 @@ def _packed_runs(runs: dict) -> str:
     return base64.b64encode(gzip.compress(compact_json(runs), 6)).decode()
 
 
-_MSGSPEC_ONLY = re.compile(rb"[0-9]e|0\.0000|\x7f")  # where msgspec's JSON may not be json.dumps' (compact_json)
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")  # (compact_json: a digit before an "e" is "0e")
 
 
 def compact_json(value) -> bytes:
@@ -351,9 +350,16 @@ def compact_json(value) -> bytes:
         out = msgspec.json.encode(value)
     except TypeError:
         out = None
-    if out is None or not out.isascii() or _MSGSPEC_ONLY.search(out):
+    if out is None or not out.isascii() or _msgspec_only(out):
         return json.dumps(value, separators=(",", ":")).encode()
     return out
+
+
+def _msgspec_only(out: bytes) -> bool:
+    """Whether msgspec's JSON `out` (ASCII) may not be json.dumps': it holds DEL, "0.0000" or a digit before
+    an "e". Substring tests and one translate, each a pass in C (a regex's scan of the 17 MB table of a
+    100k-run report took 0.2 CPU-s)."""
+    return b"\x7f" in out or b"0.0000" in out or b"0e" in out.translate(_DIGITS_AS_ZERO)
 
 
 def write_page(ctx, path: Path, ahead: dict | None = None) -> Path:
