@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 
 .PHONY: run test test-all lint report dev clean-results
 
+# --no-cache-dir: the downloaded wheels are not kept a second time in ~/.cache/pip
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-cache-dir -r requirements.txt
 	touch $@
 
 run: $(VENV)/.installed  ## the quick sweep on this machine, then result/
