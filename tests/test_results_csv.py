@@ -9,6 +9,7 @@ import csv
 import io
 import random
 import struct
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -203,12 +204,13 @@ def test_a_runs_numbers_are_csv_writers_text_whether_msgspec_or_csv_writer_write
     assert results_csv._numbers(odd[:500]) == _csv_writers(odd[:500])
 
 
-def test_quoted_is_csv_writers_text_of_a_text_or_null_and_refuses_any_other_value():
+def test_quoted_bytes_are_csv_writers_text_of_a_text_or_null_in_utf8_and_refuse_any_other_value():
     for value in [*TEXTS, None, '{"a": [1, 2], "b": "x\\"y"}', "no quotes here", f"a{results_csv.MARK}b"]:
-        assert results_csv._quoted(value) == _csv_writers([(value, "")])[0][:-1], value
-    for value in (1, 2.5, b"a,b", True):
+        raw = value.encode() if value is not None else None
+        assert results_csv._quoted_bytes(raw) == _csv_writers([(value, "")])[0][:-1].encode(), value
+    for value in (1, 2.5, "a,b", True, bytearray(b"a")):
         with pytest.raises(results_csv.NotHere):
-            results_csv._quoted(value)
+            results_csv._quoted_bytes(value)
 
 
 def test_a_value_holding_the_marker_is_written_from_the_view(tmp_path):
@@ -223,28 +225,39 @@ def test_a_value_holding_the_marker_is_written_from_the_view(tmp_path):
 
 @pytest.mark.postgres
 def test_on_postgresql_applied_is_quoted_as_csv_writer_does_and_a_marker_elsewhere_writes_the_view(tmp_path, pg_db):
-    """On PostgreSQL each run's applied is read as it is and quoted here (_quoted), a marker inside it too:
-    the bytes csv.writer writes, for every machine and one; a marker in another value makes write() say
-    so, and the view is written as it is."""
+    """On PostgreSQL each run's applied is read as its UTF-8 bytes and quoted here (_quoted_bytes), a marker
+    or OWN inside it too: the bytes csv.writer writes, for every machine and one. A marker or OWN in another
+    value, or a file that does not encode in UTF-8, makes write() say so, and the view is written as it is."""
     from orchestrator.report.rows import _results_query
 
     store = build(pg_db, 300, machines=2, shape="small", quiet=True)
-    values = [*TEXTS, '{"a": [1, 2], "b": "x\\"y", "c": "\\u00e9"}', "ünïcødé, \"q\"\r\n", f"a{results_csv.MARK}b"]
+    values = [*TEXTS, '{"a": [1, 2], "b": "x\\"y", "c": "\\u00e9"}', "ünïcødé, \"q\"\r\n", f"a{results_csv.MARK}b",
+              f"a{results_csv.OWN}b"]
     with store.transaction() as conn:
         run_ids = [r[0] for r in conn.execute(text("SELECT run_id FROM runs ORDER BY run_id"))]
         for i, value in enumerate(values):
             conn.execute(text("UPDATE runs SET applied = :v WHERE run_id = :r"), {"v": value, "r": run_ids[i * 9 + 1]})
-    for machine_id, marker in ((None, False), (2, False), (None, True)):
+    latin1 = _Latin1(tmp_path / "latin1.csv")
+    with store.transaction() as conn:
+        assert not results_csv.write(conn, None, latin1)  # (the view's text is written in the file's encoding)
+    for machine_id, marker in ((None, None), (2, None), (None, results_csv.OWN), (None, results_csv.MARK)):
         if marker:
             with store.transaction() as conn:
                 conn.execute(text("UPDATE runs SET reason = :v WHERE run_id = :r"),
-                             {"v": f"a{results_csv.MARK}b", "r": run_ids[2]})
+                             {"v": f"a{marker}b", "r": run_ids[2]})
         expected = _view_csv(store, machine_id)
         assert machine_id or b'"say ""hi"""' in expected
         with store.transaction() as conn:
-            assert results_csv.write(conn, machine_id, tmp_path / "new.csv") is not marker
+            assert results_csv.write(conn, machine_id, tmp_path / "new.csv") is (marker is None)
             _write_csv(conn, _results_query(machine_id), {"machine_id": machine_id}, tmp_path / "new.csv", True)
         assert (tmp_path / "new.csv").read_bytes() == expected, (machine_id, marker)
+
+
+class _Latin1(type(Path())):
+    """A path whose text files are opened in Latin-1, whatever the locale."""
+
+    def open(self, mode="r", buffering=-1, encoding=None, errors=None, newline=None):
+        return super().open(mode, buffering, "latin-1", errors, newline)
 
 
 @pytest.mark.postgres

@@ -20,9 +20,11 @@ columns are then read with its run's own, from the run query's join, and written
 
 A run's long texts (QUOTED_IN_SQL: applied, ~3 KB of JSON a real run) take csv.writer ~30 us each (1M
 runs: 30 s); SQLite quotes them as csv.writer would (QUOTED: quoted where they hold a comma, a quote or a
-line break, quotes doubled; NULL empty) and they fill a marker of their own. PostgreSQL's are read as they
-are and quoted so here (_quoted: str.replace, ~5 us a run, where the server's replace took ~10), and its
-values are read in its binary format (_Driver).
+line break, quotes doubled; NULL empty) and they fill a marker of their own. PostgreSQL's are read as their
+UTF-8 bytes (convert_to: no text decoded here and encoded again) and quoted so here (_quoted_bytes:
+bytes.replace, where str.replace took ~1.8 times as long and the server's replace longer still); each
+chunk's other text is encoded as the file would encode it, and the bytes put in at their places (OWN). Its
+other values are read in PostgreSQL's binary format (_Driver).
 
 A run's measurements (each stretch of NUMBERS_MIN or more columns of a numeric type) are floats that
 csv.writer prints by repr, ~0.25 us each (a real run has ~25: 1M runs ~7 s); msgspec's JSON encoder
@@ -31,12 +33,13 @@ marker of its own. Where its text would not be repr's (an exponent, a float belo
 a value that is not a number) the chunk's stretch is written by csv.writer (_numbers).
 
 Where that cannot give the view's bytes (another database than SQLite and PostgreSQL, a view column this
-does not know, a value that holds the marker), write() says so and the caller writes the view itself
-(rows._write_csv).
+does not know, a value that holds the marker, a file encoding other than UTF-8 on PostgreSQL), write() says
+so and the caller writes the view itself (rows._write_csv).
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import ctypes
 import io
@@ -57,12 +60,13 @@ from orchestrator.stats.columns import PER_RUN_JOB, gc_paused, print_keys
 
 MARK = "\x02"  # stands for a job's or machine's text in a run's line: no value of a real sweep holds it
 QUOTED_IN_SQL = ("applied",)  # a run's columns quoted as csv.writer would by SQLite, here on PostgreSQL
+OWN = "\x05"  # stands for a run's PostgreSQL-quoted text (bytes) in a chunk's text until it is encoded (_lines)
 NOT_TEXT = "\x03"  # what QUOTED gives for a value neither text nor NULL: csv.writer writes those itself
 QUOTED = ("CASE typeof({c}) WHEN 'null' THEN '' WHEN 'text' THEN CASE WHEN instr({c}, '\"') OR instr({c}, ',') "
           "OR instr({c}, char(13)) OR instr({c}, char(10)) THEN '\"' || replace({c}, '\"', '\"\"') || '\"' "
           "ELSE {c} END ELSE char(3) END")
 MARK_SQL = {"sqlite": f"char({ord(MARK)})", "postgresql": f"chr({ord(MARK)})"}  # the databases written this way
-QUOTED_BY = {"sqlite": QUOTED, "postgresql": "{c}"}  # (PostgreSQL's: _quoted)
+QUOTED_BY = {"sqlite": QUOTED, "postgresql": "convert_to({c}, 'UTF8')"}  # (PostgreSQL's: _quoted_bytes)
 PLACE = "\x04"  # stands for a job's configuration stretch in its text (_stretched)
 STRETCH_MIN = 8  # columns of a configuration's stretch written once (_stretch): fewer are written per job
 STRETCHES_KEPT = 20_000  # configurations' texts kept (~0.6 kB each with their values); past it, jobs written whole
@@ -114,9 +118,12 @@ def write(conn, machine_id: int | None, csv_path: Path) -> bool:
         cursor = raw.streamed(plan.run_query, {"machine_id": machine_id})
         try:
             with csv_path.open("w", newline="") as f, _Spill(csv_path.parent, last_job) as spill, gc_paused():
+                if plan.quote and codecs.lookup(f.encoding).name != "utf-8":  # (PostgreSQL's applied: UTF-8 bytes)
+                    raise NotHere
                 csv.writer(f).writerow(columns)
+                f.flush()  # the lines go to its bytes, encoded as it encodes (_lines)
                 while chunk := cursor.fetchmany(CHUNK):
-                    f.write(_lines(raw, chunk, (jobs, spill), machines, plan))
+                    f.buffer.write(_lines(raw, chunk, (jobs, spill), machines, plan, f.encoding))
                     del chunk
         finally:
             cursor.close()
@@ -129,8 +136,9 @@ class _Plan:
     """The queries of write() and where each part of a run's row comes from. A run's row (run_query) is
     its job_id and machine_id, its fields for csv.writer (`fields`) with a marker in the place of each of
     its job's segments, its machine's, each run of NUMBERS_MIN or more columns of a numeric type
-    (`numbers`: fetched after the fields) and each QUOTED_IN_SQL column (`own`: SQLite's quoted
-    text, last). `fill(texts)` orders a run's texts (its job's, machine's, numbers', own) as its markers."""
+    (`numbers`: fetched after the fields) and each QUOTED_IN_SQL column (`own`: SQLite's quoted text,
+    PostgreSQL's UTF-8 bytes; last). `fill(texts)` orders a run's texts (its job's, machine's, numbers', own)
+    as its markers."""
 
     def __init__(self, segments: list[tuple[str, list[str]]], q, numeric: set[str], mine: bool, dialect: str,
                  keyed: bool = False, joined: set[str] = frozenset()):
@@ -153,7 +161,7 @@ class _Plan:
             self.numbers.append(slice(start, start + len(group)))
             start += len(group)
         self.own = len(own)
-        self.quote = dialect != "sqlite"  # own values quoted here (_quoted)
+        self.quote = dialect != "sqlite"  # own values quoted here (_quoted_bytes)
         mark = ", " + MARK_SQL[dialect]
         job_columns = [c for cols in job_segments for c in [*cols, None]]  # (None: a segment's marker)
         job_exprs = [MARK_SQL[dialect] if c is None else JOB_EXPR.get(c) or "j." + q(c) for c in job_columns]
@@ -246,26 +254,35 @@ def _segments(columns: list[str], known: dict[str, str]) -> list[tuple[str, list
     return out
 
 
-def _lines(raw, chunk, jobs: tuple[dict, _Spill], machines: dict, plan: _Plan) -> str:
-    """A chunk of runs (plan.run_query's rows) as the file's lines; jobs: the job texts kept in memory, and
-    those kept on disk."""
+def _lines(raw, chunk, jobs: tuple[dict, _Spill], machines: dict, plan: _Plan, encoding: str) -> bytes:
+    """A chunk of runs (plan.run_query's rows) as the file's lines, encoded (`encoding`: the file's); jobs: the
+    job texts kept in memory, and those kept on disk. PostgreSQL's own texts, bytes already, are put in after
+    the rest is encoded (a placeholder, OWN, in their places until then)."""
     job_ids = list(map(_KEY, chunk))
     job_texts = map(_job_texts(raw, job_ids, jobs, plan).__getitem__, job_ids) if plan.jobs else repeat((), len(chunk))
     machine_texts = map(machines.__getitem__, map(_MACHINE, chunk)) if machines else repeat((), len(chunk))
     outside = map(add, job_texts, machine_texts)
     if plan.numbers:
         outside = map(add, outside, zip(*(_numbers(list(map(itemgetter(at), chunk))) for at in plan.numbers)))
+    own = None
     if plan.own:
         quoted = list(map(itemgetter(slice(-plan.own, None)), chunk))
         if plan.quote:
-            quoted = list(map(_quoted, chain.from_iterable(quoted)))
-            quoted = list(zip(*[iter(quoted)] * plan.own))
+            own = list(map(_quoted_bytes, chain.from_iterable(quoted)))
+            quoted = repeat((OWN,) * plan.own, len(chunk))
         elif NOT_TEXT in chain.from_iterable(quoted):  # a value neither text nor NULL (or the sentinel itself)
             raise NotHere
         outside = map(add, outside, quoted)
     buf = io.StringIO(newline="")
     csv.writer(buf).writerows(map(itemgetter(plan.fields), chunk))
-    return _filled(buf.getvalue(), plan.marks * len(chunk), map(plan.fill, outside))
+    written = _filled(buf.getvalue(), plan.marks * len(chunk), map(plan.fill, outside)).encode(encoding)
+    if own is None:
+        return written
+    pieces = written.split(_OWN)
+    if len(pieces) != len(own) + 1:  # another value holds OWN
+        raise NotHere
+    own.append(b"")
+    return b"".join(chain.from_iterable(zip(pieces, own)))
 
 
 def _job_texts(raw, job_ids: list[int], jobs: tuple[dict, _Spill], plan: _Plan) -> dict:
@@ -298,19 +315,19 @@ def _job_texts(raw, job_ids: list[int], jobs: tuple[dict, _Spill], plan: _Plan) 
     return jobs
 
 
-def _quoted(value) -> str:
-    """A text or NULL as csv.writer writes it (NULL empty; quoted where it holds a comma, a quote or a line
-    break, its quotes doubled); NotHere for any other value."""
-    if type(value) is str:
-        if '"' in value or "," in value or "\r" in value or "\n" in value:
-            return f'"{value.replace(_QUOTE, _QUOTES)}"'
+def _quoted_bytes(value) -> bytes:
+    """A text read as its UTF-8 bytes, or NULL, as csv.writer writes it (NULL empty; quoted where it holds a
+    comma, a quote or a line break, its quotes doubled), in UTF-8; NotHere for any other value."""
+    if type(value) is bytes:
+        if b'"' in value or b"," in value or b"\r" in value or b"\n" in value:
+            return b'"' + value.replace(b'"', b'""') + b'"'
         return value
     if value is None:
-        return ""
+        return b""
     raise NotHere
 
 
-_QUOTE, _QUOTES = '"', '""'
+_OWN = OWN.encode()
 
 
 def _numbers(rows: list[tuple]) -> list[str]:
