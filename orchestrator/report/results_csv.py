@@ -231,17 +231,18 @@ def _jobs_run_once(raw) -> bool:
     return runs <= JOINED_RUNS * jobs
 
 
-def _filled(written: str, marks: int, texts) -> str:
-    """`written` (csv.writer's lines) with its `marks` markers filled in order from `texts` (an iterable
-    of tuples of texts); NotHere where a value holds the marker (more markers than that)."""
-    pieces = written.split(MARK)
+def _filled(written, marks: int, texts, mark=MARK):
+    """`written` (csv.writer's lines: text, or its bytes with `mark` as bytes) with its `marks` markers filled
+    in order from `texts` (an iterable of tuples of texts, or of bytes); NotHere where a value holds the
+    marker (more markers than that)."""
+    pieces = written.split(mark)
     if len(pieces) != marks + 1:
         raise NotHere
     if not marks:
         return pieces[0]
     texts = list(chain.from_iterable(texts))
-    texts.append("")
-    return "".join(chain.from_iterable(zip(pieces, texts)))
+    texts.append(written[:0])
+    return written[:0].join(chain.from_iterable(zip(pieces, texts)))
 
 
 def _segments(columns: list[str], known: dict[str, str]) -> list[tuple[str, list[str]]]:
@@ -276,13 +277,7 @@ def _lines(raw, chunk, jobs: tuple[dict, _Spill], machines: dict, plan: _Plan, e
     buf = io.StringIO(newline="")
     csv.writer(buf).writerows(map(itemgetter(plan.fields), chunk))
     written = _filled(buf.getvalue(), plan.marks * len(chunk), map(plan.fill, outside)).encode(encoding)
-    if own is None:
-        return written
-    pieces = written.split(_OWN)
-    if len(pieces) != len(own) + 1:  # another value holds OWN
-        raise NotHere
-    own.append(b"")
-    return b"".join(chain.from_iterable(zip(pieces, own)))
+    return written if own is None else _filled(written, len(own), [own], _OWN)
 
 
 def _job_texts(raw, job_ids: list[int], jobs: tuple[dict, _Spill], plan: _Plan) -> dict:
