@@ -190,6 +190,7 @@ CREATE TABLE IF NOT EXISTS runs (
     finished      REAL,                     -- when it ended: done, failed or skipped (database clock)
     reason        TEXT,                       -- the error (failed) or why not run (skipped)
     applied       TEXT,                       -- JSON: settings read back after applying them
+    applied_read  TEXT,                       -- JSON: the keys of applied the report reads, tagged with their set (orchestrator/stats/applied_cut.py); NULL before version 11
     dataset_used  TEXT,                       -- the text really trained on: the dataset asked for, or its fallback (shakespeare, builtin)
     output_path   TEXT,                       -- the saved model, under output/
     torch_version TEXT,                     -- the torch the child imported

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 from contextlib import closing
 
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from orchestrator.stats.applied_cut import read_text
 
 # What a real run records and the scaled databases leave NULL.
 RUN_METRICS = ("setup_s", "first_step_s", "step_ms_mean", "step_ms_std", "wall_s", "samples_per_s", "loss_first",
@@ -74,7 +78,17 @@ OWN = {"@READ_BACK@": "0.5 + (run_id % 389) * 0.001", "@DATA@": "0.2366312759986
 
 def applied_sql() -> str:
     """SQL for a done run's applied: APPLIED with its own values put in."""
-    expr = "'" + json.dumps(APPLIED, sort_keys=True).replace("'", "''") + "'"
+    return _own_sql(json.dumps(APPLIED, sort_keys=True))
+
+
+def applied_read_sql() -> str:
+    """SQL for a done run's applied_read, as the worker writes it beside that applied (applied_cut.read_text)."""
+    return _own_sql(read_text(json.dumps(APPLIED, sort_keys=True)))
+
+
+def _own_sql(template: str) -> str:
+    """SQL for `template` with each of OWN's placeholders replaced by its run's value."""
+    expr = "'" + template.replace("'", "''") + "'"
     for mark, value in OWN.items():
         expr = f"replace({expr}, '\"{mark}\"', CAST({value} AS TEXT))"
     return expr
@@ -98,7 +112,9 @@ def fill(url: str) -> int:
                 "python_version = COALESCE(python_version, '3.11.7'), "
                 "claimed = COALESCE(claimed, finished - 10), world_size = COALESCE(world_size, 1), "
                 "global_batch = COALESCE(global_batch, 8), "
-                f"applied = COALESCE(applied, {applied_sql()}), build_info = COALESCE(build_info, '{BUILD_INFO}'), "
+                f"applied = COALESCE(applied, {applied_sql()}), "
+                f"applied_read = COALESCE(applied_read, {applied_read_sql()}), "
+                f"build_info = COALESCE(build_info, '{BUILD_INFO}'), "
                 "dataset_used = COALESCE(dataset_used, 'builtin'), gemm_format = COALESCE(gemm_format, 'fp32 GEMMs'), "
                 "worker_started = COALESCE(worker_started, finished - 3600), "
                 "child_pid = COALESCE(child_pid, 10000 + run_id % 50000), "

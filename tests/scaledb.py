@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.queue.store import Store  # noqa: E402
+from orchestrator.stats.applied_cut import read_text  # noqa: E402
 from common.variables import config_hash, derived_words, resolve  # noqa: E402
 
 CPUS = 8
@@ -38,7 +39,8 @@ SHAPES = {"grid": AXES, "grid5": {**AXES, "cores": [1, 2, 4, 6, 8]},
 BASE = {"d_model": 64, "n_layers": 2, "seq_len": 64, "batch_size": 4, "steps": 5}
 RUN_COLUMNS = ("job_id", "machine_id", "pool_id", "status", "attempts", "worker_pid", "worker_host", "claimed",
                "heartbeat", "finished", "reason", "step_ms_median", "step_ms_p10", "step_ms_p90", "tokens_per_s",
-               "wall_s", "params", "loss_first", "loss_last", "mfu", "train_s", "other_cpu_s", "applied")
+               "wall_s", "params", "loss_first", "loss_last", "mfu", "train_s", "other_cpu_s", "applied",
+               "applied_read")
 
 
 def machine_facts(name: str, cpu: str) -> dict:
@@ -112,10 +114,10 @@ def build(db: str, runs: int, machines: int = 2, *, shape: str = "grid", seed: i
                 u = rng.random()
                 if u < 0.02:
                     reason = "RuntimeError: out of memory" if c["d_model"] >= 256 else "killed: timeout"
-                    rows.append((job_ids[i], m, pool, "failed", 1, pid, host, t, t, t, reason) + (None,) * 12)
+                    rows.append((job_ids[i], m, pool, "failed", 1, pid, host, t, t, t, reason) + (None,) * 13)
                 elif u < 0.03:
                     rows.append((job_ids[i], m, pool, "skipped", 1, pid, host, t, t, t,
-                                 "allocator: libtcmalloc not found") + (None,) * 12)
+                                 "allocator: libtcmalloc not found") + (None,) * 13)
                 else:
                     ms = base_ms * speed * math.exp(rng.gauss(0, 0.05))
                     tokens = c["seq_len"] * c["batch_size"] * c["grad_accum"]
@@ -125,7 +127,7 @@ def build(db: str, runs: int, machines: int = 2, *, shape: str = "grid", seed: i
                                if read_back and i % read_back == 3 else None)
                     rows.append((job_ids[i], m, pool, "done", 1, pid, host, t, t, t, None, ms, ms * 0.95, ms * 1.05,
                                  tokens / (ms / 1000), 2.0 + ms * (c["steps"] + c["warmup_steps"]) / 1000, 1000,
-                                 8.0, 7.0, 0.3, train_s, other, applied))
+                                 8.0, 7.0, 0.3, train_s, other, applied, read_text(applied)))
             with store.transaction(write=True) as conn:
                 if store.dialect == "postgresql":
                     with conn.connection.driver_connection.cursor() as cursor:

@@ -1,6 +1,7 @@
-"""orchestrator/report/applied_cut.py: what the report keeps of each run's `applied` reads as the whole text
+"""orchestrator/stats/applied_cut.py: what the report keeps of each run's `applied` reads as the whole text
 does, for every key the report reads, and the report written from the cut is the report written from
-the whole texts."""
+the whole texts; a run's runs.applied_read (those keys, stored apart when it finished) cuts as its whole
+text, and the report reads it only where it holds this release's keys."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import json
 import math
 import random
 
+import pytest
+from sqlalchemy import text
+
 from common.metrics import DISTURBED_FLOOR_S
-from orchestrator.report import applied_cut
+from orchestrator.stats import applied_cut
 from orchestrator.stats import ran
 from orchestrator.report import write_report
 from orchestrator.report.rows import read_results
@@ -37,9 +41,7 @@ def _texts() -> list:
 
 def test_the_cut_reads_as_the_whole_applied_for_every_key_the_report_reads():
     texts = _texts()
-    figures = [(None, None, None), (0.0, 0.0, 2), (DISTURBED_FLOOR_S, None, 1), (DISTURBED_FLOOR_S * 1.01, 0.0, 2),
-               (5.0, None, 1), (0.0, 3.0, 4), (0.0, 0.0, 0), (0.0, 0.0, "2"), ("0.5", None, 2)]
-    for other, steal, cores in figures:
+    for other, steal, cores in FIGURES:
         cut = applied_cut.cut(texts, [other] * len(texts), [steal] * len(texts), [cores] * len(texts))
         for whole, part in zip(texts, cut):
             a, b = ran._applied_of([whole])[0], ran._applied_of([part])[0]
@@ -62,6 +64,28 @@ def test_the_cut_reads_as_the_whole_applied_for_every_key_the_report_reads():
             quiet = ran.surely_quiet(other, steal, cores)
             assert ("timed_window" in b) == ("timed_window" in a and not quiet)
     assert applied_cut.cut(texts[7:8])[0] is texts[7] and applied_cut.cut([None]) == [None]
+
+
+FIGURES = [(None, None, None), (0.0, 0.0, 2), (DISTURBED_FLOOR_S, None, 1), (DISTURBED_FLOOR_S * 1.01, 0.0, 2),
+           (5.0, None, 1), (0.0, 3.0, 4), (0.0, 0.0, 0), (0.0, 0.0, "2"), ("0.5", None, 2)]
+
+
+def test_a_runs_read_text_cuts_as_its_whole_applied():
+    """read_text keeps every key the cut reads, as written (a key twice: the last; 1e999; non-ASCII), behind
+    READ_PREFIX; a text msgspec does not read as an object has none (the report reads it whole)."""
+    texts = _texts()
+    read = [applied_cut.read_text(t) for t in texts]
+    for whole, stored in zip(texts, read):
+        if stored is None:
+            assert applied_cut.cut([whole])[0] is whole  # left whole by the cut too
+            continue
+        assert stored.startswith(applied_cut.READ_PREFIX) and isinstance(json.loads(stored), dict)
+        for other, steal, cores in FIGURES:
+            figures = ([other], [steal], [cores])
+            assert applied_cut.cut([stored], *figures) == applied_cut.cut([whole], *figures), (whole, other)
+    assert [t for t, r in zip(texts, read) if r is None] == ['{"blas": "mkl", "x": NaN}', '[1, 2]', '"text"',
+                                                             '{"blas": ', '', 'null', None]
+    assert len(read[0]) < len(texts[0]) and "setup_phases_s" not in read[0] and "timed_window" in read[0]
 
 
 def test_runs_whose_cut_is_alike_share_one_text_and_a_quiet_runs_window_is_left_out():
@@ -110,6 +134,7 @@ def test_the_report_from_the_cut_is_the_report_from_the_whole_texts(tmp_path, mo
     assert len({id(r["applied"]) for r in done if r["other_cpu_s"] == 0.0}) == 2  # one text a machine
     cut = write_report(store, tmp_path / "cut", plots=False)
     monkeypatch.setattr(applied_cut, "cut", lambda texts, *figures: list(texts))
+    monkeypatch.setattr(applied_cut, "READ_PREFIX", '{"read_of": "another set"')  # each run's whole text
     write_report(store, tmp_path / "whole", plots=False)
     for name in ("summary.md", "results.csv"):
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
@@ -132,3 +157,39 @@ def test_a_later_schemas_read_from_the_view_cuts_alike(tmp_path, monkeypatch):
         _, later = read_results(conn, None, leave_out=REPORT_LEAVES, cut_applied=applied_cut.cut)
     assert not isinstance(later[0], rows_module.JoinedRow) and later == joined
     assert [r["applied"] for r in later] == [r["applied"] for r in joined] and "timed_window" in later[3]["applied"]
+
+
+def _read(store, prefix=applied_cut.READ_PREFIX) -> list[dict]:
+    with store.transaction() as conn:
+        return read_results(conn, None, leave_out=REPORT_LEAVES, cut_applied=applied_cut.cut, read_prefix=prefix)[1]
+
+
+def _stored_apart_reads_as_whole(store) -> None:
+    """Every finished run's applied_read is read_text(applied); read_results reads the same rows from them as
+    from the whole texts; a run whose stored text holds another set's tag, or none, is read from its whole
+    text, and a run whose text holds this set's tag is read from that text."""
+    with store.transaction() as conn:
+        stored = conn.execute(text("SELECT run_id, applied, applied_read FROM runs WHERE status <> 'queued' "
+                                   "ORDER BY run_id")).all()
+    assert stored and all(read == applied_cut.read_text(applied) is not None for _, applied, read in stored)
+    whole = _read(store, prefix=None)
+    assert _read(store) == whole
+    assert _read(store, prefix='{"read_of": "not this set"') == whole
+    ids = [r[0] for r in stored]
+    other_tag = '{"read_of": "not this set", "torch_threads": 7}'
+    this_tag = applied_cut.READ_PREFIX + ', "torch_threads": 7}'
+    with store.transaction(write=True) as conn:
+        for run_id, value in ((ids[0], None), (ids[1], other_tag), (ids[2], this_tag)):
+            conn.execute(text("UPDATE runs SET applied_read = :v WHERE run_id = :r"), {"v": value, "r": run_id})
+    got = _read(store)
+    assert got[:2] + got[3:] == whole[:2] + whole[3:]
+    assert json.loads(got[2]["applied"]) == {"torch_threads": 7} != json.loads(whole[2]["applied"])
+
+
+def test_a_finished_run_stores_the_keys_the_report_reads_apart_and_the_report_reads_them(tmp_path):
+    _stored_apart_reads_as_whole(_database(tmp_path / "r.db"))
+
+
+@pytest.mark.postgres
+def test_on_postgresql_a_finished_run_stores_the_keys_the_report_reads_apart_and_the_report_reads_them(pg_db):
+    _stored_apart_reads_as_whole(_database(pg_db))

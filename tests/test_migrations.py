@@ -321,7 +321,7 @@ def test_a_version_9_postgresql_database_stores_applied_uncompressed_from_then_o
     store = Store(pg_db)
     with store.transaction() as conn:  # as the release before left it: compressed, and at version 9
         conn.exec_driver_sql("ALTER TABLE runs ALTER COLUMN applied SET STORAGE EXTENDED")
-        conn.exec_driver_sql("UPDATE schema_version SET version = 9 WHERE version = 10")
+        conn.exec_driver_sql(f"UPDATE schema_version SET version = 9 WHERE version = {LATEST}")
     plain = pg_db.replace("postgresql+psycopg://", "postgresql://")
     applied = '"' + "x" * 4000 + '"'
     run = _a_claimed_run(store, "before")

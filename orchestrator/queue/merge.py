@@ -32,6 +32,7 @@ from sqlalchemy.engine import Connection
 from common.errors import BadInput
 from common import scratch
 from orchestrator.queue.store import PG_QUEUE_LOCK, Store, database_url, safe_url
+from orchestrator.stats.applied_cut import read_text
 
 FINISHED = ("done", "failed", "skipped")
 SAME_RUN = ("status", "claimed", "finished", "worker_host", "worker_pid")
@@ -253,7 +254,8 @@ def _merge_runs(conn: Connection, rows: list[dict], jobs: dict, machines: dict, 
             result.unfinished += 1
             continue
         row = {**theirs, "job_id": jobs[theirs["job_id"]], "machine_id": machines[theirs["machine_id"]],
-               "pool_id": pools[theirs["pool_id"]]}
+               "pool_id": pools[theirs["pool_id"]],
+               "applied_read": read_text(theirs.get("applied"))}  # the keys this release's report reads
         existing = here.get((row["job_id"], row["pool_id"]))
         if existing is None:
             new.append(row)

@@ -485,6 +485,13 @@ def _to_10(conn: Connection, dialect: str) -> str:
             else "from version 9: nothing on SQLite")
 
 
+def _to_11(conn: Connection, dialect: str) -> str:
+    """Version 10 -> 11: runs.applied_read, the keys of each run's applied the report reads (written with
+    applied when a run finishes). The runs written before have none: the report reads their whole applied."""
+    done = reconcile(conn, dialect, fills={})
+    return "from version 10: " + ("; ".join(done) or "views remade")
+
+
 def _storage(conn: Connection, dialect: str) -> None:
     if dialect == "postgresql":
         for statement in PG_STORAGE:
@@ -492,5 +499,5 @@ def _storage(conn: Connection, dialect: str) -> None:
 
 
 MIGRATIONS: dict[int, Callable[[Connection, str], str]] = {2: _to_2, 3: _to_3, 4: _to_4, 5: _to_5, 6: _to_6,
-                                                            7: _to_7, 8: _to_8, 9: _to_9, 10: _to_10}
+                                                            7: _to_7, 8: _to_8, 9: _to_9, 10: _to_10, 11: _to_11}
 LATEST = max(MIGRATIONS)

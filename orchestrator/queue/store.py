@@ -37,6 +37,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from orchestrator.queue import migrations
+from orchestrator.stats.applied_cut import read_text
 from common.errors import BadInput, BenchError, DatabaseUnavailable
 from common.variables import BY_NAME, NAMES, complete
 from common.metrics import METRICS  # the one metric list: schema.sql's runs columns follow it
@@ -730,6 +731,8 @@ class Store:
         if problems:
             raise BenchError(f"run {run_id}: not recorded: {problems}")
         fields = {k: _sql_value(v) for k, v in (fields or {}).items()}
+        if "applied" in fields:  # beside it, the keys the report reads of it
+            fields["applied_read"] = read_text(fields["applied"])
         assignments = (", ".join([f"{k} = :{k}" for k in fields] + ["strikes = strikes + 1"] * strike)
                        or "run_id = run_id")
         with self.transaction(write=True) as conn:

@@ -40,7 +40,7 @@ from orchestrator.stats.effects import Analysis, VariableEffect
 from orchestrator.stats.columns import gc_frozen_as_made, gc_paused
 from orchestrator.report.forked import Family, Worker
 from orchestrator.report.rows import read_results, start_results_csv
-from orchestrator.report import applied_cut
+from orchestrator.stats import applied_cut
 from orchestrator.queue import budget, effects_table
 from orchestrator.stats import config_index
 from orchestrator.report.sections import learning as learning_report, prediction as prediction_report
@@ -113,7 +113,8 @@ def _write(store: Store, out_dir: Path, machine_id: int | None, plots: bool, mem
         # the rows: never traversed again by the collections of the analysis that follows
         with gc_frozen_as_made():
             # (the machine's facts: below; of each run's applied, what the report reads: applied_cut)
-            _, rows = read_results(conn, machine_id, leave_out=REPORT_LEAVES, cut_applied=applied_cut.cut)
+            _, rows = read_results(conn, machine_id, leave_out=REPORT_LEAVES, cut_applied=applied_cut.cut,
+                                   read_prefix=applied_cut.READ_PREFIX)
             machine_rows = [dict(r._mapping) for r in conn.execute(text(SELECT_MACHINES))]
             curves = learning_report.read_curves(conn, rows)  # learning runs' final curves ({} without any)
             targets = {m: (float(t), int(mx)) for m, t, mx in conn.execute(text(SELECT_TARGETS))}

@@ -20,7 +20,8 @@ shared by its machine's runs alike in those (stats/columns.py). Unbound dict met
 own columns only: readers of every run's value of a column use `column` and `conf_values`. PostgreSQL
 gives each job's configuration as one text, its row's (view_sql.row_text), and each configuration's values
 once: not ~50 values a job to fetch, share and key. The report has each run's `applied` (~3 KB, its own
-in every run) cut to the keys it reads as each chunk is read (read_results' cut_applied: applied_cut.py).
+in every run) cut to the keys it reads as each chunk is read (read_results' cut_applied: stats/applied_cut.py),
+read from the ~0.8 KB of those keys the run stored apart (runs.applied_read) where it did.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ from orchestrator.stats.columns import (COMMON_RUN, CompactRow, JoinedRow, PER_R
                                          column, conf_values, gc_paused, joined_row_class, present, print_keys,
                                          row_class, runs_fingerprint)
 from orchestrator.report import results_csv
-from orchestrator.report.view_sql import (FROM_JOBS, JOB_EXPR, JOB_VALUE, MINE, RUN_EXPR, SELECT_RESULTS,
-                                          VIEW_COLUMNS, FetchAhead, binary_cursor, floats_exact, quoted, row_text,
-                                          run_joins, sources, tuple_getter)
+from orchestrator.report.view_sql import (FROM_JOBS, JOB_EXPR, JOB_VALUE, MINE, READ_APPLIED, RUN_EXPR,
+                                          SELECT_RESULTS, VIEW_COLUMNS, FetchAhead, binary_cursor, floats_exact,
+                                          quoted, row_text, run_joins, sources, tuple_getter)
 
 CHUNK = 20_000  # rows fetched at a time
 # rows fetched at a time where they are only written out (results.csv from the view, as on PostgreSQL):
@@ -240,7 +241,8 @@ def _share_plan(chunk: list[tuple]) -> dict[int, dict]:
 
 
 def read_results(conn, machine_id: int | None, csv_path: Path | None = None,
-                 leave_out: frozenset = frozenset(), cut_applied=None) -> tuple[list[str], list[dict]]:
+                 leave_out: frozenset = frozenset(), cut_applied=None,
+                 read_prefix: str | None = None) -> tuple[list[str], list[dict]]:
     """What read_rows(conn, SELECT_RESULTS, ...) returns, for every run (or one machine's), less the
     columns in `leave_out` (the report's: view_sql.REPORT_LEAVES), read as its runs' own columns in run
     order plus each job's and machine's columns once. results.csv (every column) is written meanwhile by a
@@ -248,7 +250,9 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None,
     a column this read does not know (a later schema), it reads the view (read_rows).
     cut_applied(texts, others, steals, cores): what each run's row holds of its `applied` instead, from a
     chunk of runs' applied, other_cpu_s, steal_s and cores (the report's: applied_cut.cut), applied to
-    each chunk before its values are shared, so the whole texts are never all held."""
+    each chunk before its values are shared, so the whole texts are never all held.
+    read_prefix: a run whose runs.applied_read starts with it is read with that text as its `applied` (the
+    report's: applied_cut.READ_PREFIX, the keys its cut reads), the others with their whole text."""
     params = {"machine_id": machine_id}
     view = list(conn.execute(text(VIEW_COLUMNS)).keys())
     columns = [c for c in view if c not in leave_out]
@@ -266,7 +270,8 @@ def read_results(conn, machine_id: int | None, csv_path: Path | None = None,
                 _cut_rows(rows, cut_applied)
         else:
             with gc_paused():
-                rows = _joined(conn, columns, known, mine, params, cut_applied)
+                rows = _joined(conn, columns, known, mine, params, cut_applied,
+                               read_prefix if known.get("applied_read") == "r" else None)
     except BaseException:
         if csv_child is not None:  # never leave the child unreaped
             csv_child.stop()
@@ -286,7 +291,7 @@ def _cut_rows(rows: list[dict], cut_applied) -> None:
 
 
 def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: dict,
-            cut_applied=None) -> list[dict]:
+            cut_applied=None, read_prefix: str | None = None) -> list[dict]:
     """The view's rows as JoinedRows (read_results): each row's non-NULL columns, the same as _append_compact
     makes of the view's tuples, its configuration's in one row shared by its configuration's runs, its
     machine's and COMMON_RUN's in one shared by its machine's runs alike in those. Rows whose own, job's and
@@ -305,7 +310,7 @@ def _joined(conn, columns: list[str], known: dict[str, str], mine: str, params: 
     templates: dict = {}
     common_parts = [[c for c in common if known[c] == s] for s in "rm"]
     for own, job_parts, machine_parts, commons, keys in _view_parts(conn, parts, conf, Conf, (common_parts, Common),
-                                                                    mine, params, cut_applied):
+                                                                    mine, params, cut_applied, read_prefix):
         for values, (job, of), machine, shared, key in zip(own, job_parts, machine_parts, commons, keys):
             try:
                 template, own_of, job_of = templates[key]
@@ -342,7 +347,7 @@ def _pairs(names: list[str], keep: list[int]):
 
 
 def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, common: tuple, mine: str, params: dict,
-                cut_applied=None) -> Iterator:
+                cut_applied=None, read_prefix: str | None = None) -> Iterator:
     """The view's rows a chunk at a time (run order), in parts: each run's own values, its job's (its
     PER_RUN_JOB values, and its configuration's Conf row: one per distinct configuration), its machine's
     own (fetched once each; the tuples shared between their runs), its common row (common: the run's and
@@ -406,7 +411,11 @@ def _view_parts(conn, parts: list[list[str]], conf_cols: list[str], Conf, common
                      f"FROM machines m", machine_of)
     plan: dict = {}
     fetched = run_cols + common_runs
-    query = (f"SELECT {', '.join(RUN_EXPR.get(c) or 'r.' + q(conn, c) for c in fetched)}, r.job_id, r.machine_id "
+    exprs = RUN_EXPR
+    if read_prefix is not None and "applied" in fetched:  # the keys the report reads, where a run stored them apart
+        exprs = {**RUN_EXPR, "applied": READ_APPLIED.format(length=len(read_prefix))}
+        params = {**params, "read_prefix": read_prefix}
+    query = (f"SELECT {', '.join(exprs.get(c) or 'r.' + q(conn, c) for c in fetched)}, r.job_id, r.machine_id "
              f"{run_joins(conn.dialect.name).format(mine=mine)} ORDER BY r.run_id")
     n, k = len(run_cols), len(common_runs)
     cut = None

@@ -42,6 +42,10 @@ MACHINE_ONLY = ("fingerprint", "cpu_model", "vendor", "sockets", "physical_cores
                 "freq_driver", "freq_min_mhz", "freq_max_mhz", "kernel")
 REPORT_LEAVES = frozenset(CSV_ONLY + MACHINE_ONLY)
 RUN_EXPR = {"pool": "COALESCE(p.name, 'machine ' || r.machine_id) AS pool"}  # the rest: r.<column>
+# A run's `applied` as the report reads it: its runs.applied_read where that text starts with :read_prefix (it
+# holds the keys the report reads: stats/applied_cut.py), else the whole text, never fetched then.
+READ_APPLIED = ("CASE WHEN substr(r.applied_read, 1, {length}) = :read_prefix THEN r.applied_read ELSE r.applied END "
+                "AS applied")
 JOB_VALUE = {"sweep": "s.name"}  # a job's column from another table than jobs (the rest: j.<column>)
 JOB_EXPR = {c: f"{v} AS {c}" for c, v in JOB_VALUE.items()}  # the same, named in a SELECT's list
 FROM_JOBS = "FROM jobs j JOIN sweeps s ON s.sweep_id = j.sweep_id"  # the jobs read by parts, with JOB_VALUE's
