@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator.queue.merge import merge
 from orchestrator.queue.store import Store
+from orchestrator.stats.applied_cut import read_text
 from tests.conftest import bench
 from tests.reportdb import configs, enqueue, machine_facts
 from tests.conftest import done_fields
@@ -49,6 +50,9 @@ def test_an_old_release_database_merges_once_and_is_left_untouched(db, tmp_path)
                                          "r.reason FROM runs r JOIN jobs j USING (job_id) "
                                          "JOIN machines m USING (machine_id)")}
     assert new == old
+    stored = rows(db, "SELECT applied, applied_read FROM runs")  # the keys this release's report reads, apart
+    assert sum(a is not None for a, _ in stored) == 14
+    assert all(read == read_text(applied) for applied, read in stored)
 
 
 @pytest.mark.postgres
