@@ -39,6 +39,11 @@ def _texts() -> list:
             '[1, 2]', '"text"', '{"blas": ', '', 'null', None, json.dumps({"timed_window": None, "affinity": []})]
 
 
+# other_cpu_s, steal_s and cores of a run: quiet, disturbed, at the floor, and of types ran.py cannot read
+FIGURES = [(None, None, None), (0.0, 0.0, 2), (DISTURBED_FLOOR_S, None, 1), (DISTURBED_FLOOR_S * 1.01, 0.0, 2),
+           (5.0, None, 1), (0.0, 3.0, 4), (0.0, 0.0, 0), (0.0, 0.0, "2"), ("0.5", None, 2)]
+
+
 def test_the_cut_reads_as_the_whole_applied_for_every_key_the_report_reads():
     texts = _texts()
     for other, steal, cores in FIGURES:
@@ -64,10 +69,6 @@ def test_the_cut_reads_as_the_whole_applied_for_every_key_the_report_reads():
             quiet = ran.surely_quiet(other, steal, cores)
             assert ("timed_window" in b) == ("timed_window" in a and not quiet)
     assert applied_cut.cut(texts[7:8])[0] is texts[7] and applied_cut.cut([None]) == [None]
-
-
-FIGURES = [(None, None, None), (0.0, 0.0, 2), (DISTURBED_FLOOR_S, None, 1), (DISTURBED_FLOOR_S * 1.01, 0.0, 2),
-           (5.0, None, 1), (0.0, 3.0, 4), (0.0, 0.0, 0), (0.0, 0.0, "2"), ("0.5", None, 2)]
 
 
 def test_a_runs_read_text_cuts_as_its_whole_applied():

@@ -43,7 +43,7 @@ MACHINE_ONLY = ("fingerprint", "cpu_model", "vendor", "sockets", "physical_cores
 REPORT_LEAVES = frozenset(CSV_ONLY + MACHINE_ONLY)
 RUN_EXPR = {"pool": "COALESCE(p.name, 'machine ' || r.machine_id) AS pool"}  # the rest: r.<column>
 # A run's `applied` as the report reads it: its runs.applied_read where that text starts with :read_prefix (it
-# holds the keys the report reads: stats/applied_cut.py), else the whole text, never fetched then.
+# holds the keys the report reads: stats/applied_cut.py; the whole text is then not fetched), else the whole text.
 READ_APPLIED = ("CASE WHEN substr(r.applied_read, 1, {length}) = :read_prefix THEN r.applied_read ELSE r.applied END "
                 "AS applied")
 JOB_VALUE = {"sweep": "s.name"}  # a job's column from another table than jobs (the rest: j.<column>)
