@@ -257,6 +257,24 @@ def test_a_cycle_the_analysis_leaves_is_freed_once_the_report_is_done(store, tmp
     assert left[0]() is None
 
 
+def test_a_reports_rows_do_not_outlive_it(store, tmp_path):
+    """What the report's parts keep between the page and summary.md (the seeds' and the ranks' sections'
+    answers, the configuration numbers) is dropped when it returns: no list of its rows is left once its
+    result is let go (report --watch would otherwise hold the last report's rows while it reads the next's,
+    and a one-off report would free them only at the interpreter's exit)."""
+    import gc
+
+    from orchestrator.stats.columns import JoinedRow
+
+    sweep_db(store)
+    report = write_report(store, tmp_path / "result", plots=False)
+    assert report.counts.get("done")
+    del report
+    gc.collect()
+    held = [o for o in gc.get_objects() if type(o) is list and o and isinstance(o[0], JoinedRow)]
+    assert held == [], f"{len(held)} lists of the report's rows outlived it"
+
+
 def test_an_empty_database_gives_a_report_that_says_nothing_finished(store, tmp_path):
     report = write_report(store, tmp_path / "result")
     assert report.plot_paths == [] and report.top_effects == [] and report.machines == 0

@@ -37,6 +37,11 @@ def breakdown(done: list[dict]) -> list[dict]:
     return rows
 
 
+def forget() -> None:
+    """Drop the answer kept and its rows (write_report, when done: config_index.forget's reason)."""
+    _last[:] = [None, 0, None]
+
+
 def _breakdown(done: list[dict]) -> list[dict]:
     if not any((w or 1) > 1 for w in set(column(done, "world_size"))):
         return []

@@ -181,6 +181,11 @@ def measured_all(rows: list[dict]) -> dict[str, dict[int, Measured]]:
     return found
 
 
+def forget() -> None:
+    """Drop the answer kept and its rows (write_report, when done: config_index.forget's reason)."""
+    _last[:] = [None, 0, None]
+
+
 def _measured_all(rows: list[dict]) -> dict[str, dict[int, Measured]]:
     # group the runs' configurations (config_index: each run's number, read once per report) on the
     # matched columns; measured() then sees only the runs of the groups a reference matches, which are
