@@ -43,8 +43,7 @@ from orchestrator.report.rows import read_results, start_results_csv
 from orchestrator.stats import applied_cut
 from orchestrator.queue import budget, effects_table
 from orchestrator.stats import config_index
-from orchestrator.report.sections import learning as learning_report, parallel as parallel_report, \
-    prediction as prediction_report, seeds
+from orchestrator.report.sections import learning as learning_report, prediction as prediction_report
 from orchestrator.queue.migrations import table_names
 from orchestrator.stats.noise import quiet_probe_cv
 from orchestrator.queue.store import ReadOnlyDatabase, Store
@@ -86,10 +85,8 @@ def write_report(store: Store, out_dir: Path, *, machine_id: int | None = None, 
         children.enter_context(threadpool_limits(1))
         children.enter_context(_collector_set_aside())
         # what the report's parts kept of its rows goes with the report (its runs' configuration numbers, the
-        # seeds' and the ranks' sections' answers): else the rows outlive it, freed only by the next report or
-        # at the interpreter's exit
-        for forget in (config_index.forget, seeds.forget, parallel_report.forget):
-            children.callback(forget)
+        # sections' answers: config_index.kept_for_the_rows): else the rows outlive it
+        children.callback(config_index.forget)
         workers = None
         if plots:  # the PNGs and the model fits go to children on the other CPU (forked.py)
             # forked now, before the runs are read: each holds only what it is sent. The drawers and the

@@ -8,6 +8,8 @@ variables, so anything computed from those values is computed once per number.
 
 from __future__ import annotations
 
+import functools
+
 from common.variables import NAMES
 from orchestrator.stats.columns import conf_values
 from orchestrator.stats.ran import numbered
@@ -16,6 +18,7 @@ NOT_CONFIG = ("repeat",)  # the pass index: not part of what differs between con
 CONFIG_NAMES = tuple(n for n in NAMES if n not in NOT_CONFIG)
 _last: list = [None, 0, None]  # (rows, their number, config_index(rows)): one report's rows, kept for its parts
 _values: list = [None]  # each of those rows' values (conf_values, a configuration's rows sharing one tuple)
+_kept: list[list] = []  # the answers kept_for_the_rows keeps, each as _last
 
 
 def config_index(rows: list[dict]) -> tuple[list[int], list[tuple]]:
@@ -54,8 +57,26 @@ def positions(every: list, some: list) -> list[int] | None:
     return out if len(out) == len(some) else None
 
 
+def kept_for_the_rows(fn):
+    """fn(rows) worked out once for one list of rows (the same list, as long, asked again: the answer kept),
+    for a report's parts that ask alike (summary.md and the page); kept, with the rows, until forget()."""
+    last: list = [None, 0, None]  # (rows, their number, fn(rows))
+    _kept.append(last)
+
+    @functools.wraps(fn)
+    def kept(rows):
+        if last[0] is rows and last[1] == len(rows):
+            return last[2]
+        answer = fn(rows)
+        last[:] = [rows, len(rows), answer]
+        return answer
+
+    return kept
+
+
 def forget() -> None:
-    """Drop the answer kept (write_report, when done): a report's rows must not outlive it (report --watch
-    would hold the last report's million rows while it reads the next one's)."""
-    _last[:] = [None, 0, None]
+    """Drop every answer kept (config_index's and kept_for_the_rows'; write_report, when done): a report's rows
+    must not outlive it (report --watch would hold the last report's million rows while it reads the next one's)."""
+    for last in (_last, *_kept):
+        last[:] = [None, 0, None]
     _values[0] = None

@@ -18,28 +18,18 @@ from collections import defaultdict
 
 from orchestrator.report.tables import html_table, markdown_table
 from orchestrator.stats.columns import column
+from orchestrator.stats.config_index import kept_for_the_rows
 
 # What makes two runs the same configuration here besides ranks/nodes (the rest is held by the sweep).
 SHAPE = ("cores", "d_model", "n_layers", "n_heads", "seq_len", "batch_size", "grad_accum", "precision", "framework")
 
 
-_last: list = [None, 0, None]  # (done, its length, breakdown(done)): summary.md and the page ask for the same rows
-
-
+@kept_for_the_rows
 def breakdown(done: list[dict]) -> list[dict]:
     """One row per (machine, shape, ranks, nodes, interconnect) among the shapes that ran with several ranks somewhere.
     Computed once for a list of rows (both writers call it); a sweep with no parallel run costs one
     C-speed look at world_size per run, and a shape is read once per run."""
-    if _last[0] is done and _last[1] == len(done):
-        return _last[2]
-    rows = _breakdown(done)
-    _last[:] = [done, len(done), rows]
-    return rows
-
-
-def forget() -> None:
-    """Drop the answer kept and its rows (write_report, when done: config_index.forget's reason)."""
-    _last[:] = [None, 0, None]
+    return _breakdown(done)
 
 
 def _breakdown(done: list[dict]) -> list[dict]:

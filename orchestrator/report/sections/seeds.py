@@ -22,7 +22,7 @@ from itertools import chain
 import numpy as np
 
 from orchestrator.report.tables import markdown_table
-from orchestrator.stats.config_index import CONFIG_NAMES, config_index
+from orchestrator.stats.config_index import CONFIG_NAMES, config_index, kept_for_the_rows
 
 # The variables a reference fixes; the rest (steps, threads, system settings) is this machine's choice.
 MATCH_KEYS = ("n_layers", "d_model", "n_heads", "mlp_ratio", "dropout", "vocab_size", "seq_len", "batch_size",
@@ -167,23 +167,12 @@ def _published_rate(ref: Reference) -> str:
     return "-"
 
 
-_last: list = [None, 0, None]  # (rows, their number, measured_all(rows)): summary.md and the page ask alike
-
-
+@kept_for_the_rows
 def measured_all(rows: list[dict]) -> dict[str, dict[int, Measured]]:
     """reference id -> measured(ref, rows), each reference looking only at the runs whose matched
     columns are its own: the rows are grouped on those columns once (a 100k-run report), and the
     answer is kept for the same list of rows (summary.md's section and the page's both ask)."""
-    if _last[0] is rows and _last[1] == len(rows):
-        return _last[2]
-    found = _measured_all(rows)
-    _last[:] = [rows, len(rows), found]
-    return found
-
-
-def forget() -> None:
-    """Drop the answer kept and its rows (write_report, when done: config_index.forget's reason)."""
-    _last[:] = [None, 0, None]
+    return _measured_all(rows)
 
 
 def _measured_all(rows: list[dict]) -> dict[str, dict[int, Measured]]:
