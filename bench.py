@@ -501,15 +501,13 @@ def report(
         guarded(lambda: watch_and_print(db, out_dir, every, db_retry))
         return
 
-    kept = []  # the report, held to the end: end_at_once then skips freeing its runs (~0.7 s at a million)
-
     def body():
         from common.patience import retry_seconds
 
         if db_retry is not None:
             retry_seconds(db_retry)  # a bad value refused (exit 2) as with --watch, though only --watch uses it
-        kept.append(report_and_print(db, out_dir))
-    guarded(body)
+        return report_and_print(db, out_dir)
+    _report = guarded(body)  # held to the end: end_at_once then skips freeing its runs (~0.7 s at a million)
     end_at_once()
 
 
