@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import sqlite3
 import subprocess
@@ -21,7 +20,7 @@ from common.errors import BenchError
 from common.variables import allocator_of, resolve
 from orchestrator.stats.ran import _ran_value
 from worker.knobs import settings as knobs, startspec, sysfs
-from worker.machine import probe
+from worker.machine import probe, sensors
 from tests.conftest import ROOT, bench
 from tests.fake_sysfs import put
 
@@ -368,22 +367,6 @@ MATMUL_WORK = textwrap.dedent("""
 """)
 
 
-def others_cpu_s(run) -> tuple[object, float]:
-    """run()'s result, and the CPU-seconds the rest of the machine took meanwhile (/proc/stat's busy time, steal
-    among it, less this process's and its reaped children's): load that came after a quiet start."""
-    def busy_s() -> float:
-        fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-        return (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")  # user nice system irq softirq steal
-
-    def mine_s() -> float:
-        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-    busy0, mine0 = busy_s(), mine_s()
-    result = run()
-    return result, (busy_s() - busy0) - (mine_s() - mine0)
-
-
 def idle_fraction(seconds: float = 0.5) -> float:
     """Share of all CPUs idle over a short window (/proc/stat), to tell a quiet machine."""
     def idle_total():
@@ -415,8 +398,15 @@ def test_one_core_runs_a_fixed_matmul_workload_slower_than_two(tmp_path):
                 seconds[cores] = float(run_child(spec, MATMUL_WORK))
         return time.perf_counter() - start
 
-    wall, others = others_cpu_s(compare)
-    if seconds[1] <= seconds[2] and others > 0.2 * wall:  # the load came after the quiet start
+    # the rest of the machine's CPU-s meanwhile (the load that came after the quiet start): every CPU's busy time
+    # and steal less this process's (OwnWindow) and its children's, the compared runs
+    window, before = sensors.OwnWindow.start(cpus), os.times()
+    wall = compare()
+    other, steal, _ = window.load()
+    after = os.times()
+    others = (other or 0.0) + (steal or 0.0) - (after.children_user - before.children_user
+                                                  + after.children_system - before.children_system)
+    if seconds[1] <= seconds[2] and others > 0.2 * wall:
         pytest.skip(f"the machine got busy during the comparison ({others:.1f} CPU-s of others in {wall:.1f} s): "
                     f"{seconds}")
     assert seconds[1] > seconds[2], seconds
