@@ -342,7 +342,13 @@ def test_compiler_clang_builds_every_kernel_with_clang_and_is_read_back_slow(dat
     assert not list(tmp.glob("torchinductor_*/precompiled_headers/*.h")) and not list(tmp.iterdir())
     assert applied["cc_kernel_compilers"] == ["clang++"] and applied["cc_kernel_flags"] == ["-O3"]
     assert applied["inductor"]["cpp.cxx"] == "clang++" and "clang" in applied["inductor"]["cxx_version"]
-    assert result["gemm_format"] == "fp32 GEMMs" and applied["blas"] == "mkl"
+    assert result["gemm_format"] == "fp32 GEMMs"
+    # torch's auto route (mkl_intel_path), asked without the worker's start environment, so without the
+    # preloaded answer to MKL's vendor check: MKL takes its Intel path where its own check says Intel (it ran
+    # as asked), and its generic path (mkl) on other CPUs
+    route = applied["gemm_route"]
+    assert route["asked"] == "mkl_intel_path"
+    assert applied["blas"] == ("mkl_intel_path" if route["mkl_vendor_check"] == "Intel" else "mkl"), route
     spec = startspec.spec_for(req["config"], {}, applied["affinity"])
     assert not [w for w in knobs.not_in_force(req["config"], spec, applied) if w.startswith("cc_")]
 
